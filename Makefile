@@ -1,0 +1,52 @@
+# flashlib: two entry points for a fresh machine (see README.md).
+#   make lab    set up .venv and start JupyterLab on notebooks/ (127.0.0.1, with a token)
+#   make test   set up .venv and run the whole test suite, notebooks and browser included
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+# Triton 3.6.0 (what torch 2.11 ships) is installed beside the pinned 3.7.1 only to
+# compile the kernels for GPU targets with it; nothing imports it otherwise.
+TRITON36 := $(VENV)/triton-3.6.0
+
+.PHONY: lab test test-fast notebooks gpu-check bench demo browser-deps clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned: a looser requirement would pull a multi-GB CUDA build.
+	$(PY) -m pip install --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install --disable-pip-version-check -e '.[course,test]'
+	touch $@
+
+$(TRITON36)/.stamp:
+	$(PY) -m pip install --disable-pip-version-check --no-deps --target $(TRITON36) triton==3.6.0
+	touch $@
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1
+
+browser-deps: $(STAMP)
+	bash tools/ensure_chromium.sh
+
+test: $(STAMP) $(TRITON36)/.stamp browser-deps
+	FLASHLIB_TRITON36=$(abspath $(TRITON36)) $(PY) -m pytest tests notebooks --nbval \
+		--nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout 600
+
+test-fast: $(STAMP)
+	$(PY) -m pytest tests -m "not browser" -x -q
+
+notebooks: $(STAMP)
+	$(PY) tools/execute_notebooks.py notebooks/*.ipynb
+
+demo: $(STAMP)
+	$(PY) -m flashlib demo
+
+bench: $(STAMP)
+	$(PY) -m flashlib bench cpu
+
+# On a CUDA machine with its own torch and Triton: no venv, no installs.
+gpu-check:
+	PYTHONPATH=. $(PYTHON) -m flashlib gpu-check
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,85 @@
+"""The tiled backward pass: gradients from the log-sum-exp, one tile at a time.
+
+Standard backward keeps P (seq_q x seq_k) from the forward pass. Here only
+out and lse (..., seq_q) are kept, and each probability tile is recomputed:
+
+    P_ij  = exp(S_ij - lse_i)                       S = q kᵀ · scale
+    dV_j += P_ijᵀ dO_i
+    dP_ij = dO_i V_jᵀ
+    dS_ij = P_ij ∘ (dP_ij - delta_i)                delta = rowsum(dO ∘ O)
+    dQ_i += dS_ij K_j · scale,   dK_j += dS_ijᵀ Q_i · scale
+
+delta_i equals sum_j P_ij dP_ij, the term softmax's Jacobian needs, computed from
+(seq_q, D) tensors instead of a (seq_q, seq_k) one.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._checks import check_attention_inputs, check_block
+from .tiled import NEG_INF, _compute_dtype, _score_tile, _tile_skipped, _tile_visible, tiled_forward
+
+
+def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=False, scale=None,
+                   dlse=None):
+    """Gradients (dq, dk, dv) of tiled attention, recomputing P tile by tile from ``lse``.
+
+    Args:
+        q, k, v: the forward inputs, (batch, heads, seq, head_dim).
+        out: the forward output; lse: its log-sum-exp (..., seq_q).
+        dout: gradient of the loss with respect to out.
+        dlse: optional gradient with respect to lse; since d lse_i / d S_ij = P_ij, it
+            enters as delta - dlse.
+
+    Loop order is FlashAttention-2's dK/dV kernel: outer over key/value tiles, whose
+    dK_j and dV_j accumulate locally; dQ accumulates across the outer loop.
+    """
+    fn = "tiled_backward"
+    scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale)
+    block_q, block_k = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k)
+    work = _compute_dtype(q.dtype)
+    q, k, v, out, dout = (t.to(work) for t in (q, k, v, out, dout))
+    lse = lse.to(work)
+    delta = (dout * out).sum(dim=-1)  # (B, H, Nq): rowsum(dO ∘ O)
+    if dlse is not None:
+        delta = delta - dlse.to(work)
+    # Rows that saw no key have lse = -inf; shifting by +inf makes their P exactly 0.
+    lse = torch.where(lse == NEG_INF, float("inf"), lse)
+    seq_q, seq_k = q.shape[-2], k.shape[-2]
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for k0 in range(0, seq_k, block_k):
+        k1 = min(k0 + block_k, seq_k)
+        k_tile, v_tile = k[..., k0:k1, :], v[..., k0:k1, :]
+        dk_j, dv_j = torch.zeros_like(k_tile), torch.zeros_like(v_tile)
+        for q0 in range(0, seq_q, block_q):
+            q1 = min(q0 + block_q, seq_q)
+            if _tile_skipped(q0, q1, k0, seq_q, seq_k, causal):
+                continue
+            q_blk, do_blk = q[..., q0:q1, :], dout[..., q0:q1, :]
+            s = _score_tile(q_blk, k_tile, scale, _tile_visible(q0, q1, k0, k1, seq_q, seq_k, causal))
+            p = torch.exp(s - lse[..., q0:q1, None])  # (B, H, BLOCK_M, BLOCK_N), recomputed
+            dv_j += p.transpose(-2, -1) @ do_blk
+            dp = do_blk @ v_tile.transpose(-2, -1)
+            ds = p * (dp - delta[..., q0:q1, None])
+            dq[..., q0:q1, :] += (ds @ k_tile) * scale
+            dk_j += (ds.transpose(-2, -1) @ q_blk) * scale
+        dk[..., k0:k1, :], dv[..., k0:k1, :] = dk_j, dv_j
+    return dq, dk, dv
+
+
+class TiledAttentionFunction(torch.autograd.Function):
+    """Autograd around the tiled pair: saves (q, k, v, out, lse), never P."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, block_q, block_k, causal, scale, loop):
+        out, lse = tiled_forward(q, k, v, block_q=block_q, block_k=block_k, causal=causal,
+                                 scale=scale, loop=loop, fn="tiled_attention")
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.config = dict(block_q=block_q, block_k=block_k, causal=causal, scale=scale)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = tiled_backward(q, k, v, out, lse, dout, dlse=dlse, **ctx.config)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
