@@ -1,0 +1,42 @@
+"""Command line: ``python -m flashlib {demo, bench cpu, bench widgets, gpu-check}``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashlib", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("demo", help="replay the six-token, 2x2-tile example and run its three checks")
+    bench = sub.add_parser("bench", help="measure and record benchmarks under data/bench/")
+    bench.add_argument("target", choices=["cpu", "widgets"])
+    bench.add_argument("--sizes", type=int, nargs="+", help="sequence lengths (cpu; default 1k to 16k)")
+    bench.add_argument("--out-dir", help="where to write the JSON (default data/bench/)")
+    sub.add_parser("gpu-check", help="GPU tests and benchmark (CUDA machine only)", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+
+    if args.command == "demo":
+        from .demo import run
+        return 0 if run() else 1
+    if args.command == "bench" and args.target == "cpu":
+        from .bench import CPU_SIZES, format_ratios, run_cpu_bench
+        print("dense vs tiled attention on this CPU (B = H = 1, d = 64, float32), one process per point")
+        path = run_cpu_bench(sizes=args.sizes or CPU_SIZES, out_dir=args.out_dir, log=print)
+        print(format_ratios(json.loads(path.read_text())["ratios"]))
+        print(f"wrote {path}")
+        return 0
+    if args.command == "bench" and args.target == "widgets":
+        from .widgets import benchmark_redraw
+        benchmark_redraw()
+        return 0
+    if args.command == "gpu-check":
+        from .gpu_check import main as gpu_main
+        return gpu_main(rest)
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Measurements with provenance: CPU memory and time of dense against tiled attention.
+
+Each (method, N) point runs in its own process so one run's peak cannot hide in
+another's. Two memory figures are recorded:
+  peak_alloc_bytes  the most bytes torch had allocated at once during the call
+                    (from the profiler's allocation events: exact and repeatable);
+  peak_rss_bytes    the growth of the process's peak resident set during the call
+                    (what the operating system saw; includes allocator slack).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "bench"
+CPU_SIZES = (1024, 2048, 4096, 8192, 16384)
+CPU_BLOCK = 512  # tiled block_q = block_k on CPU: large enough to amortise Python overhead
+
+
+def peak_allocated_bytes(fn, *args, **kwargs) -> int:
+    """Peak bytes torch allocates on the CPU while ``fn(*args, **kwargs)`` runs.
+
+    Counts every allocation and free in order (torch.profiler memory events), so the
+    figure is exact and the same on every run, unlike the process's resident size.
+    Tensors alive before the call are not counted; the result is freed afterwards.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn(*args, **kwargs)
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    current = peak = 0
+    for e in events:
+        current += e.nbytes()
+        peak = max(peak, current)
+    return peak
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """The profiler's native library logs start/stop lines with timestamps to file
+    descriptor 2; hide them so notebook outputs stay reproducible."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def provenance() -> dict:
+    """Where and with what a figure was measured."""
+    info = {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.system() + "-" + platform.machine(),
+        "cpu": _cpu_name(),
+        "cpu_threads": torch.get_num_threads(),
+    }
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    return info
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _max_rss_bytes() -> int:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB
+
+
+def _run_point(method: str, n: int, d: int, repeats: int) -> dict:
+    """One measurement, meant to run in a fresh process (see :func:`run_cpu_bench`)."""
+    from .dense import dense_attention
+    from .tiled import tiled_forward
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, d, generator=gen) for _ in range(3))  # (B, H, N, D)
+    if method == "dense":
+        def call():
+            return dense_attention(q, k, v)
+    else:
+        def call():
+            return tiled_forward(q, k, v, block_q=CPU_BLOCK, block_k=CPU_BLOCK)[0]
+    with torch.no_grad():
+        rss_before = _max_rss_bytes()
+        call()  # first call: its peak resident growth is the memory figure
+        peak_rss = _max_rss_bytes() - rss_before
+        peak_alloc = peak_allocated_bytes(call)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+    return {"method": method, "n": n, "d": d, "peak_alloc_bytes": peak_alloc,
+            "peak_rss_bytes": peak_rss, "seconds": statistics.median(times), "repeats": repeats}
+
+
+def run_cpu_bench(sizes=CPU_SIZES, d: int = 64, repeats: int = 3, out_dir: Path | None = None,
+                  log=print) -> Path:
+    """Dense vs tiled forward on this CPU, one process per point; writes and returns a JSON path."""
+    points = []
+    for n in sizes:
+        for method in ("dense", "tiled"):
+            log(f"  {method:5s} N={n:6d} ...", end="", flush=True)
+            cmd = [sys.executable, "-m", "flashlib.bench", "_point", method, str(n), str(d), str(repeats)]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            point = json.loads(done.stdout.strip().splitlines()[-1])
+            points.append(point)
+            log(f" {point['seconds']:.3f} s, peak alloc {point['peak_alloc_bytes'] / 2**20:.1f} MiB, "
+                f"peak RSS growth {point['peak_rss_bytes'] / 2**20:.1f} MiB")
+    result = {"kind": "cpu-dense-vs-tiled", "provenance": provenance(),
+              "config": {"batch": 1, "heads": 1, "d": d, "dtype": "float32", "block_q": CPU_BLOCK,
+                         "block_k": CPU_BLOCK, "repeats": repeats, "timing": "median wall seconds"},
+              "points": points, "ratios": cpu_ratios(points)}
+    out_dir = Path(out_dir) if out_dir is not None else DATA_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"cpu-{result['provenance']['date']}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
+
+
+def cpu_ratios(points) -> list[dict]:
+    """Tiled over dense, per N: memory (lower is better) and time (lower is better)."""
+    by = {(p["method"], p["n"]): p for p in points}
+    rows = []
+    for n in sorted({p["n"] for p in points}):
+        dense, tiled = by.get(("dense", n)), by.get(("tiled", n))
+        if dense and tiled:
+            rows.append({"n": n,
+                         "alloc_ratio": tiled["peak_alloc_bytes"] / dense["peak_alloc_bytes"],
+                         "rss_ratio": tiled["peak_rss_bytes"] / max(dense["peak_rss_bytes"], 1),
+                         "time_ratio": tiled["seconds"] / dense["seconds"]})
+    return rows
+
+
+def format_ratios(rows) -> str:
+    lines = [f"{'N':>6} {'tiled/dense alloc':>18} {'tiled/dense RSS':>16} {'tiled/dense time':>17}"]
+    for r in rows:
+        lines.append(f"{r['n']:>6} {r['alloc_ratio']:>18.4f} {r['rss_ratio']:>16.4f} {r['time_ratio']:>17.3f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["_point"]:
+    method, n, d, repeats = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    if method not in ("dense", "tiled"):
+        raise SystemExit(f"bench: method must be 'dense' or 'tiled', got {method!r}")
+    print(json.dumps(_run_point(method, n, d, repeats)))
