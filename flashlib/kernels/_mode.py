@@ -1,0 +1,91 @@
+"""How the kernels will run here: compiled on a CUDA GPU, or in Triton's CPU interpreter.
+
+Triton reads ``TRITON_INTERPRET`` when ``@triton.jit`` decorates a function, so the
+choice must be made before any kernel module is imported. :func:`ensure_mode` makes it
+once: a value the user set is kept; otherwise the interpreter is switched on when this
+PyTorch has no usable CUDA device. Nothing here imports Triton or talks to a GPU driver
+beyond PyTorch's own device count.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+from dataclasses import dataclass
+
+_HOW_TO_RUN = (
+    "Triton publishes wheels for Linux only: run the kernel notebooks on Linux, under WSL2 on "
+    "Windows, or on a GPU runtime such as Google Colab (the PyTorch half of flashlib works everywhere)"
+)
+
+
+@dataclass(frozen=True)
+class KernelStatus:
+    """Whether the Triton kernels can run here, how, and if not, why not."""
+
+    can_run: bool
+    mode: str | None       # "gpu", "interpreter" or None
+    triton_version: str | None
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _cuda_present() -> bool:
+    import torch
+
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return False  # a CPU build of PyTorch: no device to ask about
+    return torch.cuda.is_available()
+
+
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def ensure_mode() -> str:
+    """Choose once between "gpu" and "interpreter"; set TRITON_INTERPRET accordingly."""
+    if "TRITON_INTERPRET" not in os.environ:
+        os.environ["TRITON_INTERPRET"] = "0" if _cuda_present() else "1"
+    return "interpreter" if _truthy(os.environ["TRITON_INTERPRET"]) else "gpu"
+
+
+def interpreting() -> bool:
+    return ensure_mode() == "interpreter"
+
+
+def require_triton():
+    """Import and return triton, or raise an ImportError that says how to get it."""
+    if not triton_installed():
+        raise ImportError(
+            f"flashlib.kernels needs Triton, which is not installed on this {platform.system()} "
+            f"machine. {_HOW_TO_RUN}."
+        )
+    ensure_mode()
+    import triton
+
+    return triton
+
+
+def kernel_status() -> KernelStatus:
+    """A cheap answer for notebooks: can the fused kernels run here, and how?"""
+    if not triton_installed():
+        return KernelStatus(False, None, None, f"Triton is not installed. {_HOW_TO_RUN}.")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        triton_version = version("triton")
+    except PackageNotFoundError:
+        triton_version = None
+    mode = ensure_mode()
+    if mode == "gpu":
+        return KernelStatus(True, mode, triton_version,
+                            "Triton kernels compile for this machine's CUDA GPU.")
+    return KernelStatus(True, mode, triton_version,
+                        "No CUDA GPU: Triton kernels run in the CPU interpreter "
+                        "(exact but slow; inputs are CPU tensors).")

@@ -1,0 +1,94 @@
+"""Launch configurations: block sizes, warps and pipeline stages, chosen per head dim.
+
+A :class:`FlashConfig` is plain data, so a caller (or a benchmark) can pass its own to
+``flash_attention(..., config=...)``; :func:`default_config` is the table that ships and
+that the compile tests build for every GPU target.
+"""
+from __future__ import annotations
+
+import torch
+
+from dataclasses import dataclass, replace
+
+INPUT_PRECISIONS = ("tf32", "ieee")
+
+
+@dataclass(frozen=True)
+class FlashConfig:
+    """Tile sizes and launch options of the forward and the two backward kernels.
+
+    block_m / block_n: query rows (BLOCK_M) and key rows (BLOCK_N) per tile, powers of two
+    >= 16 (tl.dot's minimum). input_precision: how a float32 ``tl.dot`` multiplies on a GPU,
+    "tf32" (tensor cores, ~1e-3 relative error) or "ieee" (exact float32, much slower); 16-bit
+    inputs always use tensor cores, and the CPU interpreter always computes in float32.
+    """
+
+    block_m: int = 64
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    bwd_block_m: int = 64
+    bwd_block_n: int = 64
+    bwd_num_warps: int = 4
+    bwd_num_stages: int = 2
+    input_precision: str = "tf32"
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "bwd_block_m", "bwd_block_n"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
+                raise ValueError(f"FlashConfig: '{name}' must be a power of two >= 16, got {value!r}")
+        for name in ("num_warps", "bwd_num_warps"):
+            value = getattr(self, name)
+            if value not in (1, 2, 4, 8, 16):
+                raise ValueError(f"FlashConfig: '{name}' must be one of 1, 2, 4, 8, 16, got {value!r}")
+        for name in ("num_stages", "bwd_num_stages"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"FlashConfig: '{name}' must be an int >= 1, got {value!r}")
+        if self.input_precision not in INPUT_PRECISIONS:
+            raise ValueError(f"FlashConfig: 'input_precision' must be one of {INPUT_PRECISIONS}, "
+                             f"got {self.input_precision!r}")
+
+
+HEAD_DIM_PADS = (16, 32, 64, 128, 256)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def head_dim_pad(head_dim: int) -> int:
+    """The power of two >= head_dim (and >= 16) the kernels compute with; the pad is masked."""
+    return max(16, 1 << (int(head_dim) - 1).bit_length())
+
+
+def default_config(head_dim: int, dtype: torch.dtype, capability: tuple[int, int] | None = None) -> FlashConfig:
+    """The shipped configuration for this head dim, dtype and GPU (capability None: interpreter)."""
+    d = head_dim_pad(head_dim)
+    wide = dtype == torch.float32  # 4-byte tiles: halve them to fit shared memory and registers
+    if d <= 64:
+        cfg = FlashConfig(block_m=128, block_n=64, num_warps=4, num_stages=3,
+                          bwd_block_m=64, bwd_block_n=64, bwd_num_warps=4, bwd_num_stages=2)
+    elif d == 128:
+        cfg = FlashConfig(block_m=128, block_n=64, num_warps=8, num_stages=2,
+                          bwd_block_m=64, bwd_block_n=64, bwd_num_warps=8, bwd_num_stages=2)
+    else:
+        cfg = FlashConfig(block_m=64, block_n=32, num_warps=8, num_stages=1,
+                          bwd_block_m=32, bwd_block_n=32, bwd_num_warps=8, bwd_num_stages=1)
+    if wide:
+        cfg = replace(cfg, block_m=max(16, cfg.block_m // 2), block_n=max(16, cfg.block_n // 2),
+                      bwd_block_m=max(16, cfg.bwd_block_m // 2), bwd_block_n=max(16, cfg.bwd_block_n // 2))
+    if capability is not None and capability < (8, 0):
+        # Turing: 64 KiB of shared memory and no asynchronous copies to pipeline
+        cfg = replace(cfg, num_stages=1, bwd_num_stages=1, block_m=min(cfg.block_m, 64))
+    return cfg
+
+
+def shipped_configs():
+    """Every (head_dim_pad, dtype, capability, config) the compile tests must build."""
+    rows = []
+    for cc in ((7, 5), (8, 0), (9, 0)):
+        for dtype in DTYPES:
+            if cc < (8, 0) and dtype != torch.float16:
+                continue  # Turing has no bfloat16 tensor cores; float32 there is not a shipped target
+            for d in HEAD_DIM_PADS:
+                rows.append((d, dtype, cc, default_config(d, dtype, cc)))
+    return rows
