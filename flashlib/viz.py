@@ -1,0 +1,410 @@
+"""Figures for the course, in one visual language.
+
+Every figure is a plain ``matplotlib.figure.Figure`` (no pyplot state), so a notebook
+shows it by returning it from a cell and a widget turns it into PNG bytes with
+:func:`figure_png`. The same colours mean the same thing everywhere:
+
+    orange  the current tile / chunk (held in fast memory right now)
+    blue    tiles / chunks already folded into the running statistics
+    grey    tiles / chunks still to come
+    white, hatched   tiles skipped because causal masking hides them entirely
+    dark grey        single score entries hidden by the causal mask
+
+Running statistics use fixed colours too: m purple, l green, the partial output teal,
+the final output black.
+"""
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import PIL.Image
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import LineCollection, PolyCollection
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
+
+CURRENT = "#f28e2b"
+DONE = "#4e79a7"
+TODO = "#e3e3e3"
+SKIPPED = "#ffffff"
+MASKED = "#7f7f7f"
+M_COLOR = "#8e6bb8"
+L_COLOR = "#59a14f"
+PARTIAL_COLOR = "#2ca7a0"
+FINAL_COLOR = "#000000"
+
+# Element states of the score grid, in colormap order.
+TODO_STATE, DONE_STATE, CURRENT_STATE, SKIPPED_STATE, MASKED_STATE = range(5)
+STATE_COLORS = [TODO, DONE, CURRENT, SKIPPED, MASKED]
+_STATE_CMAP = ListedColormap(STATE_COLORS)
+
+DISCARD_NOTE = ("Earlier score tiles are discarded; only their running statistics "
+                "and weighted output contribution remain.")
+MAX_TEXT = 24  # above this many numbers a panel shows bars only: text would be unreadable
+
+
+def fmt4(x) -> str:
+    """A number to four significant digits, as every figure and printout shows it."""
+    x = float(x)
+    if math.isnan(x) or math.isinf(x):
+        return str(x)
+    return f"{x:.4g}"
+
+
+def figure_png(fig: Figure, dpi: int = 72) -> bytes:
+    """Render ``fig`` to PNG bytes (what an ipywidgets Image shows)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _new_figure(width: float, height: float, ncols: int = 1, width_ratios=None):
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(1, ncols, width_ratios=width_ratios, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def _to_numpy(t) -> np.ndarray:
+    if isinstance(t, torch.Tensor):
+        return t.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(t, dtype=np.float64)
+
+
+# ----- dense attention: S and P ------------------------------------------------------
+
+def matrix_heatmap(matrix, title: str = "", ax=None, annotate: bool | None = None,
+                   cmap: str = "viridis"):
+    """Heatmap of a (seq_q, seq_k) matrix; -inf entries (causally masked) in dark grey."""
+    values = _to_numpy(matrix)
+    if values.ndim != 2:
+        raise ValueError(f"matrix_heatmap: argument 'matrix' must be 2-D (seq_q, seq_k), "
+                         f"got shape {values.shape}")
+    fig = None
+    if ax is None:
+        fig, (ax,) = _new_figure(4.2, 3.6)
+    masked = ~np.isfinite(values)
+    image = ax.imshow(np.ma.masked_array(values, masked), cmap=cmap, aspect="equal")
+    image.cmap.set_bad(MASKED)
+    ax.figure.colorbar(image, ax=ax, shrink=0.85)
+    if annotate if annotate is not None else values.size <= 64:
+        for (i, j), x in np.ndenumerate(values):
+            ax.text(j, i, "-inf" if masked[i, j] else fmt4(x), ha="center", va="center",
+                    fontsize=7, color="white" if masked[i, j] else "black")
+    ax.set(title=title, xlabel="key j", ylabel="query i")
+    return fig if fig is not None else ax
+
+
+def scores_figure(scores, probs, causal: bool = False) -> Figure:
+    """S and P side by side, one batch/head: what standard attention writes to memory."""
+    fig, (ax_s, ax_p) = _new_figure(8.6, 3.6, 2)
+    suffix = " (causal: masked in dark grey)" if causal else ""
+    matrix_heatmap(scores, "scores S = q kᵀ · scale" + suffix, ax=ax_s)
+    matrix_heatmap(probs, "probabilities P = softmax(S)", ax=ax_p, cmap="magma")
+    return fig
+
+
+# ----- tiled attention: the score grid and running statistics ------------------------
+
+def tile_states(trace, step: int) -> np.ndarray:
+    """(seq_q, seq_k) array of element states at ``step`` of a :class:`flashlib.TiledTrace`."""
+    grid = np.full((trace.seq_q, trace.seq_k), TODO_STATE, dtype=np.int8)
+    for (r0, r1), (c0, c1) in trace.skipped:
+        grid[r0:r1, c0:c1] = SKIPPED_STATE
+    for done in trace.steps[:step]:
+        grid[done.rows[0]:done.rows[1], done.cols[0]:done.cols[1]] = DONE_STATE
+    if trace.steps:
+        now = trace.steps[step]
+        grid[now.rows[0]:now.rows[1], now.cols[0]:now.cols[1]] = CURRENT_STATE
+    if trace.causal:
+        for done in trace.steps[:step + 1]:
+            hidden = ~np.isfinite(_to_numpy(done.scores))
+            block = grid[done.rows[0]:done.rows[1], done.cols[0]:done.cols[1]]
+            block[hidden] = MASKED_STATE
+    return grid
+
+
+def _grid_segments(seq_q, seq_k, block_q, block_k):
+    rows = sorted(set(range(0, seq_q, block_q)) | {seq_q})
+    cols = sorted(set(range(0, seq_k, block_k)) | {seq_k})
+    return [[(0, r), (seq_k, r)] for r in rows] + [[(c, 0), (c, seq_q)] for c in cols]
+
+
+def _bar_verts(x, heights, width=0.8):
+    x, h = np.asarray(x, dtype=float), np.asarray(heights, dtype=float)
+    left, right, zero = x - width / 2, x + width / 2, np.zeros_like(h)
+    return np.stack([np.stack([left, zero], 1), np.stack([left, h], 1),
+                     np.stack([right, h], 1), np.stack([right, zero], 1)], 1)
+
+
+def trace_limits(trace, margin: float = 0.15) -> tuple[float, float]:
+    """One y range that holds m, l, partial and final output at every step of a trace."""
+    values = [_to_numpy(trace.out).ravel(), np.zeros(1)]
+    for s in trace.steps:
+        m = _to_numpy(s.m)
+        values += [_to_numpy(s.l), _to_numpy(s.partial).ravel(), m[np.isfinite(m)]]
+    flat = np.concatenate(values)
+    lo, hi = float(flat.min()), float(flat.max())
+    pad = margin * max(hi - lo, 1e-6)
+    return lo - pad, hi + pad
+
+
+class TileStepView:
+    """The figure of one tiled-attention step, built once and updated in place.
+
+    Left: the score grid, each tile current / already accumulated / still to come (or
+    skipped by causal masking). Middle: m, l and the partial output of the current query
+    rows on one shared y scale, black ticks marking the final output. Right: the partial
+    output's distance from the final output, step by step, and the score elements held
+    versus the full matrix.
+
+    A slider move must redraw fast: :meth:`draw` updates the artists that change with the
+    step and :meth:`png` paints only those over a cached picture of everything else.
+    """
+
+    def __init__(self, dpi: int = 72):
+        self.fig = Figure(figsize=(12.0, 4.4), dpi=dpi)
+        self.canvas = FigureCanvasAgg(self.fig)
+        self.fig.suptitle(DISCARD_NOTE, fontsize=9, y=0.985)
+        self.ax_grid = self.fig.add_axes((0.035, 0.25, 0.25, 0.62))
+        self.ax_bars = self.fig.add_axes((0.34, 0.14, 0.37, 0.73))
+        self.ax_err = self.fig.add_axes((0.77, 0.14, 0.215, 0.73))
+        self._build_grid()
+        self._build_bars()
+        self._build_distance()
+        self._texts = []
+        self._schedule = None
+        self._ylim = None
+        self._background = None
+        self.titles = [ax.text(0.5, 1.02, "", transform=ax.transAxes, ha="center", va="bottom",
+                               fontsize=10) for ax in (self.ax_grid, self.ax_bars, self.ax_err)]
+
+    def _build_grid(self):
+        ax = self.ax_grid
+        self.grid_image = ax.imshow(np.zeros((1, 1)), cmap=_STATE_CMAP, vmin=0,
+                                    vmax=len(STATE_COLORS) - 1, interpolation="nearest",
+                                    aspect="equal", extent=(0, 1, 1, 0))
+        self.tile_lines = LineCollection([], colors="white", linewidths=1.5)
+        ax.add_collection(self.tile_lines)
+        self.skipped_hatch = PolyCollection([], facecolors="none", edgecolors="#b0b0b0",
+                                            hatch="//", linewidths=0)
+        ax.add_collection(self.skipped_hatch)
+        self.current_box = Rectangle((0, 0), 1, 1, fill=False, edgecolor="black", linewidth=2)
+        ax.add_patch(self.current_box)
+        ax.set(xlabel="key j", ylabel="query i")
+        ax.legend(handles=[Patch(color=CURRENT, label="current tile"),
+                           Patch(color=DONE, label="already accumulated"),
+                           Patch(color=TODO, label="other tiles"),
+                           Patch(facecolor=SKIPPED, edgecolor="#b0b0b0", hatch="//",
+                                 label="skipped (causal)"),
+                           Patch(color=MASKED, label="masked entry")],
+                  fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+
+    def _build_bars(self):
+        ax = self.ax_bars
+        self.bars = {name: PolyCollection([], facecolors=color, edgecolors="none")
+                     for name, color in (("m", M_COLOR), ("l", L_COLOR), ("partial", PARTIAL_COLOR))}
+        for bars in self.bars.values():
+            ax.add_collection(bars)
+        self.final_ticks = LineCollection([], colors=FINAL_COLOR, linewidths=1.5)
+        ax.add_collection(self.final_ticks)
+        ax.axhline(0.0, color="black", linewidth=0.6)
+        ax.set_xticks([])
+        ax.set_ylabel("m, l and output on one shared scale")
+        ax.legend(handles=[Patch(color=M_COLOR, label="m (running max)"),
+                           Patch(color=L_COLOR, label="l (denominator)"),
+                           Patch(color=PARTIAL_COLOR, label="partial output acc / l"),
+                           Patch(color=FINAL_COLOR, label="final output")],
+                  fontsize=6, loc="upper right")
+
+    def _build_distance(self):
+        ax = self.ax_err
+        (self.distance_line,) = ax.plot([], [], color=PARTIAL_COLOR, marker=".", linewidth=1)
+        (self.distance_dot,) = ax.plot([], [], "o", color=CURRENT, markersize=8)
+        ax.set(xlabel="step", ylabel="max |partial - final| (current rows)")
+
+    def draw(self, trace, step: int = 0, ylim=None) -> Figure:
+        """Show ``step`` of ``trace`` (a :class:`flashlib.TiledTrace`); returns the figure."""
+        if not trace.steps:
+            raise ValueError("TileStepView.draw: the trace has no computed tiles")
+        if (isinstance(step, bool) or not isinstance(step, (int, np.integer))
+                or not 0 <= step < len(trace.steps)):
+            raise ValueError(f"TileStepView.draw: argument 'step' must be an int in "
+                             f"0..{len(trace.steps) - 1}, got {step!r}")
+        for text in self._texts:
+            text.remove()
+        self._texts = []
+        ylim = tuple(ylim) if ylim is not None else trace_limits(trace)
+        if trace is not self._schedule or ylim != self._ylim:
+            self._set_schedule(trace, ylim)
+            self._schedule, self._ylim, self._background = trace, ylim, None
+        self._draw_grid(trace, step)
+        self._draw_bars(trace, step)
+        self._draw_distance(trace, step)
+        return self.fig
+
+    def _dynamic(self):
+        """Artists that change with the step, in drawing order."""
+        return [self.grid_image, self.skipped_hatch, self.tile_lines, self.current_box,
+                *self.bars.values(), self.final_ticks, self.distance_dot, *self.titles,
+                *self._texts]
+
+    def png(self) -> bytes:
+        """The figure as PNG bytes, repainting only what :meth:`draw` changed."""
+        dynamic = self._dynamic()
+        for artist in dynamic:
+            artist.set_animated(True)  # left out of the cached background
+        if self._background is None:
+            self.canvas.draw()
+            self._background = self.canvas.copy_from_bbox(self.fig.bbox)
+        else:
+            self.canvas.restore_region(self._background)
+        renderer = self.canvas.get_renderer()
+        for artist in dynamic:
+            artist.draw(renderer)
+            artist.set_animated(False)
+        width, height = self.canvas.get_width_height()
+        image = PIL.Image.frombuffer("RGBA", (width, height), self.canvas.buffer_rgba(),
+                                     "raw", "RGBA", 0, 1)
+        buf = io.BytesIO()
+        image.save(buf, format="png", compress_level=1)
+        return buf.getvalue()
+
+    def _set_schedule(self, trace, ylim):
+        seq_q, seq_k = trace.seq_q, trace.seq_k
+        self.grid_image.set_extent((0, seq_k, seq_q, 0))
+        self.tile_lines.set_segments(_grid_segments(seq_q, seq_k, trace.block_q, trace.block_k))
+        self.skipped_hatch.set_verts([[(c0, r0), (c1, r0), (c1, r1), (c0, r1)]
+                                      for (r0, r1), (c0, c1) in trace.skipped])
+        self.ax_grid.set(xlim=(0, seq_k), ylim=(seq_q, 0))
+        small = seq_q * seq_k <= 400
+        self.ax_grid.set_xticks(np.arange(seq_k) + 0.5 if small else [],
+                                labels=[str(j) for j in range(seq_k)] if small else [])
+        self.ax_grid.set_yticks(np.arange(seq_q) + 0.5 if small else [],
+                                labels=[str(i) for i in range(seq_q)] if small else [])
+        distances = [s.distance for s in trace.steps]
+        self.distance_line.set_data(range(len(distances)), distances)
+        self.ax_err.set_xlim(-0.5, len(distances) - 0.5)
+        self.ax_err.set_ylim(0.0, max(max(distances), 1e-6) * 1.15)
+        group = trace.steps[0].partial.shape[-1] + 3
+        self.ax_bars.set_xlim(-1, min(trace.block_q, trace.seq_q) * group - 1)
+        self.ax_bars.set_ylim(*ylim)
+
+    def _draw_grid(self, trace, step):
+        self.grid_image.set_data(tile_states(trace, step))
+        now = trace.steps[step]
+        (r0, r1), (c0, c1) = now.rows, now.cols
+        self.current_box.set_bounds(c0, r0, c1 - c0, r1 - r0)
+        if now.scores.numel() <= MAX_TEXT and trace.seq_q * trace.seq_k <= 400:
+            for (i, j), s in np.ndenumerate(_to_numpy(now.scores)):
+                self._texts.append(self.ax_grid.text(c0 + j + 0.5, r0 + i + 0.5, fmt4(s),
+                                                     ha="center", va="center", fontsize=7))
+        self.titles[0].set_text(f"step {step} of {len(trace.steps) - 1}: "
+                                f"rows {r0}:{r1}, keys {c0}:{c1}")
+
+    def _draw_bars(self, trace, step):
+        now = trace.steps[step]
+        m, l, partial = _to_numpy(now.m), _to_numpy(now.l), _to_numpy(now.partial)
+        final = _to_numpy(trace.out[now.rows[0]:now.rows[1]])
+        n_rows, dim = partial.shape
+        group = dim + 3  # m, l, the dim output entries, one gap
+        base = np.arange(n_rows) * group
+        m = np.where(np.isfinite(m), m, 0.0)  # a row that has seen only masked keys: m = -inf
+        px = (base[:, None] + 2 + np.arange(dim)[None, :]).ravel()
+        self.bars["m"].set_verts(_bar_verts(base, m))
+        self.bars["l"].set_verts(_bar_verts(base + 1, l))
+        self.bars["partial"].set_verts(_bar_verts(px, partial.ravel()))
+        self.final_ticks.set_segments([[(x - 0.4, y), (x + 0.4, y)] for x, y in zip(px, final.ravel())])
+        if (2 + dim) * n_rows <= MAX_TEXT:
+            for x, h in zip(np.concatenate([base, base + 1, px]),
+                            np.concatenate([m, l, partial.ravel()])):
+                self._texts.append(self.ax_bars.text(x, h, fmt4(h), ha="center", fontsize=6,
+                                                     va="bottom" if h >= 0 else "top"))
+        if n_rows <= 16:
+            axis = self.ax_bars.get_xaxis_transform()
+            for i, x in enumerate(base + (dim + 1) / 2):
+                self._texts.append(self.ax_bars.text(x, -0.015, f"row {now.rows[0] + i}", fontsize=8,
+                                                     transform=axis, ha="center", va="top"))
+        self.titles[1].set_text(f"rows {now.rows[0]}:{now.rows[1]} after folding in keys "
+                                f"{now.cols[0]}:{now.cols[1]}")
+
+    def _draw_distance(self, trace, step):
+        now = trace.steps[step]
+        self.distance_dot.set_data([step], [now.distance])
+        share = 100.0 * now.tile_elements / now.full_elements
+        self.titles[2].set_text(f"distance {fmt4(now.distance)}\nscores held: {now.tile_elements} "
+                                f"of {now.full_elements} ({fmt4(share)}%)")
+
+
+def tile_step_figure(trace, step: int = 0, ylim=None, dpi: int = 72) -> Figure:
+    """A new figure of ``step`` of a :class:`flashlib.TiledTrace` (see :class:`TileStepView`)."""
+    return TileStepView(dpi=dpi).draw(trace, step, ylim)
+
+
+# ----- online softmax ------------------------------------------------------------------
+
+def online_softmax_figure(x, steps, step: int) -> Figure:
+    """One step of online softmax over a 1-D row ``x`` (from ``online_softmax_steps``).
+
+    Left: the row, chunks coloured as seen / current / to come, with the running max m.
+    Right: m and l after every step; the current step marked, with its rescale factor.
+    """
+    x = _to_numpy(x).ravel()
+    if not 1 <= step < len(steps):
+        raise ValueError(f"online_softmax_figure: argument 'step' must be in 1..{len(steps) - 1}, "
+                         f"got {step}")
+    now = steps[step]
+    colors = [DONE if i < now.start else CURRENT if i < now.stop else TODO for i in range(len(x))]
+    fig, (ax_row, ax_state) = _new_figure(10.0, 3.6, 2)
+    ax_row.bar(range(len(x)), x, color=colors, edgecolor="black", linewidth=0.5)
+    m = float(now.state.m)
+    ax_row.axhline(m, color=M_COLOR, linestyle="--", label=f"running max m = {fmt4(m)}")
+    if len(x) <= MAX_TEXT:
+        for i, xi in enumerate(x):
+            ax_row.text(i, xi, fmt4(xi), ha="center", va="bottom" if xi >= 0 else "top", fontsize=7)
+    ax_row.legend(fontsize=7, loc="lower right")
+    ax_row.set(xlabel="element", ylabel="x", title=f"step {step}: elements {now.start}:{now.stop}")
+    ms = [float(s.state.m) for s in steps[1:]]
+    ls = [float(s.state.l) for s in steps[1:]]
+    ax_state.plot(range(1, len(steps)), ms, color=M_COLOR, marker="o", label="m (running max)")
+    ax_state.plot(range(1, len(steps)), ls, color=L_COLOR, marker="o", label="l (denominator)")
+    ax_state.axvline(step, color=CURRENT, linewidth=2)
+    if len(steps) <= 33:
+        ax_state.set_xticks(range(1, len(steps)))
+    ax_state.legend(fontsize=7)
+    ax_state.set(xlabel="step", title=f"m = {fmt4(m)}, l = {fmt4(now.state.l)}, "
+                                      f"old l rescaled by {fmt4(now.rescale)}")
+    return fig
+
+
+# ----- errors and memory ---------------------------------------------------------------
+
+def error_curve(labels, errors, title: str = "", ylabel: str = "max |error|",
+                tolerance: float | None = None) -> Figure:
+    """Errors of several variants (tile sizes, dtypes, ...) against a reference, log scale."""
+    errors = [float(e) for e in errors]
+    fig, (ax,) = _new_figure(max(4.0, 0.55 * len(errors) + 2.0), 3.4)
+    ax.plot(range(len(errors)), [max(e, 1e-17) for e in errors], color=PARTIAL_COLOR, marker="o")
+    if tolerance is not None:
+        ax.axhline(tolerance, color=CURRENT, linestyle="--", label=f"tolerance {fmt4(tolerance)}")
+        ax.legend(fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(errors)), labels=[str(s) for s in labels], rotation=45, ha="right")
+    ax.set(title=title, ylabel=ylabel)
+    return fig
+
+
+def memory_plot(ns, series: dict, title: str = "", xlabel: str = "sequence length N",
+                ylabel: str = "bytes") -> Figure:
+    """Memory (or traffic) against N on log-log axes, one line per named series."""
+    fig, (ax,) = _new_figure(5.6, 3.6)
+    for (name, values), color in zip(series.items(), [CURRENT, DONE, L_COLOR, M_COLOR, MASKED]):
+        ax.plot(list(ns), [float(v) for v in values], marker="o", color=color, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.legend(fontsize=7)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    return fig

@@ -1,0 +1,144 @@
+"""Interactive steppers for the notebooks, built on flashlib's traces and viz figures.
+
+Each stepper is an ipywidgets box: sliders and toggles on top, the figure below as an
+``ipywidgets.Image`` holding PNG bytes, so every slider move swaps the image. The
+figures are the ones :mod:`flashlib.viz` draws for the static notebook outputs.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import ipywidgets as widgets
+import torch
+
+from . import viz
+from .softmax import online_softmax_steps
+from .tiled import trace_tiled_attention
+
+
+class TileStepper(widgets.VBox):
+    """Replay tiled attention tile by tile (notebook 03).
+
+    Sliders: ``block_q`` (query rows per block, BLOCK_M), ``block_k`` (keys per tile,
+    BLOCK_N) and ``step``; toggles: the loop order ("query" or "key") and causal masking.
+    q, k, v: (batch, heads, seq, head_dim) or (seq, head_dim); the first batch/head is shown.
+    """
+
+    def __init__(self, q, k, v, *, block_q: int = 2, block_k: int = 2, causal: bool = False,
+                 loop: str = "query", step: int = 0, scale=None):
+        self._inputs = (q, k, v, scale)
+        self.view = viz.TileStepView()
+        self.trace = self._trace(block_q, block_k, causal, loop)
+        seq_q, seq_k = q.shape[-2], k.shape[-2]
+        self.block_q = widgets.IntSlider(value=block_q, min=1, max=seq_q, description="block_q",
+                                         continuous_update=False)
+        self.block_k = widgets.IntSlider(value=block_k, min=1, max=seq_k, description="block_k",
+                                         continuous_update=False)
+        self.step = widgets.IntSlider(value=step, min=0, max=len(self.trace.steps) - 1,
+                                      description="step")
+        self.loop = widgets.ToggleButtons(options=["query", "key"], value=loop, description="loop")
+        self.causal = widgets.ToggleButton(value=causal, description="causal")
+        self.image = widgets.Image(format="png")
+        self.image.add_class("flashlib-figure")
+        controls = widgets.HBox([widgets.VBox([self.block_q, self.block_k, self.step]),
+                                 widgets.VBox([self.loop, self.causal])])
+        super().__init__([controls, self.image])
+        self.add_class("flashlib-tile-stepper")
+        for control in (self.block_q, self.block_k, self.loop, self.causal):
+            control.observe(self._on_schedule, names="value")
+        self.step.observe(self._on_step, names="value")
+        self.redraw()
+
+    def _trace(self, block_q, block_k, causal, loop):
+        q, k, v, scale = self._inputs
+        trace = trace_tiled_attention(q, k, v, block_q=block_q, block_k=block_k, causal=causal,
+                                      scale=scale, loop=loop)
+        self.ylim = viz.trace_limits(trace)
+        return trace
+
+    def _on_schedule(self, _change):
+        self.trace = self._trace(self.block_q.value, self.block_k.value, self.causal.value,
+                                 self.loop.value)
+        last = len(self.trace.steps) - 1
+        with self.step.hold_trait_notifications():
+            self.step.value = min(self.step.value, last)
+            self.step.max = last
+        self.redraw()
+
+    def _on_step(self, _change):
+        self.redraw()
+
+    def redraw(self):
+        """Draw the current step into the image widget."""
+        self.view.draw(self.trace, self.step.value, self.ylim)
+        self.image.value = self.view.png()
+
+    def figure(self):
+        """The current step as a regular matplotlib figure (shows without a kernel)."""
+        return viz.tile_step_figure(self.trace, self.step.value, self.ylim)
+
+    def __repr__(self):
+        # Stored notebooks compare this text: keep it free of widget ids and image bytes.
+        return (f"TileStepper(block_q={self.block_q.value}, block_k={self.block_k.value}, "
+                f"step={self.step.value} of 0..{self.step.max}, loop={self.loop.value!r}, "
+                f"causal={self.causal.value})")
+
+
+class OnlineSoftmaxStepper(widgets.VBox):
+    """Step through online softmax over one row ``x`` (notebook 02), ``block`` elements at a time."""
+
+    def __init__(self, x, *, block: int = 1, step: int = 1):
+        self.x = torch.as_tensor(x).reshape(-1)
+        self.steps = online_softmax_steps(self.x, block=block)
+        self.step = widgets.IntSlider(value=step, min=1, max=len(self.steps) - 1, description="step")
+        self.image = widgets.Image(format="png")
+        self.image.add_class("flashlib-figure")
+        super().__init__([self.step, self.image])
+        self.add_class("flashlib-softmax-stepper")
+        self.step.observe(lambda _change: self.redraw(), names="value")
+        self.redraw()
+
+    def redraw(self):
+        self.image.value = viz.figure_png(self.figure())
+
+    def figure(self):
+        """The current step as a regular matplotlib figure."""
+        return viz.online_softmax_figure(self.x, self.steps, self.step.value)
+
+    def __repr__(self):
+        return f"OnlineSoftmaxStepper(n={self.x.numel()}, step={self.step.value} of 1..{self.step.max})"
+
+
+def _median_redraw_ms(stepper: TileStepper, moves: int) -> float:
+    last = stepper.step.max
+    times = []
+    for i in range(moves):
+        target = (i + 1) % (last + 1)  # walk the slider through every step, wrapping round
+        start = time.perf_counter()
+        stepper.step.value = target
+        times.append(time.perf_counter() - start)
+    return 1000.0 * statistics.median(times)
+
+
+def benchmark_redraw(moves: int = 40, verbose: bool = True) -> dict[str, float]:
+    """Median time (ms) for one step-slider move to redraw the figure, in this kernel.
+
+    Two cases: the course's 6x4 example with 2x2 tiles, and N = 64, head_dim 16 with
+    8x8 causal tiles. Times the Python side (trace lookup, drawing, PNG encoding), not
+    the browser's paint.
+    """
+    generator = torch.Generator().manual_seed(0)
+    small = [torch.randn(1, 6, 4, generator=generator) for _ in range(3)]
+    large = [torch.randn(1, 64, 16, generator=generator) for _ in range(3)]
+    cases = {
+        "6x4, 2x2 tiles": TileStepper(*small, block_q=2, block_k=2),
+        "N=64, d=16, 8x8 causal tiles": TileStepper(*large, block_q=8, block_k=8, causal=True),
+    }
+    results = {}
+    for name, stepper in cases.items():
+        results[name] = _median_redraw_ms(stepper, moves)
+        stepper.close()
+        if verbose:
+            print(f"{name}: median redraw {results[name]:.1f} ms over {moves} slider moves")
+    return results
