@@ -66,12 +66,17 @@ def _online_update(m_i, l_i, acc, s, v_tile):
     return m_new, l_i, acc
 
 
+def _normalise(acc, l_i):
+    """acc / l_i, with 0 for rows that saw no visible key (l_i == 0); NaN stays NaN."""
+    empty = (l_i == 0).unsqueeze(-1)
+    return torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l_i.unsqueeze(-1)))
+
+
 def _finish(m_i, l_i, acc):
     """Normalise once at the end; rows that saw no key give out = 0 and lse = -inf."""
-    seen = l_i > 0
-    out = torch.where(seen.unsqueeze(-1), acc / torch.where(seen, l_i, 1.0).unsqueeze(-1), 0.0)
-    lse = torch.where(seen, m_i + torch.log(torch.where(seen, l_i, 1.0)), NEG_INF)
-    return out, lse
+    empty = l_i == 0
+    lse = torch.where(empty, NEG_INF, m_i + torch.log(torch.where(empty, 1.0, l_i)))
+    return _normalise(acc, l_i), lse
 
 
 def _compute_dtype(dtype):
@@ -120,7 +125,7 @@ def _key_major(q, k, v, block_q, block_k, causal, scale, on_step=None):
             m_i, l_i = m[..., q0:q1], l[..., q0:q1]
             acc = o[..., q0:q1, :] * l_i.unsqueeze(-1)  # un-normalise what HBM holds
             m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile)
-            o[..., q0:q1, :] = torch.where(l_i.unsqueeze(-1) > 0, acc / torch.where(l_i > 0, l_i, 1.0).unsqueeze(-1), 0.0)
+            o[..., q0:q1, :] = _normalise(acc, l_i)
             m[..., q0:q1], l[..., q0:q1] = m_i, l_i  # write the statistics back
             if on_step is not None:
                 on_step((q0, q1), (k0, k1), s, m_i, l_i, acc)
@@ -228,8 +233,7 @@ def trace_tiled_attention(q, k, v, *, block_q=2, block_k=2, causal=False, scale=
     seq_q, seq_k = q.shape[-2], k.shape[-2]
     steps = []
     for i, (rows, cols, s, m_i, l_i, acc) in enumerate(records):
-        safe_l = torch.where(l_i > 0, l_i, 1.0).unsqueeze(-1)
-        partial = torch.where(l_i.unsqueeze(-1) > 0, acc / safe_l, 0.0)
+        partial = _normalise(acc, l_i)
         dist = (partial - final[rows[0]:rows[1]]).abs().max().item() if partial.numel() else 0.0
         steps.append(TileStep(i, rows, cols, s, m_i, l_i, acc, partial, dist,
                               s.numel(), seq_q * seq_k))

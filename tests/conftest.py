@@ -1,0 +1,9 @@
+import os
+
+from hypothesis import HealthCheck, settings
+
+# CI gets a fixed, moderate budget; FLASHLIB_HYPOTHESIS=thorough runs many more cases.
+settings.register_profile("default", max_examples=40, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=500, deadline=None)
+settings.load_profile(os.environ.get("FLASHLIB_HYPOTHESIS", "default"))

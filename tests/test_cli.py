@@ -1,0 +1,46 @@
+import json
+import re
+import subprocess
+import sys
+
+import torch
+
+from flashlib import dense_attention
+from flashlib.bench import peak_allocated_bytes, run_cpu_bench
+
+
+def test_demo_prints_shape_table_and_passing_checks():
+    done = subprocess.run([sys.executable, "-m", "flashlib", "demo"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "stacked dense and tiled outputs: [2, 1, 6, 4]" in out
+    assert out.count("[pass]") == 3 and "FAIL" not in out
+    rows = re.findall(r"^\s+(\d)\s+(\d)-(\d)\s+(\d)-(\d)\s+(\d+)\s+(\d+)\s+(\S+)$", out, re.M)
+    assert len(rows) == 9
+    # recompute each step's distance independently: partial output = attention over keys seen so far
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 6, 4) for _ in range(3))
+    final = dense_attention(q, k, v)
+    for _, r0, r1, _, c1, tile, full, dist in rows:
+        r0, r1, c1 = int(r0), int(r1) + 1, int(c1) + 1
+        partial = dense_attention(q[:, r0:r1], k[:, :c1], v[:, :c1])
+        assert (int(tile), int(full)) == (4, 36)
+        assert abs(float(dist) - (partial - final[:, r0:r1]).abs().max().item()) < 1e-3
+
+
+def test_peak_allocated_bytes_counts_exactly():
+    assert peak_allocated_bytes(torch.empty, 1000, dtype=torch.float32) == 4000
+    a = torch.randn(256, 64)
+    # S and P are both (256, 256) float32; the peak holds at least those two
+    assert peak_allocated_bytes(dense_attention, a, a, a) >= 2 * 256 * 256 * 4
+
+
+def test_cpu_bench_writes_json_with_provenance(tmp_path):
+    path = run_cpu_bench(sizes=(64, 256), repeats=1, out_dir=tmp_path, log=lambda *a, **k: None)
+    data = json.loads(path.read_text())
+    prov = data["provenance"]
+    assert prov["torch"] == torch.__version__ and prov["date"] and prov["cpu"]
+    assert {(p["method"], p["n"]) for p in data["points"]} == {(m, n) for m in ("dense", "tiled") for n in (64, 256)}
+    dense256 = next(p for p in data["points"] if p["method"] == "dense" and p["n"] == 256)
+    assert dense256["peak_alloc_bytes"] >= 2 * 256 * 256 * 4
+    assert all(p["seconds"] > 0 for p in data["points"]) and len(data["ratios"]) == 2
