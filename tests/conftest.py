@@ -6,4 +6,6 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("default", max_examples=40, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", max_examples=500, deadline=None)
+settings.register_profile("quick", max_examples=8, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("FLASHLIB_HYPOTHESIS", "default"))
