@@ -35,8 +35,10 @@ CHROMIUM_ARGS = [
 ]
 
 # Settings for a fresh JupyterLab: no news or update checks (network), no toasts over
-# the notebook in the screenshots.
+# the notebook in the screenshots, and every cell attached to the page so that errors
+# far down the notebook are in the DOM too.
 LAB_USER_SETTINGS = {
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
         "fetchNews": "false",
         "checkForUpdates": False,
@@ -64,7 +66,8 @@ class LabServer:
         return f"http://127.0.0.1:{self.port}"
 
     def notebook_url(self, name: str) -> str:
-        return f"{self.base_url}/lab/tree/{name}?token={self.token}"
+        # reset: start from an empty workspace, not the tabs an earlier test left open
+        return f"{self.base_url}/lab/tree/{name}?reset&token={self.token}"
 
     def log_tail(self, chars: int = 3000) -> str:
         try:
@@ -265,6 +268,11 @@ def _menu(page, menu: str, item: str) -> None:
     page.locator(".lm-MenuBar-item", has_text=re.compile(rf"^{re.escape(menu)}$")).click()
     page.locator(".lm-Menu-item", has=page.locator(
         ".lm-Menu-itemLabel", has_text=re.compile(rf"^{re.escape(item)}$"))).click()
+
+
+def shut_down_kernels(page) -> None:
+    """Stop every kernel the page's JupyterLab started, so tests do not share kernels."""
+    page.evaluate("() => window.jupyterapp && window.jupyterapp.serviceManager.sessions.shutdownAll()")
 
 
 def step_slider(page, label: str = "step"):

@@ -23,6 +23,7 @@ from .browser_support import (
     notebook_errors,
     open_and_run_all,
     save_screenshot,
+    shut_down_kernels,
     snapshot_images,
     start_lab,
     step_slider,
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.browser
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = "03_tiled_attention.ipynb"
 HARNESS_NOTEBOOK = "browser_harness_check.ipynb"
+FAILING_NOTEBOOK = "browser_harness_error.ipynb"
 SCREENSHOTS = REPO / "test-output" / "browser"
 
 
@@ -45,38 +47,39 @@ def _require_chromium() -> None:
     pytest.skip(reason)
 
 
-def _write_harness_notebook(path: Path) -> None:
-    """A tiny stepper (IntSlider "step" redrawing a matplotlib figure) plus a stderr line,
-    to check the harness on a notebook whose behaviour is known."""
-    cells = [
-        nbformat.v4.new_code_cell(
-            "import sys\n"
-            "import ipywidgets as widgets\n"
-            "import matplotlib.pyplot as plt\n"
-            "print('a warning-like line on stderr', file=sys.stderr)"
-        ),
-        nbformat.v4.new_code_cell(
-            "def draw(step):\n"
-            "    fig, ax = plt.subplots(figsize=(3, 2))\n"
-            "    ax.bar(range(6), [1 if i <= step else 0.1 for i in range(6)])\n"
-            "    ax.set_title(f'step {step}')\n"
-            "    plt.show()\n"
-            "\n"
-            "widgets.interactive(draw, step=widgets.IntSlider(value=0, min=0, max=5, description='step'))"
-        ),
-    ]
-    notebook = nbformat.v4.new_notebook(cells=cells)
+def _write_notebook(path: Path, sources: list[str]) -> None:
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
     notebook.metadata["kernelspec"] = {
         "name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"
     }
     nbformat.write(notebook, path)
 
 
+def _write_harness_notebooks(root: Path) -> None:
+    """Scratch notebooks whose behaviour is known, to check the harness itself: a tiny
+    stepper (IntSlider "step" redrawing a matplotlib figure) after a stderr line, and a
+    notebook whose second cell raises."""
+    _write_notebook(root / HARNESS_NOTEBOOK, [
+            "import sys\n"
+            "import ipywidgets as widgets\n"
+            "import matplotlib.pyplot as plt\n"
+            "print('a warning-like line on stderr', file=sys.stderr)",
+            "def draw(step):\n"
+            "    fig, ax = plt.subplots(figsize=(3, 2))\n"
+            "    ax.bar(range(6), [1 if i <= step else 0.1 for i in range(6)])\n"
+            "    ax.set_title(f'step {step}')\n"
+            "    plt.show()\n"
+            "\n"
+            "widgets.interactive(draw, step=widgets.IntSlider(value=0, min=0, max=5, description='step'))",
+    ])
+    _write_notebook(root / FAILING_NOTEBOOK, ["x = 1", "1 / 0", "y = 2"])
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     _require_chromium()
     root = copy_notebooks(REPO / "notebooks", tmp_path_factory.mktemp("lab") / "notebooks")
-    _write_harness_notebook(root / HARNESS_NOTEBOOK)
+    _write_harness_notebooks(root)
     server = start_lab(root, tmp_path_factory.mktemp("lab-state"))
     yield server
     server.stop()
@@ -99,7 +102,10 @@ def page(browser):
     page = browser.new_page()
     page.set_default_timeout(60_000)
     yield page
-    page.close()
+    try:
+        shut_down_kernels(page)
+    finally:
+        page.close()
 
 
 def _step_and_compare(page, server, name: str, folders: list[Path]) -> None:
@@ -116,6 +122,7 @@ def _step_and_compare(page, server, name: str, folders: list[Path]) -> None:
         readout = slider.locator(".widget-readout")
         images = figure_images(slider)
         images.first.wait_for(state="visible")
+        slider.scroll_into_view_if_needed()
         before_value = readout.inner_text()
         before = snapshot_images(images)
         save_screenshot(page, f"{stem}-before.png", folders)
@@ -145,22 +152,29 @@ def test_harness_on_a_known_stepper(page, lab, tmp_path):
     _step_and_compare(page, lab, HARNESS_NOTEBOOK, [tmp_path, SCREENSHOTS])
 
 
-def test_error_detection_sees_tracebacks_not_warnings(browser):
-    """dom_errors must flag a rendered traceback and let a stderr warning through."""
-    page = browser.new_page()
+def test_harness_reports_a_failing_cell(page, lab, tmp_path):
+    """Run All stops at a raising cell; the harness must stop waiting and name the error."""
     try:
-        stderr = 'class="jp-OutputArea-output" data-mime-type="application/vnd.jupyter.stderr"'
-        page.set_content(
-            f"<div {stderr}><pre>UserWarning: a harmless warning</pre></div>"
-        )
-        assert dom_errors(page) == []
-        page.set_content(
-            f"<div {stderr}><pre>ValueError    Traceback (most recent call last)\n"
-            "Cell In[2], line 1\nValueError: bad</pre></div>"
-        )
-        assert len(dom_errors(page)) == 1
+        open_and_run_all(page, lab, FAILING_NOTEBOOK)
+        errors = notebook_errors(page, FAILING_NOTEBOOK)
     finally:
-        page.close()
+        save_screenshot(page, "browser_harness_error.png", [tmp_path])
+    assert any(e.startswith("cell 1: ZeroDivisionError") for e in errors), errors
+    assert any("Traceback (most recent call last)" in e for e in errors), errors
+
+
+def test_error_detection_sees_tracebacks_not_warnings(page):
+    """dom_errors must flag a rendered traceback and let a stderr warning through."""
+    stderr = 'class="jp-OutputArea-output" data-mime-type="application/vnd.jupyter.stderr"'
+    page.set_content(
+        f"<div {stderr}><pre>UserWarning: a harmless warning</pre></div>"
+    )
+    assert dom_errors(page) == []
+    page.set_content(
+        f"<div {stderr}><pre>ValueError    Traceback (most recent call last)\n"
+        "Cell In[2], line 1\nValueError: bad</pre></div>"
+    )
+    assert len(dom_errors(page)) == 1
 
 
 def test_notebook_03_steps_in_the_browser(page, lab, tmp_path):
