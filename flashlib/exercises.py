@@ -1,0 +1,315 @@
+"""Checkers for the notebooks' exercises.
+
+Every checker takes the student's answer (a number, a tensor or a function), never
+raises, prints a clear pass or feedback saying what was expected and a hint, and
+returns True or False. Expected values are computed here from first principles
+(loops and definitions), not by calling the flashlib function the exercise is about.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+PASS = "PASS"
+RETRY = "NOT YET"
+
+
+def _passed(message: str) -> bool:
+    print(f"{PASS}: {message}")
+    return True
+
+
+def _failed(message: str, hint: str) -> bool:
+    print(f"{RETRY}: {message}\n  hint: {hint}")
+    return False
+
+
+def _unanswered(answer, kind: str, hint: str) -> bool | None:
+    if answer is None or answer is Ellipsis:
+        return _failed(f"no answer yet; expected {kind}.", hint)
+    return None
+
+
+def _as_number(answer):
+    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
+        return answer.item()
+    if isinstance(answer, numbers.Real) and not isinstance(answer, bool):
+        return answer
+    return None
+
+
+def _check_number(answer, expected, *, kind, hint, rel=1e-4, known_mistakes=(), exact=False):
+    """Compare a numeric answer with ``expected``; ``known_mistakes`` maps values to advice."""
+    unanswered = _unanswered(answer, kind, hint)
+    if unanswered is not None:
+        return unanswered
+    value = _as_number(answer)
+    if value is None:
+        return _failed(f"expected {kind}, got {type(answer).__name__} {answer!r}.", hint)
+    if exact and value == expected or not exact and math.isclose(value, expected, rel_tol=rel):
+        return _passed(f"{_fmt(value)} is right.")
+    for wrong, advice in known_mistakes:
+        if math.isclose(value, wrong, rel_tol=rel):
+            return _failed(f"{_fmt(value)} is not it: {advice}", hint)
+    direction = "too large" if value > expected else "too small"
+    return _failed(f"{_fmt(value)} is {direction} (off by a factor of {_fmt(value / expected)})"
+                   if expected else f"{_fmt(value)} is not right.", hint)
+
+
+def _fmt(x) -> str:
+    return f"{x:,}" if isinstance(x, int) else f"{float(x):.4g}"
+
+
+def _call(fn, name, *args):
+    """Run the student's function; return (result, None) or (None, error message)."""
+    if not callable(fn):
+        return None, f"expected a function {name}, got {type(fn).__name__}"
+    try:
+        return fn(*args), None
+    except Exception as error:  # a student's bug must become feedback, not a traceback
+        return None, f"{name} raised {type(error).__name__}: {error}"
+
+
+def _check_tensor(result, expected, name, hint, atol=1e-5, rtol=1e-4) -> str | None:
+    """None if ``result`` matches ``expected``; else what is wrong, in shape/value terms."""
+    if not isinstance(result, torch.Tensor):
+        return f"{name} should return a torch.Tensor of shape {tuple(expected.shape)}, " \
+               f"got {type(result).__name__}"
+    if tuple(result.shape) != tuple(expected.shape):
+        return f"{name} returned shape {tuple(result.shape)}; expected {tuple(expected.shape)}"
+    if not torch.isfinite(result.double()).all() and torch.isfinite(expected).all():
+        return f"{name} returned inf or NaN entries where the right answer is finite"
+    error = (result.double() - expected.double()).abs().max().item()
+    if not torch.allclose(result.double(), expected.double(), atol=atol, rtol=rtol):
+        return f"{name} has the right shape but is off by up to {error:.4g}"
+    return None
+
+
+# ----- notebook 01: dense attention ------------------------------------------------------
+
+SCORE_BYTES = dict(batch=1, heads=8, n=4096, element_size=4)
+
+
+def check_score_bytes(answer) -> bool:
+    """Bytes of the float32 score matrix S for batch 1, 8 heads and N = 4096 tokens."""
+    b, h, n, size = SCORE_BYTES.values()
+    expected = b * h * n * n * size
+    return _check_number(
+        answer, expected, kind="an int (bytes)", exact=True,
+        hint=f"S has shape (batch, heads, N, N) = ({b}, {h}, {n}, {n}); a float32 takes {size} bytes.",
+        known_mistakes=[(b * h * n * n, "that is the number of elements; multiply by the bytes per element."),
+                        (b * n * n * size, "that is one head; every head has its own S."),
+                        (b * h * n * size, "that is N elements per head; S is N x N.")])
+
+
+CAUSAL_SHAPE = (3, 5)
+
+
+def check_causal_mask(answer) -> bool:
+    """Boolean (3, 5) mask, True where query i may see key j, aligned bottom-right."""
+    seq_q, seq_k = CAUSAL_SHAPE
+    hint = (f"row i may see key j when j <= i + (seq_k - seq_q); with seq_q={seq_q}, seq_k={seq_k} "
+            f"the last query sees every key.")
+    unanswered = _unanswered(answer, f"a boolean tensor of shape {CAUSAL_SHAPE}", hint)
+    if unanswered is not None:
+        return unanswered
+    expected = torch.tensor([[j <= i + seq_k - seq_q for j in range(seq_k)] for i in range(seq_q)])
+    top_left = torch.tensor([[j <= i for j in range(seq_k)] for i in range(seq_q)])
+    if not isinstance(answer, torch.Tensor):
+        return _failed(f"expected a torch.Tensor of shape {CAUSAL_SHAPE}, got {type(answer).__name__}.", hint)
+    if tuple(answer.shape) != CAUSAL_SHAPE:
+        return _failed(f"your mask has shape {tuple(answer.shape)}; expected (seq_q, seq_k) = {CAUSAL_SHAPE}.", hint)
+    mask = answer.bool()
+    if torch.equal(mask, expected):
+        return _passed(f"the mask is bottom-right aligned: {int(expected.sum())} visible (query, key) pairs.")
+    if torch.equal(mask, top_left):
+        return _failed("this is aligned to the top-left diagonal (PyTorch SDPA's convention); "
+                       "flashlib aligns to the bottom-right.", hint)
+    return _failed(f"{int((mask != expected).sum())} of {expected.numel()} entries differ.", hint)
+
+
+STANDARD_IO = dict(n=1024, d=64)
+
+
+def check_standard_io(answer) -> bool:
+    """Elements standard attention reads plus writes in HBM for N = 1024, d = 64."""
+    n, d = STANDARD_IO.values()
+    expected = 4 * n * d + 4 * n * n  # Q, K, V read, O written; S and P each written then read
+    return _check_number(
+        answer, expected, kind="an int (elements)", exact=True,
+        hint="count every matrix once per trip: Q, K, V read and O written (N x d each); "
+             "S and P (N x N each) are each written once and read once.",
+        known_mistakes=[(4 * n * d + 2 * n * n, "S and P each make a round trip: written, then read back."),
+                        (4 * n * n, "Q, K, V and O travel too (N x d each).")])
+
+
+# ----- notebook 02: online softmax -------------------------------------------------------
+
+ONLINE_ROW = (2.0, 5.0, 1.0, 7.0)
+
+
+def _float_pair(answer):
+    m, l = answer
+    return float(_as_number(m)), float(_as_number(l))
+
+
+def check_online_state(answer) -> bool:
+    """The final (m, l) of online softmax over the row ONLINE_ROW."""
+    hint = "m is the largest element; l = sum over the row of exp(x - m)."
+    unanswered = _unanswered(answer, "a pair (m, l) of numbers", hint)
+    if unanswered is not None:
+        return unanswered
+    try:
+        m, l = _float_pair(answer)
+    except Exception:
+        return _failed(f"expected a pair (m, l) of numbers, got {answer!r}.", hint)
+    m_ref = max(ONLINE_ROW)
+    l_ref = sum(math.exp(x - m_ref) for x in ONLINE_ROW)
+    if m != m_ref:
+        return _failed(f"m = {_fmt(m)}, but the running max of {list(ONLINE_ROW)} ends at {_fmt(m_ref)}.", hint)
+    if math.isclose(l, l_ref, rel_tol=1e-4):
+        return _passed(f"m = {_fmt(m)}, l = {_fmt(l)}.")
+    if math.isclose(l, sum(math.exp(x) for x in ONLINE_ROW), rel_tol=1e-4):
+        return _failed("l is sum exp(x) without subtracting m: that is the naive denominator.", hint)
+    return _failed(f"m is right, l = {_fmt(l)} is not (expected a number between 1 and {len(ONLINE_ROW)}).", hint)
+
+
+def check_rescale(answer) -> bool:
+    """Factor applied to the old l when the running max moves from 5 to 7."""
+    old, new = 5.0, 7.0
+    return _check_number(
+        answer, math.exp(old - new), kind="a number between 0 and 1",
+        hint="the old terms were exp(x - m_old); to express them as exp(x - m_new) multiply by exp(m_old - m_new).",
+        known_mistakes=[(math.exp(new - old), "that is the inverse: the max grew, so old terms shrink."),
+                        (old - new, "the factor is an exponential, not a difference.")])
+
+
+def check_merge(merge) -> bool:
+    """``merge(m_a, l_a, m_b, l_b) -> (m, l)``: combine two chunks' states exactly."""
+    hint = "m = max(m_a, m_b); rescale each l to the new max: l = l_a exp(m_a - m) + l_b exp(m_b - m)."
+    unanswered = _unanswered(merge, "a function merge(m_a, l_a, m_b, l_b) -> (m, l)", hint)
+    if unanswered is not None:
+        return unanswered
+    generator = torch.Generator().manual_seed(1)
+    for case in range(5):
+        x = (torch.randn(12, generator=generator, dtype=torch.float64) * 4).tolist()
+        cut = 2 + 2 * case
+        a, b = x[:cut], x[cut:]
+        states = [(max(c), sum(math.exp(v - max(c)) for v in c)) for c in (a, b)]
+        result, error = _call(merge, "merge", torch.tensor(states[0][0]), torch.tensor(states[0][1]),
+                              torch.tensor(states[1][0]), torch.tensor(states[1][1]))
+        if error:
+            return _failed(error + ".", hint)
+        try:
+            m, l = _float_pair(result)
+        except Exception:
+            return _failed(f"merge should return a pair (m, l); got {result!r}.", hint)
+        m_ref = max(x)
+        l_ref = sum(math.exp(v - m_ref) for v in x)
+        if not (math.isclose(m, m_ref, rel_tol=1e-6) and math.isclose(l, l_ref, rel_tol=1e-5)):
+            return _failed(f"chunks of {len(a)} and {len(b)} elements gave (m, l) = ({_fmt(m)}, {_fmt(l)}); "
+                           f"the whole row has ({_fmt(m_ref)}, {_fmt(l_ref)}).", hint)
+    return _passed("your merge matches the state of the whole row for 5 different splits.")
+
+
+# ----- notebook 03: tiled attention ------------------------------------------------------
+
+TILE_COUNT = dict(seq=10, block_q=4, block_k=3)
+
+
+def check_tile_count(answer) -> bool:
+    """Tiles computed for seq_q = seq_k = 10, block_q = 4, block_k = 3, not causal."""
+    seq, bq, bk = TILE_COUNT.values()
+    expected = len(range(0, seq, bq)) * len(range(0, seq, bk))
+    return _check_number(
+        answer, expected, kind="an int (tiles)", exact=True,
+        hint="the last block or tile may be short but still counts: ceil(10 / 4) query blocks "
+             "times ceil(10 / 3) key tiles.",
+        known_mistakes=[((seq // bq) * (seq // bk), "the uneven last block and last tile are computed too.")])
+
+
+CAUSAL_TILES = dict(seq=8, block_q=2, block_k=2)
+
+
+def check_causal_tiles(answer) -> bool:
+    """Tiles computed (not skipped) for causal attention, seq 8, 2x2 tiles."""
+    seq, bq, bk = CAUSAL_TILES.values()
+    expected = sum(1 for q0 in range(0, seq, bq) for k0 in range(0, seq, bk)
+                   if any(k0 <= i for i in range(q0, min(q0 + bq, seq))))
+    total = len(range(0, seq, bq)) * len(range(0, seq, bk))
+    return _check_number(
+        answer, expected, kind="an int (tiles)", exact=True,
+        hint="a tile is skipped only when every (query, key) pair in it is masked: draw the 4 x 4 "
+             "grid of tiles and count those on or below the diagonal.",
+        known_mistakes=[(total, "that counts every tile; tiles entirely above the diagonal are skipped."),
+                        (total - expected, "that is the number of skipped tiles.")])
+
+
+TILE_MEMORY = dict(seq=1024, block_q=64, block_k=64)
+
+
+def check_tile_fraction(answer) -> bool:
+    """Fraction of the full score matrix held at once with seq 1024 and 64 x 64 tiles."""
+    seq, bq, bk = TILE_MEMORY.values()
+    return _check_number(
+        answer, (bq * bk) / (seq * seq), kind="a fraction between 0 and 1",
+        hint="one tile holds block_q x block_k scores; the full matrix holds N x N.",
+        known_mistakes=[(bq / seq, "that compares one side only; both sides shrink.")])
+
+
+# ----- notebook 04: backward -------------------------------------------------------------
+
+def check_delta(delta) -> bool:
+    """``delta(dout, out)`` -> rowsum(dO ∘ O), shape (batch, heads, seq)."""
+    hint = "multiply dO and O elementwise, then sum over head_dim (the last dim): one number per query row."
+    unanswered = _unanswered(delta, "a function delta(dout, out)", hint)
+    if unanswered is not None:
+        return unanswered
+    generator = torch.Generator().manual_seed(2)
+    dout, out = (torch.randn(2, 3, 5, 4, generator=generator, dtype=torch.float64) for _ in range(2))
+    expected = torch.tensor([[[sum(dout[b, h, i, c].item() * out[b, h, i, c].item() for c in range(4))
+                               for i in range(5)] for h in range(3)] for b in range(2)], dtype=torch.float64)
+    result, error = _call(delta, "delta", dout, out)
+    if error:
+        return _failed(error + ".", hint)
+    problem = _check_tensor(result, expected, "delta", hint)
+    if problem and isinstance(result, torch.Tensor) and tuple(result.shape) == (2, 3, 5, 4):
+        problem += " (the elementwise product is there; it still needs the sum over head_dim)"
+    if problem:
+        return _failed(problem + ".", hint)
+    return _passed("delta has shape (batch, heads, seq) and matches rowsum(dO * O).")
+
+
+def check_probs_from_lse(probs) -> bool:
+    """``probs(s, lse)`` -> P, recomputed from the scores and the saved log-sum-exp."""
+    hint = "P_ij = exp(S_ij - lse_i): subtract first, then exponentiate, so nothing overflows."
+    unanswered = _unanswered(probs, "a function probs(s, lse)", hint)
+    if unanswered is not None:
+        return unanswered
+    generator = torch.Generator().manual_seed(3)
+    s = torch.randn(2, 4, 6, generator=generator, dtype=torch.float64) * 3
+    s[0, 0] += 1000.0  # large logits: exp(s) alone would overflow
+    m = s.amax(dim=-1, keepdim=True)
+    lse = (m + torch.log(torch.exp(s - m).sum(dim=-1, keepdim=True))).squeeze(-1)
+    expected = torch.exp(s - m) / torch.exp(s - m).sum(dim=-1, keepdim=True)
+    result, error = _call(probs, "probs", s, lse)
+    if error:
+        return _failed(error + ".", hint)
+    problem = _check_tensor(result, expected, "probs", hint)
+    if problem:
+        return _failed(problem + " (one row has logits near 1000).", hint)
+    return _passed("P recomputed from lse matches softmax(S), large logits included.")
+
+
+KEPT_RATIO = dict(n=4096)
+
+
+def check_kept_ratio(answer) -> bool:
+    """How many times more numbers standard backward keeps (P) than tiled backward (lse), per head."""
+    n = KEPT_RATIO["n"]
+    return _check_number(
+        answer, (n * n) / n, kind="a number (a ratio)",
+        hint="P is (N, N) per head; lse is (N,) per head.",
+        known_mistakes=[(n / (n * n), "that is the inverse ratio: P is the larger one.")])
