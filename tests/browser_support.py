@@ -168,47 +168,38 @@ def launch_chromium(playwright, user_data_dir: Path):
 
 # --- reading the notebook page -------------------------------------------------------
 
-# True when the notebook `name` is open, its kernel is idle and every code cell either
-# ran or an error stopped Run All (so a failing notebook ends the wait early).
-_NOTEBOOK_DONE_JS = """
-(name) => {
+# JavaScript run in the page. Each is `(name) => ...` over the open notebook panel whose
+# file is `name`; window.jupyterapp exists because the server sets expose_app_in_browser.
+_FIND_PANEL = """
   const app = window.jupyterapp;
-  if (!app) return false;
-  const panel = Array.from(app.shell.widgets('main')).find(
+  const panel = app && Array.from(app.shell.widgets('main')).find(
     w => w.context && w.context.path.split('/').pop() === name);
-  if (!panel || !panel.sessionContext.session) return false;
-  const kernel = panel.sessionContext.session.kernel;
+"""
+
+# The notebook is open and its kernel is idle.
+_KERNEL_IDLE_JS = "(name) => {" + _FIND_PANEL + """
+  const kernel = panel && panel.sessionContext.session && panel.sessionContext.session.kernel;
+  return !!kernel && kernel.status === 'idle' && panel.context.isReady;
+}"""
+
+# The kernel is idle and every non-empty code cell has run, or an error stopped Run All
+# (so a failing notebook ends the wait early instead of timing out).
+_RUN_DONE_JS = "(name) => {" + _FIND_PANEL + """
+  const kernel = panel && panel.sessionContext.session && panel.sessionContext.session.kernel;
   if (!kernel || kernel.status !== 'idle') return false;
   const cells = panel.content.model.cells;
   let pending = false;
   for (let i = 0; i < cells.length; i++) {
     const cell = cells.get(i);
     if (cell.type !== 'code') continue;
-    const outputs = cell.outputs.toJSON();
-    if (outputs.some(o => o.output_type === 'error')) return true;
+    if (cell.outputs.toJSON().some(o => o.output_type === 'error')) return true;
     if (cell.sharedModel.getSource().trim() && cell.executionCount == null) pending = true;
   }
-  return !pending && !document.querySelector('.jp-InputPrompt')?.textContent.includes('[*]');
-}
-"""
+  return !pending;
+}"""
 
-_NOTEBOOK_KERNEL_IDLE_JS = """
-(name) => {
-  const app = window.jupyterapp;
-  if (!app) return false;
-  const panel = Array.from(app.shell.widgets('main')).find(
-    w => w.context && w.context.path.split('/').pop() === name);
-  const kernel = panel && panel.sessionContext.session && panel.sessionContext.session.kernel;
-  return !!kernel && kernel.status === 'idle' && panel.context.isReady;
-}
-"""
-
-# Error outputs in the notebook model: (cell index, ename, evalue).
-_MODEL_ERRORS_JS = """
-(name) => {
-  const app = window.jupyterapp;
-  const panel = Array.from(app.shell.widgets('main')).find(
-    w => w.context && w.context.path.split('/').pop() === name);
+# Error outputs in the notebook model, as [cell index, ename, evalue].
+_MODEL_ERRORS_JS = "(name) => {" + _FIND_PANEL + """
   const found = [];
   const cells = panel.content.model.cells;
   for (let i = 0; i < cells.length; i++) {
@@ -219,8 +210,7 @@ _MODEL_ERRORS_JS = """
     }
   }
   return found;
-}
-"""
+}"""
 
 # Errors and tracebacks render with the stderr MIME type, like warnings do; only the
 # traceback text tells them apart. Widget views that failed to render show their own box.
@@ -242,25 +232,20 @@ def dom_errors(page) -> list[str]:
 
 def notebook_errors(page, name: str) -> list[str]:
     """Error outputs in the notebook's model (exact) plus errors visible on the page."""
-    model = [f"cell {i}: {ename}: {evalue}" for i, ename, evalue in page.evaluate(_MODEL_ERRORS_JS, name)]
-    return model + dom_errors(page)
+    model = page.evaluate(_MODEL_ERRORS_JS, name)
+    return [f"cell {i}: {ename}: {evalue}" for i, ename, evalue in model] + dom_errors(page)
 
 
 def open_and_run_all(page, server: LabServer, name: str, timeout_ms: int = 120_000) -> None:
     """Open notebook `name` in JupyterLab, wait for its kernel, then Run All from the menu."""
     page.goto(server.notebook_url(name), wait_until="domcontentloaded")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=timeout_ms)
-    page.wait_for_function(
-        _NOTEBOOK_KERNEL_IDLE_JS, arg=name, timeout=timeout_ms, polling=250
-    )
+    page.wait_for_function(_KERNEL_IDLE_JS, arg=name, timeout=timeout_ms, polling=250)
     # A stored notebook arrives executed; clearing first makes "every cell has a count" mean
     # "every cell ran now".
     _menu(page, "Edit", "Clear Outputs of All Cells")
     _menu(page, "Run", "Run All Cells")
-    page.wait_for_function(
-        _NOTEBOOK_DONE_JS, arg=name, timeout=timeout_ms, polling=250
-    )
-
+    page.wait_for_function(_RUN_DONE_JS, arg=name, timeout=timeout_ms, polling=250)
 
 
 def _menu(page, menu: str, item: str) -> None:
@@ -272,7 +257,7 @@ def _menu(page, menu: str, item: str) -> None:
 
 def shut_down_kernels(page) -> None:
     """Stop every kernel the page's JupyterLab started, so tests do not share kernels."""
-    page.evaluate("() => window.jupyterapp && window.jupyterapp.serviceManager.sessions.shutdownAll()")
+    page.evaluate("() => window.jupyterapp && jupyterapp.serviceManager.sessions.shutdownAll()")
 
 
 def step_slider(page, label: str = "step"):
@@ -288,6 +273,7 @@ def figure_images(slider):
 
 
 def snapshot_images(images) -> list[bytes]:
+    """PNG screenshots of each image element, as rendered on the page."""
     return [images.nth(i).screenshot() for i in range(images.count())]
 
 
@@ -304,6 +290,7 @@ def save_screenshot(page, name: str, folders: list[Path]) -> list[Path]:
 
 
 def copy_notebooks(source: Path, destination: Path) -> Path:
+    """A scratch copy of the notebooks folder: the test edits and saves only the copy."""
     shutil.copytree(
         source, destination, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__")
     )

@@ -70,7 +70,8 @@ def _write_harness_notebooks(root: Path) -> None:
             "    ax.set_title(f'step {step}')\n"
             "    plt.show()\n"
             "\n"
-            "widgets.interactive(draw, step=widgets.IntSlider(value=0, min=0, max=5, description='step'))",
+            "slider = widgets.IntSlider(value=0, min=0, max=5, description='step')\n"
+            "widgets.interactive(draw, step=slider)",
     ])
     _write_notebook(root / FAILING_NOTEBOOK, ["x = 1", "1 / 0", "y = 2"])
 
