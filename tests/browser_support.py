@@ -236,7 +236,7 @@ def notebook_errors(page, name: str) -> list[str]:
     return [f"cell {i}: {ename}: {evalue}" for i, ename, evalue in model] + dom_errors(page)
 
 
-def open_and_run_all(page, server: LabServer, name: str, timeout_ms: int = 120_000) -> None:
+def open_and_run_all(page, server: LabServer, name: str, timeout_ms: int = 180_000) -> None:
     """Open notebook `name` in JupyterLab, wait for its kernel, then Run All from the menu."""
     page.goto(server.notebook_url(name), wait_until="domcontentloaded")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=timeout_ms)
