@@ -192,7 +192,8 @@ class TileStepView:
         self.skipped_hatch = PolyCollection([], facecolors="none", edgecolors="#b0b0b0",
                                             hatch="//", linewidths=0)
         ax.add_collection(self.skipped_hatch)
-        self.current_box = Rectangle((0, 0), 1, 1, fill=False, edgecolor="black", linewidth=2)
+        self.current_box = Rectangle((0, 0), 1, 1, fill=False, edgecolor="black", linewidth=2,
+                                     zorder=3)
         ax.add_patch(self.current_box)
         ax.set(xlabel="key j", ylabel="query i")
         ax.legend(handles=[Patch(color=CURRENT, label="current tile"),
@@ -323,11 +324,12 @@ class TileStepView:
                             np.concatenate([m, l, partial.ravel()])):
                 self._texts.append(self.ax_bars.text(x, h, fmt4(h), ha="center", fontsize=6,
                                                      va="bottom" if h >= 0 else "top"))
-        if n_rows <= 16:
-            axis = self.ax_bars.get_xaxis_transform()
-            for i, x in enumerate(base + (dim + 1) / 2):
-                self._texts.append(self.ax_bars.text(x, -0.015, f"row {now.rows[0] + i}", fontsize=8,
-                                                     transform=axis, ha="center", va="top"))
+        axis = self.ax_bars.get_xaxis_transform()
+        stride = -(-n_rows // 8)  # at most 8 row labels fit under the bars
+        for i in range(0, n_rows, stride):
+            label = f"row {now.rows[0] + i}" if stride == 1 else str(now.rows[0] + i)
+            self._texts.append(self.ax_bars.text(base[i] + (dim + 1) / 2, -0.015, label, fontsize=8,
+                                                 transform=axis, ha="center", va="top"))
         self.titles[1].set_text(f"rows {now.rows[0]}:{now.rows[1]} after folding in keys "
                                 f"{now.cols[0]}:{now.cols[1]}")
 
@@ -386,13 +388,13 @@ def error_curve(labels, errors, title: str = "", ylabel: str = "max |error|",
                 tolerance: float | None = None) -> Figure:
     """Errors of several variants (tile sizes, dtypes, ...) against a reference, log scale."""
     errors = [float(e) for e in errors]
-    fig, (ax,) = _new_figure(max(4.0, 0.55 * len(errors) + 2.0), 3.4)
+    fig, (ax,) = _new_figure(min(10.0, max(4.0, 0.4 * len(errors) + 2.0)), 3.6)
     ax.plot(range(len(errors)), [max(e, 1e-17) for e in errors], color=PARTIAL_COLOR, marker="o")
     if tolerance is not None:
         ax.axhline(tolerance, color=CURRENT, linestyle="--", label=f"tolerance {fmt4(tolerance)}")
         ax.legend(fontsize=7)
     ax.set_yscale("log")
-    ax.set_xticks(range(len(errors)), labels=[str(s) for s in labels], rotation=45, ha="right")
+    ax.set_xticks(range(len(errors)), labels=[str(s) for s in labels], rotation=60, ha="right", fontsize=7)
     ax.set(title=title, ylabel=ylabel)
     return fig
 

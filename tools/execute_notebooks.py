@@ -56,6 +56,19 @@ def _kernel_env() -> dict:
     return env
 
 
+def _coalesce_streams(outputs):
+    """Join consecutive stdout (or stderr) chunks: where a kernel splits them depends on timing."""
+    joined = []
+    for output in outputs:
+        previous = joined[-1] if joined else None
+        if (output.output_type == "stream" and previous is not None
+                and previous.output_type == "stream" and previous.name == output.name):
+            previous.text += output.text
+        else:
+            joined.append(output)
+    return joined
+
+
 def _strip(nb) -> None:
     """Drop what changes from run to run but carries no meaning."""
     nb.metadata.pop("widgets", None)
@@ -65,6 +78,8 @@ def _strip(nb) -> None:
     widget_count = 0
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
+        if "outputs" in cell:
+            cell.outputs = _coalesce_streams(cell.outputs)
         for output in cell.get("outputs", []):
             view = output.get("data", {}).get(WIDGET_VIEW)
             if view is not None:
