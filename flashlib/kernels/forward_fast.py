@@ -1,0 +1,303 @@
+"""The tuned forward, one rung at a time, from the teaching kernel of ``forward.py``.
+
+Every rung computes the same thing, softmax(q kᵀ · scale) v with the log-sum-exp, in
+FlashAttention-2 order with base-2 exponentials and the scale folded into
+qk_scale = scale · log2(e). What changes is how the work is launched and fed:
+
+    rung 1 "autotuned"     the teaching kernel, unchanged; the block sizes, warps and
+                           pipeline stages are timed on the GPU and the fastest is kept
+                           (a fixed configuration in the interpreter: autotuning needs a driver)
+    rung 2 "causal-split"  key tiles every row of the query block sees in full are folded
+                           without any mask; only the tiles crossing the diagonal or the end
+                           of the keys pay for the mask; tiles above the diagonal are skipped
+    rung 3 "tma"           rung 2, with Q, K, V and O moved through tensor descriptors: on
+                           Hopper (sm_90) the copy engine (TMA) moves whole tiles and pads
+                           out-of-bounds rows and columns with zeros, so loads need no masks
+
+Rungs 2 and 3 take HEAD_DIM as a compile-time constant: one compiled kernel per head dim,
+so the head-dim mask disappears whenever the head dim is already a power of two.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._checks import check_attention_inputs
+from ._mode import interpreting, require_triton
+from .config import FlashConfig, default_config, head_dim_pad
+
+triton = require_triton()
+import triton.language as tl  # noqa: E402
+
+from .forward import LOG2E, _attn_fwd, _key_range_end, _visible  # noqa: E402
+from .op import FN, _capability, _flat, check_kernel_inputs  # noqa: E402
+
+# ----- rung 1: the teaching kernel, autotuned --------------------------------------------
+
+# (BLOCK_M, BLOCK_N, warps, stages): the neighbourhood of the shipped Hopper/Ampere tiles.
+AUTOTUNE_TILES = ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 32, 4, 4),
+                  (64, 64, 4, 3), (64, 32, 4, 4), (128, 64, 8, 2), (64, 128, 4, 2))
+
+
+def _autotune_bench(kernel_call, quantiles):
+    """Fewer repetitions than Triton's default: the ladder benchmark has a time budget."""
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
+
+
+def _drop_big_tiles(configs, named_args, **kwargs):
+    """At head dim 256 the 128-row tiles overflow registers and shared memory: skip them."""
+    if kwargs.get("HEAD_DIM_PAD", named_args.get("HEAD_DIM_PAD", 64)) >= 256:
+        small = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64]
+        return small or configs[:1]
+    return configs
+
+
+# Decorating builds a Python object only; the driver is first touched when it is called.
+_attn_fwd_autotuned = triton.autotune(
+    configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+             for bm, bn, w, s in AUTOTUNE_TILES],
+    key=["HEAD_DIM_PAD", "CAUSAL", "INPUT_PRECISION"],  # the argument dtypes are added by Triton
+    prune_configs_by={"early_config_prune": _drop_big_tiles},
+    do_bench=_autotune_bench,
+)(_attn_fwd)
+
+
+def _launch_teaching(q, k, v, out, lse, causal, scale, cfg):
+    """forward._attn_fwd with the tiles of cfg, or autotuned (GPU only) when cfg is None."""
+    bh, seq_q, d = q.shape
+    args = (q, k, v, out, lse, scale * LOG2E,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1), seq_q, k.shape[1], d)
+    if cfg is None:  # on a GPU: let the autotuner pick the tiles
+        grid = lambda meta: (triton.cdiv(seq_q, meta["BLOCK_M"]), bh)  # noqa: E731
+        _attn_fwd_autotuned[grid](*args, HEAD_DIM_PAD=head_dim_pad(d), CAUSAL=causal,
+                                  INPUT_PRECISION="tf32")
+        return
+    _attn_fwd[(triton.cdiv(seq_q, cfg.block_m), bh)](
+        *args, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
+        INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def autotuned_choice(q, causal: bool):
+    """The tiles the autotuner kept for inputs like q (None before the first GPU call)."""
+    for key, config in _attn_fwd_autotuned.cache.items():
+        if key[0] == head_dim_pad(q.shape[-1]) and key[1] == causal and str(q.dtype) in key:
+            return dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+    return None
+
+
+# ----- rung 2: the causal split -----------------------------------------------------------
+
+@triton.jit
+def _key_ranges(start_m, SEQ_Q, SEQ_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(full_end, hi): key tiles [0, full_end) are seen in full by every row of the query
+    block and lie inside the keys, so they need no mask; [full_end, hi) need one; the rest
+    is never seen (block skipping)."""
+    hi = _key_range_end(start_m, SEQ_Q, SEQ_K, BLOCK_M, CAUSAL)
+    if CAUSAL:
+        # the block's first row sees keys j <= start_m * BLOCK_M + SEQ_K - SEQ_Q
+        seen_by_all = tl.minimum(tl.maximum(start_m * BLOCK_M + (SEQ_K - SEQ_Q) + 1, 0), SEQ_K)
+    else:
+        seen_by_all = SEQ_K
+    full_end = (seen_by_all // BLOCK_N) * BLOCK_N
+    return full_end, hi
+
+
+@triton.jit
+def _fold_tile(acc, l_i, m_i, q, k, v, offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """One online-softmax step on a loaded tile: k, v (BLOCK_N, HEAD_DIM_PAD)."""
+    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), base 2
+    if MASKED:
+        s = tl.where(_visible(offs_m, offs_n, SEQ_Q, SEQ_K, CAUSAL), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # a row that has seen no visible key keeps m = -inf: shift by 0 so 2^-inf = 0, not NaN
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        # every score of an unmasked tile is finite, so the new max is too
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        shift = m_new
+    alpha = tl.math.exp2(m_i - shift)
+    p = tl.math.exp2(s - shift[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _load_rows(Ptr, stride, offs_rows, offs_d, n_rows, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+               MASK_ROWS: tl.constexpr):
+    """(rows, HEAD_DIM_PAD) tile; masks only what can be out of bounds."""
+    ptrs = Ptr + offs_rows[:, None] * stride + offs_d[None, :]
+    if MASK_ROWS:
+        mask = (offs_rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
+        return tl.load(ptrs, mask=mask, other=0.0)
+    if HEAD_DIM == HEAD_DIM_PAD:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+
+
+@triton.jit
+def _finish(acc, l_i, m_i):
+    """Deferred normalisation; a row that saw no key gets out = 0 and lse = -inf."""
+    seen = l_i > 0
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) / 1.4426950408889634, float("-inf"))
+    return out, lse
+
+
+@triton.jit
+def _attn_fwd_split(Q, K, V, Out, Lse, qk_scale,
+                    stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn, stride_oz, stride_om,
+                    SEQ_Q, SEQ_K,
+                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """As forward._attn_fwd, with the key loop split into an unmasked and a masked part."""
+    start_m = tl.program_id(0)
+    off_z = tl.program_id(1).to(tl.int64)
+    Q += off_z * stride_qz
+    K += off_z * stride_kz
+    V += off_z * stride_vz
+    Out += off_z * stride_oz
+    Lse += off_z * SEQ_Q
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    q = _load_rows(Q, stride_qm, offs_m, offs_d, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, True)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    full_end, hi = _key_ranges(start_m, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
+    for start_n in range(0, full_end, BLOCK_N):  # off-diagonal, in bounds: no masks
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_rows(K, stride_kn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, False)
+        v = _load_rows(V, stride_vn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, False)
+        acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k, v, offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K,
+                                   False, CAUSAL, INPUT_PRECISION)
+    for start_n in range(full_end, hi, BLOCK_N):  # the diagonal and the last, ragged tile
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_rows(K, stride_kn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, True)
+        v = _load_rows(V, stride_vn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, True)
+        acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k, v, offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K,
+                                   True, CAUSAL, INPUT_PRECISION)
+
+    out, lse = _finish(acc, l_i, m_i)
+    o_mask = (offs_m[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(Out + offs_m[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty), mask=o_mask)
+    tl.store(Lse + offs_m, lse, mask=offs_m < SEQ_Q)
+
+
+# ----- rung 3: tensor descriptors ---------------------------------------------------------
+
+@triton.jit
+def _attn_fwd_tma(Q, K, V, Out, Lse, qk_scale,
+                  stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn, stride_oz, stride_om,
+                  SEQ_Q, SEQ_K,
+                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Rung 2 with every tile moved by a descriptor of one (batch, head)'s (seq, HEAD_DIM)
+    matrix: rows past seq and columns past HEAD_DIM arrive as zeros, stores are clipped."""
+    start_m = tl.program_id(0)
+    off_z = tl.program_id(1).to(tl.int64)
+    q_desc = tl.make_tensor_descriptor(Q + off_z * stride_qz, shape=[SEQ_Q, HEAD_DIM], strides=[stride_qm, 1],
+                                       block_shape=[BLOCK_M, HEAD_DIM_PAD])
+    k_desc = tl.make_tensor_descriptor(K + off_z * stride_kz, shape=[SEQ_K, HEAD_DIM], strides=[stride_kn, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM_PAD])
+    v_desc = tl.make_tensor_descriptor(V + off_z * stride_vz, shape=[SEQ_K, HEAD_DIM], strides=[stride_vn, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM_PAD])
+    o_desc = tl.make_tensor_descriptor(Out + off_z * stride_oz, shape=[SEQ_Q, HEAD_DIM], strides=[stride_om, 1],
+                                       block_shape=[BLOCK_M, HEAD_DIM_PAD])
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q = q_desc.load([start_m * BLOCK_M, 0])
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    full_end, hi = _key_ranges(start_m, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
+    for start_n in range(0, full_end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k_desc.load([start_n, 0]), v_desc.load([start_n, 0]),
+                                   offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K, False, CAUSAL, INPUT_PRECISION)
+    for start_n in range(full_end, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k_desc.load([start_n, 0]), v_desc.load([start_n, 0]),
+                                   offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K, True, CAUSAL, INPUT_PRECISION)
+
+    out, lse = _finish(acc, l_i, m_i)
+    o_desc.store([start_m * BLOCK_M, 0], out.to(Out.dtype.element_ty))
+    Lse += off_z * SEQ_Q
+    tl.store(Lse + offs_m, lse, mask=offs_m < SEQ_Q)
+
+
+def tma_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """A descriptor's row stride and base must be multiples of 16 bytes (the (B*H, seq, d)
+    views here are contiguous, so: head_dim * element size % 16 == 0)."""
+    return all(t.shape[-1] * t.element_size() % 16 == 0 for t in (q, k, v))
+
+
+def _tma_hardware(device: torch.device) -> bool:
+    """The copy engine exists on sm_90 and newer; the interpreter emulates descriptors anywhere."""
+    if device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+_ALLOCATOR_SET = False
+
+
+def _ensure_allocator():
+    """Descriptors made inside a kernel live in a small global scratch buffer that Triton
+    asks the caller to allocate; set once, on first use on a GPU (never at import)."""
+    global _ALLOCATOR_SET
+    if not _ALLOCATOR_SET:
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        _ALLOCATOR_SET = True
+
+
+def _launch_split(kernel, q, k, v, out, lse, causal, scale, cfg):
+    bh, seq_q, d = q.shape
+    kernel[(triton.cdiv(seq_q, cfg.block_m), bh)](
+        q, k, v, out, lse, scale * LOG2E,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), seq_q, k.shape[1],
+        HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
+        INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+RUNGS = ("teaching", "autotuned", "causal-split", "tma")
+
+
+def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: str = "tma",
+            config: FlashConfig | None = None):
+    """The forward of one rung: returns (out, lse), out like q, lse (..., seq_q) float32.
+
+    Same contract as :func:`flashlib.kernels.flash_forward` (bottom-right causal diagonal,
+    zeros and lse = -inf for rows that see no key). ``config`` fixes the tiles; by default
+    rung "autotuned" autotunes on a GPU and the other rungs use :func:`default_config`.
+    Rung "tma" runs rung 2's kernel where descriptors cannot be used: a head dim whose row
+    is not a multiple of 16 bytes, or a GPU older than sm_90.
+    """
+    if rung not in RUNGS:
+        raise ValueError(f"forward: argument 'rung' must be one of {RUNGS}, got {rung!r}")
+    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale)
+    fixed = check_kernel_inputs(q, config)
+    lead, seq_q = q.shape[:-2], q.shape[-2]
+    if seq_q == 0 or k.shape[-2] == 0 or q.numel() == 0:
+        return torch.zeros_like(q), torch.full((*lead, seq_q), float("-inf"), dtype=torch.float32,
+                                               device=q.device)
+    qf, kf, vf = _flat(q), _flat(k), _flat(v)  # (B*H, seq, d)
+    out = torch.empty_like(qf)
+    lse = torch.empty(qf.shape[0], seq_q, dtype=torch.float32, device=q.device)
+    if rung == "teaching":
+        cfg = fixed if config is not None else default_config(q.shape[-1], q.dtype, _capability(q.device))
+        _launch_teaching(qf, kf, vf, out, lse, causal, scale, cfg)
+    elif rung == "autotuned":
+        _launch_teaching(qf, kf, vf, out, lse, causal, scale,
+                          None if config is None and not interpreting() else fixed)
+    elif rung == "tma" and tma_eligible(qf, kf, vf) and _tma_hardware(q.device):
+        if q.device.type == "cuda":
+            _ensure_allocator()
+        _launch_split(_attn_fwd_tma, qf, kf, vf, out, lse, causal, scale, fixed)
+    else:
+        _launch_split(_attn_fwd_split, qf, kf, vf, out, lse, causal, scale, fixed)
+    return out.reshape(q.shape), lse.reshape(*lead, seq_q)

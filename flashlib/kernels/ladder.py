@@ -1,0 +1,195 @@
+"""The optimisation ladder: from the readable kernel to the fast one, one change per rung.
+
+Each :class:`Rung` says what it changes, why that should help, which callable runs it and
+where it builds. Importing this module needs neither Triton nor a GPU (a notebook can show
+the table anywhere); a rung's kernels are imported when it is first run or compiled.
+
+``python -m flashlib.kernels.ladder`` compiles rungs for GPU targets in a subprocess, with
+the helpers of :mod:`flashlib.kernels.compile` (JSON specs in, JSON reports out).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+
+# Compute capabilities the compile tests build for, and the Triton releases they build with:
+# 3.6.0 (torch 2.11, the GPU check's machine) and 3.7.1 (torch 2.13, pinned here).
+TARGETS = ((8, 0), (9, 0))
+TRITON_VERSIONS = ("3.6.0", "3.7.1")
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One step of the ladder.
+
+    kernel: the Triton kernel it launches (a name in forward.py / forward_fast.py).
+    builds: (triton version, capability) pairs whose compiled kernel is the rung's own;
+        anything else is listed in ``falls_back`` with what runs instead.
+    """
+
+    number: int
+    name: str
+    change: str
+    why: str
+    kernel: str
+    builds: tuple[tuple[str, tuple[int, int]], ...]
+    falls_back: str = ""
+
+    def forward(self, q, k, v, causal: bool = False, scale: float | None = None, config=None):
+        """(out, lse) of this rung; q, k, v (batch, heads, seq, head_dim)."""
+        from . import forward_fast
+
+        return forward_fast.forward(q, k, v, causal=causal, scale=scale, rung=self.name, config=config)
+
+    def supports(self, triton_version: str, capability) -> bool:
+        return (triton_version, tuple(capability)) in self.builds
+
+
+_EVERYWHERE = tuple((version, cc) for version in TRITON_VERSIONS for cc in TARGETS)
+
+LADDER = (
+    Rung(0, "teaching",
+         "the kernel of notebook 06 with the shipped tiles (flashlib.kernels.default_config)",
+         "the baseline: one fixed choice of BLOCK_M, BLOCK_N, warps and stages per head dim",
+         "forward._attn_fwd", _EVERYWHERE),
+    Rung(1, "autotuned",
+         "same kernel; BLOCK_M, BLOCK_N, warps and pipeline stages timed on the GPU, fastest kept",
+         "the best tiles depend on the GPU, head dim, dtype and mask; measuring beats guessing",
+         "forward._attn_fwd", _EVERYWHERE,
+         "the CPU interpreter cannot autotune (no driver): it uses the fixed tiles"),
+    Rung(2, "causal-split",
+         "key tiles seen in full are folded without masks; only diagonal and ragged tiles are masked",
+         "the mask is a compare-and-select on every score; most tiles do not need it",
+         "forward_fast._attn_fwd_split", _EVERYWHERE),
+    Rung(3, "tma",
+         "rung 2 with Q, K, V, O moved by tensor descriptors (TMA bulk copies on sm_90)",
+         "the copy engine moves whole tiles and pads the edges, freeing threads and registers",
+         "forward_fast._attn_fwd_tma", tuple((version, (9, 0)) for version in TRITON_VERSIONS),
+         "rung 2's kernel runs when head_dim * element size is not a multiple of 16 bytes, and on "
+         "GPUs older than sm_90 (no copy engine)"),
+)
+BY_NAME = {rung.name: rung for rung in LADDER}
+
+
+def rung(name: str) -> Rung:
+    if name not in BY_NAME:
+        raise ValueError(f"ladder: argument 'name' must be one of {tuple(BY_NAME)}, got {name!r}")
+    return BY_NAME[name]
+
+
+def table() -> list[dict]:
+    """The ladder as rows for printing or a DataFrame."""
+    return [dict(rung=r.number, name=r.name, change=r.change, why=r.why, kernel=r.kernel,
+                 falls_back=r.falls_back or "-") for r in LADDER]
+
+
+# ----- compiling rungs for GPU targets ---------------------------------------------------
+
+@dataclass
+class RungReport:
+    """What one rung's kernel looks like compiled for one target."""
+
+    rung: str
+    capability: tuple[int, int]
+    dtype: str
+    head_dim: int
+    causal: bool
+    config: dict = field(default_factory=dict)
+    triton_version: str = ""
+    ok: bool = False
+    error: str = ""
+    shared: int = 0           # bytes of shared memory per program
+    registers: int = 0        # per thread, from ptxas -v
+    spill_stores: int = 0     # bytes, from ptxas -v
+    spill_loads: int = 0
+    wgmma_ops: int = 0        # Hopper's asynchronous warp-group matmuls
+    mma_sync_ops: int = 0     # Ampere's warp matmuls
+    bulk_copy_ops: int = 0    # TMA copies (cp.async.bulk.tensor)
+
+def spec(rung_name: str, capability=(9, 0), dtype="float16", head_dim=64, causal=False, config=None):
+    """A JSON-able description of one rung compilation; config: a FlashConfig or its dict."""
+    rung(rung_name)
+    dtype = str(dtype).replace("torch.", "")
+    if dtype not in ("float16", "bfloat16", "float32"):
+        raise ValueError(f"ladder.spec: argument 'dtype' must be float16, bfloat16 or float32, got {dtype!r}")
+    if config is not None and not isinstance(config, dict):
+        config = asdict(config)
+    return dict(rung=rung_name, capability=tuple(capability), dtype=dtype, head_dim=int(head_dim),
+                causal=bool(causal), config=config)
+
+
+def compile_rungs(specs, *, triton_path: str | None = None, timeout: float = 900) -> list[RungReport]:
+    """Compile every spec in a fresh Python with TRITON_INTERPRET=0; triton_path goes first
+    on its PYTHONPATH (another Triton release installed with ``pip install --target``)."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (triton_path, root, env.get("PYTHONPATH")) if p)
+    done = subprocess.run([sys.executable, "-m", "flashlib.kernels.ladder"], input=json.dumps(list(specs)),
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"compile_rungs: the compiler process failed:\n{done.stderr[-4000:]}")
+    return [RungReport(**{**r, "capability": tuple(r["capability"])}) for r in json.loads(done.stdout)]
+
+
+def _kernel_and_constants(s):
+    import torch
+
+    from . import forward, forward_fast
+    from .config import FlashConfig, default_config, head_dim_pad
+
+    cfg = (FlashConfig(**s["config"]) if s["config"]
+           else default_config(s["head_dim"], getattr(torch, s["dtype"]), tuple(s["capability"])))
+    constants = dict(HEAD_DIM_PAD=head_dim_pad(s["head_dim"]), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                     CAUSAL=s["causal"], INPUT_PRECISION=cfg.input_precision)
+    if s["rung"] in ("teaching", "autotuned"):
+        fn = forward._attn_fwd
+    else:
+        fn = forward_fast._attn_fwd_split if s["rung"] == "causal-split" else forward_fast._attn_fwd_tma
+        constants["HEAD_DIM"] = s["head_dim"]
+    return fn, constants, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), cfg
+
+
+def _compile_one(s) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .compile import _ptxas_info, _ptxas_path, _signature
+
+    report = RungReport(rung=s["rung"], capability=tuple(s["capability"]), dtype=s["dtype"],
+                           head_dim=s["head_dim"], causal=s["causal"], config=s["config"] or {},
+                           triton_version=triton.__version__)
+    try:
+        fn, constants, options, cfg = _kernel_and_constants(s)
+        report.config = asdict(cfg)
+        signature, attrs = _signature(fn, s["dtype"], constants)
+        cc = s["capability"][0] * 10 + s["capability"][1]
+        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
+                                  target=GPUTarget("cuda", cc, 32), options=options)
+        ptx = compiled.asm["ptx"]
+        report.shared = int(compiled.metadata.shared)
+        report.registers, report.spill_stores, report.spill_loads = _ptxas_info(ptx, _ptxas_path())
+        report.wgmma_ops = ptx.count("wgmma.mma_async")
+        report.mma_sync_ops = ptx.count("mma.sync")
+        report.bulk_copy_ops = ptx.count("cp.async.bulk.tensor")
+        report.ok = True
+    except Exception as exc:  # reported per spec, so one failure does not hide the others
+        report.error = f"{type(exc).__name__}: {exc}"[:2000]
+    out = asdict(report)
+    out["capability"] = list(out["capability"])
+    return out
+
+
+def main():
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("0", ""):
+        raise SystemExit("flashlib.kernels.ladder: run with TRITON_INTERPRET=0; interpreted kernels "
+                         "cannot be compiled")
+    specs = json.loads(sys.stdin.read())
+    json.dump([_compile_one(s) for s in specs], sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
