@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 INPUT_PRECISIONS = ("tf32", "ieee")
 
@@ -60,26 +60,43 @@ def head_dim_pad(head_dim: int) -> int:
     return max(16, 1 << (int(head_dim) - 1).bit_length())
 
 
+# (BLOCK_M, BLOCK_N, warps, stages) of the forward, then of both backward kernels, per padded
+# head dim, chosen so that no kernel spills registers (checked by tests/test_kernel_compile.py).
+# Hopper's wgmma needs the rows of a dot (BLOCK_M forward and dQ, BLOCK_N for dK/dV) to be
+# >= 64; where such tiles would spill or overflow shared memory, 32-row tiles use mma.sync.
+_AMPERE_16BIT = {32: ((128, 64, 4, 3), (64, 64, 4, 2)),
+                 64: ((128, 64, 4, 3), (64, 64, 4, 1)),
+                 128: ((128, 64, 8, 2), (64, 64, 8, 2)),
+                 256: ((64, 32, 8, 1), (32, 32, 8, 1))}
+_AMPERE_FP32 = {64: ((64, 32, 4, 3), (32, 32, 4, 1)),
+                128: ((64, 32, 8, 2), (32, 32, 8, 2)),
+                256: ((32, 16, 8, 1), (16, 16, 8, 1))}
+_HOPPER_16BIT = {64: ((128, 64, 4, 3), (64, 64, 8, 2)),
+                 128: ((128, 64, 8, 2), (64, 64, 8, 2)),
+                 256: ((64, 32, 8, 1), (32, 32, 8, 1))}
+_HOPPER_FP32 = {64: ((64, 32, 4, 3), (64, 64, 8, 2)),
+                128: ((64, 32, 8, 2), (32, 32, 8, 2)),
+                256: ((64, 16, 8, 1), (32, 32, 8, 1))}
+# Turing: Triton emits no tensor-core instructions there (its dot falls back to FMA), and a
+# block has 64 KiB of shared memory: small tiles, no pipelining.
+_TURING = {64: ((32, 32, 4, 1), (32, 32, 8, 1)),
+           128: ((32, 16, 4, 1), (16, 16, 8, 1)),
+           256: ((16, 16, 4, 1), (16, 16, 16, 1))}
+
+
 def default_config(head_dim: int, dtype: torch.dtype, capability: tuple[int, int] | None = None) -> FlashConfig:
     """The shipped configuration for this head dim, dtype and GPU (capability None: interpreter)."""
-    d = head_dim_pad(head_dim)
-    wide = dtype == torch.float32  # 4-byte tiles: halve them to fit shared memory and registers
-    if d <= 64:
-        cfg = FlashConfig(block_m=128, block_n=64, num_warps=4, num_stages=3,
-                          bwd_block_m=64, bwd_block_n=64, bwd_num_warps=4, bwd_num_stages=2)
-    elif d == 128:
-        cfg = FlashConfig(block_m=128, block_n=64, num_warps=8, num_stages=2,
-                          bwd_block_m=64, bwd_block_n=64, bwd_num_warps=8, bwd_num_stages=2)
-    else:
-        cfg = FlashConfig(block_m=64, block_n=32, num_warps=8, num_stages=1,
-                          bwd_block_m=32, bwd_block_n=32, bwd_num_warps=8, bwd_num_stages=1)
-    if wide:
-        cfg = replace(cfg, block_m=max(16, cfg.block_m // 2), block_n=max(16, cfg.block_n // 2),
-                      bwd_block_m=max(16, cfg.bwd_block_m // 2), bwd_block_n=max(16, cfg.bwd_block_n // 2))
-    if capability is not None and capability < (8, 0):
-        # Turing: 64 KiB of shared memory and no asynchronous copies to pipeline
-        cfg = replace(cfg, num_stages=1, bwd_num_stages=1, block_m=min(cfg.block_m, 64))
-    return cfg
+    d = max(64, head_dim_pad(head_dim))
+    wide = dtype == torch.float32
+    if capability is not None and tuple(capability) < (8, 0):
+        table = _TURING
+    elif capability is not None and tuple(capability) >= (9, 0):
+        table = _HOPPER_FP32 if wide else _HOPPER_16BIT
+    else:  # Ampere and Ada; the interpreter uses the same tiles (bigger tiles, fewer Python steps)
+        table = _AMPERE_FP32 if wide else _AMPERE_16BIT
+    (bm, bn, w, st), (bbm, bbn, bw, bst) = table.get(head_dim_pad(head_dim), table[d])
+    return FlashConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=st,
+                       bwd_block_m=bbm, bwd_block_n=bbn, bwd_num_warps=bw, bwd_num_stages=bst)
 
 
 def shipped_configs():

@@ -1,0 +1,216 @@
+"""Compile the kernels for a GPU target on any Linux machine, GPU or not, and inspect them.
+
+``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`` runs Triton's whole
+pipeline (Triton IR -> GPU IR -> LLVM -> PTX -> cubin) without a driver. From its output we
+read what a student should see: the tensor-core instructions in the PTX (``mma.sync`` on
+sm_80, ``wgmma`` on sm_90; Triton gives sm_75 none), the shared memory the kernel needs, and, from the ptxas
+that ships with Triton, registers and spills.
+
+Interpreted kernels cannot be compiled, so :func:`compile_kernels` runs the compiler in a
+subprocess with ``TRITON_INTERPRET=0`` (optionally with another Triton first on the path);
+``python -m flashlib.kernels.compile`` is that subprocess: JSON specs in, JSON reports out.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+
+# Shared memory per block a kernel may use (opt-in maximum), bytes.
+SHARED_LIMIT = {(7, 5): 64 * 1024, (8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 9): 99 * 1024,
+                (9, 0): 227 * 1024}
+
+def expected_tensor_core_op(kernel: str, capability, config) -> str | None:
+    """The tensor-core instruction a kernel should use on this target (None: none expected).
+
+    Triton's dot uses mma.sync from sm_80 on, wgmma on sm_90 when the dot's row tile (BLOCK_M
+    forward and in dQ, BLOCK_N in dK/dV) is >= 64, and falls back to FMA on sm_75.
+    """
+    capability = tuple(capability)
+    if kernel not in ("forward", "bwd_dkdv", "bwd_dq") or capability < (8, 0):
+        return None
+    if capability >= (9, 0):
+        cfg = config if isinstance(config, dict) else asdict(config)
+        rows = {"forward": cfg["block_m"], "bwd_dq": cfg["bwd_block_m"], "bwd_dkdv": cfg["bwd_block_n"]}[kernel]
+        return "wgmma.mma_async" if rows >= 64 else "mma.sync"
+    return "mma.sync"
+
+
+KERNELS = ("forward", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "softmax", "vector_add")
+_DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+
+
+@dataclass
+class CompileReport:
+    """What one compiled kernel looks like for one target."""
+
+    kernel: str
+    capability: tuple[int, int]
+    dtype: str
+    head_dim: int
+    causal: bool
+    config: dict
+    triton_version: str = ""
+    ok: bool = False
+    error: str = ""
+    shared: int = 0                 # bytes of shared memory per program
+    registers: int = 0              # per thread, from ptxas -v
+    spill_stores: int = 0           # bytes, from ptxas -v
+    spill_loads: int = 0
+    wgmma_ops: int = 0              # wgmma.mma_async instructions in the PTX (Hopper)
+    mma_sync_ops: int = 0           # mma.sync instructions in the PTX (Ampere, and Hopper's small tiles)
+    ptx_lines: int = 0
+    ptx: str = field(default="", repr=False)
+
+    @property
+    def shared_limit(self) -> int:
+        return SHARED_LIMIT[tuple(self.capability)]
+
+
+def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=False, config=None):
+    """A JSON-able description of one compilation; config is a FlashConfig or its dict."""
+    if kernel not in KERNELS:
+        raise ValueError(f"spec: argument 'kernel' must be one of {KERNELS}, got {kernel!r}")
+    dtype = str(dtype).replace("torch.", "")
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError(f"spec: argument 'dtype' must be one of {tuple(_DTYPE_NAMES)}, got {dtype!r}")
+    if config is not None and not isinstance(config, dict):
+        config = asdict(config)
+    return dict(kernel=kernel, capability=tuple(capability), dtype=dtype, head_dim=int(head_dim),
+                causal=bool(causal), config=config)
+
+
+def compile_kernels(specs, *, triton_path: str | None = None, keep_ptx: bool = False, timeout: float = 900):
+    """Compile every spec in a fresh Python (no interpreter); return a list of CompileReport.
+
+    triton_path: a directory (e.g. a ``pip install --target`` of another Triton version) put
+    first on PYTHONPATH of the subprocess.
+    """
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (triton_path, root, env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "flashlib.kernels.compile"] + (["--ptx"] if keep_ptx else [])
+    done = subprocess.run(cmd, input=json.dumps(list(specs)), capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"compile_kernels: the compiler process failed:\n{done.stderr[-4000:]}")
+    return [CompileReport(**{**r, "capability": tuple(r["capability"])}) for r in json.loads(done.stdout)]
+
+
+def _signature(fn, dtype: str, constexprs: dict):
+    """Argument types as the JIT would infer them; pointer and stride args 16-byte aligned."""
+    float_ptrs = {"Lse", "Delta"}
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name[0].isupper() and not name.isupper() or name in ("Q", "K", "V", "DO", "DK", "DV", "DQ", "X", "Y"):
+            signature[name] = "*fp32" if name in float_ptrs else f"*{_DTYPE_NAMES[dtype]}"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in ("qk_scale", "scale"):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+            if name.startswith("stride") or name == "HEAD_DIM":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return signature, attrs
+
+
+def _kernel_and_constants(s):
+    from .config import FlashConfig, default_config, head_dim_pad
+
+    cfg = FlashConfig(**s["config"]) if s["config"] else None
+    d_pad = head_dim_pad(s["head_dim"])
+    if s["kernel"] in ("softmax", "vector_add"):
+        from . import primer
+
+        fn = primer._softmax_kernel if s["kernel"] == "softmax" else primer._add_kernel
+        return fn, {"BLOCK": d_pad}, dict(num_warps=4, num_stages=1), cfg
+    import torch
+
+    if cfg is None:
+        cfg = default_config(s["head_dim"], getattr(torch, s["dtype"]), tuple(s["capability"]))
+    from . import backward, forward
+
+    common = dict(HEAD_DIM_PAD=d_pad, CAUSAL=s["causal"], INPUT_PRECISION=cfg.input_precision)
+    if s["kernel"] == "forward":
+        return (forward._attn_fwd, dict(common, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n),
+                dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), cfg)
+    if s["kernel"] == "bwd_preprocess":
+        return (backward._attn_bwd_preprocess, dict(HEAD_DIM_PAD=d_pad, BLOCK_M=cfg.bwd_block_m),
+                dict(num_warps=4, num_stages=1), cfg)
+    fn = backward._attn_bwd_dkdv if s["kernel"] == "bwd_dkdv" else backward._attn_bwd_dq
+    return (fn, dict(common, BLOCK_M=cfg.bwd_block_m, BLOCK_N=cfg.bwd_block_n),
+            dict(num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages), cfg)
+
+
+def _ptxas_info(ptx: str, ptxas: str):
+    """(registers, spill store bytes, spill load bytes) from the bundled ptxas -v."""
+    arch = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1).rstrip(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        done = subprocess.run([ptxas, "-v", f"--gpu-name={arch}", path, "-o", os.path.join(tmp, "k.cubin")],
+                              capture_output=True, text=True)
+    text = done.stdout + done.stderr
+    if done.returncode != 0:
+        raise RuntimeError(f"ptxas failed: {text[-2000:]}")
+    regs = re.search(r"Used (\d+) registers", text)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    return int(regs.group(1)), int(spills.group(1)), int(spills.group(2))
+
+
+def _ptxas_path():
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+def _compile_one(s, keep_ptx: bool) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    report = CompileReport(kernel=s["kernel"], capability=tuple(s["capability"]), dtype=s["dtype"],
+                           head_dim=s["head_dim"], causal=s["causal"], config=s["config"] or {},
+                           triton_version=triton.__version__)
+    try:
+        fn, constants, options, cfg = _kernel_and_constants(s)
+        if cfg is not None:
+            report.config = asdict(cfg)
+        signature, attrs = _signature(fn, s["dtype"], constants)
+        cc = s["capability"][0] * 10 + s["capability"][1]
+        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
+                                  target=GPUTarget("cuda", cc, 32), options=options)
+        ptx = compiled.asm["ptx"]
+        report.shared = int(compiled.metadata.shared)
+        report.registers, report.spill_stores, report.spill_loads = _ptxas_info(ptx, _ptxas_path())
+        report.wgmma_ops = ptx.count("wgmma.mma_async")
+        report.mma_sync_ops = ptx.count("mma.sync")
+        report.ptx_lines = ptx.count("\n")
+        report.ptx = ptx if keep_ptx else ""
+        report.ok = True
+    except Exception as exc:  # reported per spec, so one failure does not hide the others
+        report.error = f"{type(exc).__name__}: {exc}"[:2000]
+    out = asdict(report)
+    out["capability"] = list(out["capability"])
+    return out
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("0", ""):
+        raise SystemExit("flashlib.kernels.compile: run with TRITON_INTERPRET=0; interpreted kernels "
+                         "cannot be compiled")
+    os.environ["TRITON_INTERPRET"] = "0"
+    specs = json.loads(sys.stdin.read())
+    json.dump([_compile_one(s, "--ptx" in argv) for s in specs], sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
