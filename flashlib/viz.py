@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import math
 
+import matplotlib
 import numpy as np
 import PIL.Image
 import torch
@@ -87,8 +88,8 @@ def matrix_heatmap(matrix, title: str = "", ax=None, annotate: bool | None = Non
     if ax is None:
         fig, (ax,) = _new_figure(4.2, 3.6)
     masked = ~np.isfinite(values)
-    image = ax.imshow(np.ma.masked_array(values, masked), cmap=cmap, aspect="equal")
-    image.cmap.set_bad(MASKED)
+    colormap = matplotlib.colormaps[cmap].with_extremes(bad=MASKED)
+    image = ax.imshow(np.ma.masked_array(values, masked), cmap=colormap, aspect="equal")
     ax.figure.colorbar(image, ax=ax, shrink=0.85)
     if annotate if annotate is not None else values.size <= 64:
         for (i, j), x in np.ndenumerate(values):
@@ -196,6 +197,7 @@ class TileStepView:
                                      zorder=3)
         ax.add_patch(self.current_box)
         ax.set(xlabel="key j", ylabel="query i")
+        ax.tick_params(length=0)  # tick marks would touch the repainted grid image
         ax.legend(handles=[Patch(color=CURRENT, label="current tile"),
                            Patch(color=DONE, label="already accumulated"),
                            Patch(color=TODO, label="other tiles"),
@@ -212,7 +214,7 @@ class TileStepView:
             ax.add_collection(bars)
         self.final_ticks = LineCollection([], colors=FINAL_COLOR, linewidths=1.5)
         ax.add_collection(self.final_ticks)
-        ax.axhline(0.0, color="black", linewidth=0.6)
+        self.zero_line = ax.axhline(0.0, color="black", linewidth=0.6)
         ax.set_xticks([])
         ax.set_ylabel("m, l and output on one shared scale")
         ax.legend(handles=[Patch(color=M_COLOR, label="m (running max)"),
@@ -247,15 +249,20 @@ class TileStepView:
         self._draw_distance(trace, step)
         return self.fig
 
-    def _dynamic(self):
-        """Artists that change with the step, in drawing order."""
-        return [self.grid_image, self.skipped_hatch, self.tile_lines, self.current_box,
-                *self.bars.values(), self.final_ticks, self.distance_dot, *self.titles,
-                *self._texts]
+    def _foreground(self):
+        """Artists repainted on every step: those that change, and the static ones that
+        overlap them (spines, the zero line, the bars' legend), in full-render order."""
+        changing = [self.grid_image, self.skipped_hatch, self.tile_lines, self.current_box,
+                    *self.bars.values(), self.final_ticks, self.distance_dot, *self.titles,
+                    *self._texts]
+        overlapping = [self.zero_line, self.ax_bars.get_legend()]
+        for ax in (self.ax_grid, self.ax_bars, self.ax_err):
+            overlapping += list(ax.spines.values())
+        return sorted(changing + overlapping, key=lambda artist: artist.get_zorder())
 
     def png(self) -> bytes:
         """The figure as PNG bytes, repainting only what :meth:`draw` changed."""
-        dynamic = self._dynamic()
+        dynamic = self._foreground()
         for artist in dynamic:
             artist.set_animated(True)  # left out of the cached background
         if self._background is None:
