@@ -46,7 +46,7 @@ def _check_number(answer, expected, *, kind, hint, rel=1e-4, known_mistakes=(), 
     if unanswered is not None:
         return unanswered
     value = _as_number(answer)
-    if value is None:
+    if value is None or not math.isfinite(value):
         return _failed(f"expected {kind}, got {type(answer).__name__} {answer!r}.", hint)
     if exact and value == expected or not exact and math.isclose(value, expected, rel_tol=rel):
         return _passed(f"{_fmt(value)} is right.")
