@@ -1,0 +1,293 @@
+"""The ladder benchmark: every rung and every SDPA backend, side by side, in one GPU run.
+
+For each head dim d, sequence length N, dtype, causal flag and pass (forward, or forward
+and backward) it times, with ``triton.testing.do_bench`` medians:
+
+    rung:<name>        each forward of :mod:`flashlib.kernels.ladder` (forward only)
+    flashlib           ``flash_attention`` as shipped (teaching forward + fused backward)
+    flashlib:tma       the last rung's forward + the same fused backward
+    sdpa:<backend>     torch's scaled_dot_product_attention forced to one backend
+                       (flash, efficient, cudnn; math only where its N x N matrices fit)
+
+with the peak memory of one call, and checks each rung's output against SDPA. The device's
+bf16 matmul rate and copy bandwidth, measured in the same run, are the ceilings. Batch x
+N is held at ``tokens`` and heads x d at ``hidden`` (as FlashAttention's own benchmarks),
+so every point moves the same number of tokens.
+
+A time budget bounds the run: points are measured in priority order (the performance
+targets first: d = 128, N >= 4k) and whatever the budget leaves out is listed as skipped.
+Imported and run only on a CUDA machine; ``run_ladder_bench`` returns a dict that the GPU
+check merges into its JSON.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from .perf import attention_flops, tflops
+
+DS = (64, 128)
+NS = (512, 1024, 2048, 4096, 8192, 16384)
+DTYPES = ("float16", "bfloat16")
+CAUSALS = (False, True)
+MODES = ("fwd", "fwd_bwd")
+SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
+TARGET_D, TARGET_N = 128, 4096
+
+
+def plan(ds=DS, ns=NS, dtypes=DTYPES, causals=CAUSALS, modes=MODES) -> list[dict]:
+    """Every point of the grid once, the performance targets (d = 128, N >= 4k) first."""
+    points = [dict(d=d, n=n, dtype=dtype, causal=causal, mode=mode)
+              for d in ds for n in ns for dtype in dtypes for causal in causals for mode in modes]
+
+    def priority(p):
+        target = p["d"] == TARGET_D and p["n"] >= TARGET_N
+        return (not target, p["d"] != TARGET_D, -p["n"] if target else p["n"], p["mode"] != "fwd")
+
+    return sorted(points, key=priority)
+
+
+def shape(n: int, d: int, tokens: int = 16384, hidden: int = 2048) -> tuple[int, int]:
+    """(batch, heads) with batch * N = tokens and heads * d = hidden (at least 1 each)."""
+    return max(1, tokens // n), max(1, hidden // d)
+
+
+# ----- GPU side ---------------------------------------------------------------------------
+
+def _bench_ms(fn, warmup: int = 10, rep: int = 40) -> float:
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def _peak_bytes(fn) -> int:
+    """Bytes allocated at the peak of one call, beyond what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated() - base)
+
+
+def measure_ceilings(device="cuda") -> dict:
+    """The device's bf16 matmul rate (8192³) and copy bandwidth (1 GiB), measured now."""
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    matmul_ms = _bench_ms(lambda: a @ b, warmup=25, rep=100)
+    del a, b
+    x = torch.empty(2**28, device=device, dtype=torch.float32)  # 1 GiB
+    y = torch.empty_like(x)
+    copy_ms = _bench_ms(lambda: y.copy_(x), warmup=25, rep=100)
+    nbytes = 2 * x.numel() * x.element_size()  # read once, write once
+    del x, y
+    return {"bf16_matmul_tflops": tflops(2.0 * n ** 3, matmul_ms), "matmul_shape": [n, n, n],
+            "copy_gbps": nbytes / (copy_ms * 1e-3) / 1e9, "copy_bytes": nbytes}
+
+
+def _sdpa(backend: str):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    which = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[backend]
+
+    def run(q, k, v, causal):
+        with sdpa_kernel([which]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return run
+
+
+class _TmaFunction(torch.autograd.Function):
+    """The last rung's forward with the shipped fused backward (what the op would run
+    if it dispatched its forward to the ladder)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal):
+        from .kernels import forward_fast
+
+        out, lse = forward_fast.forward(q, k, v, causal=causal, rung="tma")
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal = causal
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        from .kernels.op import _flat, _launch_backward, check_kernel_inputs
+
+        q, k, v, out, lse = ctx.saved_tensors
+        cfg = check_kernel_inputs(q, None)
+        dq, dk, dv = _launch_backward(_flat(q), _flat(k), _flat(v), _flat(out), lse.reshape(-1, q.shape[-2]),
+                                      _flat(dout.contiguous()), ctx.causal, 1.0 / math.sqrt(q.shape[-1]), cfg)
+        return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), None
+
+
+def _methods(mode: str):
+    """{name: f(q, k, v, causal) -> out} for one pass."""
+    from .kernels import flash_attention
+    from .kernels.ladder import LADDER
+
+    methods = {}
+    if mode == "fwd":
+        for rung in LADDER:
+            methods[f"rung:{rung.name}"] = (lambda r: lambda q, k, v, c: r.forward(q, k, v, causal=c)[0])(rung)
+    else:
+        methods["flashlib"] = lambda q, k, v, c: flash_attention(q, k, v, causal=c)
+        methods["flashlib:tma"] = lambda q, k, v, c: _TmaFunction.apply(q, k, v, c)
+    for backend in SDPA_BACKENDS:
+        methods[f"sdpa:{backend}"] = _sdpa(backend)
+    return methods
+
+
+def _math_fits(batch, heads, n, mode, device="cuda") -> bool:
+    """The math backend keeps N x N scores and probabilities (float32 inside): does it fit?"""
+    if torch.device(device).type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info()
+    need = batch * heads * n * n * 4 * (3 if mode == "fwd" else 6)
+    return need < 0.5 * free
+
+
+def _measure_point(p, methods, log, *, device="cuda", tokens=16384, hidden=2048, bench=None, peak=None) -> list[dict]:
+    """Every method at one grid point; bench and peak default to the GPU timers."""
+    bench, peak = bench or _bench_ms, peak or _peak_bytes
+    dtype = getattr(torch, p["dtype"])
+    batch, heads = shape(p["n"], p["d"], tokens, hidden)
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, p["n"], p["d"], device=device, dtype=dtype, generator=gen)
+               for _ in range(3))  # (B, H, N, D)
+    flops = attention_flops(batch, heads, p["n"], p["n"], p["d"], causal=p["causal"], mode=p["mode"])
+    rows = []
+    reference = None
+    if p["mode"] == "fwd":
+        for backend in ("flash", "efficient", "cudnn"):
+            try:
+                reference = _sdpa(backend)(q, k, v, p["causal"]).float()
+                break
+            except RuntimeError:
+                continue
+    for name, fn in methods.items():
+        row = dict(p, method=name, batch=batch, heads=heads, flops=flops)
+        if name == "sdpa:math" and not _math_fits(batch, heads, p["n"], p["mode"], device):
+            rows.append(dict(row, error="skipped: the N x N matrices would not fit in memory"))
+            continue
+        try:
+            if p["mode"] == "fwd":
+                def call():
+                    return fn(q, k, v, p["causal"])
+            else:
+                qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+                dout = torch.randn_like(q)
+
+                def call():
+                    qg.grad = kg.grad = vg.grad = None  # each call allocates its own gradients
+                    fn(qg, kg, vg, p["causal"]).backward(dout)
+            with torch.no_grad() if p["mode"] == "fwd" else torch.enable_grad():
+                out = call()
+                if reference is not None and name.startswith("rung:"):
+                    row["max_abs_err_vs_sdpa"] = float((out.float() - reference).abs().max())
+                del out
+                row["peak_bytes"] = peak(call)
+                row["ms"] = bench(call)
+            row["tflops"] = tflops(flops, row["ms"])
+        except Exception as exc:  # an unsupported backend or an OOM is a result, not a crash
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        rows.append(row)
+    done = [r for r in rows if "tflops" in r]
+    best = max(done, key=lambda r: r["tflops"]) if done else None
+    log(f"  d={p['d']:3d} N={p['n']:5d} {p['dtype']:8s} causal={int(p['causal'])} {p['mode']:7s} "
+        + (f"best {best['method']} {best['tflops']:.0f} TFLOP/s" if best else "no result"))
+    return rows
+
+
+def target_ratios(points) -> list[dict]:
+    """At d = 128, N >= 4k: the best flashlib method over the best SDPA backend, per point."""
+    out = []
+    keys = sorted({(p["n"], p["dtype"], p["causal"], p["mode"]) for p in points
+                   if p["d"] == TARGET_D and p["n"] >= TARGET_N})
+    for n, dtype, causal, mode in keys:
+        same = [p for p in points if p["d"] == TARGET_D and (p["n"], p["dtype"], p["causal"], p["mode"])
+                == (n, dtype, causal, mode) and p.get("tflops")]
+        ours = [p for p in same if not p["method"].startswith("sdpa:")]
+        theirs = [p for p in same if p["method"].startswith("sdpa:")]
+        if ours and theirs:
+            a, b = max(ours, key=lambda p: p["tflops"]), max(theirs, key=lambda p: p["tflops"])
+            out.append(dict(n=n, dtype=dtype, causal=causal, mode=mode, ours=a["method"], sdpa=b["method"],
+                            ratio=a["tflops"] / b["tflops"], target=1.0 if mode == "fwd" else 0.8))
+    return out
+
+
+def memory_ratios(points, ns=(4096, 16384)) -> list[dict]:
+    """Peak memory of flash_attention (forward and backward) against dense attention: the math
+    backend where it was measured, else the bytes of one N x N matrix of scores."""
+    out = []
+    for p in points:
+        if p["method"] != "flashlib" or p["n"] not in ns or "peak_bytes" not in p:
+            continue
+        dense = [m for m in points if m["method"] == "sdpa:math" and "peak_bytes" in m
+                 and all(m[key] == p[key] for key in ("d", "n", "dtype", "causal", "mode"))]
+        scores = p["batch"] * p["heads"] * p["n"] ** 2 * torch.tensor([], dtype=getattr(torch, p["dtype"])).element_size()
+        out.append(dict(d=p["d"], n=p["n"], dtype=p["dtype"], causal=p["causal"], flashlib_bytes=p["peak_bytes"],
+                        dense_bytes=dense[0]["peak_bytes"] if dense else None, scores_bytes=scores,
+                        ratio=p["peak_bytes"] / dense[0]["peak_bytes"] if dense else None,
+                        ratio_to_scores=p["peak_bytes"] / scores))
+    return out
+
+
+def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, causals=CAUSALS, modes=MODES,
+                     log=print) -> dict:
+    """Measure the grid within ``budget_s`` seconds; returns {"ladder": {...}} for the JSON."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("run_ladder_bench: no CUDA device; the ladder benchmark runs on a GPU "
+                           "(recorded results are in data/bench/)")
+    import triton
+
+    start = time.perf_counter()
+    info = {"device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
+            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+            "date": time.strftime("%Y-%m-%d", time.gmtime())}
+    log(f"ladder benchmark on {info['device']} (budget {budget_s:.0f} s)")
+    ceilings = measure_ceilings()
+    log(f"  ceilings: bf16 matmul {ceilings['bf16_matmul_tflops']:.0f} TFLOP/s, "
+        f"copy {ceilings['copy_gbps']:.0f} GB/s")
+    methods = {mode: _methods(mode) for mode in modes}
+    points, skipped = [], []
+    for p in plan(ds, ns, dtypes, causals, modes):
+        if time.perf_counter() - start > budget_s:
+            skipped.append(p)
+            continue
+        points.extend(_measure_point(p, methods[p["mode"]], log))
+    from .kernels.forward_fast import autotuned_choice
+
+    chosen = {}
+    for d in ds:
+        for dtype in dtypes:
+            for causal in causals:
+                choice = autotuned_choice(torch.empty(1, 1, 1, d, dtype=getattr(torch, dtype)), causal)
+                if choice:
+                    chosen[f"d={d} {dtype} causal={causal}"] = choice
+    elapsed = time.perf_counter() - start
+    if skipped:
+        log(f"  time budget reached: {len(skipped)} grid points skipped (listed in the JSON)")
+    return {"ladder": {
+        "provenance": info,
+        "config": {"tokens": 16384, "hidden": 2048, "ds": list(ds), "ns": list(ns), "dtypes": list(dtypes),
+                   "causals": list(causals), "modes": list(modes), "timing": "triton.testing.do_bench median ms",
+                   "flops": "4*B*H*N*N*d forward, halved if causal; fwd_bwd = 3.5 x forward",
+                   "budget_s": budget_s},
+        "ceilings": ceilings, "points": points, "skipped": skipped, "elapsed_s": elapsed,
+        "autotuned": chosen, "target_ratios": target_ratios(points), "memory_ratios": memory_ratios(points)}}
+
+
+def format_ladder(result: dict) -> str:
+    """A plain table of the target ratios for the GPU check's printout."""
+    rows = result["ladder"]["target_ratios"]
+    lines = [f"{'N':>6} {'dtype':>9} {'causal':>6} {'pass':>7} {'ours':>16} {'best SDPA':>16} {'ratio':>6} {'target':>6}"]
+    for r in rows:
+        lines.append(f"{r['n']:>6} {r['dtype']:>9} {int(r['causal']):>6} {r['mode']:>7} {r['ours']:>16} "
+                     f"{r['sdpa']:>16} {r['ratio']:>6.2f} {r['target']:>6.1f}")
+    return "\n".join(lines)
