@@ -5,7 +5,9 @@ the kernels can run here (compiled on a CUDA GPU, in Triton's CPU interpreter, o
 all because Triton is missing, with what to do). The kernels themselves are imported on
 first use; without Triton that import raises an ImportError saying how to run them.
 """
-from ._mode import KernelStatus, kernel_status, triton_installed
+from ._mode import KernelStatus, kernel_status, preselect_without_cuda_build, triton_installed
+
+preselect_without_cuda_build()  # cheap: reads torch.version only, never a GPU driver
 
 _LAZY = {
     "flash_attention": "op", "flash_forward": "op", "FlashAttentionFunction": "op",

@@ -45,7 +45,23 @@ def _cuda_present() -> bool:
 
 
 def triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    import sys
+
+    if "triton" in sys.modules:
+        return sys.modules["triton"] is not None  # None: import blocked on purpose
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def preselect_without_cuda_build() -> None:
+    """At import: a CPU build of PyTorch can only interpret; say so before anyone imports Triton."""
+    import torch
+
+    if "TRITON_INTERPRET" not in os.environ and torch.version.cuda is None \
+            and getattr(torch.version, "hip", None) is None:
+        os.environ["TRITON_INTERPRET"] = "1"
 
 
 def ensure_mode() -> str:
@@ -66,9 +82,18 @@ def require_triton():
             f"flashlib.kernels needs Triton, which is not installed on this {platform.system()} "
             f"machine. {_HOW_TO_RUN}."
         )
-    ensure_mode()
+    mode = ensure_mode()
     import triton
+    import triton.language.standard as standard
 
+    # tl.sum, tl.max, ... are themselves @triton.jit functions, decorated when Triton is first
+    # imported: if that happened before TRITON_INTERPRET=1, the interpreter cannot call them.
+    if mode == "interpreter" and type(standard.sum).__name__ != "InterpretedFunction":
+        raise RuntimeError(
+            "Triton was imported before its CPU interpreter was switched on, so its kernels cannot run "
+            "here. Import flashlib.kernels before triton (or set TRITON_INTERPRET=1 before starting "
+            "Python), then restart the kernel or interpreter."
+        )
     return triton
 
 

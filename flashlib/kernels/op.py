@@ -41,6 +41,9 @@ def check_kernel_inputs(q: torch.Tensor, config) -> FlashConfig:
         raise TypeError(f"{FN}: argument 'q' has dtype {q.dtype}; the fused kernel supports float16, "
                         "bfloat16 and float32 (use flashlib.tiled_attention for float64)")
     if interpreting():
+        if q.dtype == torch.bfloat16:
+            raise TypeError(f"{FN}: argument 'q' is bfloat16, which Triton's CPU interpreter cannot compute "
+                            "(it has no bfloat16 arithmetic); use float16 or float32 here, bfloat16 on a GPU")
         if q.device.type != "cpu":
             raise ValueError(f"{FN}: Triton runs in its CPU interpreter here (TRITON_INTERPRET=1) but "
                              f"'q' is on {q.device}; pass CPU tensors")

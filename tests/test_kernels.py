@@ -1,0 +1,254 @@
+"""The fused Triton kernels in Triton's CPU interpreter, against float64 dense attention.
+
+On this machine the kernels run interpreted (flashlib.kernels switches TRITON_INTERPRET on
+when there is no CUDA device), where tl.dot computes in float32 whatever its
+input_precision: float32 results are checked at float32 tolerance. float16 follows
+flash-attn's rule: the kernel's error against a float32-or-better reference is at most
+twice the error of dense attention computed in float16.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:  # imported only through flashlib.kernels
+    pytest.skip("Triton ships Linux wheels only", allow_module_level=True)
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+import flashlib  # noqa: E402
+from flashlib import dense_attention, tiled_attention  # noqa: E402
+from flashlib.kernels import FlashConfig, flash_attention, kernel_status  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests; tests/test_gpu.py covers CUDA")
+
+
+def _inputs(batch, heads, seq_q, seq_k, dim, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, seq_q, dim, generator=g)
+    k = torch.randn(batch, heads, seq_k, dim, generator=g)
+    v = torch.randn(batch, heads, seq_k, dim, generator=g)
+    dout = torch.randn(batch, heads, seq_q, dim, generator=g)
+    return [t.to(dtype) for t in (q, k, v, dout)]
+
+
+def _reference(q, k, v, dout, causal, scale=None):
+    """out, lse, dq, dk, dv in float64 from dense attention and autograd."""
+    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out = dense_attention(q, k, v, causal=causal, scale=scale)
+    out.backward(dout.double())
+    s = (q @ k.transpose(-2, -1)).detach() * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if causal:
+        s = s.masked_fill(~flashlib.causal_mask(q.shape[-2], k.shape[-2]), -math.inf)
+    lse = torch.logsumexp(s, dim=-1)  # -inf for rows that see no key
+    return out.detach(), lse, q.grad, k.grad, v.grad
+
+
+def _flash(q, k, v, dout, causal, scale=None, config=None):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out, lse = flash_attention(q, k, v, causal=causal, scale=scale, config=config, return_lse=True)
+    out.backward(dout)
+    return out.detach(), lse, q.grad, k.grad, v.grad
+
+
+def _close(got, want, atol=3e-5, rtol=1e-4):
+    torch.testing.assert_close(got.double(), want, atol=atol, rtol=rtol, equal_nan=False)
+
+
+# (batch, heads, seq_q, seq_k, head_dim, causal): odd lengths against 203, odd head dims,
+# causal with seq_q <, = and > seq_k (the last has rows that see no key)
+CASES = [
+    (1, 2, 1, 203, 40, False),
+    (2, 1, 17, 203, 59, True),
+    (1, 3, 113, 203, 40, True),
+    (2, 2, 113, 113, 59, False),
+    (1, 2, 113, 113, 40, True),
+    (2, 1, 203, 113, 59, True),
+    (1, 1, 203, 17, 40, False),
+    (3, 1, 33, 5, 8, True),
+]
+
+
+@pytest.mark.parametrize("batch,heads,seq_q,seq_k,dim,causal", CASES)
+def test_forward_lse_and_gradients_match_float64_dense(batch, heads, seq_q, seq_k, dim, causal):
+    q, k, v, dout = _inputs(batch, heads, seq_q, seq_k, dim)
+    got = _flash(q, k, v, dout, causal)
+    want = _reference(q, k, v, dout, causal)
+    for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+        assert g.shape == w.shape, name
+        if name == "lse":
+            assert torch.equal(torch.isinf(g), torch.isinf(w)), "rows without keys must have lse = -inf"
+            g, w = g[~torch.isinf(w)], w[~torch.isinf(w)]
+        _close(g, w)
+
+
+def test_rows_that_see_no_key_give_zero_output_and_zero_gradients():
+    q, k, v, dout = _inputs(1, 2, 40, 12, 16)  # causal: the first 28 query rows see nothing
+    out, lse, dq, dk, dv = _flash(q, k, v, dout, causal=True)
+    empty = ~flashlib.causal_mask(40, 12).any(dim=-1)
+    assert empty.sum() == 28
+    assert torch.all(out[..., empty, :] == 0) and torch.all(dq[..., empty, :] == 0)
+    assert torch.all(lse[..., empty] == -math.inf) and torch.isfinite(lse[..., ~empty]).all()
+    assert torch.isfinite(dk).all() and torch.isfinite(dv).all()
+
+
+def test_custom_scale_and_small_configs():
+    q, k, v, dout = _inputs(1, 2, 50, 70, 24)
+    cfg = FlashConfig(block_m=16, block_n=32, bwd_block_m=32, bwd_block_n=16)
+    got = _flash(q, k, v, dout, True, scale=0.3, config=cfg)
+    want = _reference(q, k, v, dout, True, scale=0.3)
+    for g, w in zip(got, want):
+        _close(g, w)
+
+
+def test_strided_inputs_and_other_ranks():
+    g = torch.Generator().manual_seed(1)
+    # (batch, seq, heads, dim) memory seen as (batch, heads, seq, dim): strided, not copied
+    q, k, v = (torch.randn(2, 37, 3, 32, generator=g).transpose(1, 2) for _ in range(3))
+    _close(flash_attention(q, k, v), dense_attention(q.double(), k.double(), v.double()))
+    q2, k2, v2 = (torch.randn(29, 20, generator=g) for _ in range(3))  # (seq, dim)
+    _close(flash_attention(q2, k2, v2, causal=True), dense_attention(q2.double(), k2.double(), v2.double(), causal=True))
+
+
+def test_same_contract_as_tiled_attention():
+    q, k, v, _ = _inputs(2, 2, 45, 31, 12)
+    for causal in (False, True):
+        _close(flash_attention(q, k, v, causal=causal), tiled_attention(q.double(), k.double(), v.double(), causal=causal))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_float16_within_twice_the_error_of_dense_float16(causal):
+    q, k, v, dout = _inputs(2, 2, 113, 97, 59, seed=3)
+    want = _reference(q, k, v, dout, causal)
+    got = _flash(*(t.half() for t in (q, k, v, dout)), causal)
+    qh, kh, vh = (t.half().requires_grad_() for t in (q, k, v))
+    out16 = dense_attention(qh, kh, vh, causal=causal)
+    out16.backward(dout.half())
+    dense16 = (out16.detach(), None, qh.grad, kh.grad, vh.grad)
+    for name, g, d, w in zip(("out", "lse", "dq", "dk", "dv"), got, dense16, want):
+        if d is None:
+            continue
+        assert g.dtype == torch.float16, name
+        err, dense_err = (g.double() - w).abs().max().item(), (d.double() - w).abs().max().item()
+        assert err <= 2 * dense_err + 1e-5, f"{name}: kernel error {err:.2e}, dense float16 error {dense_err:.2e}"
+
+
+def test_backward_is_bitwise_deterministic():
+    q, k, v, dout = _inputs(2, 2, 77, 90, 40, seed=5)
+    first = _flash(q, k, v, dout, True)
+    second = _flash(q, k, v, dout, True)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_empty_sequences():
+    q, k, v, _ = _inputs(1, 2, 0, 5, 8)
+    assert flash_attention(q, k, v).shape == (1, 2, 0, 8)
+    q, k, v, _ = _inputs(1, 2, 4, 0, 8)
+    out = flash_attention(q.requires_grad_(), k, v)
+    assert torch.equal(out, torch.zeros(1, 2, 4, 8))
+    out.sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q))
+
+
+def _message(fn, *args, **kwargs):
+    with pytest.raises((TypeError, ValueError)) as info:
+        fn(*args, **kwargs)
+    return info.type, str(info.value)
+
+
+@pytest.mark.parametrize("bad", [
+    dict(q=[[1.0]]),
+    dict(q=torch.randn(4)),
+    dict(q=torch.randint(0, 3, (1, 1, 4, 8))),
+    dict(k=torch.randn(1, 1, 4, 9)),
+    dict(k=torch.randn(2, 1, 4, 8)),
+    dict(v=torch.randn(1, 1, 5, 8)),
+    dict(v=torch.randn(1, 1, 4, 8, dtype=torch.float16)),
+    dict(causal=1),
+    dict(scale="0.1"),
+    dict(scale=float("nan")),
+])
+def test_bad_input_fails_as_tiled_attention_does(bad):
+    args = dict(q=torch.randn(1, 1, 4, 8), k=torch.randn(1, 1, 4, 8), v=torch.randn(1, 1, 4, 8))
+    args.update(bad)
+    kind, message = _message(flash_attention, **args)
+    tiled_kind, tiled_message = _message(tiled_attention, **args)
+    assert kind is tiled_kind
+    assert message == tiled_message.replace("tiled_attention", "flash_attention")
+
+
+def test_kernel_specific_errors_name_the_value_and_the_fix():
+    x = torch.randn(1, 1, 4, 300)
+    _, message = _message(flash_attention, x, x, x)
+    assert "head_dim 300" in message and "256" in message
+    x = torch.randn(1, 1, 4, 8, dtype=torch.float64)
+    kind, message = _message(flash_attention, x, x, x)
+    assert kind is TypeError and "float64" in message and "tiled_attention" in message
+    x = torch.randn(1, 1, 4, 8, dtype=torch.bfloat16)
+    kind, message = _message(flash_attention, x, x, x)
+    assert kind is TypeError and "bfloat16" in message and "interpreter" in message
+    x = torch.randn(1, 1, 4, 8)
+    kind, message = _message(flash_attention, x, x, x, config={"block_m": 16})
+    assert kind is TypeError and "FlashConfig" in message
+    with pytest.raises(ValueError, match="power of two >= 16, got 48"):
+        FlashConfig(block_m=48)
+    with pytest.raises(ValueError, match="input_precision"):
+        FlashConfig(input_precision="fp8")
+
+
+def test_kernel_status_here_is_the_interpreter():
+    status = kernel_status()
+    assert status.can_run and status.mode == "interpreter" and "interpreter" in str(status)
+    assert os.environ["TRITON_INTERPRET"] == "1"
+
+
+def _python(code):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("TRITON_INTERPRET", None)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+
+
+def test_import_flashlib_never_imports_triton_and_missing_triton_says_how_to_run():
+    done = _python(
+        "import sys\n"
+        "import flashlib, flashlib.kernels\n"
+        "assert 'triton' not in sys.modules, 'import flashlib imported triton'\n"
+        "sys.modules['triton'] = None  # as on macOS or Windows, where Triton has no wheels\n"
+        "s = flashlib.kernels.kernel_status()\n"
+        "assert not s.can_run and s.mode is None and 'Linux' in s.reason, s\n"
+        "try:\n"
+        "    from flashlib import flash_attention\n"
+        "except ImportError as e:\n"
+        "    assert 'WSL2' in str(e) and 'Colab' in str(e), e\n"
+        "    print('ok')\n"
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_interpreter_is_chosen_automatically_but_a_user_setting_wins():
+    done = _python("import os, flashlib.kernels as fk; fk.kernel_status(); print(os.environ['TRITON_INTERPRET'])")
+    assert done.stdout.strip() == "1", done.stderr
+    done = _python("import os; os.environ['TRITON_INTERPRET'] = '0'\n"
+                   "import flashlib.kernels as fk; print(fk.kernel_status().mode)")
+    assert done.stdout.strip() == "gpu", done.stderr
+
+
+@settings(max_examples=12, deadline=None)
+@given(seq_q=st.integers(1, 40), seq_k=st.integers(1, 40), dim=st.integers(1, 20), causal=st.booleans(),
+       block_m=st.sampled_from([16, 32]), block_n=st.sampled_from([16, 32]), seed=st.integers(0, 2**16))
+def test_property_any_shape_and_block_sizes(seq_q, seq_k, dim, causal, block_m, block_n, seed):
+    q, k, v, dout = _inputs(1, 2, seq_q, seq_k, dim, seed=seed)
+    cfg = FlashConfig(block_m=block_m, block_n=block_n, bwd_block_m=block_n, bwd_block_n=block_m)
+    got = _flash(q, k, v, dout, causal, config=cfg)
+    want = _reference(q, k, v, dout, causal)
+    for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+        if name == "lse":
+            g, w = g[~torch.isinf(w)], w[~torch.isinf(w)]
+        _close(g, w)
