@@ -1,0 +1,176 @@
+"""flashlib.perf's arithmetic against hand-computed values, recorded-run loading, figures;
+the ladder benchmark's plan and one grid point run on the CPU with stand-in timers."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from flashlib import perf, perf_bench, viz
+from flashlib.kernels import triton_installed
+
+
+def test_attention_flops_by_hand():
+    # 4 * B * H * N_q * N_k * d = 4 * 2 * 3 * 5 * 7 * 11
+    assert perf.attention_flops(2, 3, 5, 7, 11) == 9240
+    assert perf.attention_flops(2, 3, 5, 7, 11, causal=True) == 4620
+    assert perf.attention_flops(2, 3, 5, 7, 11, mode="bwd") == 23100
+    assert perf.attention_flops(2, 3, 5, 7, 11, mode="fwd_bwd") == 32340
+    assert perf.attention_flops(1, 1, 4096, 4096, 128, causal=True, mode="fwd_bwd") == 3.5 * 2 * 4096 ** 2 * 128
+
+
+def test_rates_and_roofline_by_hand():
+    assert perf.tflops(2e12, 1000.0) == pytest.approx(2.0)
+    assert perf.tflops(5e9, 0.5) == pytest.approx(10.0)
+    assert perf.arithmetic_intensity(1000.0, 250.0) == 4.0
+    # 1e12 FLOPs at 100 TFLOP/s: 10 ms; 1e9 bytes at 1000 GB/s: 1 ms -> compute bound
+    assert perf.roofline_ms(1e12, 1e9, 100.0, 1000.0) == pytest.approx(10.0)
+    # 1e9 FLOPs: 0.01 ms; 4e9 bytes: 4 ms -> memory bound
+    assert perf.roofline_ms(1e9, 4e9, 100.0, 1000.0) == pytest.approx(4.0)
+
+
+def test_attention_bytes_by_hand():
+    n, d = 256, 64
+    # flash2, BLOCK_M 128: Q once, K and V once per query block (2 blocks), O and lse once
+    flash2 = (n * d + 2 * 2 * n * d + n * d + n) * 2
+    assert perf.attention_bytes(1, 1, n, d, block_m=128) == flash2 == 197120
+    assert perf.attention_bytes(3, 4, n, d, block_m=128) == 12 * flash2
+    # standard: Q, K, V read and O written; S and P each written and read back
+    assert perf.attention_bytes(1, 1, n, d, method="standard") == (4 * n * d + 4 * n * n) * 2 == 655360
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: perf.attention_flops(0, 1, 1, 1, 1), "batch"),
+    (lambda: perf.attention_flops(1, 1, 1, 1, 2.0), "head_dim"),
+    (lambda: perf.attention_flops(1, 1, 1, 1, 1, mode="bwd+fwd"), "mode"),
+    (lambda: perf.tflops(1.0, 0.0), "milliseconds"),
+    (lambda: perf.attention_bytes(1, 1, 8, 8, method="dense"), "method"),
+    (lambda: perf.roofline_ms(1.0, 1.0, 0.0, 1.0), "peak_tflops"),
+    (lambda: perf.load_runs("tpu"), "kind"),
+])
+def test_bad_arguments_name_themselves(call, name):
+    with pytest.raises(ValueError, match=f"'{name}'"):
+        call()
+
+
+def _gpu_run(date="2026-01-02", device="Test GPU"):
+    points = []
+    for n, (teach, tma, flash) in {4096: (100.0, 150.0, 140.0), 16384: (110.0, 170.0, 150.0)}.items():
+        for method, rate in (("rung:teaching", teach), ("rung:tma", tma), ("sdpa:flash", flash),
+                             ("sdpa:efficient", flash / 2)):
+            points.append(dict(method=method, d=128, n=n, dtype="bfloat16", causal=False, mode="fwd", tflops=rate))
+    points.append(dict(method="sdpa:cudnn", d=128, n=4096, dtype="bfloat16", causal=False, mode="fwd",
+                       error="RuntimeError: no kernel"))
+    return {"device": device, "torch": "2.11.0", "triton": "3.6.0", "cuda": "12.8", "date": date,
+            "ladder": {"points": points, "ceilings": {"bf16_matmul_tflops": 700.0, "copy_gbps": 4000.0}}}
+
+
+def test_load_runs_sorts_by_date_and_labels(tmp_path):
+    assert perf.load_runs("gpu", tmp_path) == [] and perf.latest("gpu", tmp_path) is None
+    (tmp_path / "gpu-b-2026-03-01.json").write_text(json.dumps(_gpu_run("2026-03-01", "Newer GPU")))
+    (tmp_path / "gpu-a-2026-01-02.json").write_text(json.dumps(_gpu_run()))
+    (tmp_path / "cpu-2026-02-01.json").write_text(json.dumps(
+        {"provenance": {"cpu": "Some CPU", "torch": "2.13.0", "date": "2026-02-01"}, "points": []}))
+    runs = perf.load_runs("gpu", tmp_path)
+    assert [r["file"] for r in runs] == ["gpu-a-2026-01-02.json", "gpu-b-2026-03-01.json"]
+    assert perf.latest("gpu", tmp_path)["device"] == "Newer GPU"
+    assert perf.label(runs[0]) == "Test GPU, torch 2.11.0, Triton 3.6.0, CUDA 12.8, 2026-01-02"
+    assert perf.label(perf.latest("cpu", tmp_path)) == "Some CPU, torch 2.13.0, 2026-02-01"
+
+
+def test_selections_from_a_run():
+    run = _gpu_run()
+    points = perf.ladder_points(run, n=4096)
+    assert len(points) == 5
+    assert perf.best_sdpa(points, 4096) == ("sdpa:flash", 140.0)
+    assert perf.best_sdpa(points, 512) is None
+    assert perf.ladder_gains(run, n=16384) == [("teaching", 110.0), ("tma", 170.0)]
+    assert perf.series(points) == {"rung:teaching": {4096: 100.0}, "rung:tma": {4096: 150.0},
+                                   "sdpa:flash": {4096: 140.0}, "sdpa:efficient": {4096: 70.0}}
+
+
+def test_target_and_memory_ratios():
+    run = _gpu_run()
+    ratios = perf_bench.target_ratios(run["ladder"]["points"])
+    assert [(r["n"], r["ours"], r["sdpa"]) for r in ratios] == [(4096, "rung:tma", "sdpa:flash"),
+                                                               (16384, "rung:tma", "sdpa:flash")]
+    assert ratios[0]["ratio"] == pytest.approx(150 / 140) and ratios[0]["target"] == 1.0
+    base = dict(d=128, dtype="float16", causal=False, mode="fwd_bwd", batch=1, heads=16)
+    points = [dict(base, method="flashlib", n=4096, peak_bytes=100),
+              dict(base, method="sdpa:math", n=4096, peak_bytes=1000),
+              dict(base, method="flashlib", n=16384, peak_bytes=400)]
+    rows = perf_bench.memory_ratios(points)
+    assert rows[0]["ratio"] == pytest.approx(0.1) and rows[0]["scores_bytes"] == 16 * 4096 ** 2 * 2
+    assert rows[1]["ratio"] is None and rows[1]["ratio_to_scores"] == pytest.approx(400 / (16 * 16384 ** 2 * 2))
+
+
+def test_plan_covers_the_grid_once_targets_first():
+    plan = perf_bench.plan()
+    keys = [tuple(sorted(p.items())) for p in plan]
+    assert len(keys) == len(set(keys)) == 2 * 6 * 2 * 2 * 2
+    targets = [p["d"] == 128 and p["n"] >= 4096 for p in plan]
+    first_other = targets.index(False)
+    assert all(targets[:first_other]) and not any(targets[first_other:])
+    assert perf_bench.shape(4096, 128) == (4, 16) and perf_bench.shape(32768, 64) == (1, 32)
+
+
+def test_figures_render():
+    run = _gpu_run()
+    figures = [perf.rate_plot(perf.series(perf.ladder_points(run)), title=perf.label(run), ceiling=700.0),
+               perf.bar_chart(["teaching", "tma"], [100.0, 150.0], title="ladder"),
+               perf.roofline_plot([dict(label="tma", flops=4e12, bytes=2e9, ms=20.0)], 700.0, 4000.0)]
+    cpu = {"provenance": {"cpu": "Some CPU", "torch": "2.13.0", "date": "2026-02-01"},
+           "points": [dict(method=m, n=n, peak_alloc_bytes=n * (n if m == "dense" else 64) * 4, seconds=n * 1e-6)
+                      for m in ("dense", "tiled") for n in (1024, 2048)]}
+    figures += list(perf.cpu_figures(cpu))
+    for fig in figures:
+        assert viz.figure_png(fig)[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(figures[0].axes[0].lines) == 5  # four methods and the ceiling
+
+
+def test_exercise_checkers(capsys):
+    assert perf.check_attention_flops(2 * 2 * 16 * 4096 ** 2 * 128)
+    assert not perf.check_attention_flops(4 * 2 * 16 * 4096 ** 2 * 128)
+    assert "half" in capsys.readouterr().out
+    assert not perf.check_attention_flops(None)
+    n, d = 4096, 128
+    assert perf.check_intensity(4 * n * n * d / ((n * d + 32 * 2 * n * d + n * d + n) * 2))
+    assert not perf.check_intensity(1.0)
+
+
+# ----- one grid point of the benchmark, on the CPU (interpreter) with stand-in timers -----
+
+def test_measure_point_runs_every_method_on_cpu():
+    if not triton_installed():
+        pytest.skip("Triton ships Linux wheels only")
+    for mode in ("fwd", "fwd_bwd"):
+        point = dict(d=32, n=24, dtype="float32", causal=True, mode=mode)
+        rows = perf_bench._measure_point(point, perf_bench._methods(mode), lambda *a: None, device="cpu",
+                                         tokens=24, hidden=64, bench=lambda fn: (fn(), 2.0)[1],
+                                         peak=lambda fn: (fn(), 0)[1])
+        by = {r["method"]: r for r in rows}
+        flops = perf.attention_flops(1, 2, 24, 24, 32, causal=True, mode=mode)
+        assert by["sdpa:math"]["tflops"] == pytest.approx(perf.tflops(flops, 2.0))
+        ours = [m for m in by if not m.startswith("sdpa:")]
+        assert ours == (["rung:teaching", "rung:autotuned", "rung:causal-split", "rung:tma"] if mode == "fwd"
+                        else ["flashlib", "flashlib:tma"])
+        for m in ours:
+            assert "error" not in by[m], by[m]
+            if mode == "fwd":
+                assert by[m]["max_abs_err_vs_sdpa"] < 1e-5
+
+
+def test_tma_forward_with_fused_backward_gradients():
+    if not triton_installed():
+        pytest.skip("Triton ships Linux wheels only")
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 21, 16, generator=gen) for _ in range(3))  # (B, H, N, D)
+    dout = torch.randn(1, 2, 21, 16, generator=gen)
+    ours = [t.clone().requires_grad_() for t in (q, k, v)]
+    perf_bench._TmaFunction.apply(*ours, True).backward(dout)
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    mask = torch.ones(21, 21, dtype=torch.bool).tril()
+    torch.nn.functional.scaled_dot_product_attention(*ref, attn_mask=mask).backward(dout.double())
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
