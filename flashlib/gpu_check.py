@@ -1,0 +1,269 @@
+"""``python -m flashlib gpu-check``: the GPU tests, then a short benchmark, on a CUDA machine.
+
+Runs with the machine's own torch and Triton and installs nothing. In order, each part
+within its share of a time budget (default 450 s, so the whole check ends within 8 minutes
+on an H200):
+
+1. ``tests/test_gpu.py`` with pytest in a subprocess: forward and backward against dense
+   attention in float32 and against ``scaled_dot_product_attention`` in float16/bfloat16.
+2. Forward and backward time (``triton.testing.do_bench``, median) and peak memory of
+   ``flash_attention`` and of each SDPA backend (flash, efficient, cuDNN; math where its
+   N x N matrices fit), side by side, B*H*N fixed, N from 1k to 16k, d 64 and 128,
+   float16 and bfloat16, causal and not.
+3. If :mod:`flashlib.perf_bench` is present, the optimisation ladder with the time left.
+
+Writes ``data/bench/gpu-<device>-<date>.json`` (device, versions, date, every figure; a copy
+under $OUT when that is set) and prints a table. Every figure in it was measured in this run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SEQS = (1024, 2048, 4096, 8192, 16384)
+QUICK_SEQS = (1024, 4096, 16384)
+HEAD_DIMS = (64, 128)
+DTYPES = ("float16", "bfloat16")
+TOKENS = 16 * 16384          # B * H * N, held fixed so every point does the same row count
+HEADS = 16
+IMPLS = ("flashlib", "sdpa:flash", "sdpa:efficient", "sdpa:cudnn", "sdpa:math")
+MATH_MAX_SEQ = 4096          # the math backend materialises N x N scores and probabilities
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m flashlib gpu-check", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer sequence lengths, shorter timing")
+    p.add_argument("--budget", type=float, default=450.0, help="seconds for the whole check (default 450)")
+    p.add_argument("--skip-tests", action="store_true", help="benchmark only")
+    p.add_argument("--skip-bench", action="store_true", help="tests only")
+    p.add_argument("--no-ladder", action="store_true", help="leave out the optimisation-ladder benchmark")
+    p.add_argument("--out-dir", default=str(ROOT / "data" / "bench"), help="where the JSON goes")
+    args = p.parse_args(argv)
+    if not (args.budget > 0 and math.isfinite(args.budget)):
+        p.error(f"--budget must be a positive number of seconds, got {args.budget}")
+    return args
+
+
+def plan(quick: bool):
+    """The benchmark's points in priority order: d = 128 and long sequences first."""
+    seqs = QUICK_SEQS if quick else SEQS
+    points = [dict(dtype=dt, head_dim=d, causal=c, seq=n, heads=HEADS, batch=max(1, TOKENS // (HEADS * n)))
+              for d in HEAD_DIMS for dt in DTYPES for c in (False, True) for n in seqs]
+    return sorted(points, key=lambda p: (p["head_dim"] != 128, p["seq"] < 4096, p["dtype"], p["causal"], p["seq"]))
+
+
+def attention_flops(p, backward=False) -> float:
+    """Matmul FLOPs: 2 matmuls of 2*N*N*d forward, 5 backward; half of them when causal."""
+    flops = 4.0 * p["batch"] * p["heads"] * p["seq"] ** 2 * p["head_dim"] * (2.5 if backward else 1.0)
+    return flops / 2 if p["causal"] else flops
+
+
+def tflops(flops: float, ms) -> float | None:
+    return None if ms is None or not ms > 0 else flops / (ms * 1e-3) / 1e12
+
+
+def run_benchmark(points, measure, budget_s: float, log=print):
+    """measure(point, impl) -> dict(fwd_ms, bwd_ms, peak_mb) or raises; rows for every pair."""
+    start, rows = time.perf_counter(), []
+    for p in points:
+        for impl in IMPLS:
+            row = dict(p, impl=impl, fwd_ms=None, bwd_ms=None, peak_mb=None, error=None)
+            if time.perf_counter() - start > budget_s:
+                row["error"] = "skipped: time budget"
+            elif impl == "sdpa:math" and p["seq"] > MATH_MAX_SEQ:
+                row["error"] = f"skipped: math backend above N = {MATH_MAX_SEQ} (N x N matrices)"
+            else:
+                try:
+                    row.update(measure(p, impl))
+                except Exception as exc:  # one backend's failure must not end the run
+                    row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            row["fwd_tflops"] = tflops(attention_flops(p), row["fwd_ms"])
+            row["bwd_tflops"] = tflops(attention_flops(p, backward=True), row["bwd_ms"])
+            rows.append(row)
+        done = [r for r in rows[-len(IMPLS):] if r["error"] is None]
+        log(f"  {p['dtype']:>8} d={p['head_dim']:<3} causal={int(p['causal'])} N={p['seq']:>5}: "
+            f"{len(done)}/{len(IMPLS)} measured")
+    return rows
+
+
+def _best_sdpa(rows, key):
+    vals = [(r[key], r["impl"]) for r in rows if r["impl"].startswith("sdpa") and r[key] is not None]
+    return max(vals) if vals else (None, None)
+
+
+def format_table(rows) -> str:
+    """One line per point: our forward/backward TFLOP/s against the best SDPA backend's."""
+    head = (f"{'dtype':>8} {'d':>4} {'causal':>6} {'N':>6} | {'fwd':>6} {'best sdpa':>20} {'ratio':>5} | "
+            f"{'bwd':>6} {'best sdpa':>20} {'ratio':>5} | {'peak MB':>8}")
+    lines = [head, "-" * len(head)]
+    keys = sorted({(r["dtype"], r["head_dim"], r["causal"], r["seq"]) for r in rows})
+    for dtype, d, causal, n in keys:
+        group = [r for r in rows if (r["dtype"], r["head_dim"], r["causal"], r["seq"]) == (dtype, d, causal, n)]
+        ours = next((r for r in group if r["impl"] == "flashlib"), None)
+        cells = []
+        for key in ("fwd_tflops", "bwd_tflops"):
+            best, name = _best_sdpa(group, key)
+            mine = ours[key] if ours else None
+            ratio = f"{mine / best:5.2f}" if mine and best else "    -"
+            cells.append(f"{_num(mine):>6} {(_num(best) + ' ' + name) if best else '-':>20} {ratio}")
+        peak = _num(ours["peak_mb"], 0) if ours else "-"
+        lines.append(f"{dtype:>8} {d:>4} {int(causal):>6} {n:>6} | {cells[0]} | {cells[1]} | {peak:>8}")
+    return "\n".join(lines)
+
+
+def _num(x, digits=1):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def report_path(out_dir, device, when: time.struct_time) -> Path:
+    slug = re.sub(r"[^a-z0-9]+", "-", str(device or "unknown").lower()).strip("-")
+    return Path(out_dir) / f"gpu-{slug}-{time.strftime('%Y-%m-%dT%H%MZ', when)}.json"
+
+
+def write_report(report: dict, out_dir, *, copy_to=None) -> Path:
+    """Write the JSON under out_dir (and a copy under copy_to, e.g. $OUT); return its path."""
+    when = time.strptime(report["date"], "%Y-%m-%dT%H:%M:%SZ")
+    path = report_path(out_dir, report["device"], when)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    if copy_to:
+        Path(copy_to).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(copy_to) / path.name)
+    return path
+
+
+def run_tests(timeout_s: float, log=print) -> dict:
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / "test_gpu.py"), "-q", "-p", "no:cacheprovider"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=ROOT)
+        out, code = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        out, code = f"{exc.stdout or ''}\ntimed out after {timeout_s:.0f} s", -1
+    out = out if isinstance(out, str) else out.decode(errors="replace")
+    summary = out.strip().splitlines()[-1] if out.strip() else ""
+    log(out[-6000:])
+    return dict(returncode=code, summary=summary, seconds=round(time.perf_counter() - start, 1), tail=out[-6000:])
+
+
+def _cuda_measure(quick: bool):
+    """The real measurement: returns measure(point, impl) for run_benchmark."""
+    import torch
+    import triton.testing
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from .kernels import flash_attention
+
+    backends = {"sdpa:flash": SDPBackend.FLASH_ATTENTION, "sdpa:efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "sdpa:cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa:math": SDPBackend.MATH}
+    warmup, rep = (5, 20) if quick else (10, 50)
+
+    def measure(p, impl):
+        torch.manual_seed(0)
+        shape = (p["batch"], p["heads"], p["seq"], p["head_dim"])
+        dtype = getattr(torch, p["dtype"])
+        q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+        dout = torch.randn(shape, device="cuda", dtype=dtype)
+        if impl == "flashlib":
+            def forward():
+                return flash_attention(q, k, v, causal=p["causal"])
+        else:
+            def forward():
+                with sdpa_kernel([backends[impl]]):
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=p["causal"])
+        try:
+            out = forward()  # also compiles, and fails here if the backend cannot run this point
+            fwd_ms = triton.testing.do_bench(forward, warmup=warmup, rep=rep, return_mode="median")
+            bwd_ms = triton.testing.do_bench(lambda: out.backward(dout, retain_graph=True), warmup=warmup,
+                                             rep=rep, grad_to_none=[q, k, v], return_mode="median")
+            del out
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            forward().backward(dout)
+            torch.cuda.synchronize()
+            peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
+        finally:
+            del q, k, v, dout
+            torch.cuda.empty_cache()
+        return dict(fwd_ms=float(fwd_ms), bwd_ms=float(bwd_ms), peak_mb=float(peak_mb))
+
+    return measure
+
+
+def provenance() -> dict:
+    import torch
+
+    info = dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), python=platform.python_version(),
+                torch=torch.__version__, cuda=torch.version.cuda, device=None, capability=None, triton=None)
+    try:  # from the metadata: importing Triton here would fix its interpreter mode too early
+        from importlib.metadata import version
+
+        info["triton"] = version("triton")
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        info["device"] = torch.cuda.get_device_name()
+        info["capability"] = list(torch.cuda.get_device_capability())
+    return info
+
+
+def main(argv=None, *, measure=None, log=print) -> int:
+    """Exit status 0 when the tests pass and the benchmark ran; measure is for testing."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    start = time.perf_counter()
+    report = provenance()
+    if measure is None and report["device"] is None:
+        log("gpu-check needs a CUDA device and none is visible here; the CPU tests are `make test`, "
+            "recorded GPU results are in data/bench/")
+        return 2
+    report.update(command=["gpu-check", *(argv or [])], budget_s=args.budget)
+    log(f"flashlib gpu-check on {report['device']}: torch {report['torch']}, Triton {report['triton']}, "
+        f"CUDA {report['cuda']}")
+    status = 0
+    if not args.skip_tests:
+        report["tests"] = run_tests(timeout_s=0.4 * args.budget, log=log)
+        status = 0 if report["tests"]["returncode"] == 0 else 1
+    if not args.skip_bench:
+        left = args.budget - (time.perf_counter() - start)
+        share = left * (0.5 if not args.no_ladder and _has_ladder() else 0.9)
+        log(f"benchmark (B*H*N = {TOKENS}, H = {HEADS}, budget {share:.0f} s)")
+        rows = run_benchmark(plan(args.quick), measure or _cuda_measure(args.quick), share, log=log)
+        report["bench"] = dict(tokens=TOKENS, heads=HEADS, timing="triton.testing.do_bench median, ms",
+                               flops="4*B*H*N^2*d forward, x2.5 backward, halved if causal", rows=rows)
+        log(format_table(rows))
+        if not args.no_ladder and _has_ladder() and measure is None:
+            left = args.budget - (time.perf_counter() - start) - 10
+            if left > 30:
+                from .perf_bench import format_ladder, run_ladder_bench
+
+                try:
+                    report.update(run_ladder_bench(budget_s=left, log=log))
+                    log(format_ladder(report))
+                except Exception as exc:  # the part above is already measured: keep it
+                    report["ladder_error"] = f"{type(exc).__name__}: {exc}"
+    report["elapsed_s"] = round(time.perf_counter() - start, 1)
+    path = write_report(report, args.out_dir, copy_to=os.environ.get("OUT"))
+    log(f"wrote {path} ({report['elapsed_s']} s)")
+    return status
+
+
+def _has_ladder() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("flashlib.perf_bench") is not None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

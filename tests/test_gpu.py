@@ -1,0 +1,116 @@
+"""The fused kernels compiled on a CUDA GPU (run by ``make gpu-check``; skipped without CUDA).
+
+float32 is checked twice: with input_precision="ieee" (exact float32 products) at float32
+tolerance, and with the default tf32 tensor-core products at tf32 tolerance. float16 and
+bfloat16 follow flash-attn's rule against a float32 reference: the kernel's error is at most
+twice that of PyTorch's scaled_dot_product_attention in the same precision.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+if not torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
+    pytest.skip("needs a CUDA device and Triton (make gpu-check runs these)", allow_module_level=True)
+
+import torch.nn.functional as F  # noqa: E402
+
+from flashlib import causal_mask, dense_attention  # noqa: E402
+from flashlib.kernels import FlashConfig, default_config, flash_attention, kernel_status  # noqa: E402
+
+DEVICE = "cuda"
+pytestmark = pytest.mark.gpu
+
+
+def _inputs(batch, heads, seq_q, seq_k, dim, dtype, seed=0):
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    make = lambda n: torch.randn(batch, heads, n, dim, device=DEVICE, generator=g)  # noqa: E731
+    return make(seq_q).to(dtype), make(seq_k).to(dtype), make(seq_k).to(dtype), make(seq_q).to(dtype)
+
+
+def _grads(fn, q, k, v, dout):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v)
+    out.backward(dout)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def _max_err(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+def test_status_says_gpu():
+    assert kernel_status().mode == "gpu"
+
+
+@pytest.mark.parametrize("seq_q,seq_k,dim,causal", [
+    (1, 203, 40, False), (17, 203, 59, True), (113, 203, 64, True), (203, 113, 128, True),
+    (1000, 1000, 128, False), (257, 1025, 256, True), (97, 97, 16, False),
+])
+def test_float32_ieee_matches_float64_dense(seq_q, seq_k, dim, causal):
+    q, k, v, dout = _inputs(2, 3, seq_q, seq_k, dim, torch.float32)
+    cfg = FlashConfig(**{**default_config(dim, torch.float32, torch.cuda.get_device_capability()).__dict__,
+                         "input_precision": "ieee"})
+    got = _grads(lambda a, b, c: flash_attention(a, b, c, causal=causal, config=cfg), q, k, v, dout)
+    want = _grads(lambda a, b, c: dense_attention(a, b, c, causal=causal), *(t.double() for t in (q, k, v, dout)))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w, atol=2e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_float32_tf32_default_within_tf32_error(causal):
+    q, k, v, dout = _inputs(2, 4, 777, 1031, 128, torch.float32)
+    got = _grads(lambda a, b, c: flash_attention(a, b, c, causal=causal), q, k, v, dout)
+    want = _grads(lambda a, b, c: dense_attention(a, b, c, causal=causal), *(t.double() for t in (q, k, v, dout)))
+    for g, w in zip(got, want):
+        scale = w.abs().max().item()
+        assert _max_err(g, w) <= 2e-2 * scale  # tf32 keeps 10 mantissa bits: ~1e-3 per product
+
+
+def _sdpa(causal, seq_q, seq_k):
+    if not causal or seq_q == seq_k:
+        return lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal)
+    mask = causal_mask(seq_q, seq_k, device=DEVICE)  # bottom-right, as flash_attention
+    return lambda a, b, c: F.scaled_dot_product_attention(a, b, c, attn_mask=mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("batch,heads,seq_q,seq_k,dim,causal", [
+    (2, 4, 1024, 1024, 64, False), (2, 4, 1024, 1024, 128, True), (1, 2, 113, 1025, 128, True),
+    (1, 2, 4096, 4096, 64, True), (1, 2, 16384, 16384, 128, False), (1, 2, 16384, 16384, 128, True),
+])
+def test_half_precision_within_twice_sdpa_error(dtype, batch, heads, seq_q, seq_k, dim, causal):
+    q, k, v, dout = _inputs(batch, heads, seq_q, seq_k, dim, dtype)
+    want = _grads(_sdpa(causal, seq_q, seq_k), *(t.float() for t in (q, k, v, dout)))
+    got = _grads(lambda a, b, c: flash_attention(a, b, c, causal=causal), q, k, v, dout)
+    sdpa = _grads(_sdpa(causal, seq_q, seq_k), q, k, v, dout)
+    for name, g, s, w in zip(("out", "dq", "dk", "dv"), got, sdpa, want):
+        assert g.dtype == dtype and torch.isfinite(g).all(), name
+        err, sdpa_err = _max_err(g, w), _max_err(s, w)
+        assert err <= 2 * sdpa_err + 1e-4, f"{name}: kernel error {err:.3e}, SDPA {dtype} error {sdpa_err:.3e}"
+
+
+def test_rows_without_keys_and_lse():
+    q, k, v, dout = _inputs(1, 2, 300, 100, 64, torch.float16)
+    out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    empty = ~causal_mask(300, 100, device=DEVICE).any(dim=-1)
+    assert torch.all(out[..., empty, :] == 0) and torch.all(lse[..., empty] == -math.inf)
+    s = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(64)
+    want = torch.logsumexp(s.masked_fill(~causal_mask(300, 100, device=DEVICE), -math.inf), dim=-1)
+    torch.testing.assert_close(lse[..., ~empty], want[..., ~empty], atol=2e-2, rtol=1e-3)
+
+
+def test_backward_is_bitwise_deterministic_on_gpu():
+    q, k, v, dout = _inputs(2, 8, 2048, 2048, 128, torch.bfloat16)
+    fn = lambda a, b, c: flash_attention(a, b, c, causal=True)  # noqa: E731
+    first, second = _grads(fn, q, k, v, dout), _grads(fn, q, k, v, dout)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_cpu_tensors_are_refused_with_the_fix():
+    x = torch.randn(1, 1, 8, 16)
+    with pytest.raises(ValueError, match="move q, k, v to 'cuda'"):
+        flash_attention(x, x, x)

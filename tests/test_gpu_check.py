@@ -1,0 +1,82 @@
+"""The GPU check's logic that needs no GPU: arguments, plan, budget, table, JSON report."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flashlib import gpu_check
+
+
+def _fake_measure(point, impl):
+    """Deterministic made-up timings, so that the table and JSON can be checked on a CPU."""
+    if impl == "sdpa:cudnn":
+        raise RuntimeError("No available kernel. Aborting execution.\nmore detail")
+    base = point["seq"] / 1024 * (2.0 if impl == "sdpa:math" else 1.0)
+    return dict(fwd_ms=base, bwd_ms=2.5 * base, peak_mb=float(point["seq"]) / 8)
+
+
+def test_arguments_and_plan():
+    args = gpu_check.parse_args(["--quick", "--budget", "60"])
+    assert args.quick and args.budget == 60
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--budget", "-1"])
+    points = gpu_check.plan(quick=False)
+    assert len(points) == 2 * 2 * 2 * len(gpu_check.SEQS)
+    assert all(p["batch"] * p["heads"] * p["seq"] == gpu_check.TOKENS for p in points)
+    assert points[0]["head_dim"] == 128 and points[0]["seq"] >= 4096  # the targets come first
+
+
+def test_flops_and_rates():
+    p = dict(batch=2, heads=3, seq=1000, head_dim=64, causal=False)
+    assert gpu_check.attention_flops(p) == 4 * 2 * 3 * 1000 ** 2 * 64
+    assert gpu_check.attention_flops(dict(p, causal=True), backward=True) == 4 * 2 * 3 * 1000 ** 2 * 64 * 2.5 / 2
+    assert gpu_check.tflops(2e12, 1000.0) == pytest.approx(2.0)
+    assert gpu_check.tflops(1.0, None) is None
+
+
+def _fake_provenance(device):
+    real = gpu_check.provenance
+
+    def provenance():
+        return dict(real(), device=device, capability=[9, 0] if device else None)
+    return provenance
+
+
+def test_main_with_fake_measurements_writes_json_copy_and_table(tmp_path, monkeypatch):
+    out_copy = tmp_path / "out"
+    monkeypatch.setenv("OUT", str(out_copy))
+    monkeypatch.setattr(gpu_check, "provenance", _fake_provenance("Fake GPU 80GB HBM3"))
+    printed = []
+    code = gpu_check.main(["--quick", "--skip-tests", "--no-ladder", "--out-dir", str(tmp_path / "bench")],
+                          measure=_fake_measure, log=printed.append)
+    assert code == 0
+    (path,) = (tmp_path / "bench").glob("gpu-fake-gpu-80gb-hbm3-*.json")
+    assert (out_copy / path.name).read_text() == path.read_text()
+    report = json.loads(path.read_text())
+    for key in ("date", "torch", "triton", "cuda", "python", "device", "bench", "elapsed_s"):
+        assert key in report
+    rows = report["bench"]["rows"]
+    assert len(rows) == len(gpu_check.plan(quick=True)) * len(gpu_check.IMPLS)
+    cudnn = [r for r in rows if r["impl"] == "sdpa:cudnn"]
+    assert all(r["error"] == "RuntimeError: No available kernel. Aborting execution." for r in cudnn)
+    big_math = [r for r in rows if r["impl"] == "sdpa:math" and r["seq"] > gpu_check.MATH_MAX_SEQ]
+    assert big_math and all(r["error"].startswith("skipped") and r["fwd_ms"] is None for r in big_math)
+    ours = next(r for r in rows if r["impl"] == "flashlib" and r["seq"] == 4096 and not r["causal"])
+    assert ours["fwd_tflops"] == pytest.approx(gpu_check.attention_flops(ours) / (4.0e-3) / 1e12)
+    table = next(line for line in printed if line.lstrip().startswith("dtype"))
+    assert "ratio" in table
+    # flashlib and the fastest SDPA backend get the same fake time: every ratio printed is 1.00
+    body = "\n".join(printed)
+    assert "1.00" in body and "sdpa:flash" in body
+
+
+def test_time_budget_skips_the_rest():
+    rows = gpu_check.run_benchmark(gpu_check.plan(quick=True), _fake_measure, budget_s=0.0, log=lambda *_: None)
+    assert rows and all(r["error"] == "skipped: time budget" for r in rows)
+
+
+def test_without_a_gpu_it_says_so(capsys, monkeypatch):
+    monkeypatch.setattr(gpu_check, "provenance", _fake_provenance(None))
+    assert gpu_check.main(["--quick"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().out
