@@ -94,8 +94,10 @@ def matrix_heatmap(matrix, title: str = "", ax=None, annotate: bool | None = Non
     ax.figure.colorbar(image, ax=ax, shrink=0.85)
     if annotate if annotate is not None else values.size <= 64:
         for (i, j), x in np.ndenumerate(values):
+            r, g, b, _ = image.cmap(image.norm(x)) if not masked[i, j] else (0, 0, 0, 1)
+            dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5  # light text on dark cells
             ax.text(j, i, "-inf" if masked[i, j] else fmt4(x), ha="center", va="center",
-                    fontsize=7, color="white" if masked[i, j] else "black")
+                    fontsize=7, color="white" if dark else "black")
     ax.set(title=title, xlabel="key j", ylabel="query i")
     return fig if fig is not None else ax
 
@@ -103,9 +105,9 @@ def matrix_heatmap(matrix, title: str = "", ax=None, annotate: bool | None = Non
 def scores_figure(scores, probs, causal: bool = False) -> Figure:
     """S and P side by side, one batch/head: what standard attention writes to memory."""
     fig, (ax_s, ax_p) = _new_figure(8.6, 3.6, 2)
-    suffix = " (causal: masked in dark grey)" if causal else ""
-    matrix_heatmap(scores, "scores S = q kᵀ · scale" + suffix, ax=ax_s)
-    matrix_heatmap(probs, "probabilities P = softmax(S)", ax=ax_p, cmap="magma")
+    suffix = " (masked: dark grey)" if causal else ""
+    matrix_heatmap(scores, "S = q kᵀ · scale" + suffix, ax=ax_s)
+    matrix_heatmap(probs, "P = softmax(S)", ax=ax_p, cmap="magma")
     return fig
 
 
