@@ -230,7 +230,8 @@ def memory_ratios(points, ns=(4096, 16384)) -> list[dict]:
             continue
         dense = [m for m in points if m["method"] == "sdpa:math" and "peak_bytes" in m
                  and all(m[key] == p[key] for key in ("d", "n", "dtype", "causal", "mode"))]
-        scores = p["batch"] * p["heads"] * p["n"] ** 2 * torch.tensor([], dtype=getattr(torch, p["dtype"])).element_size()
+        element_size = torch.empty(0, dtype=getattr(torch, p["dtype"])).element_size()
+        scores = p["batch"] * p["heads"] * p["n"] ** 2 * element_size
         out.append(dict(d=p["d"], n=p["n"], dtype=p["dtype"], causal=p["causal"], flashlib_bytes=p["peak_bytes"],
                         dense_bytes=dense[0]["peak_bytes"] if dense else None, scores_bytes=scores,
                         ratio=p["peak_bytes"] / dense[0]["peak_bytes"] if dense else None,
@@ -286,7 +287,8 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
 def format_ladder(result: dict) -> str:
     """A plain table of the target ratios for the GPU check's printout."""
     rows = result["ladder"]["target_ratios"]
-    lines = [f"{'N':>6} {'dtype':>9} {'causal':>6} {'pass':>7} {'ours':>16} {'best SDPA':>16} {'ratio':>6} {'target':>6}"]
+    lines = [f"{'N':>6} {'dtype':>9} {'causal':>6} {'pass':>7} {'ours':>16} {'best SDPA':>16} "
+             f"{'ratio':>6} {'target':>6}"]
     for r in rows:
         lines.append(f"{r['n']:>6} {r['dtype']:>9} {int(r['causal']):>6} {r['mode']:>7} {r['ours']:>16} "
                      f"{r['sdpa']:>16} {r['ratio']:>6.2f} {r['target']:>6.1f}")

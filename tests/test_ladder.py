@@ -72,11 +72,34 @@ def test_tma_eligibility_follows_16_byte_rows():
     from flashlib.kernels.forward_fast import tma_eligible
 
     def ok(d, dtype):
-        t = torch.empty(1, 4, d, dtype=dtype)
-        return tma_eligible(t, t, t)
+        return tma_eligible(torch.empty(2, 4, d, dtype=dtype))
 
     assert ok(24, torch.float32) and ok(24, torch.float16) and ok(128, torch.bfloat16)
     assert not ok(59, torch.float32) and not ok(20, torch.float16) and not ok(12, torch.bfloat16)
+    wide = torch.empty(2, 4, 36, dtype=torch.float16)
+    assert not tma_eligible(wide[..., :24])          # rows 72 bytes apart
+    assert tma_eligible(wide[..., :24].float())      # the copy is contiguous: 96-byte rows
+    shifted = torch.empty(2 * 4 * 24 + 1, dtype=torch.float16)[1:].view(2, 4, 24)
+    assert not tma_eligible(shifted)                 # base 2 bytes off a 16-byte boundary
+
+
+def test_autotune_prunes_big_tiles_and_reports_its_choice():
+    from flashlib.kernels import forward_fast as ff
+
+    configs = ff._attn_fwd_autotuned.configs
+    assert ff._drop_big_tiles(configs, {}, HEAD_DIM_PAD=128) == configs
+    small = ff._drop_big_tiles(configs, {}, HEAD_DIM_PAD=256)
+    assert small and all(c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64 for c in small)
+    q = torch.empty(1, 1, 8, 100, dtype=torch.bfloat16)
+    assert ff.autotuned_choice(q, True) is None
+    key = (128, True, "tf32", "torch.bfloat16", "torch.bfloat16", "torch.bfloat16", "torch.bfloat16", "torch.float32")
+    ff._attn_fwd_autotuned.cache[key] = configs[2]  # as the autotuner files a choice on a GPU
+    try:
+        assert ff.autotuned_choice(q, True) == dict(configs[2].kwargs, num_warps=configs[2].num_warps,
+                                                    num_stages=configs[2].num_stages)
+        assert ff.autotuned_choice(q, False) is None and ff.autotuned_choice(q.half(), True) is None
+    finally:
+        del ff._attn_fwd_autotuned.cache[key]
 
 
 def test_bad_rung_and_empty_inputs():

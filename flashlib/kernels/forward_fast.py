@@ -229,10 +229,14 @@ def _attn_fwd_tma(Q, K, V, Out, Lse, qk_scale,
     tl.store(Lse + offs_m, lse, mask=offs_m < SEQ_Q)
 
 
-def tma_eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """A descriptor's row stride and base must be multiples of 16 bytes (the (B*H, seq, d)
-    views here are contiguous, so: head_dim * element size % 16 == 0)."""
-    return all(t.shape[-1] * t.element_size() % 16 == 0 for t in (q, k, v))
+def tma_eligible(*tensors: torch.Tensor) -> bool:
+    """A descriptor's base address and row strides must be multiples of 16 bytes, its last
+    dim contiguous; checked on the (B*H, seq, d) views the kernels receive."""
+    def ok(t):
+        size = t.element_size()
+        return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+                and all(stride * size % 16 == 0 for stride in t.stride()[:-1]))
+    return all(ok(t) for t in tensors)
 
 
 def _tma_hardware(device: torch.device) -> bool:
@@ -274,8 +278,8 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: 
     Same contract as :func:`flashlib.kernels.flash_forward` (bottom-right causal diagonal,
     zeros and lse = -inf for rows that see no key). ``config`` fixes the tiles; by default
     rung "autotuned" autotunes on a GPU and the other rungs use :func:`default_config`.
-    Rung "tma" runs rung 2's kernel where descriptors cannot be used: a head dim whose row
-    is not a multiple of 16 bytes, or a GPU older than sm_90.
+    Rung "tma" runs rung 2's kernel where descriptors cannot be used: rows or addresses that
+    are not multiples of 16 bytes (e.g. head_dim 59), or a GPU older than sm_90.
     """
     if rung not in RUNGS:
         raise ValueError(f"forward: argument 'rung' must be one of {RUNGS}, got {rung!r}")
