@@ -97,9 +97,9 @@ def load_runs(kind: str = "gpu", directory: Path | str | None = None) -> list[di
     return sorted(runs, key=lambda r: (provenance(r).get("date", ""), r["file"]))
 
 
-def latest(kind: str = "gpu", directory: Path | str | None = None) -> dict | None:
-    """The newest recorded run of that kind, or None when there is none."""
-    runs = load_runs(kind, directory)
+def latest(kind: str = "gpu", directory: Path | str | None = None, with_key: str | None = None) -> dict | None:
+    """The newest recorded run of that kind (holding ``with_key``, if given), or None."""
+    runs = [r for r in load_runs(kind, directory) if with_key is None or r.get(with_key)]
     return runs[-1] if runs else None
 
 

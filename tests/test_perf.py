@@ -75,6 +75,9 @@ def test_load_runs_sorts_by_date_and_labels(tmp_path):
     runs = perf.load_runs("gpu", tmp_path)
     assert [r["file"] for r in runs] == ["gpu-a-2026-01-02.json", "gpu-b-2026-03-01.json"]
     assert perf.latest("gpu", tmp_path)["device"] == "Newer GPU"
+    (tmp_path / "gpu-c-2026-04-01.json").write_text(json.dumps({"device": "No ladder", "date": "2026-04-01"}))
+    assert perf.latest("gpu", tmp_path)["device"] == "No ladder"
+    assert perf.latest("gpu", tmp_path, with_key="ladder")["device"] == "Newer GPU"
     assert perf.label(runs[0]) == "Test GPU, torch 2.11.0, Triton 3.6.0, CUDA 12.8, 2026-01-02"
     assert perf.label(perf.latest("cpu", tmp_path)) == "Some CPU, torch 2.13.0, 2026-02-01"
 
@@ -92,10 +95,13 @@ def test_selections_from_a_run():
 
 def test_target_and_memory_ratios():
     run = _gpu_run()
-    ratios = perf_bench.target_ratios(run["ladder"]["points"])
+    ratios = perf_bench.target_ratios(run["ladder"]["points"], 600.0)
     assert [(r["n"], r["ours"], r["sdpa"]) for r in ratios] == [(4096, "rung:tma", "sdpa:flash"),
                                                                (16384, "rung:tma", "sdpa:flash")]
     assert ratios[0]["ratio"] == pytest.approx(150 / 140) and ratios[0]["target"] == 1.0
+    assert ratios[1]["matmul_fraction"] == pytest.approx(170 / 600)
+    table = perf_bench.format_ladder({"ladder": {"target_ratios": ratios}}).splitlines()
+    assert len(table) == 3 and table[1].split()[-3:] == ["1.07", "1.0", "0.25"]
     base = dict(d=128, dtype="float16", causal=False, mode="fwd_bwd", batch=1, heads=16)
     points = [dict(base, method="flashlib", n=4096, peak_bytes=100),
               dict(base, method="sdpa:math", n=4096, peak_bytes=1000),
@@ -174,3 +180,13 @@ def test_tma_forward_with_fused_backward_gradients():
     torch.nn.functional.scaled_dot_product_attention(*ref, attn_mask=mask).backward(dout.double())
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_write_result_names_the_device_and_date(tmp_path):
+    result = _gpu_run()
+    result["ladder"]["provenance"] = {"device": "NVIDIA H200 (test)", "date": "2026-05-06", "torch": "2.11.0"}
+    path = perf_bench.write_result(result, tmp_path)
+    assert path.name == "gpu-ladder-nvidia-h200-test-2026-05-06.json"
+    run = perf.latest("gpu", tmp_path, with_key="ladder")
+    assert run["ladder"]["points"] == result["ladder"]["points"]
+    assert perf.label(run).startswith("NVIDIA H200 (test), torch 2.11.0")
