@@ -88,8 +88,9 @@ def test_autotune_prunes_big_tiles_and_reports_its_choice():
 
     configs = ff._attn_fwd_autotuned.configs
     assert ff._drop_big_tiles(configs, {}, HEAD_DIM_PAD=128) == configs
-    small = ff._drop_big_tiles(configs, {}, HEAD_DIM_PAD=256)
-    assert small and all(c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64 for c in small)
+    wide = ff._drop_big_tiles(configs, {}, HEAD_DIM_PAD=256)
+    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in wide] == \
+        list(ff.WIDE_HEAD_TILES)
     q = torch.empty(1, 1, 8, 100, dtype=torch.bfloat16)
     assert ff.autotuned_choice(q, True) is None
     key = (128, True, "tf32", "torch.bfloat16", "torch.bfloat16", "torch.bfloat16", "torch.bfloat16", "torch.float32")
@@ -143,6 +144,7 @@ def _rung_specs():
             continue  # the teaching kernel with other tiles: its tiles are compiled below
         for cc in ladder.TARGETS:
             specs += [ladder.spec(r.name, cc, "bfloat16", 128, True), ladder.spec(r.name, cc, "float16", 64, False)]
+        specs.append(ladder.spec(r.name, (9, 0), "bfloat16", 256, True))  # the widest head, smallest tiles
     return specs
 
 
@@ -182,12 +184,13 @@ def test_rungs_compile_with_triton_36():
 def test_autotune_candidates_compile_for_hopper():
     """Every tile the autotuner may pick builds for sm_90 at head dim 128 within shared
     memory (a candidate that spills is merely slow: the autotuner times it and moves on)."""
-    from flashlib.kernels.forward_fast import AUTOTUNE_TILES
+    from flashlib.kernels.forward_fast import AUTOTUNE_TILES, WIDE_HEAD_TILES
 
-    specs = [ladder.spec("autotuned", (9, 0), "float16", 128, False,
+    specs = [ladder.spec("autotuned", (9, 0), "float16", d, False,
                          FlashConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=s))
-             for bm, bn, w, s in AUTOTUNE_TILES]
+             for d, tiles in ((128, AUTOTUNE_TILES), (256, WIDE_HEAD_TILES)) for bm, bn, w, s in tiles]
     reports = ladder.compile_rungs(specs)
     for rep in reports:
         assert rep.ok, (rep.config, rep.error)
-        assert rep.shared <= SHARED_LIMIT[(9, 0)] and rep.wgmma_ops > 0, rep.config
+        assert rep.shared <= SHARED_LIMIT[(9, 0)], rep.config
+        assert rep.wgmma_ops + rep.mma_sync_ops > 0, rep.config

@@ -43,18 +43,24 @@ def _autotune_bench(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 
 
+# At head dim 256 a 128-row tile overflows registers and a deep pipeline shared memory.
+WIDE_HEAD_TILES = ((64, 32, 8, 1), (64, 32, 4, 2), (32, 32, 4, 2))
+
+
+def _config(bm, bn, w, s):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+
+
 def _drop_big_tiles(configs, named_args, **kwargs):
-    """At head dim 256 the 128-row tiles overflow registers and shared memory: skip them."""
+    """The candidates for this head dim: small tiles only at head dim 256."""
     if kwargs.get("HEAD_DIM_PAD", named_args.get("HEAD_DIM_PAD", 64)) >= 256:
-        small = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64]
-        return small or configs[:1]
+        return [_config(*tile) for tile in WIDE_HEAD_TILES]
     return configs
 
 
 # Decorating builds a Python object only; the driver is first touched when it is called.
 _attn_fwd_autotuned = triton.autotune(
-    configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-             for bm, bn, w, s in AUTOTUNE_TILES],
+    configs=[_config(*tile) for tile in AUTOTUNE_TILES],
     key=["HEAD_DIM_PAD", "CAUSAL", "INPUT_PRECISION"],  # the argument dtypes are added by Triton
     prune_configs_by={"early_config_prune": _drop_big_tiles},
     do_bench=_autotune_bench,
