@@ -209,6 +209,20 @@ def _measure_point(p, methods, log, *, device="cuda", tokens=16384, hidden=2048,
     return rows
 
 
+def run_plan(grid, measure, budget_s: float, clock=time.perf_counter) -> tuple[list[dict], list[dict]]:
+    """(rows measured, grid points skipped): a point starts only if the longest point so far
+    would still end within budget_s."""
+    start, rows, skipped, longest = clock(), [], [], 0.0
+    for p in grid:
+        began = clock()
+        if began - start + longest > budget_s:
+            skipped.append(p)
+            continue
+        rows.extend(measure(p))
+        longest = max(longest, clock() - began)
+    return rows, skipped
+
+
 def target_ratios(points, matmul_tflops: float | None = None) -> list[dict]:
     """At d = 128, N >= 4k: the best flashlib method over the best SDPA backend, per point;
     with the measured matmul rate, also the fraction of it reached (stretch goal: 0.6 forward)."""
@@ -263,14 +277,9 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
     log(f"  ceilings: bf16 matmul {ceilings['bf16_matmul_tflops']:.0f} TFLOP/s, "
         f"copy {ceilings['copy_gbps']:.0f} GB/s")
     methods = {mode: _methods(mode) for mode in modes}
-    points, skipped, longest = [], [], 0.0
-    for p in plan(ds, ns, dtypes, causals, modes):
-        began = time.perf_counter()
-        if began - start + longest > budget_s:  # the next point might not finish in time
-            skipped.append(p)
-            continue
-        points.extend(_measure_point(p, methods[p["mode"]], log))
-        longest = max(longest, time.perf_counter() - began)
+    points, skipped = run_plan(plan(ds, ns, dtypes, causals, modes),
+                               lambda p: _measure_point(p, methods[p["mode"]], log),
+                               budget_s - (time.perf_counter() - start))
     from .kernels.forward_fast import autotuned_choice
 
     chosen = {}

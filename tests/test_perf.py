@@ -121,6 +121,22 @@ def test_plan_covers_the_grid_once_targets_first():
     assert perf_bench.shape(4096, 128) == (4, 16) and perf_bench.shape(32768, 64) == (1, 32)
 
 
+def test_run_plan_stops_before_a_point_would_overrun():
+    now = [0.0]
+    costs = {"a": 3.0, "b": 5.0, "c": 1.0, "d": 1.0, "e": 1.0}
+
+    def measure(p):
+        now[0] += costs[p]
+        return [p]
+
+    rows, skipped = perf_bench.run_plan(list(costs), measure, budget_s=10.0, clock=lambda: now[0])
+    # after a and b (8 s, longest 5 s) nothing else may start: 8 + 5 > 10
+    assert rows == ["a", "b"] and skipped == ["c", "d", "e"]
+    now[0] = 0.0
+    rows, skipped = perf_bench.run_plan(list(costs), measure, budget_s=100.0, clock=lambda: now[0])
+    assert rows == list(costs) and skipped == []
+
+
 def test_figures_render():
     run = _gpu_run()
     figures = [perf.rate_plot(perf.series(perf.ladder_points(run)), title=perf.label(run), ceiling=700.0),
