@@ -266,11 +266,11 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
     if not torch.cuda.is_available():
         raise RuntimeError("run_ladder_bench: no CUDA device; the ladder benchmark runs on a GPU "
                            "(recorded results are in data/bench/)")
-    import triton
+    from importlib.metadata import version
 
     start = time.perf_counter()
     info = {"device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
-            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+            "torch": torch.__version__, "triton": version("triton"), "cuda": torch.version.cuda,
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
     log(f"ladder benchmark on {info['device']} (budget {budget_s:.0f} s)")
     ceilings = measure_ceilings()
