@@ -252,3 +252,42 @@ def test_property_any_shape_and_block_sizes(seq_q, seq_k, dim, causal, block_m, 
         if name == "lse":
             g, w = g[~torch.isinf(w)], w[~torch.isinf(w)]
         _close(g, w)
+
+
+@pytest.mark.parametrize("seq_q,seq_k,causal", [(1000, 1000, True), (300, 1000, True), (1000, 300, True), (77, 300, False)])
+def test_schedule_skips_exactly_the_tiles_the_reference_skips(seq_q, seq_k, causal):
+    from flashlib.kernels.schedule import schedule
+    from flashlib.tiled import _tile_skipped
+
+    grid = schedule(seq_q, seq_k, 128, 64, causal)
+    for i, row in enumerate(grid):
+        q0, q1 = i * 128, min((i + 1) * 128, seq_q)
+        for j, computed in enumerate(row):
+            assert computed == (not _tile_skipped(q0, q1, j * 64, seq_q, seq_k, causal)), (i, j)
+
+
+def test_exercise_checkers_accept_right_answers_and_reject_wrong_ones(capsys):
+    from flashlib.kernels import exercises as ex
+
+    assert ex.check_program_count(8) and not ex.check_program_count(7) and not ex.check_program_count(None)
+    assert ex.check_qk_scale(0.125 * 1.4426950408889634) and not ex.check_qk_scale(0.125)
+    # causal, N = 1000, 128 x 64 tiles: block i sees key tiles 0 .. ceil(min(128 (i+1), 1000) / 64) - 1
+    assert ex.check_causal_tiles(sum(-(-min(128 * (i + 1), 1000) // 64) for i in range(8)))
+    assert not ex.check_causal_tiles(8 * 16)
+    assert ex.check_natural_lse(lambda m2, l: torch.where(l > 0, m2 * math.log(2) + torch.log(l), -math.inf))
+    assert not ex.check_natural_lse(lambda m2, l: m2 + torch.log(l))
+    assert ex.check_tensor_core_instruction("wgmma") and not ex.check_tensor_core_instruction("mma.sync")
+    assert ex.check_backward_matmuls(7) and ex.check_backward_flops_ratio(2.5) and not ex.check_backward_flops_ratio(2)
+    assert ex.check_scale_launcher(lambda x, a: x * a)
+    assert not ex.check_scale_launcher(lambda x, a: torch.cat([x[:256] * a, x[256:]]))
+    assert not ex.check_scale_launcher(lambda x, a: 1 / 0)
+    out = capsys.readouterr().out
+    assert out.count("PASS") == 8 and "NOT YET" in out
+
+
+def test_tiny_model_trains_the_same_with_flash_and_dense_attention():
+    from flashlib.kernels.training import train
+
+    flash, dense = train(flash_attention, steps=3), train(dense_attention, steps=3)
+    assert max(abs(a - b) for a, b in zip(flash, dense)) < 1e-5
+    assert flash[-1] < flash[0]

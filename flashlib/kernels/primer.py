@@ -39,7 +39,7 @@ def vector_add(x: torch.Tensor, y: torch.Tensor, *, block: int = 256) -> torch.T
 
 @triton.jit
 def _softmax_kernel(X, Out, stride_x, stride_out, n_cols, BLOCK: tl.constexpr):
-    """One program per row: read the row once, write it once (dense softmax reads it 3 times)."""
+    """One program per row: read the row once, write it once (unfused: four passes over memory)."""
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)  # BLOCK: n_cols rounded up to a power of two
     x = tl.load(X + row * stride_x + offs, mask=offs < n_cols, other=float("-inf"))
