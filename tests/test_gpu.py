@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ if not torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
 import torch.nn.functional as F  # noqa: E402
 
 from flashlib import causal_mask, dense_attention  # noqa: E402
-from flashlib.kernels import FlashConfig, default_config, flash_attention, kernel_status  # noqa: E402
+from flashlib.kernels import default_config, flash_attention, kernel_status  # noqa: E402
 
 DEVICE = "cuda"
 pytestmark = pytest.mark.gpu
@@ -52,8 +53,7 @@ def test_status_says_gpu():
 ])
 def test_float32_ieee_matches_float64_dense(seq_q, seq_k, dim, causal):
     q, k, v, dout = _inputs(2, 3, seq_q, seq_k, dim, torch.float32)
-    cfg = FlashConfig(**{**default_config(dim, torch.float32, torch.cuda.get_device_capability()).__dict__,
-                         "input_precision": "ieee"})
+    cfg = replace(default_config(dim, torch.float32, torch.cuda.get_device_capability()), input_precision="ieee")
     got = _grads(lambda a, b, c: flash_attention(a, b, c, causal=causal, config=cfg), q, k, v, dout)
     want = _grads(lambda a, b, c: dense_attention(a, b, c, causal=causal), *(t.double() for t in (q, k, v, dout)))
     for g, w in zip(got, want):

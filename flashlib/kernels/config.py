@@ -19,8 +19,9 @@ class FlashConfig:
 
     block_m / block_n: query rows (BLOCK_M) and key rows (BLOCK_N) per tile, powers of two
     >= 16 (tl.dot's minimum). input_precision: how a float32 ``tl.dot`` multiplies on a GPU,
-    "tf32" (tensor cores, ~1e-3 relative error) or "ieee" (exact float32, much slower); 16-bit
-    inputs always use tensor cores, and the CPU interpreter always computes in float32.
+    "tf32" (tensor cores, ~1e-3 relative error) or "ieee" (exact float32 on CUDA cores: for
+    checking, not speed; the shipped tiles are sized for tensor cores and spill registers in
+    this mode). 16-bit inputs always use tensor cores; the CPU interpreter computes in float32.
     """
 
     block_m: int = 64
