@@ -235,6 +235,7 @@ def main(argv=None, *, measure=None, log=print) -> int:
     if not args.skip_tests:
         report["tests"] = run_tests(timeout_s=0.4 * args.budget, log=log)
         status = 0 if report["tests"]["returncode"] == 0 else 1
+        write_report(report, args.out_dir)  # kept even if the benchmark below dies
     if not args.skip_bench:
         left = args.budget - (time.perf_counter() - start)
         share = left * (0.5 if not args.no_ladder and _has_ladder() else 0.9)
@@ -243,12 +244,13 @@ def main(argv=None, *, measure=None, log=print) -> int:
         report["bench"] = dict(tokens=TOKENS, heads=HEADS, timing="triton.testing.do_bench median, ms",
                                flops="4*B*H*N^2*d forward, x2.5 backward, halved if causal", rows=rows)
         log(format_table(rows))
+        write_report(report, args.out_dir)
         if not args.no_ladder and _has_ladder() and measure is None:
             left = args.budget - (time.perf_counter() - start) - 10
             if left > 30:
-                from .perf_bench import format_ladder, run_ladder_bench
-
                 try:
+                    from .perf_bench import format_ladder, run_ladder_bench
+
                     report.update(run_ladder_bench(budget_s=left, log=log))
                     log(format_ladder(report))
                 except Exception as exc:  # the part above is already measured: keep it
