@@ -67,8 +67,8 @@ def reports():
     jobs = {"pinned": None}
     try:
         jobs["3.6"] = _triton36_dir()
-    except pytest.skip.Exception:
-        pass
+    except (pytest.skip.Exception, pytest.fail.Exception):
+        pass  # the pinned Triton still compiles; the 3.6 tests skip or fail with the reason
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {label: pool.submit(compile_kernels, SPECS, triton_path=path) for label, path in jobs.items()}
         return {label: f.result() for label, f in futures.items()}
