@@ -42,6 +42,8 @@ def _specs():
     rows += [spec("softmax", (9, 0), "float32", 1024), spec("vector_add", (8, 0), "float32", 256)]
     # head dims that are not powers of two compile to the padded kernel, masks and all
     rows += [spec("forward", (9, 0), "bfloat16", 59, True), spec("bwd_dkdv", (8, 0), "float16", 40, True)]
+    # the JIT turns an integer argument equal to 1 into a constant: one query, one key, head_dim 1
+    rows += [spec(k, (9, 0), "float16", 1, True, ones=("SEQ_Q", "SEQ_K", "HEAD_DIM")) for k in ATTENTION_KERNELS]
     return rows
 
 
@@ -82,7 +84,8 @@ def _get(reports, version):
 
 def _id(s):
     cc = "sm_%d%d" % tuple(s["capability"])
-    return f"{s['kernel']}-{cc}-{s['dtype']}-d{s['head_dim']}-{'causal' if s['causal'] else 'full'}"
+    ones = "-ones" if s["ones"] else ""
+    return f"{s['kernel']}-{cc}-{s['dtype']}-d{s['head_dim']}-{'causal' if s['causal'] else 'full'}{ones}"
 
 
 @pytest.mark.parametrize("version", ["pinned", "3.6"])

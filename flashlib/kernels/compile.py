@@ -71,8 +71,12 @@ class CompileReport:
         return SHARED_LIMIT[tuple(self.capability)]
 
 
-def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=False, config=None):
-    """A JSON-able description of one compilation; config is a FlashConfig or its dict."""
+def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=False, config=None, ones=()):
+    """A JSON-able description of one compilation; config is a FlashConfig or its dict.
+
+    ones: integer arguments (e.g. "SEQ_Q", "HEAD_DIM") passed as the constant 1, as Triton's
+    JIT does when a launch passes 1 (a single query, head_dim 1).
+    """
     if kernel not in KERNELS:
         raise ValueError(f"spec: argument 'kernel' must be one of {KERNELS}, got {kernel!r}")
     dtype = str(dtype).replace("torch.", "")
@@ -81,7 +85,7 @@ def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=Fa
     if config is not None and not isinstance(config, dict):
         config = asdict(config)
     return dict(kernel=kernel, capability=tuple(capability), dtype=dtype, head_dim=int(head_dim),
-                causal=bool(causal), config=config)
+                causal=bool(causal), config=config, ones=list(ones))
 
 
 def compile_kernels(specs, *, triton_path: str | None = None, keep_ptx: bool = False, timeout: float = 900):
@@ -181,6 +185,7 @@ def _compile_one(s, keep_ptx: bool) -> dict:
                            triton_version=triton.__version__)
     try:
         fn, constants, options, cfg = _kernel_and_constants(s)
+        constants.update({name: 1 for name in s.get("ones", ())})
         if cfg is not None:
             report.config = asdict(cfg)
         signature, attrs = _signature(fn, s["dtype"], constants)
