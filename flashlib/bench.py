@@ -123,7 +123,7 @@ def _run_point(method: str, n: int, d: int, repeats: int) -> dict:
             "peak_rss_bytes": peak_rss, "seconds": statistics.median(times), "repeats": repeats}
 
 
-def run_cpu_bench(sizes=CPU_SIZES, d: int = 64, repeats: int = 3, out_dir: Path | None = None,
+def run_cpu_bench(sizes=CPU_SIZES, d: int = 64, repeats: int = 5, out_dir: Path | None = None,
                   log=print) -> Path:
     """Dense vs tiled forward on this CPU, one process per point; writes and returns a JSON path."""
     points = []

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import time
 from pathlib import Path
@@ -105,30 +104,6 @@ def _sdpa(backend: str):
     return run
 
 
-class _TmaFunction(torch.autograd.Function):
-    """The last rung's forward with the shipped fused backward (what the op would run
-    if it dispatched its forward to the ladder)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal):
-        from .kernels import forward_fast
-
-        out, lse = forward_fast.forward(q, k, v, causal=causal, rung="tma")
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal = causal
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        from .kernels.op import _flat, _launch_backward, check_kernel_inputs
-
-        q, k, v, out, lse = ctx.saved_tensors
-        cfg = check_kernel_inputs(q, None)
-        dq, dk, dv = _launch_backward(_flat(q), _flat(k), _flat(v), _flat(out), lse.reshape(-1, q.shape[-2]),
-                                      _flat(dout.contiguous()), ctx.causal, 1.0 / math.sqrt(q.shape[-1]), cfg)
-        return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), None
-
-
 def _methods(mode: str):
     """{name: f(q, k, v, causal) -> out} for one pass."""
     from .kernels import flash_attention
@@ -140,7 +115,7 @@ def _methods(mode: str):
             methods[f"rung:{rung.name}"] = (lambda r: lambda q, k, v, c: r.forward(q, k, v, causal=c)[0])(rung)
     else:
         methods["flashlib"] = lambda q, k, v, c: flash_attention(q, k, v, causal=c)
-        methods["flashlib:tma"] = lambda q, k, v, c: _TmaFunction.apply(q, k, v, c)
+        methods["flashlib:tma"] = lambda q, k, v, c: flash_attention(q, k, v, causal=c, forward="tma")
     for backend in SDPA_BACKENDS:
         methods[f"sdpa:{backend}"] = _sdpa(backend)
     return methods

@@ -9,3 +9,7 @@ settings.register_profile("thorough", max_examples=500, deadline=None)
 settings.register_profile("quick", max_examples=8, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("FLASHLIB_HYPOTHESIS", "default"))
+
+# Choose between compiled kernels and Triton's interpreter before anything imports triton
+# (triton fixes some of its language functions to one mode at first import).
+import flashlib.kernels  # noqa: E402,F401

@@ -140,6 +140,16 @@ def test_float16_within_twice_the_error_of_dense_float16(causal):
         assert err <= 2 * dense_err + 1e-5, f"{name}: kernel error {err:.2e}, dense float16 error {dense_err:.2e}"
 
 
+@pytest.mark.parametrize("forward", ["teaching", "causal-split"])
+def test_nan_in_a_query_row_propagates_to_that_row_only(forward):
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 1, 20, 16, generator=gen) for _ in range(3))  # (B, H, N, D)
+    q[0, 0, 5, 3] = float("nan")
+    ref = dense_attention(q, k, v)
+    out = flash_attention(q, k, v, forward=forward)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(out[0, 0, 5]).all()
+
+
 def test_backward_is_bitwise_deterministic():
     q, k, v, dout = _inputs(2, 2, 77, 90, 40, seed=5)
     first = _flash(q, k, v, dout, True)

@@ -183,14 +183,17 @@ def test_measure_point_runs_every_method_on_cpu():
                 assert by[m]["max_abs_err_vs_sdpa"] < 1e-5
 
 
-def test_tma_forward_with_fused_backward_gradients():
+@pytest.mark.parametrize("rung", ["autotuned", "causal-split", "tma"])
+def test_ladder_forward_with_fused_backward_gradients(rung):
     if not triton_installed():
         pytest.skip("Triton ships Linux wheels only")
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 2, 21, 16, generator=gen) for _ in range(3))  # (B, H, N, D)
     dout = torch.randn(1, 2, 21, 16, generator=gen)
     ours = [t.clone().requires_grad_() for t in (q, k, v)]
-    perf_bench._TmaFunction.apply(*ours, True).backward(dout)
+    from flashlib.kernels import flash_attention
+
+    flash_attention(*ours, causal=True, forward=rung).backward(dout)
     ref = [t.double().requires_grad_() for t in (q, k, v)]
     mask = torch.ones(21, 21, dtype=torch.bool).tril()
     torch.nn.functional.scaled_dot_product_attention(*ref, attn_mask=mask).backward(dout.double())

@@ -93,7 +93,7 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
                                     qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_N, CAUSAL, INPUT_PRECISION)
 
     # deferred normalisation; a row that saw no key gets out = 0 and lse = -inf
-    seen = l_i > 0
+    seen = l_i != 0  # only a row with no visible key has l_i == 0; NaN stays NaN
     l_safe = tl.where(seen, l_i, 1.0)
     out = acc / l_safe[:, None]
     lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) / 1.4426950408889634, float("-inf"))

@@ -145,7 +145,7 @@ def _load_rows(Ptr, stride, offs_rows, offs_d, n_rows, HEAD_DIM: tl.constexpr, H
 @triton.jit
 def _finish(acc, l_i, m_i):
     """Deferred normalisation; a row that saw no key gets out = 0 and lse = -inf."""
-    seen = l_i > 0
+    seen = l_i != 0  # only a row with no visible key has l_i == 0; NaN stays NaN
     l_safe = tl.where(seen, l_i, 1.0)
     out = acc / l_safe[:, None]
     lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) / 1.4426950408889634, float("-inf"))

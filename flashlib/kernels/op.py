@@ -19,6 +19,7 @@ from .forward import LOG2E, _attn_fwd
 
 FN = "flash_attention"
 MAX_HEAD_DIM = 256
+FORWARDS = ("teaching", "autotuned", "causal-split", "tma")  # the rungs of kernels/ladder.py
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -126,8 +127,13 @@ class FlashAttentionFunction(torch.autograd.Function):
     """Saves (q, k, v, out, lse) — never the (seq_q, seq_k) probabilities."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, cfg):
-        out, lse = _forward(q, k, v, causal, scale, cfg)
+    def forward(ctx, q, k, v, causal, scale, cfg, rung, rung_config):
+        if rung == "teaching":
+            out, lse = _forward(q, k, v, causal, scale, cfg)
+        else:  # a faster forward from the optimisation ladder; the backward is the same
+            from .forward_fast import forward as ladder_forward
+
+            out, lse = ladder_forward(q, k, v, causal=causal, scale=scale, rung=rung, config=rung_config)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.scale, ctx.cfg = causal, scale, cfg
         ctx.mark_non_differentiable(lse)
@@ -137,14 +143,15 @@ class FlashAttentionFunction(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         if out.numel() == 0 or k.shape[-2] == 0:
-            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None, None
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None, None, None, None
         dq, dk, dv = _launch_backward(_flat(q), _flat(k), _flat(v), _flat(out), lse.reshape(-1, q.shape[-2]),
                                       _flat(dout), ctx.causal, ctx.scale, ctx.cfg)
-        return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), None, None, None
+        return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), None, None, None, None, None
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
-                    config: FlashConfig | None = None, return_lse: bool = False):
+                    config: FlashConfig | None = None, return_lse: bool = False,
+                    forward: str = "teaching"):
     """Exact attention softmax(q kᵀ · scale) v with the fused Triton kernels; differentiable.
 
     Args:
@@ -163,7 +170,10 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         scale: defaults to 1/sqrt(head_dim).
         config: a :class:`FlashConfig` (block sizes, warps, stages, float32 matmul
             precision); defaults to :func:`default_config` for the head dim, dtype and GPU.
-        return_lse: also return the log-sum-exp (..., seq_q), float32, -inf for empty rows.
+        return_lse: also return the log-sum-exp (..., seq_q), float32, -inf for empty rows
+            (not differentiable here, unlike :func:`flashlib.tiled_attention`'s).
+        forward: the forward kernel, a rung of :mod:`flashlib.kernels.ladder`: "teaching"
+            (notebook 06's), "autotuned", "causal-split" or "tma"; the backward is the same.
 
     float16, bfloat16 (GPUs of compute capability >= 8.0) and float32 (tf32 matmuls by
     default on a GPU); head_dim 1..256 (padded to a power of two inside the kernel); any
@@ -172,5 +182,7 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     """
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale)
     cfg = check_kernel_inputs(q, config)
-    out, lse = FlashAttentionFunction.apply(q, k, v, causal, scale, cfg)
+    if forward not in FORWARDS:
+        raise ValueError(f"{FN}: argument 'forward' must be one of {FORWARDS}, got {forward!r}")
+    out, lse = FlashAttentionFunction.apply(q, k, v, causal, scale, cfg, forward, config)
     return (out, lse) if return_lse else out
