@@ -9,10 +9,11 @@ shared memory within each target's limit.
 from __future__ import annotations
 
 import importlib.util
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
+from tests.triton_versions import triton36_dir
 import torch
 
 if importlib.util.find_spec("triton") is None:  # imported only through flashlib.kernels
@@ -50,25 +51,12 @@ def _specs():
 SPECS = _specs()
 
 
-def _triton36_dir():
-    path = os.environ.get("FLASHLIB_TRITON36")
-    if not path:
-        message = ("FLASHLIB_TRITON36 is not set: install Triton 3.6.0 with `pip install --no-deps "
-                   "--target .venv/triton-3.6.0 triton==3.6.0` and point FLASHLIB_TRITON36 at it (make test does)")
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    if not os.path.isdir(os.path.join(path, "triton")):
-        pytest.fail(f"FLASHLIB_TRITON36={path} holds no 'triton' package")
-    return path
-
-
 @pytest.fixture(scope="module")
 def reports():
     """{version label: [CompileReport per SPEC]}; both Triton versions compile side by side."""
     jobs = {"pinned": None}
     try:
-        jobs["3.6"] = _triton36_dir()
+        jobs["3.6"] = triton36_dir()
     except (pytest.skip.Exception, pytest.fail.Exception):
         pass  # the pinned Triton still compiles; the 3.6 tests skip or fail with the reason
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -78,7 +66,7 @@ def reports():
 
 def _get(reports, version):
     if version not in reports:
-        _triton36_dir()  # skips (locally) or fails (CI) with the reason
+        triton36_dir()  # skips (locally) or fails (CI) with the reason
     return reports[version]
 
 

@@ -9,9 +9,10 @@ the "tma" rung on sm_90); where it is not, the table says what runs instead.
 """
 from __future__ import annotations
 
-import os
 
 import pytest
+
+from tests.triton_versions import triton36_dir
 import torch
 
 from flashlib.kernels import triton_installed
@@ -124,18 +125,6 @@ def test_table_lists_every_rung_in_order():
 
 # ----- compilation -------------------------------------------------------------------------
 
-def _triton36_dir():
-    path = os.environ.get("FLASHLIB_TRITON36")
-    if not path:
-        message = ("FLASHLIB_TRITON36 is not set: install Triton 3.6.0 with `pip install --no-deps "
-                   "--target .venv/triton-3.6.0 triton==3.6.0` and point FLASHLIB_TRITON36 at it (make test does)")
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    if not os.path.isdir(os.path.join(path, "triton")):
-        pytest.fail(f"FLASHLIB_TRITON36={path} holds no 'triton' package")
-    return path
-
 
 def _rung_specs():
     specs = []
@@ -177,7 +166,7 @@ def test_rungs_compile_with_pinned_triton():
 
 
 def test_rungs_compile_with_triton_36():
-    reports = ladder.compile_rungs(_rung_specs(), triton_path=_triton36_dir())
+    reports = ladder.compile_rungs(_rung_specs(), triton_path=triton36_dir())
     _check_declarations(reports, "3.6.0")
 
 

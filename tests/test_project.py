@@ -5,7 +5,6 @@ import sys
 import tomllib
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 

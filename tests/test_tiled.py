@@ -128,25 +128,25 @@ def test_trace_partial_outputs_are_attention_over_keys_seen(loop, causal):
     torch.testing.assert_close(trace.out, final, rtol=0, atol=1e-12)
     n_tiles = 9 if not causal else 6
     assert len(trace.steps) == n_tiles and len(trace.skipped) == 9 - n_tiles
-    for st in trace.steps:
-        (q0, q1), (k0, k1) = st.rows, st.cols
+    for step in trace.steps:
+        (q0, q1), (k0, k1) = step.rows, step.cols
         # after key tile k0:k1, the partial output is exact attention over keys 0..k1-1
         sub = dense_attention(q[0, q0:q1], k[0, :k1], v[0, :k1], causal=False,
                               scale=1 / math.sqrt(4)) if not causal else None
         if sub is not None:
-            torch.testing.assert_close(st.partial, sub, rtol=0, atol=1e-12)
-        assert st.tile_elements == (q1 - q0) * (k1 - k0) and st.full_elements == 36
-        expected = (st.partial - final[q0:q1]).abs().max().item()
-        assert st.distance == pytest.approx(expected)
+            torch.testing.assert_close(step.partial, sub, rtol=0, atol=1e-12)
+        assert step.tile_elements == (q1 - q0) * (k1 - k0) and step.full_elements == 36
+        expected = (step.partial - final[q0:q1]).abs().max().item()
+        assert step.distance == pytest.approx(expected)
     last = {}
-    for st in trace.steps:
-        last[st.rows] = st
-    for (q0, q1), st in last.items():
-        torch.testing.assert_close(st.partial, final[q0:q1], rtol=0, atol=1e-12)
+    for step in trace.steps:
+        last[step.rows] = step
+    for (q0, q1), step in last.items():
+        torch.testing.assert_close(step.partial, final[q0:q1], rtol=0, atol=1e-12)
 
 
 def test_trace_key_loop_visits_key_tiles_outer():
     q, k, v = _inputs((1, 6, 4), 6)
     trace = trace_tiled_attention(q, k, v, block_q=2, block_k=3, loop="key")
-    assert [st.cols for st in trace.steps] == [(0, 3)] * 3 + [(3, 6)] * 3
-    assert [st.rows for st in trace.steps] == [(0, 2), (2, 4), (4, 6)] * 2
+    assert [step.cols for step in trace.steps] == [(0, 3)] * 3 + [(3, 6)] * 3
+    assert [step.rows for step in trace.steps] == [(0, 2), (2, 4), (4, 6)] * 2

@@ -175,10 +175,27 @@ def _ptxas_path():
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
-def _compile_one(s, keep_ptx: bool) -> dict:
+def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, capability) -> str:
+    """Compile ``fn`` for a CUDA target without a GPU; fill the report's shared memory,
+    registers, spills and tensor-core instruction counts; return the PTX."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    signature, attrs = _signature(fn, dtype, constants)
+    cc = capability[0] * 10 + capability[1]
+    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
+                              target=GPUTarget("cuda", cc, 32), options=options)
+    ptx = compiled.asm["ptx"]
+    report.shared = int(compiled.metadata.shared)
+    report.registers, report.spill_stores, report.spill_loads = _ptxas_info(ptx, _ptxas_path())
+    report.wgmma_ops = ptx.count("wgmma.mma_async")
+    report.mma_sync_ops = ptx.count("mma.sync")
+    return ptx
+
+
+def _compile_one(s, keep_ptx: bool) -> dict:
+    import triton
 
     report = CompileReport(kernel=s["kernel"], capability=tuple(s["capability"]), dtype=s["dtype"],
                            head_dim=s["head_dim"], causal=s["causal"], config=s["config"] or {},
@@ -188,15 +205,7 @@ def _compile_one(s, keep_ptx: bool) -> dict:
         constants.update({name: 1 for name in s.get("ones", ())})
         if cfg is not None:
             report.config = asdict(cfg)
-        signature, attrs = _signature(fn, s["dtype"], constants)
-        cc = s["capability"][0] * 10 + s["capability"][1]
-        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
-                                  target=GPUTarget("cuda", cc, 32), options=options)
-        ptx = compiled.asm["ptx"]
-        report.shared = int(compiled.metadata.shared)
-        report.registers, report.spill_stores, report.spill_loads = _ptxas_info(ptx, _ptxas_path())
-        report.wgmma_ops = ptx.count("wgmma.mma_async")
-        report.mma_sync_ops = ptx.count("mma.sync")
+        ptx = compile_and_inspect(report, fn, s["dtype"], constants, options, s["capability"])
         report.ptx_lines = ptx.count("\n")
         report.ptx = ptx if keep_ptx else ""
         report.ok = True

@@ -154,26 +154,16 @@ def _kernel_and_constants(s):
 
 def _compile_one(s) -> dict:
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
-    from .compile import _ptxas_info, _ptxas_path, _signature
+    from .compile import compile_and_inspect
 
     report = RungReport(rung=s["rung"], capability=tuple(s["capability"]), dtype=s["dtype"],
-                           head_dim=s["head_dim"], causal=s["causal"], config=s["config"] or {},
-                           triton_version=triton.__version__)
+                        head_dim=s["head_dim"], causal=s["causal"], config=s["config"] or {},
+                        triton_version=triton.__version__)
     try:
         fn, constants, options, cfg = _kernel_and_constants(s)
         report.config = asdict(cfg)
-        signature, attrs = _signature(fn, s["dtype"], constants)
-        cc = s["capability"][0] * 10 + s["capability"][1]
-        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
-                                  target=GPUTarget("cuda", cc, 32), options=options)
-        ptx = compiled.asm["ptx"]
-        report.shared = int(compiled.metadata.shared)
-        report.registers, report.spill_stores, report.spill_loads = _ptxas_info(ptx, _ptxas_path())
-        report.wgmma_ops = ptx.count("wgmma.mma_async")
-        report.mma_sync_ops = ptx.count("mma.sync")
+        ptx = compile_and_inspect(report, fn, s["dtype"], constants, options, s["capability"])
         report.bulk_copy_ops = ptx.count("cp.async.bulk.tensor")
         report.ok = True
     except Exception as exc:  # reported per spec, so one failure does not hide the others
