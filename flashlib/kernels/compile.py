@@ -206,7 +206,8 @@ def _compile_one(s, keep_ptx: bool) -> dict:
         if cfg is not None:
             report.config = asdict(cfg)
         ptx = compile_and_inspect(report, fn, s["dtype"], constants, options, s["capability"])
-        report.ptx_lines = ptx.count("\n")
+        # count the code only: the debug sections after it spell out file paths
+        report.ptx_lines = ptx.split("\n\t.file", 1)[0].count("\n")
         report.ptx = ptx if keep_ptx else ""
         report.ok = True
     except Exception as exc:  # reported per spec, so one failure does not hide the others
