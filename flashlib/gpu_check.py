@@ -235,7 +235,7 @@ def main(argv=None, *, measure=None, log=print) -> int:
     if not args.skip_tests:
         report["tests"] = run_tests(timeout_s=0.4 * args.budget, log=log)
         status = 0 if report["tests"]["returncode"] == 0 else 1
-        write_report(report, args.out_dir)  # kept even if the benchmark below dies
+        write_report(report, args.out_dir, copy_to=os.environ.get("OUT"))  # kept if the benchmark dies
     if not args.skip_bench:
         left = args.budget - (time.perf_counter() - start)
         share = left * (0.5 if not args.no_ladder and _has_ladder() else 0.9)
@@ -244,7 +244,7 @@ def main(argv=None, *, measure=None, log=print) -> int:
         report["bench"] = dict(tokens=TOKENS, heads=HEADS, timing="triton.testing.do_bench median, ms",
                                flops="4*B*H*N^2*d forward, x2.5 backward, halved if causal", rows=rows)
         log(format_table(rows))
-        write_report(report, args.out_dir)
+        write_report(report, args.out_dir, copy_to=os.environ.get("OUT"))
         if not args.no_ladder and _has_ladder() and measure is None:
             left = args.budget - (time.perf_counter() - start) - 10
             if left > 30:
