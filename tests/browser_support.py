@@ -272,9 +272,22 @@ def figure_images(slider):
     return slider.locator("xpath=ancestor::*[.//img][1]").first.locator("img")
 
 
-def snapshot_images(images) -> list[bytes]:
-    """PNG screenshots of each image element, as rendered on the page."""
-    return [images.nth(i).screenshot() for i in range(images.count())]
+def snapshot_images(images, attempts: int = 20) -> list[bytes]:
+    """PNG screenshots of each image element, as rendered on the page.
+
+    A redraw may replace or move an <img> while it is being captured ("not attached to the
+    DOM", "not stable"): then the images are looked up again and captured afresh.
+    """
+    from playwright.sync_api import Error as PlaywrightError
+
+    for attempt in range(attempts):
+        try:
+            return [images.nth(i).screenshot(timeout=5000) for i in range(images.count())]
+        except PlaywrightError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2)
+    raise AssertionError("unreachable")
 
 
 def save_screenshot(page, name: str, folders: list[Path]) -> list[Path]:
