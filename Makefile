@@ -22,8 +22,11 @@ $(TRITON36)/.stamp:
 	$(PY) -m pip install --disable-pip-version-check --no-deps --target $(TRITON36) triton==3.6.0
 	touch $@
 
+# Jupyter refuses to run as root unless told; containers often are root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
+
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 $(ROOT_FLAG)
 
 browser-deps: $(STAMP)
 	bash tools/ensure_chromium.sh
