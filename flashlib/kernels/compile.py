@@ -45,15 +45,14 @@ _DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
 @dataclass
-class CompileReport:
-    """What one compiled kernel looks like for one target."""
+class TargetReport:
+    """What one kernel looks like compiled for one GPU target (without a GPU)."""
 
-    kernel: str
     capability: tuple[int, int]
     dtype: str
     head_dim: int
     causal: bool
-    config: dict
+    config: dict = field(default_factory=dict)
     triton_version: str = ""
     ok: bool = False
     error: str = ""
@@ -63,12 +62,19 @@ class CompileReport:
     spill_loads: int = 0
     wgmma_ops: int = 0              # wgmma.mma_async instructions in the PTX (Hopper)
     mma_sync_ops: int = 0           # mma.sync instructions in the PTX (Ampere, and Hopper's small tiles)
-    ptx_lines: int = 0
-    ptx: str = field(default="", repr=False)
 
     @property
     def shared_limit(self) -> int:
         return SHARED_LIMIT[tuple(self.capability)]
+
+
+@dataclass
+class CompileReport(TargetReport):
+    """One of flashlib's kernels (see KERNELS), compiled for one target."""
+
+    kernel: str = field(default="", kw_only=True)
+    ptx_lines: int = 0
+    ptx: str = field(default="", repr=False)
 
 
 def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=False, config=None, ones=()):

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 
+from .compile import TargetReport
+
 # Compute capabilities the compile tests build for, and the Triton releases they build with:
 # 3.6.0 (torch 2.11, the GPU check's machine) and 3.7.1 (torch 2.13, pinned here).
 TARGETS = ((8, 0), (9, 0))
@@ -89,25 +91,12 @@ def table() -> list[dict]:
 # ----- compiling rungs for GPU targets ---------------------------------------------------
 
 @dataclass
-class RungReport:
-    """What one rung's kernel looks like compiled for one target."""
+class RungReport(TargetReport):
+    """One rung's kernel compiled for one target."""
 
-    rung: str
-    capability: tuple[int, int]
-    dtype: str
-    head_dim: int
-    causal: bool
-    config: dict = field(default_factory=dict)
-    triton_version: str = ""
-    ok: bool = False
-    error: str = ""
-    shared: int = 0           # bytes of shared memory per program
-    registers: int = 0        # per thread, from ptxas -v
-    spill_stores: int = 0     # bytes, from ptxas -v
-    spill_loads: int = 0
-    wgmma_ops: int = 0        # Hopper's asynchronous warp-group matmuls
-    mma_sync_ops: int = 0     # Ampere's warp matmuls
+    rung: str = field(default="", kw_only=True)
     bulk_copy_ops: int = 0    # TMA copies (cp.async.bulk.tensor)
+
 
 def spec(rung_name: str, capability=(9, 0), dtype="float16", head_dim=64, causal=False, config=None):
     """A JSON-able description of one rung compilation; config: a FlashConfig or its dict."""
