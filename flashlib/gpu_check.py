@@ -6,11 +6,12 @@ on an H200):
 
 1. ``tests/test_gpu.py`` with pytest in a subprocess: forward and backward against dense
    attention in float32 and against ``scaled_dot_product_attention`` in float16/bfloat16.
-2. Forward and backward time (``triton.testing.do_bench``, median) and peak memory of
-   ``flash_attention`` and of each SDPA backend (flash, efficient, cuDNN; math where its
-   N x N matrices fit), side by side, B*H*N fixed, N from 1k to 16k, d 64 and 128,
-   float16 and bfloat16, causal and not.
-3. If :mod:`flashlib.perf_bench` is present, the optimisation ladder with the time left.
+2. Only with ``--sdpa-table`` (or without the ladder): forward and backward time
+   (``triton.testing.do_bench``, median) and peak memory of the shipped ``flash_attention``
+   and of each SDPA backend (flash, efficient, cuDNN; math where its N x N matrices fit),
+   B*H*N fixed, N from 1k to 16k, d 64 and 128, float16 and bfloat16, causal and not.
+3. The optimisation ladder (:mod:`flashlib.perf_bench`) with the time left: every rung and
+   every SDPA backend, forward and forward+backward, with the ceilings measured in the run.
 
 Writes ``data/bench/gpu-<device>-<date>.json`` (device, versions, date, every figure; a copy
 under $OUT when that is set) and prints a table. Every figure in it was measured in this run.
@@ -47,6 +48,8 @@ def parse_args(argv):
     p.add_argument("--skip-tests", action="store_true", help="benchmark only")
     p.add_argument("--skip-bench", action="store_true", help="tests only")
     p.add_argument("--no-ladder", action="store_true", help="leave out the optimisation-ladder benchmark")
+    p.add_argument("--sdpa-table", action="store_true",
+                   help="also time the shipped op against every SDPA backend at B*H*N fixed (part 2)")
     p.add_argument("--out-dir", default=str(ROOT / "data" / "bench"), help="where the JSON goes")
     args = p.parse_args(argv)
     if not (args.budget > 0 and math.isfinite(args.budget)):
@@ -236,25 +239,29 @@ def main(argv=None, *, measure=None, log=print) -> int:
         report["tests"] = run_tests(timeout_s=0.4 * args.budget, log=log)
         status = 0 if report["tests"]["returncode"] == 0 else 1
         write_report(report, args.out_dir, copy_to=os.environ.get("OUT"))  # kept if the benchmark dies
-    if not args.skip_bench:
+    ladder = not args.no_ladder and _has_ladder()
+    if not args.skip_bench and (args.sdpa_table or not ladder):
         left = args.budget - (time.perf_counter() - start)
-        share = left * (0.5 if not args.no_ladder and _has_ladder() else 0.9)
+        share = left * (0.5 if ladder else 0.9)
         log(f"benchmark (B*H*N = {TOKENS}, H = {HEADS}, budget {share:.0f} s)")
         rows = run_benchmark(plan(args.quick), measure or _cuda_measure(args.quick), share, log=log)
         report["bench"] = dict(tokens=TOKENS, heads=HEADS, timing="triton.testing.do_bench median, ms",
                                flops="4*B*H*N^2*d forward, x2.5 backward, halved if causal", rows=rows)
         log(format_table(rows))
         write_report(report, args.out_dir, copy_to=os.environ.get("OUT"))
-        if not args.no_ladder and _has_ladder() and measure is None:
-            left = args.budget - (time.perf_counter() - start) - 10
-            if left > 30:
-                try:
-                    from .perf_bench import format_ladder, run_ladder_bench
+    if not args.skip_bench and ladder and measure is None:
+        left = args.budget - (time.perf_counter() - start) - 10
+        if left > 30:
+            try:
+                from .perf_bench import format_ladder, run_ladder_bench
 
-                    report.update(run_ladder_bench(budget_s=left, log=log))
-                    log(format_ladder(report))
-                except Exception as exc:  # the part above is already measured: keep it
-                    report["ladder_error"] = f"{type(exc).__name__}: {exc}"
+                def save(points):  # a run cut short still returns what it measured
+                    write_report(dict(report, ladder_partial=points), args.out_dir, copy_to=os.environ.get("OUT"))
+
+                report.update(run_ladder_bench(budget_s=left, log=log, progress=save))
+                log(format_ladder(report))
+            except Exception as exc:  # the parts above are already measured: keep them
+                report["ladder_error"] = f"{type(exc).__name__}: {exc}"
     report["elapsed_s"] = round(time.perf_counter() - start, 1)
     path = write_report(report, args.out_dir, copy_to=os.environ.get("OUT"))
     log(f"wrote {path} ({report['elapsed_s']} s)")

@@ -4,8 +4,8 @@ For each head dim d, sequence length N, dtype, causal flag and pass (forward, or
 and backward) it times, with ``triton.testing.do_bench`` medians:
 
     rung:<name>        each forward of :mod:`flashlib.kernels.ladder` (forward only)
-    flashlib           ``flash_attention`` as shipped (teaching forward + fused backward)
-    flashlib:tma       the last rung's forward + the same fused backward
+    flashlib           ``flash_attention`` as shipped (teaching forward + teaching backward)
+    flashlib:tuned     the last rung's forward + the tuned backward (``backward="tuned"``)
     sdpa:<backend>     torch's scaled_dot_product_attention forced to one backend
                        (flash, efficient, cudnn; math only where its N x N matrices fit)
 
@@ -115,7 +115,8 @@ def _methods(mode: str):
             methods[f"rung:{rung.name}"] = (lambda r: lambda q, k, v, c: r.forward(q, k, v, causal=c)[0])(rung)
     else:
         methods["flashlib"] = lambda q, k, v, c: flash_attention(q, k, v, causal=c)
-        methods["flashlib:tma"] = lambda q, k, v, c: flash_attention(q, k, v, causal=c, forward="tma")
+        methods["flashlib:tuned"] = lambda q, k, v, c: flash_attention(q, k, v, causal=c, forward="tma",
+                                                                       backward="tuned")
     for backend in SDPA_BACKENDS:
         methods[f"sdpa:{backend}"] = _sdpa(backend)
     return methods
@@ -126,8 +127,9 @@ def _math_fits(batch, heads, n, mode, device="cuda") -> bool:
     if torch.device(device).type != "cuda":
         return True
     free, _ = torch.cuda.mem_get_info()
-    need = batch * heads * n * n * 4 * (3 if mode == "fwd" else 6)
-    return need < 0.5 * free
+    # float32 N x N buffers alive at the peak (an H200 measured ~2.3 forward), with margin
+    need = batch * heads * n * n * 4 * (3 if mode == "fwd" else 5)
+    return need < 0.8 * free
 
 
 def _measure_point(p, methods, log, *, device="cuda", tokens=16384, hidden=2048, bench=None, peak=None) -> list[dict]:
@@ -184,9 +186,9 @@ def _measure_point(p, methods, log, *, device="cuda", tokens=16384, hidden=2048,
     return rows
 
 
-def run_plan(grid, measure, budget_s: float, clock=time.perf_counter) -> tuple[list[dict], list[dict]]:
+def run_plan(grid, measure, budget_s: float, clock=time.perf_counter, progress=None) -> tuple[list[dict], list[dict]]:
     """(rows measured, grid points skipped): a point starts only if the longest point so far
-    would still end within budget_s."""
+    would still end within budget_s. progress(rows) is called after each point."""
     start, rows, skipped, longest = clock(), [], [], 0.0
     for p in grid:
         began = clock()
@@ -195,6 +197,8 @@ def run_plan(grid, measure, budget_s: float, clock=time.perf_counter) -> tuple[l
             continue
         rows.extend(measure(p))
         longest = max(longest, clock() - began)
+        if progress is not None:
+            progress(rows)
     return rows, skipped
 
 
@@ -236,8 +240,9 @@ def memory_ratios(points, ns=(4096, 16384)) -> list[dict]:
 
 
 def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, causals=CAUSALS, modes=MODES,
-                     log=print) -> dict:
-    """Measure the grid within ``budget_s`` seconds; returns {"ladder": {...}} for the JSON."""
+                     log=print, progress=None) -> dict:
+    """Measure the grid within ``budget_s`` seconds; returns {"ladder": {...}} for the JSON.
+    progress(points) is called after each grid point (to save a run that may be cut short)."""
     if not torch.cuda.is_available():
         raise RuntimeError("run_ladder_bench: no CUDA device; the ladder benchmark runs on a GPU "
                            "(recorded results are in data/bench/)")
@@ -254,16 +259,8 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
     methods = {mode: _methods(mode) for mode in modes}
     points, skipped = run_plan(plan(ds, ns, dtypes, causals, modes),
                                lambda p: _measure_point(p, methods[p["mode"]], log),
-                               budget_s - (time.perf_counter() - start))
-    from .kernels.forward_fast import autotuned_choice
-
-    chosen = {}
-    for d in ds:
-        for dtype in dtypes:
-            for causal in causals:
-                choice = autotuned_choice(torch.empty(1, 1, 1, d, dtype=getattr(torch, dtype)), causal)
-                if choice:
-                    chosen[f"d={d} {dtype} causal={causal}"] = choice
+                               budget_s - (time.perf_counter() - start), progress=progress)
+    chosen = autotuned_choices(ds, dtypes, causals)
     elapsed = time.perf_counter() - start
     if skipped:
         log(f"  time budget reached: {len(skipped)} grid points skipped (listed in the JSON)")
@@ -275,6 +272,25 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
                    "budget_s": budget_s},
         "ceilings": ceilings, "points": points, "skipped": skipped, "elapsed_s": elapsed,
         "autotuned": chosen, "target_ratios": target_ratios(points, ceilings["bf16_matmul_tflops"]), "memory_ratios": memory_ratios(points)}}
+
+
+def autotuned_choices(ds, dtypes, causals) -> dict:
+    """{"d=128 bfloat16 causal=True": {"autotuned": tiles, "causal-split": ..., "tma": ...,
+    "bwd_dkdv": ..., "bwd_dq": ...}}: what the autotuners kept in this process."""
+    from .kernels.backward_fast import autotuned_choices as backward_choices
+    from .kernels.forward_fast import autotuned_choice
+
+    chosen = {}
+    for d in ds:
+        for dtype in dtypes:
+            for causal in causals:
+                q = torch.empty(1, 1, 1, d, dtype=getattr(torch, dtype))
+                found = {rung: autotuned_choice(q, causal, rung) for rung in ("autotuned", "causal-split", "tma")}
+                found.update({f"bwd_{k}": t for k, t in backward_choices(d, q.dtype, causal).items()})
+                found = {k: t for k, t in found.items() if t}
+                if found:
+                    chosen[f"d={d} {dtype} causal={causal}"] = found
+    return chosen
 
 
 def format_ladder(result: dict) -> str:

@@ -31,16 +31,17 @@ def expected_tensor_core_op(kernel: str, capability, config) -> str | None:
     forward and in dQ, BLOCK_N in dK/dV) is >= 64, and falls back to FMA on sm_75.
     """
     capability = tuple(capability)
-    if kernel not in ("forward", "bwd_dkdv", "bwd_dq") or capability < (8, 0):
+    if kernel.removesuffix("_tuned") not in ("forward", "bwd_dkdv", "bwd_dq") or capability < (8, 0):
         return None
     if capability >= (9, 0):
         cfg = config if isinstance(config, dict) else asdict(config)
-        rows = {"forward": cfg["block_m"], "bwd_dq": cfg["bwd_block_m"], "bwd_dkdv": cfg["bwd_block_n"]}[kernel]
+        rows = {"forward": cfg["block_m"], "bwd_dq": cfg["bwd_block_m"], "bwd_dkdv": cfg["bwd_block_n"]}[kernel.removesuffix("_tuned")]
         return "wgmma.mma_async" if rows >= 64 else "mma.sync"
     return "mma.sync"
 
 
-KERNELS = ("forward", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "softmax", "vector_add")
+KERNELS = ("forward", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "bwd_dkdv_tuned", "bwd_dq_tuned", "softmax",
+           "vector_add")
 _DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
@@ -153,7 +154,13 @@ def _kernel_and_constants(s):
     if s["kernel"] == "bwd_preprocess":
         return (backward._attn_bwd_preprocess, dict(HEAD_DIM_PAD=d_pad, BLOCK_M=cfg.bwd_block_m),
                 dict(num_warps=4, num_stages=1), cfg)
-    fn = backward._attn_bwd_dkdv if s["kernel"] == "bwd_dkdv" else backward._attn_bwd_dq
+    if s["kernel"].endswith("_tuned"):
+        from . import backward_fast
+
+        fn = backward_fast._attn_bwd_dkdv_split if s["kernel"] == "bwd_dkdv_tuned" else backward_fast._attn_bwd_dq_split
+        common["HEAD_DIM"] = s["head_dim"]
+    else:
+        fn = backward._attn_bwd_dkdv if s["kernel"] == "bwd_dkdv" else backward._attn_bwd_dq
     return (fn, dict(common, BLOCK_M=cfg.bwd_block_m, BLOCK_N=cfg.bwd_block_n),
             dict(num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages), cfg)
 

@@ -6,7 +6,9 @@ qk_scale = scale · log2(e). What changes is how the work is launched and fed:
 
     rung 1 "autotuned"     the teaching kernel, unchanged; the block sizes, warps and
                            pipeline stages are timed on the GPU and the fastest is kept
-                           (a fixed configuration in the interpreter: autotuning needs a driver)
+                           (a fixed configuration in the interpreter: autotuning needs a driver);
+                           rungs 2 and 3 are autotuned the same way, so each rung's gain is its
+                           own change, not a change of tiles
     rung 2 "causal-split"  key tiles every row of the query block sees in full are folded
                            without any mask; only the tiles crossing the diagonal or the end
                            of the keys pay for the mask; tiles above the diagonal are skipped
@@ -83,10 +85,13 @@ def _launch_teaching(q, k, v, out, lse, causal, scale, cfg):
         INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def autotuned_choice(q, causal: bool):
-    """The tiles the autotuner kept for inputs like q (None before the first GPU call)."""
-    for key, config in _attn_fwd_autotuned.cache.items():
-        if key[0] == head_dim_pad(q.shape[-1]) and key[1] == causal and str(q.dtype) in key:
+def autotuned_choice(q, causal: bool, rung: str = "autotuned"):
+    """The tiles the autotuner kept for inputs like q (None before the first GPU call).
+    Rung 1's key holds the padded head dim, rungs 2 and 3's the head dim itself."""
+    kernel = _AUTOTUNED[rung]
+    d = head_dim_pad(q.shape[-1]) if rung == "autotuned" else q.shape[-1]
+    for key, config in kernel.cache.items():
+        if key[0] == d and key[1] == causal and str(q.dtype) in key:
             return dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
     return None
 
@@ -264,13 +269,35 @@ def _ensure_allocator():
         _ALLOCATOR_SET = True
 
 
+# Rungs 2 and 3 autotune over the tiles that won or came close for rung 1 on an H200
+# (data/bench/), all within sm_90's shared memory and free of spills at head dims 64 and 128.
+FAST_TILES = ((128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 4))
+
+
+def _autotuned(kernel):
+    return triton.autotune(configs=[_config(*tile) for tile in FAST_TILES], key=["HEAD_DIM", "CAUSAL", "INPUT_PRECISION"],
+                           prune_configs_by={"early_config_prune": _drop_big_tiles}, do_bench=_autotune_bench)(kernel)
+
+
+_attn_fwd_split_autotuned = _autotuned(_attn_fwd_split)
+_attn_fwd_tma_autotuned = _autotuned(_attn_fwd_tma)
+_AUTOTUNED = {"autotuned": _attn_fwd_autotuned, "causal-split": _attn_fwd_split_autotuned,
+              "tma": _attn_fwd_tma_autotuned}
+
+
 def _launch_split(kernel, q, k, v, out, lse, causal, scale, cfg):
+    """kernel with the tiles of cfg, or its autotuned version (GPU only) when cfg is None."""
     bh, seq_q, d = q.shape
+    args = (q, k, v, out, lse, scale * LOG2E,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1), seq_q, k.shape[1])
+    common = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), CAUSAL=causal)
+    if cfg is None:
+        tuned = _attn_fwd_tma_autotuned if kernel is _attn_fwd_tma else _attn_fwd_split_autotuned
+        tuned[lambda meta: (triton.cdiv(seq_q, meta["BLOCK_M"]), bh)](*args, **common, INPUT_PRECISION="tf32")
+        return
     kernel[(triton.cdiv(seq_q, cfg.block_m), bh)](
-        q, k, v, out, lse, scale * LOG2E,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), seq_q, k.shape[1],
-        HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
+        *args, **common, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
@@ -283,7 +310,8 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: 
 
     Same contract as :func:`flashlib.kernels.flash_forward` (bottom-right causal diagonal,
     zeros and lse = -inf for rows that see no key). ``config`` fixes the tiles; by default
-    rung "autotuned" autotunes on a GPU and the other rungs use :func:`default_config`.
+    rung "teaching" uses :func:`default_config` and the other rungs autotune on a GPU (in
+    the interpreter, which cannot time kernels, they use :func:`default_config` too).
     Rung "tma" runs rung 2's kernel where descriptors cannot be used: rows or addresses that
     are not multiples of 16 bytes (e.g. head_dim 59), or a GPU older than sm_90.
     """
@@ -301,13 +329,13 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: 
     if rung == "teaching":
         cfg = fixed if config is not None else default_config(q.shape[-1], q.dtype, _capability(q.device))
         _launch_teaching(qf, kf, vf, out, lse, causal, scale, cfg)
-    elif rung == "autotuned":
-        _launch_teaching(qf, kf, vf, out, lse, causal, scale,
-                          None if config is None and not interpreting() else fixed)
+    tuned = None if config is None and not interpreting() else fixed  # None: autotune
+    if rung == "autotuned":
+        _launch_teaching(qf, kf, vf, out, lse, causal, scale, tuned)
     elif rung == "tma" and tma_eligible(qf, kf, vf) and _tma_hardware(q.device):
         if q.device.type == "cuda":
             _ensure_allocator()
-        _launch_split(_attn_fwd_tma, qf, kf, vf, out, lse, causal, scale, fixed)
+        _launch_split(_attn_fwd_tma, qf, kf, vf, out, lse, causal, scale, tuned)
     else:
-        _launch_split(_attn_fwd_split, qf, kf, vf, out, lse, causal, scale, fixed)
+        _launch_split(_attn_fwd_split, qf, kf, vf, out, lse, causal, scale, tuned)
     return out.reshape(q.shape), lse.reshape(*lead, seq_q)

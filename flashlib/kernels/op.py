@@ -20,6 +20,7 @@ from .forward import LOG2E, _attn_fwd
 FN = "flash_attention"
 MAX_HEAD_DIM = 256
 FORWARDS = ("teaching", "autotuned", "causal-split", "tma")  # the rungs of kernels/ladder.py
+BACKWARDS = ("teaching", "tuned")  # kernels/backward.py, kernels/backward_fast.py
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -127,15 +128,16 @@ class FlashAttentionFunction(torch.autograd.Function):
     """Saves (q, k, v, out, lse) — never the (seq_q, seq_k) probabilities."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, cfg, rung, rung_config):
+    def forward(ctx, q, k, v, causal, scale, cfg, rung, rung_config, backward):
         if rung == "teaching":
             out, lse = _forward(q, k, v, causal, scale, cfg)
-        else:  # a faster forward from the optimisation ladder; the backward is the same
+        else:  # a faster forward from the optimisation ladder
             from .forward_fast import forward as ladder_forward
 
             out, lse = ladder_forward(q, k, v, causal=causal, scale=scale, rung=rung, config=rung_config)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.scale, ctx.cfg = causal, scale, cfg
+        ctx.backward, ctx.rung_config = backward, rung_config
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -143,15 +145,23 @@ class FlashAttentionFunction(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         if out.numel() == 0 or k.shape[-2] == 0:
-            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None, None, None, None
-        dq, dk, dv = _launch_backward(_flat(q), _flat(k), _flat(v), _flat(out), lse.reshape(-1, q.shape[-2]),
-                                      _flat(dout), ctx.causal, ctx.scale, ctx.cfg)
-        return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), None, None, None, None, None
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), *[None] * 6
+        args = (_flat(q), _flat(k), _flat(v), _flat(out), lse.reshape(-1, q.shape[-2]), _flat(dout),
+                ctx.causal, ctx.scale)
+        if ctx.backward == "teaching":
+            dq, dk, dv = _launch_backward(*args, ctx.cfg)
+        else:
+            from .backward_fast import launch_backward
+
+            # autotuned on a GPU unless the caller fixed the tiles; the interpreter cannot time
+            tuned = ctx.rung_config is None and not interpreting()
+            dq, dk, dv = launch_backward(*args, None if tuned else ctx.cfg)
+        return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), *[None] * 6
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
                     config: FlashConfig | None = None, return_lse: bool = False,
-                    forward: str = "teaching"):
+                    forward: str = "teaching", backward: str = "teaching"):
     """Exact attention softmax(q kᵀ · scale) v with the fused Triton kernels; differentiable.
 
     Args:
@@ -173,7 +183,11 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         return_lse: also return the log-sum-exp (..., seq_q), float32, -inf for empty rows
             (not differentiable here, unlike :func:`flashlib.tiled_attention`'s).
         forward: the forward kernel, a rung of :mod:`flashlib.kernels.ladder`: "teaching"
-            (notebook 06's), "autotuned", "causal-split" or "tma"; the backward is the same.
+            (notebook 06's), "autotuned", "causal-split" or "tma".
+        backward: "teaching" (notebook 07's kernels with ``config``'s tiles) or "tuned"
+            (:mod:`flashlib.kernels.backward_fast`: mask-free interior tiles, dK/dV and dQ
+            tiles autotuned on a GPU unless ``config`` is given). Same gradients, same
+            determinism.
 
     float16, bfloat16 (GPUs of compute capability >= 8.0) and float32 (tf32 matmuls by
     default on a GPU); head_dim 1..256 (padded to a power of two inside the kernel); any
@@ -184,5 +198,7 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     cfg = check_kernel_inputs(q, config)
     if forward not in FORWARDS:
         raise ValueError(f"{FN}: argument 'forward' must be one of {FORWARDS}, got {forward!r}")
-    out, lse = FlashAttentionFunction.apply(q, k, v, causal, scale, cfg, forward, config)
+    if backward not in BACKWARDS:
+        raise ValueError(f"{FN}: argument 'backward' must be one of {BACKWARDS}, got {backward!r}")
+    out, lse = FlashAttentionFunction.apply(q, k, v, causal, scale, cfg, forward, config, backward)
     return (out, lse) if return_lse else out

@@ -1,0 +1,251 @@
+"""The tuned backward: notebook 07's kernels with mask-free interior tiles and their own tiles.
+
+Same three launches and the same arithmetic as :mod:`flashlib.kernels.backward` (P and dP
+recomputed from the log-sum-exp, no atomics, bitwise deterministic). Two changes:
+
+* The query loop of dK/dV and the key loop of dQ are split like the forward's rung 2: tiles
+  that every row sees in full, inside the bounds, skip the mask, the bounds checks and the
+  guard for rows that saw no key; only tiles on the diagonal or at a ragged end pay for them.
+* dK/dV and dQ get tiles of their own. Each kernel keeps one block resident (keys for
+  dK/dV, queries for dQ) and streams the other: a tall resident block feeds Hopper's wgmma
+  (64 rows per warpgroup) while a short streamed block keeps the recomputed (resident,
+  streamed) score tiles small. On a GPU both kernels are autotuned; in the interpreter,
+  or given a :class:`~flashlib.kernels.FlashConfig`, they use its ``bwd_*`` tiles.
+
+HEAD_DIM is a compile-time constant here (one compiled kernel per head dim), so a head dim
+that is already a power of two loads without any column mask.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._mode import require_triton
+from .config import FlashConfig, head_dim_pad
+
+triton = require_triton()
+import triton.language as tl  # noqa: E402
+
+from .backward import _attn_bwd_preprocess  # noqa: E402
+from .forward import LOG2E, _key_range_end, _visible  # noqa: E402
+from .forward_fast import _key_ranges, _load_rows  # noqa: E402
+
+
+@triton.jit
+def _lse_delta(Lse, Delta, offs_m, SEQ_Q, MASKED: tl.constexpr):
+    """(lse in base 2, delta) of query rows; +inf lse for padding rows and rows that saw no
+    key, so 2^(s - lse) = 0 there. An unmasked tile has neither kind of row."""
+    if MASKED:
+        lse = tl.load(Lse + offs_m, mask=offs_m < SEQ_Q, other=float("inf"))
+        lse = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+        delta = tl.load(Delta + offs_m, mask=offs_m < SEQ_Q, other=0.0)
+    else:
+        lse = tl.load(Lse + offs_m) * 1.4426950408889634
+        delta = tl.load(Delta + offs_m)
+    return lse, delta
+
+
+@triton.jit
+def _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, stride_qm, stride_dom, offs_n, offs_d, lo, hi,
+               qk_scale, SEQ_Q, SEQ_K, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+               BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               INPUT_PRECISION: tl.constexpr):
+    """Fold query blocks [lo, hi) into one key block's dk, dv; MASKED tiles check everything."""
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = _load_rows(Q, stride_qm, offs_m, offs_d, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, MASKED)
+        do = _load_rows(DO, stride_dom, offs_m, offs_d, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, MASKED)
+        lse, delta = _lse_delta(Lse, Delta, offs_m, SEQ_Q, MASKED)
+        # transposed tiles (BLOCK_N, BLOCK_M): keys are this program's rows
+        s_t = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION) * qk_scale
+        p_t = tl.math.exp2(s_t - lse[None, :])
+        if MASKED:
+            p_t = tl.where(tl.trans(_visible(offs_m, offs_n, SEQ_Q, SEQ_K, CAUSAL)), p_t, 0.0)
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision=INPUT_PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += tl.dot(ds_t.to(q.dtype), q, input_precision=INPUT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _query_ranges(start_n, SEQ_Q, SEQ_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(lo, mid, full_end) for key block start_n: query blocks [lo, mid) cross the diagonal
+    (masked), [mid, full_end) see the whole key block inside the bounds (unmasked), and
+    [full_end, SEQ_Q) is the ragged end (masked). Blocks before lo see none of these keys."""
+    n0 = start_n * BLOCK_N
+    q_full = (SEQ_Q // BLOCK_M) * BLOCK_M
+    keys_full = n0 + BLOCK_N <= SEQ_K
+    if CAUSAL:
+        off = SEQ_K - SEQ_Q  # query i sees key j when j <= i + off
+        lo = (tl.maximum(n0 - off, 0) // BLOCK_M) * BLOCK_M
+        # the first block whose first row sees this block's last key
+        first_full = tl.cdiv(tl.maximum(n0 + BLOCK_N - 1 - off, 0), BLOCK_M) * BLOCK_M
+    else:
+        lo = 0
+        first_full = 0
+    mid = tl.minimum(tl.maximum(first_full, lo), q_full)
+    full_end = tl.where(keys_full, q_full, mid)  # a ragged key block is masked throughout
+    return lo, mid, full_end
+
+
+@triton.jit
+def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
+                         stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
+                         stride_doz, stride_dom, stride_dkz, stride_dkn, stride_dvz, stride_dvn,
+                         SEQ_Q, SEQ_K,
+                         HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    start_n = tl.program_id(0)
+    off_z = tl.program_id(1).to(tl.int64)
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    k = _load_rows(K + off_z * stride_kz, stride_kn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, True)
+    v = _load_rows(V + off_z * stride_vz, stride_vn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, True)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    Q += off_z * stride_qz
+    DO += off_z * stride_doz
+    Lse += off_z * SEQ_Q
+    Delta += off_z * SEQ_Q
+    lo, mid, full_end = _query_ranges(start_n, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
+    dk, dv = _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, stride_qm, stride_dom, offs_n, offs_d, lo, mid,
+                        qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, CAUSAL, INPUT_PRECISION)
+    dk, dv = _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, stride_qm, stride_dom, offs_n, offs_d, mid, full_end,
+                        qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, False, CAUSAL, INPUT_PRECISION)
+    dk, dv = _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, stride_qm, stride_dom, offs_n, offs_d, full_end,
+                        SEQ_Q, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, CAUSAL,
+                        INPUT_PRECISION)
+    mask = (offs_n[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(DK + off_z * stride_dkz + offs_n[:, None] * stride_dkn + offs_d[None, :],
+             (dk * scale).to(DK.dtype.element_ty), mask=mask)
+    tl.store(DV + off_z * stride_dvz + offs_n[:, None] * stride_dvn + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dq_loop(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d, lo, hi,
+             qk_scale, SEQ_Q, SEQ_K, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Fold key blocks [lo, hi) into one query block's dq."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_rows(K, stride_kn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, MASKED)
+        v = _load_rows(V, stride_vn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, MASKED)
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
+        p = tl.math.exp2(s - lse[:, None])
+        if MASKED:
+            p = tl.where(_visible(offs_m, offs_n, SEQ_Q, SEQ_K, CAUSAL), p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=INPUT_PRECISION)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq_split(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
+                       stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
+                       stride_doz, stride_dom, stride_dqz, stride_dqm,
+                       SEQ_Q, SEQ_K,
+                       HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_z = tl.program_id(1).to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    q = _load_rows(Q + off_z * stride_qz, stride_qm, offs_m, offs_d, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, True)
+    do = _load_rows(DO + off_z * stride_doz, stride_dom, offs_m, offs_d, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, True)
+    # padding rows and rows without keys get lse = +inf: their p is 0 even in unmasked tiles
+    lse, delta = _lse_delta(Lse + off_z * SEQ_Q, Delta + off_z * SEQ_Q, offs_m, SEQ_Q, True)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    K += off_z * stride_kz
+    V += off_z * stride_vz
+    full_end, hi = _key_ranges(start_m, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
+    dq = _dq_loop(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d, 0, full_end,
+                  qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, CAUSAL, INPUT_PRECISION)
+    dq = _dq_loop(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d, full_end, hi,
+                  qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, CAUSAL, INPUT_PRECISION)
+    mask = (offs_m[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(DQ + off_z * stride_dqz + offs_m[:, None] * stride_dqm + offs_d[None, :],
+             (dq * scale).to(DQ.dtype.element_ty), mask=mask)
+
+
+# ----- autotuning (GPU only) -------------------------------------------------------------
+
+# (BLOCK_M, BLOCK_N, warps, stages) per padded head dim. dK/dV keeps BLOCK_N keys resident,
+# dQ BLOCK_M queries. Every candidate compiles for sm_90 without spills with Triton 3.6 and
+# 3.7 (tests/test_backward_fast.py); at head dim 128 a 64 x 128 dK/dV tile already spills.
+DKDV_TILES = {64: ((32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4, 3)),
+              128: ((32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 8, 2)),
+              256: ((32, 32, 8, 1), (16, 32, 4, 2))}
+DQ_TILES = {64: ((128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 8, 2)),
+            128: ((128, 32, 8, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3)),
+            256: ((32, 32, 4, 1), (32, 16, 4, 2))}
+
+
+def tiles_for(table, head_dim_pad_: int):
+    """The candidates for a padded head dim (16 and 32 use head dim 64's)."""
+    return table[max(64, head_dim_pad_)]
+
+
+def _config(bm, bn, w, s):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+
+
+def _prune(table):
+    def prune(configs, named_args, **kwargs):
+        return [_config(*tile) for tile in tiles_for(table, kwargs.get("HEAD_DIM_PAD", named_args.get("HEAD_DIM_PAD")))]
+    return prune
+
+
+def _bench(kernel_call, quantiles):
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
+
+
+_KEY = ["HEAD_DIM", "CAUSAL", "INPUT_PRECISION"]  # Triton adds the argument dtypes
+# the listed configs are placeholders: the pruner swaps in the head dim's own candidates
+_dkdv_autotuned = triton.autotune(configs=[_config(*t) for t in DKDV_TILES[128]], key=_KEY, do_bench=_bench,
+                                  prune_configs_by={"early_config_prune": _prune(DKDV_TILES)})(
+                                      _attn_bwd_dkdv_split)
+_dq_autotuned = triton.autotune(configs=[_config(*t) for t in DQ_TILES[128]], key=_KEY, do_bench=_bench,
+                                prune_configs_by={"early_config_prune": _prune(DQ_TILES)})(
+                                    _attn_bwd_dq_split)
+
+
+def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | None):
+    """All (B*H, seq, d) but lse (B*H, seq_q). cfg None: autotuned tiles (GPU only).
+    Returns dq, dk, dv in the input dtype."""
+    bh, seq_q, d = q.shape
+    seq_k = k.shape[1]
+    d_pad = head_dim_pad(d)
+    delta = torch.empty_like(lse)
+    _attn_bwd_preprocess[(triton.cdiv(seq_q, 64), bh)](
+        out, dout, delta, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), seq_q, d,
+        HEAD_DIM_PAD=d_pad, BLOCK_M=64)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, CAUSAL=causal,
+                  INPUT_PRECISION=cfg.input_precision if cfg else "tf32")
+    dkdv_args = (q, k, v, dout, dk, dv, lse, delta, scale * LOG2E, scale,
+                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                 dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), seq_q, seq_k)
+    dq_args = (q, k, v, dout, dq, lse, delta, scale * LOG2E, scale,
+               q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+               dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), seq_q, seq_k)
+    if cfg is None:
+        _dkdv_autotuned[lambda meta: (triton.cdiv(seq_k, meta["BLOCK_N"]), bh)](*dkdv_args, **common)
+        _dq_autotuned[lambda meta: (triton.cdiv(seq_q, meta["BLOCK_M"]), bh)](*dq_args, **common)
+        return dq, dk, dv
+    tiles = dict(BLOCK_M=cfg.bwd_block_m, BLOCK_N=cfg.bwd_block_n, num_warps=cfg.bwd_num_warps,
+                 num_stages=cfg.bwd_num_stages)
+    _attn_bwd_dkdv_split[(triton.cdiv(seq_k, cfg.bwd_block_n), bh)](*dkdv_args, **common, **tiles)
+    _attn_bwd_dq_split[(triton.cdiv(seq_q, cfg.bwd_block_m), bh)](*dq_args, **common, **tiles)
+    return dq, dk, dv
+
+
+def autotuned_choices(head_dim: int, dtype: torch.dtype, causal: bool) -> dict:
+    """{"dkdv": tiles, "dq": tiles} the autotuner kept (empty before the first GPU call)."""
+    found = {}
+    for name, kernel in (("dkdv", _dkdv_autotuned), ("dq", _dq_autotuned)):
+        for key, config in kernel.cache.items():
+            if key[0] == head_dim and key[1] == causal and str(dtype) in key:
+                found[name] = dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+    return found

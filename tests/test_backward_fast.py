@@ -1,0 +1,118 @@
+"""The tuned backward (``flash_attention(..., backward="tuned")``): exact in the interpreter,
+every autotune candidate compiled for Hopper with both Triton releases."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flashlib import dense_attention
+from flashlib.kernels import triton_installed
+from tests.triton_versions import triton36_dir
+
+if not triton_installed():  # importing triton here first would keep its interpreter off
+    pytest.skip("Triton ships Linux wheels only", allow_module_level=True)
+
+from flashlib.kernels import FlashConfig, flash_attention  # noqa: E402
+from flashlib.kernels.compile import SHARED_LIMIT, compile_kernels, spec  # noqa: E402
+
+
+def _tiles(bm, bn):
+    return FlashConfig(block_m=16, block_n=16, bwd_block_m=bm, bwd_block_n=bn)
+
+
+def _grads(fn, q, k, v, dout):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    return torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
+
+
+def _check(seq_q, seq_k, d, causal, cfg, seed=0, heads=2):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, heads, seq_q, d, generator=gen)  # (B, H, N, D)
+    k, v = (torch.randn(1, heads, seq_k, d, generator=gen) for _ in range(2))
+    dout = torch.randn(1, heads, seq_q, d, generator=gen)
+    got = _grads(lambda a, b, c: flash_attention(a, b, c, causal=causal, config=cfg, backward="tuned"), q, k, v, dout)
+    want = _grads(lambda a, b, c: dense_attention(a, b, c, causal=causal), *(t.double() for t in (q, k, v, dout)))
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert g.dtype == torch.float32 and g.shape == w.shape, name
+        torch.testing.assert_close(g.double(), w, atol=1e-5, rtol=1e-4,
+                                   msg=lambda m: f"{name} {(seq_q, seq_k, d, causal, cfg.bwd_block_m, cfg.bwd_block_n)}: {m}")
+
+
+# (seq_q, seq_k, head_dim, causal): every split of the loops is exercised with 16/32 tiles:
+# diagonal, interior and ragged blocks, queries that see no key, keys no query sees
+CASES = [(37, 50, 24, True), (50, 37, 24, True), (33, 33, 16, True), (21, 45, 59, False),
+         (64, 64, 32, True), (64, 64, 32, False), (48, 80, 16, True), (1, 40, 16, True), (40, 1, 16, True)]
+
+
+@pytest.mark.parametrize("bm,bn", [(16, 16), (16, 32), (32, 16)])
+@pytest.mark.parametrize("seq_q,seq_k,d,causal", CASES)
+def test_tuned_backward_matches_float64_autograd(seq_q, seq_k, d, causal, bm, bn):
+    _check(seq_q, seq_k, d, causal, _tiles(bm, bn))
+
+
+@settings(deadline=None)
+@given(seq_q=st.integers(1, 70), seq_k=st.integers(1, 70), d=st.sampled_from([8, 16, 20]),
+       causal=st.booleans(), bm=st.sampled_from([16, 32]), bn=st.sampled_from([16, 32]),
+       seed=st.integers(0, 2**16))
+def test_tuned_backward_any_shape_and_tiles(seq_q, seq_k, d, causal, bm, bn, seed):
+    _check(seq_q, seq_k, d, causal, _tiles(bm, bn), seed=seed, heads=1)
+
+
+def test_tuned_backward_rows_without_keys_get_zero_gradients():
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 1, 40, 16, generator=gen, requires_grad=True)
+    k, v = (torch.randn(1, 1, 24, 16, generator=gen, requires_grad=True) for _ in range(2))
+    flash_attention(q, k, v, causal=True, config=_tiles(16, 16), backward="tuned").sum().backward()
+    assert (q.grad[..., :16, :] == 0).all()  # queries 0..15 see no key (bottom-right diagonal)
+    assert q.grad[..., 16:, :].abs().sum() > 0
+
+
+def test_bad_backward_is_named():
+    x = torch.randn(1, 1, 4, 8)
+    with pytest.raises(ValueError, match="'backward'.*'fast'"):
+        flash_attention(x, x, x, backward="fast")
+
+
+def test_pruner_gives_each_head_dim_its_candidates():
+    from flashlib.kernels import backward_fast as bf
+
+    for table, kernel in ((bf.DKDV_TILES, bf._dkdv_autotuned), (bf.DQ_TILES, bf._dq_autotuned)):
+        for pad, want in ((16, 64), (64, 64), (128, 128), (256, 256)):
+            got = kernel.early_config_prune(kernel.configs, {}, HEAD_DIM_PAD=pad)
+            assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in got] == \
+                list(table[want])
+
+
+def _candidate_specs():
+    from flashlib.kernels import backward_fast as bf
+
+    specs = []
+    for kernel, table in (("bwd_dkdv_tuned", bf.DKDV_TILES), ("bwd_dq_tuned", bf.DQ_TILES)):
+        for d, tiles in table.items():
+            for bm, bn, w, s in tiles:
+                cfg = FlashConfig(bwd_block_m=bm, bwd_block_n=bn, bwd_num_warps=w, bwd_num_stages=s)
+                specs.append(spec(kernel, (9, 0), "bfloat16", d, True, cfg))
+    return specs
+
+
+def _check_candidates(reports, version):
+    assert reports and all(r.triton_version == version for r in reports)
+    for r in reports:
+        label = (r.kernel, r.head_dim, r.config["bwd_block_m"], r.config["bwd_block_n"], version)
+        assert r.ok, (label, r.error)
+        assert r.spill_stores == 0 and r.spill_loads == 0, label
+        assert r.shared <= SHARED_LIMIT[(9, 0)], label
+        rows = r.config["bwd_block_n"] if r.kernel == "bwd_dkdv_tuned" else r.config["bwd_block_m"]
+        assert (r.wgmma_ops > 0) == (rows >= 64), label  # Hopper's tensor cores need 64-row tiles
+
+
+def test_autotune_candidates_compile_for_hopper_with_pinned_triton():
+    from importlib.metadata import version
+
+    _check_candidates(compile_kernels(_candidate_specs()), version("triton"))
+
+
+def test_autotune_candidates_compile_for_hopper_with_triton_36():
+    _check_candidates(compile_kernels(_candidate_specs(), triton_path=triton36_dir()), "3.6.0")
