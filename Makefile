@@ -49,7 +49,7 @@ bench: $(STAMP)
 
 # On a CUDA machine with its own torch and Triton: no venv, no installs.
 gpu-check:
-	PYTHONPATH=. $(PYTHON) -m flashlib gpu-check
+	PYTHONPATH=. $(PYTHON) -m flashlib gpu-check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
