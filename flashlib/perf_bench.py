@@ -6,6 +6,7 @@ and backward) it times, with ``triton.testing.do_bench`` medians:
     rung:<name>        each forward of :mod:`flashlib.kernels.ladder` (forward only)
     flashlib           ``flash_attention`` as shipped (teaching forward + teaching backward)
     flashlib:tuned     the last rung's forward + the tuned backward (``backward="tuned"``)
+    flashlib:atomic    the last rung's forward + the one-kernel backward (``backward="atomic"``)
     sdpa:<backend>     torch's scaled_dot_product_attention forced to one backend
                        (flash, efficient, cudnn; math only where its N x N matrices fit)
 
@@ -115,8 +116,9 @@ def _methods(mode: str):
             methods[f"rung:{rung.name}"] = (lambda r: lambda q, k, v, c: r.forward(q, k, v, causal=c)[0])(rung)
     else:
         methods["flashlib"] = lambda q, k, v, c: flash_attention(q, k, v, causal=c)
-        methods["flashlib:tuned"] = lambda q, k, v, c: flash_attention(q, k, v, causal=c, forward="tma",
-                                                                       backward="tuned")
+        for bwd in ("tuned", "atomic"):
+            methods[f"flashlib:{bwd}"] = (lambda b: lambda q, k, v, c: flash_attention(
+                q, k, v, causal=c, forward="tma", backward=b))(bwd)
     for backend in SDPA_BACKENDS:
         methods[f"sdpa:{backend}"] = _sdpa(backend)
     return methods

@@ -27,12 +27,12 @@ def _grads(fn, q, k, v, dout):
     return torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
 
 
-def _check(seq_q, seq_k, d, causal, cfg, seed=0, heads=2):
+def _check(seq_q, seq_k, d, causal, cfg, seed=0, heads=2, backward="tuned"):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(1, heads, seq_q, d, generator=gen)  # (B, H, N, D)
     k, v = (torch.randn(1, heads, seq_k, d, generator=gen) for _ in range(2))
     dout = torch.randn(1, heads, seq_q, d, generator=gen)
-    got = _grads(lambda a, b, c: flash_attention(a, b, c, causal=causal, config=cfg, backward="tuned"), q, k, v, dout)
+    got = _grads(lambda a, b, c: flash_attention(a, b, c, causal=causal, config=cfg, backward=backward), q, k, v, dout)
     want = _grads(lambda a, b, c: dense_attention(a, b, c, causal=causal), *(t.double() for t in (q, k, v, dout)))
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert g.dtype == torch.float32 and g.shape == w.shape, name
@@ -46,27 +46,44 @@ CASES = [(37, 50, 24, True), (50, 37, 24, True), (33, 33, 16, True), (21, 45, 59
          (64, 64, 32, True), (64, 64, 32, False), (48, 80, 16, True), (1, 40, 16, True), (40, 1, 16, True)]
 
 
+@pytest.mark.parametrize("backward", ["tuned", "atomic"])
 @pytest.mark.parametrize("bm,bn", [(16, 16), (16, 32), (32, 16)])
 @pytest.mark.parametrize("seq_q,seq_k,d,causal", CASES)
-def test_tuned_backward_matches_float64_autograd(seq_q, seq_k, d, causal, bm, bn):
-    _check(seq_q, seq_k, d, causal, _tiles(bm, bn))
+def test_tuned_backward_matches_float64_autograd(seq_q, seq_k, d, causal, bm, bn, backward):
+    _check(seq_q, seq_k, d, causal, _tiles(bm, bn), backward=backward)
 
 
 @settings(deadline=None)
 @given(seq_q=st.integers(1, 70), seq_k=st.integers(1, 70), d=st.sampled_from([8, 16, 20]),
        causal=st.booleans(), bm=st.sampled_from([16, 32]), bn=st.sampled_from([16, 32]),
-       seed=st.integers(0, 2**16))
-def test_tuned_backward_any_shape_and_tiles(seq_q, seq_k, d, causal, bm, bn, seed):
-    _check(seq_q, seq_k, d, causal, _tiles(bm, bn), seed=seed, heads=1)
+       seed=st.integers(0, 2**16), backward=st.sampled_from(["tuned", "atomic"]))
+def test_tuned_backward_any_shape_and_tiles(seq_q, seq_k, d, causal, bm, bn, seed, backward):
+    _check(seq_q, seq_k, d, causal, _tiles(bm, bn), seed=seed, heads=1, backward=backward)
 
 
-def test_tuned_backward_rows_without_keys_get_zero_gradients():
+@pytest.mark.parametrize("backward", ["tuned", "atomic"])
+def test_tuned_backward_rows_without_keys_get_zero_gradients(backward):
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(1, 1, 40, 16, generator=gen, requires_grad=True)
     k, v = (torch.randn(1, 1, 24, 16, generator=gen, requires_grad=True) for _ in range(2))
-    flash_attention(q, k, v, causal=True, config=_tiles(16, 16), backward="tuned").sum().backward()
+    flash_attention(q, k, v, causal=True, config=_tiles(16, 16), backward=backward).sum().backward()
+    assert q.grad.dtype == torch.float32
     assert (q.grad[..., :16, :] == 0).all()  # queries 0..15 see no key (bottom-right diagonal)
     assert q.grad[..., 16:, :].abs().sum() > 0
+
+
+def test_half_precision_tuned_and_atomic_match_teaching_backward():
+    """float16 inputs (float32 math in the interpreter): all three backwards agree, and the
+    atomic path hands back dq in the input dtype."""
+    gen = torch.Generator().manual_seed(9)
+    q, k, v, dout = (torch.randn(1, 2, 45, 32, generator=gen).half() for _ in range(4))
+    cfg = _tiles(16, 32)
+    grads = {b: _grads(lambda a, b_, c, b=b: flash_attention(a, b_, c, causal=True, config=cfg, backward=b),
+                       q, k, v, dout) for b in ("teaching", "tuned", "atomic")}
+    for b in ("tuned", "atomic"):
+        for g, t in zip(grads[b], grads["teaching"]):
+            assert g.dtype == torch.float16
+            torch.testing.assert_close(g, t, atol=2e-3, rtol=2e-3)
 
 
 def test_bad_backward_is_named():
@@ -78,7 +95,8 @@ def test_bad_backward_is_named():
 def test_pruner_gives_each_head_dim_its_candidates():
     from flashlib.kernels import backward_fast as bf
 
-    for table, kernel in ((bf.DKDV_TILES, bf._dkdv_autotuned), (bf.DQ_TILES, bf._dq_autotuned)):
+    for table, kernel in ((bf.DKDV_TILES, bf._dkdv_autotuned), (bf.DQ_TILES, bf._dq_autotuned),
+                          (bf.FUSED_TILES, bf._fused_autotuned)):
         for pad, want in ((16, 64), (64, 64), (128, 128), (256, 256)):
             got = kernel.early_config_prune(kernel.configs, {}, HEAD_DIM_PAD=pad)
             assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in got] == \
@@ -89,7 +107,8 @@ def _candidate_specs():
     from flashlib.kernels import backward_fast as bf
 
     specs = []
-    for kernel, table in (("bwd_dkdv_tuned", bf.DKDV_TILES), ("bwd_dq_tuned", bf.DQ_TILES)):
+    for kernel, table in (("bwd_dkdv_tuned", bf.DKDV_TILES), ("bwd_dq_tuned", bf.DQ_TILES),
+                          ("bwd_fused_tuned", bf.FUSED_TILES)):
         for d, tiles in table.items():
             for bm, bn, w, s in tiles:
                 cfg = FlashConfig(bwd_block_m=bm, bwd_block_n=bn, bwd_num_warps=w, bwd_num_stages=s)
@@ -104,7 +123,7 @@ def _check_candidates(reports, version):
         assert r.ok, (label, r.error)
         assert r.spill_stores == 0 and r.spill_loads == 0, label
         assert r.shared <= SHARED_LIMIT[(9, 0)], label
-        rows = r.config["bwd_block_n"] if r.kernel == "bwd_dkdv_tuned" else r.config["bwd_block_m"]
+        rows = r.config["bwd_block_m"] if r.kernel == "bwd_dq_tuned" else r.config["bwd_block_n"]
         assert (r.wgmma_ops > 0) == (rows >= 64), label  # Hopper's tensor cores need 64-row tiles
 
 

@@ -45,11 +45,12 @@ def _lse_delta(Lse, Delta, offs_m, SEQ_Q, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, stride_qm, stride_dom, offs_n, offs_d, lo, hi,
-               qk_scale, SEQ_Q, SEQ_K, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+def _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qm, stride_dom, stride_dqm, offs_n, offs_d, lo, hi,
+               qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-               INPUT_PRECISION: tl.constexpr):
-    """Fold query blocks [lo, hi) into one key block's dk, dv; MASKED tiles check everything."""
+               INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    """Fold query blocks [lo, hi) into one key block's dk, dv; MASKED tiles check everything.
+    ATOMIC_DQ: also add this key block's share of dq (float32) into DQ with atomic adds."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = _load_rows(Q, stride_qm, offs_m, offs_d, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, MASKED)
@@ -64,6 +65,12 @@ def _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, stride_qm, stride_dom, offs_n, o
         dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
         dk += tl.dot(ds_t.to(q.dtype), q, input_precision=INPUT_PRECISION)
+        if ATOMIC_DQ:
+            dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=INPUT_PRECISION) * scale  # (BLOCK_M, HEAD_DIM_PAD)
+            dq_ptrs = DQ + offs_m[:, None] * stride_dqm + offs_d[None, :]
+            # other key blocks add into the same rows at the same time: the order of these
+            # float additions, so the last bits of dq, can change from run to run
+            tl.atomic_add(dq_ptrs, dq, mask=(offs_m[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
     return dk, dv
 
 
@@ -89,12 +96,14 @@ def _query_ranges(start_n, SEQ_Q, SEQ_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 
 
 @triton.jit
-def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
+def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
                          stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
                          stride_doz, stride_dom, stride_dkz, stride_dkn, stride_dvz, stride_dvn,
-                         SEQ_Q, SEQ_K,
+                         stride_dqz, stride_dqm, SEQ_Q, SEQ_K,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+                         BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                         ATOMIC_DQ: tl.constexpr):
+    """dK, dV of one key block; with ATOMIC_DQ also every dQ contribution (DQ: float32, zeroed)."""
     start_n = tl.program_id(0)
     off_z = tl.program_id(1).to(tl.int64)
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -107,14 +116,18 @@ def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
     DO += off_z * stride_doz
     Lse += off_z * SEQ_Q
     Delta += off_z * SEQ_Q
+    DQ += off_z * stride_dqz
     lo, mid, full_end = _query_ranges(start_n, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
-    dk, dv = _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, stride_qm, stride_dom, offs_n, offs_d, lo, mid,
-                        qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, CAUSAL, INPUT_PRECISION)
-    dk, dv = _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, stride_qm, stride_dom, offs_n, offs_d, mid, full_end,
-                        qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, False, CAUSAL, INPUT_PRECISION)
-    dk, dv = _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, stride_qm, stride_dom, offs_n, offs_d, full_end,
-                        SEQ_Q, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, CAUSAL,
-                        INPUT_PRECISION)
+    # masked [lo, mid), unmasked [mid, full_end), masked [full_end, SEQ_Q)
+    dk, dv = _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
+                        lo, mid, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, CAUSAL,
+                        INPUT_PRECISION, ATOMIC_DQ)
+    dk, dv = _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
+                        mid, full_end, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, False, CAUSAL,
+                        INPUT_PRECISION, ATOMIC_DQ)
+    dk, dv = _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
+                        full_end, SEQ_Q, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, CAUSAL,
+                        INPUT_PRECISION, ATOMIC_DQ)
     mask = (offs_n[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)
     tl.store(DK + off_z * stride_dkz + offs_n[:, None] * stride_dkn + offs_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=mask)
@@ -180,6 +193,10 @@ DKDV_TILES = {64: ((32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4
 DQ_TILES = {64: ((128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 8, 2)),
             128: ((128, 32, 8, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3)),
             256: ((32, 32, 4, 1), (32, 16, 4, 2))}
+# dK/dV with the atomic dQ: one more (BLOCK_M, HEAD_DIM_PAD) float32 tile per step
+FUSED_TILES = {64: ((32, 128, 8, 3), (64, 128, 8, 3), (32, 64, 4, 3), (32, 128, 8, 2)),
+               128: ((32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 8, 2)),
+               256: ((32, 32, 8, 1), (16, 32, 8, 1))}
 
 
 def tiles_for(table, head_dim_pad_: int):
@@ -206,14 +223,19 @@ _KEY = ["HEAD_DIM", "CAUSAL", "INPUT_PRECISION"]  # Triton adds the argument dty
 _dkdv_autotuned = triton.autotune(configs=[_config(*t) for t in DKDV_TILES[128]], key=_KEY, do_bench=_bench,
                                   prune_configs_by={"early_config_prune": _prune(DKDV_TILES)})(
                                       _attn_bwd_dkdv_split)
+# dK, dV and dQ in one kernel: the atomics add into a float32 dq that must start at zero for
+# every timed run, and is zeroed again after timing (Triton's reset_to_zero)
+_fused_autotuned = triton.autotune(configs=[_config(*t) for t in FUSED_TILES[128]], key=_KEY, do_bench=_bench,
+                                   reset_to_zero=["DQ"], prune_configs_by={"early_config_prune": _prune(FUSED_TILES)})(
+                                       _attn_bwd_dkdv_split)
 _dq_autotuned = triton.autotune(configs=[_config(*t) for t in DQ_TILES[128]], key=_KEY, do_bench=_bench,
                                 prune_configs_by={"early_config_prune": _prune(DQ_TILES)})(
                                     _attn_bwd_dq_split)
 
 
-def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | None):
+def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | None, atomic_dq: bool = False):
     """All (B*H, seq, d) but lse (B*H, seq_q). cfg None: autotuned tiles (GPU only).
-    Returns dq, dk, dv in the input dtype."""
+    atomic_dq: one kernel instead of two (dQ added with float32 atomics). Returns dq, dk, dv."""
     bh, seq_q, d = q.shape
     seq_k = k.shape[1]
     d_pad = head_dim_pad(d)
@@ -221,30 +243,41 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
     _attn_bwd_preprocess[(triton.cdiv(seq_q, 64), bh)](
         out, dout, delta, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), seq_q, d,
         HEAD_DIM_PAD=d_pad, BLOCK_M=64)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    # atomics accumulate in float32 and start from zero; the two-kernel path writes dq once
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else torch.empty_like(q)
     common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, CAUSAL=causal,
                   INPUT_PRECISION=cfg.input_precision if cfg else "tf32")
-    dkdv_args = (q, k, v, dout, dk, dv, lse, delta, scale * LOG2E, scale,
+    dkdv_args = (q, k, v, dout, dk, dv, dq, lse, delta, scale * LOG2E, scale,
                  q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                 dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), seq_q, seq_k)
+                 dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+                 dq.stride(0), dq.stride(1), seq_q, seq_k)
     dq_args = (q, k, v, dout, dq, lse, delta, scale * LOG2E, scale,
                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), seq_q, seq_k)
     if cfg is None:
-        _dkdv_autotuned[lambda meta: (triton.cdiv(seq_k, meta["BLOCK_N"]), bh)](*dkdv_args, **common)
+        grid_n = lambda meta: (triton.cdiv(seq_k, meta["BLOCK_N"]), bh)  # noqa: E731
+        if atomic_dq:
+            _fused_autotuned[grid_n](*dkdv_args, **common, ATOMIC_DQ=True)
+            return dq.to(q.dtype), dk, dv
+        _dkdv_autotuned[grid_n](*dkdv_args, **common, ATOMIC_DQ=False)
         _dq_autotuned[lambda meta: (triton.cdiv(seq_q, meta["BLOCK_M"]), bh)](*dq_args, **common)
         return dq, dk, dv
     tiles = dict(BLOCK_M=cfg.bwd_block_m, BLOCK_N=cfg.bwd_block_n, num_warps=cfg.bwd_num_warps,
                  num_stages=cfg.bwd_num_stages)
-    _attn_bwd_dkdv_split[(triton.cdiv(seq_k, cfg.bwd_block_n), bh)](*dkdv_args, **common, **tiles)
+    _attn_bwd_dkdv_split[(triton.cdiv(seq_k, cfg.bwd_block_n), bh)](*dkdv_args, **common, **tiles,
+                                                                     ATOMIC_DQ=atomic_dq)
+    if atomic_dq:
+        return dq.to(q.dtype), dk, dv
     _attn_bwd_dq_split[(triton.cdiv(seq_q, cfg.bwd_block_m), bh)](*dq_args, **common, **tiles)
     return dq, dk, dv
 
 
 def autotuned_choices(head_dim: int, dtype: torch.dtype, causal: bool) -> dict:
-    """{"dkdv": tiles, "dq": tiles} the autotuner kept (empty before the first GPU call)."""
+    """{"dkdv": tiles, "dq": tiles, "fused": tiles} the autotuners kept (empty before the
+    first GPU call)."""
     found = {}
-    for name, kernel in (("dkdv", _dkdv_autotuned), ("dq", _dq_autotuned)):
+    for name, kernel in (("dkdv", _dkdv_autotuned), ("dq", _dq_autotuned), ("fused", _fused_autotuned)):
         for key, config in kernel.cache.items():
             if key[0] == head_dim and key[1] == causal and str(dtype) in key:
                 found[name] = dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)

@@ -31,17 +31,18 @@ def expected_tensor_core_op(kernel: str, capability, config) -> str | None:
     forward and in dQ, BLOCK_N in dK/dV) is >= 64, and falls back to FMA on sm_75.
     """
     capability = tuple(capability)
-    if kernel.removesuffix("_tuned") not in ("forward", "bwd_dkdv", "bwd_dq") or capability < (8, 0):
+    if kernel.removesuffix("_tuned") not in ("forward", "bwd_dkdv", "bwd_dq", "bwd_fused") or capability < (8, 0):
         return None
     if capability >= (9, 0):
         cfg = config if isinstance(config, dict) else asdict(config)
-        rows = {"forward": cfg["block_m"], "bwd_dq": cfg["bwd_block_m"], "bwd_dkdv": cfg["bwd_block_n"]}[kernel.removesuffix("_tuned")]
+        rows = {"forward": cfg["block_m"], "bwd_dq": cfg["bwd_block_m"], "bwd_dkdv": cfg["bwd_block_n"],
+                "bwd_fused": cfg["bwd_block_n"]}[kernel.removesuffix("_tuned")]
         return "wgmma.mma_async" if rows >= 64 else "mma.sync"
     return "mma.sync"
 
 
-KERNELS = ("forward", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "bwd_dkdv_tuned", "bwd_dq_tuned", "softmax",
-           "vector_add")
+KERNELS = ("forward", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "bwd_dkdv_tuned", "bwd_dq_tuned", "bwd_fused_tuned",
+           "softmax", "vector_add")
 _DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
@@ -114,7 +115,7 @@ def compile_kernels(specs, *, triton_path: str | None = None, keep_ptx: bool = F
 
 def _signature(fn, dtype: str, constexprs: dict):
     """Argument types as the JIT would infer them; pointer and stride args 16-byte aligned."""
-    float_ptrs = {"Lse", "Delta"}
+    float_ptrs = {"Lse", "Delta"} | ({"DQ"} if constexprs.get("ATOMIC_DQ") else set())  # atomics add in fp32
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
@@ -157,7 +158,11 @@ def _kernel_and_constants(s):
     if s["kernel"].endswith("_tuned"):
         from . import backward_fast
 
-        fn = backward_fast._attn_bwd_dkdv_split if s["kernel"] == "bwd_dkdv_tuned" else backward_fast._attn_bwd_dq_split
+        if s["kernel"] == "bwd_dq_tuned":
+            fn = backward_fast._attn_bwd_dq_split
+        else:  # the dK/dV kernel, alone or adding dQ with atomics
+            fn = backward_fast._attn_bwd_dkdv_split
+            common["ATOMIC_DQ"] = s["kernel"] == "bwd_fused_tuned"
         common["HEAD_DIM"] = s["head_dim"]
     else:
         fn = backward._attn_bwd_dkdv if s["kernel"] == "bwd_dkdv" else backward._attn_bwd_dq

@@ -20,7 +20,7 @@ from .forward import LOG2E, _attn_fwd
 FN = "flash_attention"
 MAX_HEAD_DIM = 256
 FORWARDS = ("teaching", "autotuned", "causal-split", "tma")  # the rungs of kernels/ladder.py
-BACKWARDS = ("teaching", "tuned")  # kernels/backward.py, kernels/backward_fast.py
+BACKWARDS = ("teaching", "tuned", "atomic")  # kernels/backward.py, kernels/backward_fast.py
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -155,7 +155,7 @@ class FlashAttentionFunction(torch.autograd.Function):
 
             # autotuned on a GPU unless the caller fixed the tiles; the interpreter cannot time
             tuned = ctx.rung_config is None and not interpreting()
-            dq, dk, dv = launch_backward(*args, None if tuned else ctx.cfg)
+            dq, dk, dv = launch_backward(*args, None if tuned else ctx.cfg, atomic_dq=ctx.backward == "atomic")
         return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), *[None] * 6
 
 
@@ -186,13 +186,15 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
             (notebook 06's), "autotuned", "causal-split" or "tma".
         backward: "teaching" (notebook 07's kernels with ``config``'s tiles) or "tuned"
             (:mod:`flashlib.kernels.backward_fast`: mask-free interior tiles, dK/dV and dQ
-            tiles autotuned on a GPU unless ``config`` is given). Same gradients, same
-            determinism.
+            tiles autotuned on a GPU unless ``config`` is given), same gradients, still
+            deterministic; or "atomic": the tuned dK/dV kernel also adds each dQ share
+            with float32 atomics (one kernel, five matmuls per tile instead of seven, but
+            the last bits of dq may change from run to run).
 
     float16, bfloat16 (GPUs of compute capability >= 8.0) and float32 (tf32 matmuls by
     default on a GPU); head_dim 1..256 (padded to a power of two inside the kernel); any
     sequence lengths. Without a CUDA device the kernels run in Triton's CPU interpreter and
-    take CPU tensors. The backward pass is deterministic: it uses no atomics.
+    take CPU tensors. The backward pass is deterministic (no atomics) unless backward="atomic".
     """
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale)
     cfg = check_kernel_inputs(q, config)
