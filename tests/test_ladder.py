@@ -200,3 +200,19 @@ def test_fast_rung_autotune_candidates_compile_for_hopper(which):
         assert rep.ok, (label, rep.error)
         assert rep.spill_stores == 0 and rep.shared <= SHARED_LIMIT[(9, 0)], label
         assert rep.wgmma_ops > 0 and (rep.bulk_copy_ops > 0) == (rep.rung == "tma"), label
+
+
+@pytest.mark.parametrize("name,kernel", [("teaching", "teaching"), ("autotuned", "teaching"),
+                                         ("causal-split", "split"), ("tma", "split")])
+def test_each_rung_launches_exactly_one_forward_kernel(name, kernel, monkeypatch):
+    """A rung that launched a second kernel after its own would still return the right
+    answer, and the benchmark would time both: count the launches."""
+    from flashlib.kernels import forward_fast as ff
+
+    launched = []
+    real_teaching, real_split = ff._launch_teaching, ff._launch_split
+    monkeypatch.setattr(ff, "_launch_teaching", lambda *a: (launched.append("teaching"), real_teaching(*a))[1])
+    monkeypatch.setattr(ff, "_launch_split", lambda *a: (launched.append("split"), real_split(*a))[1])
+    q = torch.randn(1, 1, 20, 16)
+    ff.forward(q, q, q, causal=True, rung=name, config=SMALL)
+    assert launched == [kernel]

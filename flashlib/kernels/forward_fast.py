@@ -326,11 +326,11 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: 
     qf, kf, vf = _flat(q), _flat(k), _flat(v)  # (B*H, seq, d)
     out = torch.empty_like(qf)
     lse = torch.empty(qf.shape[0], seq_q, dtype=torch.float32, device=q.device)
+    tuned = None if config is None and not interpreting() else fixed  # None: autotune
     if rung == "teaching":
         cfg = fixed if config is not None else default_config(q.shape[-1], q.dtype, _capability(q.device))
         _launch_teaching(qf, kf, vf, out, lse, causal, scale, cfg)
-    tuned = None if config is None and not interpreting() else fixed  # None: autotune
-    if rung == "autotuned":
+    elif rung == "autotuned":
         _launch_teaching(qf, kf, vf, out, lse, causal, scale, tuned)
     elif rung == "tma" and tma_eligible(qf, kf, vf) and _tma_hardware(q.device):
         if q.device.type == "cuda":
