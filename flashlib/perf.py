@@ -129,9 +129,16 @@ def label(run: dict) -> str:
 
 
 def ladder_points(run: dict, **where) -> list[dict]:
-    """Points of a GPU run's ladder benchmark matching every key=value in ``where``."""
+    """Points of a GPU run's ladder benchmark matching every key=value in ``where``. Rows a
+    run's errata mark ``invalid`` (not a measurement of what they name) are left out."""
     points = (run.get("ladder") or {}).get("points", [])
-    return [p for p in points if all(p.get(k) == v for k, v in where.items())]
+    return [p for p in points if not p.get("invalid") and all(p.get(k) == v for k, v in where.items())]
+
+
+def errata(run: dict) -> list[str]:
+    """What a run's file says, after the fact, about rows it holds that are not to be used."""
+    return [f"{e['rows']} ({e.get('count', '?')} rows): {e['problem']}; instead: {e.get('instead', '-')}"
+            for e in run.get("errata", [])]
 
 
 def series(points, method_key: str = "method", value: str = "tflops") -> dict[str, dict[int, float]]:
@@ -158,6 +165,14 @@ def ladder_gains(run: dict, *, head_dim: int = 128, n: int = 4096, dtype: str = 
     from .kernels.ladder import LADDER
 
     return [(r.name, rates[f"rung:{r.name}"]) for r in LADDER if f"rung:{r.name}" in rates]
+
+
+def rates_at(run: dict, methods, *, head_dim: int = 128, n: int = 4096, dtype: str = "bfloat16",
+             causal: bool = False, mode: str = "fwd") -> dict[str, float]:
+    """{method: TFLOP/s} at one shape for the methods asked for that the run measured (validly)."""
+    points = ladder_points(run, d=head_dim, n=n, dtype=dtype, causal=causal, mode=mode)
+    rates = {p["method"]: p["tflops"] for p in points if p.get("tflops")}
+    return {m: rates[m] for m in methods if m in rates}
 
 
 # ----- figures (flashlib.viz's colours and layout) ---------------------------------------
@@ -190,6 +205,25 @@ def bar_chart(labels, values, title: str = "", ylabel: str = "TFLOP/s") -> Figur
         ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), viz.fmt4(value),
                 ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(labels)), labels=list(labels), fontsize=8)
+    ax.set(title=title, ylabel=ylabel)
+    return fig
+
+
+def grouped_bar_chart(groups: dict[str, dict[str, float]], title: str = "", ylabel: str = "TFLOP/s") -> Figure:
+    """Bars of several series side by side: groups = {series: {category: value}}; a category
+    a series lacks gets no bar (and no invented value)."""
+    categories = list(dict.fromkeys(c for values in groups.values() for c in values))
+    width = 0.8 / max(1, len(groups))
+    fig, (ax,) = viz._new_figure(max(4.5, 1.2 * len(categories) + 2), 3.8)
+    for i, ((series_name, values), color) in enumerate(zip(groups.items(), _LINE_COLORS * 3)):
+        xs = [c + (i - (len(groups) - 1) / 2) * width for c, cat in enumerate(categories) if cat in values]
+        ys = [values[cat] for cat in categories if cat in values]
+        bars = ax.bar(xs, ys, width=width, color=color, label=series_name)
+        for bar, value in zip(bars, ys):
+            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), viz.fmt4(value),
+                    ha="center", va="bottom", fontsize=6)
+    ax.set_xticks(range(len(categories)), labels=categories, fontsize=7)
+    ax.legend(fontsize=7)
     ax.set(title=title, ylabel=ylabel)
     return fig
 

@@ -209,3 +209,22 @@ def test_write_result_names_the_device_and_date(tmp_path):
     run = perf.latest("gpu", tmp_path, with_key="ladder")
     assert run["ladder"]["points"] == result["ladder"]["points"]
     assert perf.label(run).startswith("NVIDIA H200 (test), torch 2.11.0")
+
+
+def test_rows_marked_invalid_are_left_out_and_errata_are_readable():
+    run = _gpu_run()
+    run["ladder"]["points"][0]["invalid"] = "timed two kernels"
+    run["errata"] = [dict(rows="rung:teaching rows", count=1, problem="timed two kernels", instead="another run")]
+    first = _gpu_run()["ladder"]["points"][0]
+    left = perf.ladder_points(run, n=first["n"], method=first["method"])
+    assert left == []
+    assert perf.rates_at(run, ["rung:teaching", "rung:tma"], n=first["n"]) == \
+        {"rung:tma": next(p["tflops"] for p in run["ladder"]["points"] if p["n"] == first["n"] and p["method"] == "rung:tma")}
+    assert perf.errata(run) == ["rung:teaching rows (1 rows): timed two kernels; instead: another run"]
+    assert perf.errata(_gpu_run()) == []
+
+
+def test_grouped_bar_chart_draws_only_measured_bars():
+    fig = perf.grouped_bar_chart({"run 1": {"teaching": 100.0, "tma": 150.0}, "run 2": {"tma": 170.0}}, title="t")
+    assert viz.figure_png(fig)[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(fig.axes[0].patches) == 3

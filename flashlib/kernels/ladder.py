@@ -82,6 +82,20 @@ def rung(name: str) -> Rung:
     return BY_NAME[name]
 
 
+# The backward's steps, selected by flash_attention(..., backward=name); the forward of the
+# measured "flashlib:<name>" rows is rung 3's.
+BACKWARD_STEPS = (
+    dict(name="teaching", change="notebook 07's three kernels with the shipped tiles; every tile masked",
+         why="the baseline: P and dP recomputed twice (once for dK/dV, once for dQ), seven matmuls per tile pair"),
+    dict(name="tuned", change="interior tiles unmasked; dK/dV and dQ each autotuned, with a tall resident block "
+         "and a short streamed one", why="the two kernels want different shapes: 128 resident rows feed wgmma, "
+         "a short streamed block keeps the recomputed tiles small"),
+    dict(name="atomic", change="dQ added with float32 atomics from the dK/dV kernel: one kernel, five matmuls",
+         why="saves recomputing P and dP for dQ; costs atomic traffic, a float32 dQ buffer and bitwise "
+         "repeatability"),
+)
+
+
 def table() -> list[dict]:
     """The ladder as rows for printing or a DataFrame."""
     return [dict(rung=r.number, name=r.name, change=r.change, why=r.why, kernel=r.kernel,
