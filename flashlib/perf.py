@@ -237,7 +237,8 @@ def roofline_plot(points, peak_tflops: float, bandwidth_gbps: float, title: str 
 
     fig, (ax,) = viz._new_figure(6.0, 3.8)
     intensities = [arithmetic_intensity(p["flops"], p["bytes"]) for p in points]
-    lo, hi = min(intensities + [1.0]) / 4, max(intensities + [1e3]) * 4
+    ridge = peak_tflops * 1e12 / (bandwidth_gbps * 1e9)  # where the two roofs meet
+    lo, hi = min(intensities + [ridge]) / 8, max(intensities + [ridge]) * 8
     x = np.geomspace(lo, hi, 200)
     ax.plot(x, np.minimum(peak_tflops, x * bandwidth_gbps * 1e9 / 1e12), color=viz.FINAL_COLOR,
             label=f"roofline: {viz.fmt4(bandwidth_gbps)} GB/s, {viz.fmt4(peak_tflops)} TFLOP/s")
