@@ -61,7 +61,13 @@ def shape(n: int, d: int, tokens: int = 16384, hidden: int = 2048) -> tuple[int,
 
 # ----- GPU side ---------------------------------------------------------------------------
 
-def _bench_ms(fn, warmup: int = 10, rep: int = 40) -> float:
+# do_bench's warm-up and repetition windows, in milliseconds: short enough that the whole grid
+# fits the GPU check's budget, long enough for hundreds of repetitions of a short kernel (a
+# long one repeats only a few times, but each of its runs is long)
+WARMUP_MS, REP_MS = 5, 25
+
+
+def _bench_ms(fn, warmup: int = WARMUP_MS, rep: int = REP_MS) -> float:
     import triton
 
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
@@ -269,7 +275,7 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
     return {"ladder": {
         "provenance": info,
         "config": {"tokens": 16384, "hidden": 2048, "ds": list(ds), "ns": list(ns), "dtypes": list(dtypes),
-                   "causals": list(causals), "modes": list(modes), "timing": "triton.testing.do_bench median ms",
+                   "causals": list(causals), "modes": list(modes), "timing": f"triton.testing.do_bench median ms, warmup {WARMUP_MS} ms, rep {REP_MS} ms",
                    "flops": "4*B*H*N*N*d forward, halved if causal; fwd_bwd = 3.5 x forward",
                    "budget_s": budget_s},
         "ceilings": ceilings, "points": points, "skipped": skipped, "elapsed_s": elapsed,
