@@ -143,6 +143,8 @@ def _math_fits(batch, heads, n, mode, device="cuda") -> bool:
 def _measure_point(p, methods, log, *, device="cuda", tokens=16384, hidden=2048, bench=None, peak=None) -> list[dict]:
     """Every method at one grid point; bench and peak default to the GPU timers."""
     bench, peak = bench or _bench_ms, peak or _peak_bytes
+    if device == "cuda":
+        torch.cuda.empty_cache()  # the previous point's cached blocks would hide free memory from _math_fits
     dtype = getattr(torch, p["dtype"])
     batch, heads = shape(p["n"], p["d"], tokens, hidden)
     gen = torch.Generator(device=device).manual_seed(0)
