@@ -205,11 +205,32 @@ def _cuda_measure(quick: bool):
     return measure
 
 
+def source_revision(root: Path = ROOT) -> dict:
+    """Which code measured: the git commit (with a flag for uncommitted changes) where the
+    checkout has its history, and always a SHA-256 over the package's own source files."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted((root / "flashlib").rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    out = dict(source_sha256=digest.hexdigest(), git_commit=None, git_modified=None)
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10)
+        if commit.returncode == 0:
+            out.update(git_commit=commit.stdout.strip(), git_modified=bool(status.stdout.strip()))
+    except (OSError, subprocess.SubprocessError):  # no git on the machine: the digest still identifies the code
+        pass
+    return out
+
+
 def provenance() -> dict:
     import torch
 
     info = dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), python=platform.python_version(),
-                torch=torch.__version__, cuda=torch.version.cuda, device=None, capability=None, triton=None)
+                torch=torch.__version__, cuda=torch.version.cuda, device=None, capability=None, triton=None,
+                source=source_revision())
     try:  # from the metadata: importing Triton here would fix its interpreter mode too early
         from importlib.metadata import version
 

@@ -80,3 +80,16 @@ def test_without_a_gpu_it_says_so(capsys, monkeypatch):
     monkeypatch.setattr(gpu_check, "provenance", _fake_provenance(None))
     assert gpu_check.main(["--quick"]) == 2
     assert "needs a CUDA device" in capsys.readouterr().out
+
+
+def test_source_revision_names_the_code(tmp_path):
+    import shutil
+
+    here = gpu_check.source_revision()
+    assert len(here["source_sha256"]) == 64 and here == gpu_check.source_revision()
+    copy = tmp_path / "copy"
+    shutil.copytree(gpu_check.ROOT / "flashlib", copy / "flashlib", ignore=shutil.ignore_patterns("__pycache__"))
+    outside_git = gpu_check.source_revision(copy)
+    assert outside_git["source_sha256"] == here["source_sha256"] and outside_git["git_commit"] is None
+    (copy / "flashlib" / "demo.py").write_text((copy / "flashlib" / "demo.py").read_text() + "\n# changed\n")
+    assert gpu_check.source_revision(copy)["source_sha256"] != here["source_sha256"]
