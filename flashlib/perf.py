@@ -300,3 +300,20 @@ def check_intensity(answer) -> bool:
              "(N / BLOCK_M blocks), O and lse written once; 2 bytes an element.",
         known_mistakes=[(4 * n * n * d / ((4 * n * d + n) * size), "K and V are read once per query block, "
                          "not once in all.")])
+
+
+def check_ridge(answer, run: dict | None) -> bool:
+    """The ridge point R / W, FLOPs per byte, of a recorded GPU run's measured ceilings."""
+    from .exercises import _check_number
+
+    if run is None or not (run.get("ladder") or {}).get("ceilings"):
+        print("No GPU run with measured ceilings is recorded in data/bench/: nothing to check against yet.")
+        return False
+    ceilings = run["ladder"]["ceilings"]
+    rate, bandwidth = ceilings["bf16_matmul_tflops"] * 1e12, ceilings["copy_gbps"] * 1e9
+    return _check_number(
+        answer, rate / bandwidth, kind="a number (FLOPs per byte)", rel=1e-3,
+        hint="R is in TFLOP/s (1e12 FLOP/s), W in GB/s (1e9 bytes/s): convert both to units, then divide.",
+        known_mistakes=[(ceilings["bf16_matmul_tflops"] / ceilings["copy_gbps"],
+                         "TFLOP/s over GB/s leaves a factor 1000: convert to FLOP/s and bytes/s first."),
+                        (bandwidth / rate, "the ridge is FLOPs per byte: rate over bandwidth.")])

@@ -228,3 +228,13 @@ def test_grouped_bar_chart_draws_only_measured_bars():
     fig = perf.grouped_bar_chart({"run 1": {"teaching": 100.0, "tma": 150.0}, "run 2": {"tma": 170.0}}, title="t")
     assert viz.figure_png(fig)[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(fig.axes[0].patches) == 3
+
+
+def test_ridge_checker(capsys):
+    run = _gpu_run()  # 700 TFLOP/s, 4000 GB/s
+    assert perf.check_ridge(700e12 / 4000e9, run)
+    assert not perf.check_ridge(700 / 4000, run)
+    assert "factor 1000" in capsys.readouterr().out
+    assert not perf.check_ridge(4000e9 / 700e12, run)
+    assert not perf.check_ridge(175.0, None)
+    assert "nothing to check" in capsys.readouterr().out
