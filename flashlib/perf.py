@@ -167,6 +167,17 @@ def ladder_gains(run: dict, *, head_dim: int = 128, n: int = 4096, dtype: str = 
     return [(r.name, rates[f"rung:{r.name}"]) for r in LADDER if f"rung:{r.name}" in rates]
 
 
+def newest_run_with(methods, *, head_dim: int = 128, n: int = 4096, dtype: str = "bfloat16",
+                    causal: bool = False, mode: str = "fwd", directory: Path | str | None = None) -> dict | None:
+    """The newest recorded GPU run that measured (validly) every one of ``methods`` at this
+    shape, so that a table compares figures of one run; None if no run did."""
+    for run in reversed(load_runs("gpu", directory)):
+        got = rates_at(run, methods, head_dim=head_dim, n=n, dtype=dtype, causal=causal, mode=mode)
+        if len(got) == len(list(methods)):
+            return run
+    return None
+
+
 def rates_at(run: dict, methods, *, head_dim: int = 128, n: int = 4096, dtype: str = "bfloat16",
              causal: bool = False, mode: str = "fwd") -> dict[str, float]:
     """{method: TFLOP/s} at one shape for the methods asked for that the run measured (validly)."""

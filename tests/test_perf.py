@@ -238,3 +238,16 @@ def test_ridge_checker(capsys):
     assert not perf.check_ridge(4000e9 / 700e12, run)
     assert not perf.check_ridge(175.0, None)
     assert "nothing to check" in capsys.readouterr().out
+
+
+def test_newest_run_with_every_method_valid(tmp_path):
+    old, new = _gpu_run("2026-01-02", "Old GPU"), _gpu_run("2026-03-01", "New GPU")
+    for p in new["ladder"]["points"]:
+        if p["method"] == "rung:teaching":
+            p["invalid"] = "timed two kernels"
+    (tmp_path / "gpu-a-2026-01-02.json").write_text(json.dumps(old))
+    (tmp_path / "gpu-b-2026-03-01.json").write_text(json.dumps(new))
+    pick = lambda methods: perf.newest_run_with(methods, n=4096, directory=tmp_path)  # noqa: E731
+    assert pick(["rung:tma", "sdpa:flash"])["device"] == "New GPU"
+    assert pick(["rung:teaching", "sdpa:flash"])["device"] == "Old GPU"
+    assert pick(["rung:teaching", "sdpa:cudnn"]) is None  # cuDNN failed there: no run has both
