@@ -196,9 +196,12 @@ def _measure_point(p, methods, log, *, device="cuda", tokens=16384, hidden=2048,
     return rows
 
 
-def run_plan(grid, measure, budget_s: float, clock=time.perf_counter, progress=None) -> tuple[list[dict], list[dict]]:
+def run_plan(grid, measure, budget_s: float, clock=time.perf_counter, progress=None,
+             timeline=None) -> tuple[list[dict], list[dict]]:
     """(rows measured, grid points skipped): a point starts only if the longest point so far
-    would still end within budget_s. progress(rows) is called after each point."""
+    would still end within budget_s. progress(rows) is called after each point; timeline, a
+    list, gets each measured point with the seconds it took (compiling and autotuning
+    included), to show where a run's time went."""
     start, rows, skipped, longest = clock(), [], [], 0.0
     for p in grid:
         began = clock()
@@ -206,7 +209,10 @@ def run_plan(grid, measure, budget_s: float, clock=time.perf_counter, progress=N
             skipped.append(p)
             continue
         rows.extend(measure(p))
-        longest = max(longest, clock() - began)
+        took = clock() - began
+        longest = max(longest, took)
+        if timeline is not None:
+            timeline.append(dict(p, seconds=round(took, 2)))
         if progress is not None:
             progress(rows)
     return rows, skipped
@@ -267,9 +273,10 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
     log(f"  ceilings: bf16 matmul {ceilings['bf16_matmul_tflops']:.0f} TFLOP/s, "
         f"copy {ceilings['copy_gbps']:.0f} GB/s")
     methods = {mode: _methods(mode) for mode in modes}
+    timeline = []
     points, skipped = run_plan(plan(ds, ns, dtypes, causals, modes),
                                lambda p: _measure_point(p, methods[p["mode"]], log),
-                               budget_s - (time.perf_counter() - start), progress=progress)
+                               budget_s - (time.perf_counter() - start), progress=progress, timeline=timeline)
     chosen = autotuned_choices(ds, dtypes, causals)
     elapsed = time.perf_counter() - start
     if skipped:
@@ -280,7 +287,7 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
                    "causals": list(causals), "modes": list(modes), "timing": f"triton.testing.do_bench median ms, warmup {WARMUP_MS} ms, rep {REP_MS} ms",
                    "flops": "4*B*H*N*N*d forward, halved if causal; fwd_bwd = 3.5 x forward",
                    "budget_s": budget_s},
-        "ceilings": ceilings, "points": points, "skipped": skipped, "elapsed_s": elapsed,
+        "ceilings": ceilings, "points": points, "skipped": skipped, "elapsed_s": elapsed, "timeline": timeline,
         "autotuned": chosen, "target_ratios": target_ratios(points, ceilings["bf16_matmul_tflops"]), "memory_ratios": memory_ratios(points)}}
 
 

@@ -129,9 +129,12 @@ def test_run_plan_stops_before_a_point_would_overrun():
         now[0] += costs[p]
         return [p]
 
-    rows, skipped = perf_bench.run_plan(list(costs), measure, budget_s=10.0, clock=lambda: now[0])
+    timeline = []
+    rows, skipped = perf_bench.run_plan([dict(p=p) for p in costs], lambda p: measure(p["p"]), budget_s=10.0,
+                                        clock=lambda: now[0], timeline=timeline)
     # after a and b (8 s, longest 5 s) nothing else may start: 8 + 5 > 10
-    assert rows == ["a", "b"] and skipped == ["c", "d", "e"]
+    assert rows == ["a", "b"] and skipped == [dict(p=p) for p in "cde"]
+    assert timeline == [dict(p="a", seconds=3.0), dict(p="b", seconds=5.0)]
     now[0] = 0.0
     rows, skipped = perf_bench.run_plan(list(costs), measure, budget_s=100.0, clock=lambda: now[0])
     assert rows == list(costs) and skipped == []
