@@ -116,17 +116,23 @@ def _candidate_specs():
         for d, tiles in table.items():
             for bm, bn, w, s in tiles:
                 cfg = FlashConfig(bwd_block_m=bm, bwd_block_n=bn, bwd_num_warps=w, bwd_num_stages=s)
-                specs.append(spec(kernel, (9, 0), "bfloat16", d, True, cfg))
+                specs += [spec(kernel, cc, "bfloat16", d, True, cfg) for cc in ((9, 0), (8, 0))]
     return specs
 
 
 def _check_candidates(reports, version):
+    """sm_90, the target the candidates were chosen for: no spills, wgmma wherever a dot has
+    64 rows. sm_80 (A100): they build within its shared memory and use its tensor cores; a few
+    spill some bytes there, which only makes them slower, and the autotuner times them."""
     assert reports and all(r.triton_version == version for r in reports)
     for r in reports:
-        label = (r.kernel, r.head_dim, r.config["bwd_block_m"], r.config["bwd_block_n"], version)
+        label = (r.kernel, r.capability, r.head_dim, r.config["bwd_block_m"], r.config["bwd_block_n"], version)
         assert r.ok, (label, r.error)
+        assert r.shared <= SHARED_LIMIT[r.capability], label
+        if r.capability == (8, 0):
+            assert r.mma_sync_ops > 0, label
+            continue
         assert r.spill_stores == 0 and r.spill_loads == 0, label
-        assert r.shared <= SHARED_LIMIT[(9, 0)], label
         rows = r.config["bwd_block_m"] if r.kernel == "bwd_dq_tuned" else r.config["bwd_block_n"]
         assert (r.wgmma_ops > 0) == (rows >= 64), label  # Hopper's tensor cores need 64-row tiles
 
