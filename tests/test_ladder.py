@@ -188,17 +188,24 @@ def test_autotune_candidates_compile_for_hopper():
 @pytest.mark.parametrize("which", ["pinned", "3.6.0"])
 def test_fast_rung_autotune_candidates_compile_for_hopper(which):
     """Rungs 2 and 3 autotune over FAST_TILES: each builds for sm_90 at head dims 64 and 128
-    without spills, within shared memory, with wgmma (and bulk copies for rung 3)."""
+    without spills, within shared memory, with wgmma (and bulk copies for rung 3); rung 2's
+    also for sm_80 within its shared memory."""
     from flashlib.kernels.forward_fast import FAST_TILES
 
-    specs = [ladder.spec(name, (9, 0), "bfloat16", d, True,
-                         FlashConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=s))
-             for name in ("causal-split", "tma") for d in (64, 128) for bm, bn, w, s in FAST_TILES]
+    tiles = [FlashConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=s) for bm, bn, w, s in FAST_TILES]
+    specs = [ladder.spec(name, (9, 0), "bfloat16", d, True, cfg)
+             for name in ("causal-split", "tma") for d in (64, 128) for cfg in tiles]
+    specs += [ladder.spec("causal-split", (8, 0), "bfloat16", 128, True, cfg) for cfg in tiles]  # A100: no TMA
     reports = ladder.compile_rungs(specs, triton_path=None if which == "pinned" else triton36_dir())
     for rep in reports:
-        label = (rep.rung, rep.head_dim, rep.config["block_m"], rep.config["block_n"], rep.triton_version)
+        label = (rep.rung, rep.capability, rep.head_dim, rep.config["block_m"], rep.config["block_n"],
+                 rep.triton_version)
         assert rep.ok, (label, rep.error)
-        assert rep.spill_stores == 0 and rep.shared <= SHARED_LIMIT[(9, 0)], label
+        assert rep.shared <= SHARED_LIMIT[rep.capability], label
+        if rep.capability == (8, 0):  # a spill there only makes a candidate slower: the autotuner times it
+            assert rep.mma_sync_ops > 0, label
+            continue
+        assert rep.spill_stores == 0, label
         assert rep.wgmma_ops > 0 and (rep.bulk_copy_ops > 0) == (rep.rung == "tma"), label
 
 
