@@ -145,3 +145,13 @@ def test_autotune_candidates_compile_for_hopper_with_pinned_triton():
 
 def test_autotune_candidates_compile_for_hopper_with_triton_36():
     _check_candidates(compile_kernels(_candidate_specs(), triton_path=triton36_dir()), "3.6.0")
+
+
+def test_only_16_bit_inputs_on_a_gpu_without_a_config_autotune(monkeypatch):
+    from flashlib.kernels import op
+
+    assert not op.autotunes(torch.float16, None)  # the interpreter cannot time kernels
+    monkeypatch.setattr(op, "interpreting", lambda: False)  # as on a GPU
+    assert op.autotunes(torch.float16, None) and op.autotunes(torch.bfloat16, None)
+    assert not op.autotunes(torch.float32, None)  # candidates are sized for 16-bit tiles
+    assert not op.autotunes(torch.bfloat16, FlashConfig())  # the caller fixed the tiles

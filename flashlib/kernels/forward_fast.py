@@ -24,14 +24,14 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_attention_inputs
-from ._mode import interpreting, require_triton
+from ._mode import require_triton
 from .config import FlashConfig, default_config, head_dim_pad
 
 triton = require_triton()
 import triton.language as tl  # noqa: E402
 
 from .forward import LOG2E, _attn_fwd, _key_range_end, _visible  # noqa: E402
-from .op import FN, _capability, _flat, check_kernel_inputs  # noqa: E402
+from .op import FN, _capability, _flat, autotunes, check_kernel_inputs  # noqa: E402
 
 # ----- rung 1: the teaching kernel, autotuned --------------------------------------------
 
@@ -307,8 +307,9 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: 
 
     Same contract as :func:`flashlib.kernels.flash_forward` (bottom-right causal diagonal,
     zeros and lse = -inf for rows that see no key). ``config`` fixes the tiles; by default
-    rung "teaching" uses :func:`default_config` and the other rungs autotune on a GPU (in
-    the interpreter, which cannot time kernels, they use :func:`default_config` too).
+    rung "teaching" uses :func:`default_config` and the other rungs autotune on a GPU for
+    16-bit inputs (float32 inputs, and the interpreter, which cannot time kernels, use
+    :func:`default_config` too).
     Rung "tma" runs rung 2's kernel where descriptors cannot be used: rows or addresses that
     are not multiples of 16 bytes (e.g. head_dim 59), or a GPU older than sm_90.
     """
@@ -323,7 +324,7 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: 
     qf, kf, vf = _flat(q), _flat(k), _flat(v)  # (B*H, seq, d)
     out = torch.empty_like(qf)
     lse = torch.empty(qf.shape[0], seq_q, dtype=torch.float32, device=q.device)
-    tuned = None if config is None and not interpreting() else fixed  # None: autotune
+    tuned = None if autotunes(q.dtype, config) else fixed  # None: autotune
     if rung == "teaching":
         cfg = fixed if config is not None else default_config(q.shape[-1], q.dtype, _capability(q.device))
         _launch_teaching(qf, kf, vf, out, lse, causal, scale, cfg)

@@ -67,6 +67,13 @@ def check_kernel_inputs(q: torch.Tensor, config) -> FlashConfig:
     return config
 
 
+def autotunes(dtype: torch.dtype, config) -> bool:
+    """Whether a tuned path times its candidate tiles here: on a GPU (the interpreter cannot
+    time kernels), for 16-bit inputs (the candidates are sized for them; float32 doubles
+    every tile and would overflow shared memory), unless the caller fixed the tiles."""
+    return config is None and not interpreting() and dtype in (torch.float16, torch.bfloat16)
+
+
 def _launch_forward(q, k, v, causal, scale, cfg):
     """q, k, v: (B*H, seq, d). Returns out (B*H, seq_q, d) and lse (B*H, seq_q) float32."""
     bh, seq_q, d = q.shape
@@ -153,8 +160,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         else:
             from .backward_fast import launch_backward
 
-            # autotuned on a GPU unless the caller fixed the tiles; the interpreter cannot time
-            tuned = ctx.rung_config is None and not interpreting()
+            tuned = autotunes(q.dtype, ctx.rung_config)
             dq, dk, dv = launch_backward(*args, None if tuned else ctx.cfg, atomic_dq=ctx.backward == "atomic")
         return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), *[None] * 6
 
@@ -183,10 +189,12 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         return_lse: also return the log-sum-exp (..., seq_q), float32, -inf for empty rows
             (not differentiable here, unlike :func:`flashlib.tiled_attention`'s).
         forward: the forward kernel, a rung of :mod:`flashlib.kernels.ladder`: "teaching"
-            (notebook 06's), "autotuned", "causal-split" or "tma".
+            (notebook 06's), "autotuned", "causal-split" or "tma" (the last three autotune
+            on a GPU for 16-bit inputs unless ``config`` is given).
         backward: "teaching" (notebook 07's kernels with ``config``'s tiles) or "tuned"
             (:mod:`flashlib.kernels.backward_fast`: mask-free interior tiles, dK/dV and dQ
-            tiles autotuned on a GPU unless ``config`` is given), same gradients, still
+            tiles autotuned on a GPU for 16-bit inputs unless ``config`` is given; float32
+            uses the shipped tiles), same gradients, still
             deterministic; or "atomic": the tuned dK/dV kernel also adds each dQ share
             with float32 atomics (one kernel, five matmuls per tile instead of seven, but
             the last bits of dq may change from run to run).
