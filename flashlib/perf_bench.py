@@ -5,8 +5,8 @@ and backward) it times, with ``triton.testing.do_bench`` medians:
 
     rung:<name>        each forward of :mod:`flashlib.kernels.ladder` (forward only)
     flashlib           ``flash_attention`` as shipped (teaching forward + teaching backward)
-    flashlib:tuned     the last rung's forward + the tuned backward (``backward="tuned"``)
-    flashlib:atomic    the last rung's forward + the one-kernel backward (``backward="atomic"``)
+    flashlib:tuned     rung 3's forward + the tuned backward (``backward="tuned"``)
+    flashlib:lean      rung 4's forward + ``backward="lean"``
     sdpa:<backend>     torch's scaled_dot_product_attention forced to one backend
                        (flash, efficient, cudnn; math only where its N x N matrices fit)
 
@@ -38,6 +38,9 @@ NS = (512, 1024, 2048, 4096, 8192, 16384)
 DTYPES = ("float16", "bfloat16")
 CAUSALS = (False, True)
 MODES = ("fwd", "fwd_bwd")
+# backward step -> the forward rung it is timed with in "flashlib:<step>" rows. "atomic" is
+# not in the default grid: it lost to "tuned" at every point of the run that measured it.
+BACKWARD_PAIRS = {"tuned": "tma", "lean": "lean"}
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
 TARGET_D, TARGET_N = 128, 4096
 
@@ -122,9 +125,9 @@ def _methods(mode: str):
             methods[f"rung:{rung.name}"] = (lambda r: lambda q, k, v, c: r.forward(q, k, v, causal=c)[0])(rung)
     else:
         methods["flashlib"] = lambda q, k, v, c: flash_attention(q, k, v, causal=c)
-        for bwd in ("tuned", "atomic"):
-            methods[f"flashlib:{bwd}"] = (lambda b: lambda q, k, v, c: flash_attention(
-                q, k, v, causal=c, forward="tma", backward=b))(bwd)
+        for bwd, fwd in BACKWARD_PAIRS.items():
+            methods[f"flashlib:{bwd}"] = (lambda f, b: lambda q, k, v, c: flash_attention(
+                q, k, v, causal=c, forward=f, backward=b))(fwd, bwd)
     for backend in SDPA_BACKENDS:
         methods[f"sdpa:{backend}"] = _sdpa(backend)
     return methods
@@ -277,7 +280,7 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
     points, skipped = run_plan(plan(ds, ns, dtypes, causals, modes),
                                lambda p: _measure_point(p, methods[p["mode"]], log),
                                budget_s - (time.perf_counter() - start), progress=progress, timeline=timeline)
-    chosen = autotuned_choices(ds, dtypes, causals)
+    chosen, chosen_by_n = autotuned_choices(ds, dtypes, causals, ns)
     elapsed = time.perf_counter() - start
     if skipped:
         log(f"  time budget reached: {len(skipped)} grid points skipped (listed in the JSON)")
@@ -288,26 +291,36 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
                    "flops": "4*B*H*N*N*d forward, halved if causal; fwd_bwd = 3.5 x forward",
                    "budget_s": budget_s},
         "ceilings": ceilings, "points": points, "skipped": skipped, "elapsed_s": elapsed, "timeline": timeline,
-        "autotuned": chosen, "target_ratios": target_ratios(points, ceilings["bf16_matmul_tflops"]), "memory_ratios": memory_ratios(points)}}
+        "autotuned": chosen, "autotuned_by_n": chosen_by_n, "target_ratios": target_ratios(points, ceilings["bf16_matmul_tflops"]), "memory_ratios": memory_ratios(points)}}
 
 
-def autotuned_choices(ds, dtypes, causals) -> dict:
-    """{"d=128 bfloat16 causal=True": {"autotuned": tiles, "causal-split": ..., "tma": ...,
-    "bwd_dkdv": ..., "bwd_dq": ...}}: what the autotuners kept in this process."""
+def autotuned_choices(ds, dtypes, causals, ns=NS) -> tuple[dict, dict]:
+    """What the autotuners kept in this process, as ({"d=128 bfloat16 causal=True": {"tma":
+    tiles, ..., "bwd_dkdv": tiles, "bwd_lean_dq": tiles}}, the same per sequence bucket:
+    {"d=128 ...": {"16384": {...}}}). The first is the longest bucket's choice."""
     from .kernels.backward_fast import autotuned_choices as backward_choices
-    from .kernels.forward_fast import autotuned_choice
+    from .kernels.forward_fast import autotuned_choice, seq_bucket
+    from .kernels.ladder import LADDER
 
-    chosen = {}
+    rungs = [rung.name for rung in LADDER if rung.name != "teaching"]
+    by_n = {}
     for d in ds:
         for dtype in dtypes:
             for causal in causals:
                 q = torch.empty(1, 1, 1, d, dtype=getattr(torch, dtype))
-                found = {rung: autotuned_choice(q, causal, rung) for rung in ("autotuned", "causal-split", "tma")}
-                found.update({f"bwd_{k}": t for k, t in backward_choices(d, q.dtype, causal).items()})
-                found = {k: t for k, t in found.items() if t}
-                if found:
-                    chosen[f"d={d} {dtype} causal={causal}"] = found
-    return chosen
+                buckets = {}
+                for n in ns:
+                    found = {rung: autotuned_choice(q, causal, rung, seq=n) for rung in rungs}
+                    for bwd in BACKWARD_PAIRS:
+                        prefix = "bwd_" if bwd == "tuned" else f"bwd_{bwd}_"
+                        found.update({prefix + k: t for k, t in backward_choices(d, q.dtype, causal, bwd, seq=n).items()})
+                    found = {k: t for k, t in found.items() if t}
+                    if found:
+                        buckets[str(seq_bucket(n, n))] = found
+                if buckets:
+                    by_n[f"d={d} {dtype} causal={causal}"] = buckets
+    longest = {key: buckets[max(buckets, key=int)] for key, buckets in by_n.items()}
+    return longest, by_n
 
 
 def format_ladder(result: dict) -> str:

@@ -1,5 +1,5 @@
-"""The tuned backward (``flash_attention(..., backward="tuned")``): exact in the interpreter,
-every autotune candidate compiled for Hopper with both Triton releases."""
+"""The tuned backwards (``flash_attention(..., backward="tuned" | "atomic" | "lean")``): exact
+in the interpreter, every autotune candidate compiled for Hopper with both Triton releases."""
 from __future__ import annotations
 
 import pytest
@@ -49,7 +49,7 @@ CASES = [(37, 50, 24, True), (50, 37, 24, True), (33, 33, 16, True), (21, 45, 59
          (64, 64, 32, True), (64, 64, 32, False), (48, 80, 16, True), (1, 40, 16, True), (40, 1, 16, True)]
 
 
-@pytest.mark.parametrize("backward", ["tuned", "atomic"])
+@pytest.mark.parametrize("backward", ["tuned", "atomic", "lean"])
 @pytest.mark.parametrize("bm,bn", [(16, 16), (16, 32), (32, 16)])
 @pytest.mark.parametrize("seq_q,seq_k,d,causal", CASES)
 def test_tuned_backward_matches_float64_autograd(seq_q, seq_k, d, causal, bm, bn, backward):
@@ -59,13 +59,13 @@ def test_tuned_backward_matches_float64_autograd(seq_q, seq_k, d, causal, bm, bn
 @settings(deadline=None)
 @given(seq_q=st.integers(1, 70), seq_k=st.integers(1, 70), d=st.sampled_from([8, 16, 20]),
        causal=st.booleans(), bm=st.sampled_from([16, 32]), bn=st.sampled_from([16, 32]),
-       seed=st.integers(0, 2**16), backward=st.sampled_from(["tuned", "atomic"]),
+       seed=st.integers(0, 2**16), backward=st.sampled_from(["tuned", "atomic", "lean"]),
        dtype=st.sampled_from([torch.float32, torch.float16]))
 def test_tuned_backward_any_shape_tiles_and_dtype(seq_q, seq_k, d, causal, bm, bn, seed, backward, dtype):
     _check(seq_q, seq_k, d, causal, _tiles(bm, bn), seed=seed, heads=1, backward=backward, dtype=dtype)
 
 
-@pytest.mark.parametrize("backward", ["tuned", "atomic"])
+@pytest.mark.parametrize("backward", ["tuned", "atomic", "lean"])
 def test_tuned_backward_rows_without_keys_get_zero_gradients(backward):
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(1, 1, 40, 16, generator=gen, requires_grad=True)
@@ -76,15 +76,15 @@ def test_tuned_backward_rows_without_keys_get_zero_gradients(backward):
     assert q.grad[..., 16:, :].abs().sum() > 0
 
 
-def test_half_precision_tuned_and_atomic_match_teaching_backward():
-    """float16 inputs (float32 math in the interpreter): all three backwards agree, and the
+def test_half_precision_tuned_backwards_match_teaching_backward():
+    """float16 inputs (float32 math in the interpreter): all four backwards agree, and the
     atomic path hands back dq in the input dtype."""
     gen = torch.Generator().manual_seed(9)
     q, k, v, dout = (torch.randn(1, 2, 45, 32, generator=gen).half() for _ in range(4))
     cfg = _tiles(16, 32)
     grads = {b: _grads(lambda a, b_, c, b=b: flash_attention(a, b_, c, causal=True, config=cfg, backward=b),
-                       q, k, v, dout) for b in ("teaching", "tuned", "atomic")}
-    for b in ("tuned", "atomic"):
+                       q, k, v, dout) for b in ("teaching", "tuned", "atomic", "lean")}
+    for b in ("tuned", "atomic", "lean"):
         for g, t in zip(grads[b], grads["teaching"]):
             assert g.dtype == torch.float16
             torch.testing.assert_close(g, t, atol=2e-3, rtol=2e-3)
@@ -99,12 +99,30 @@ def test_bad_backward_is_named():
 def test_pruner_gives_each_head_dim_its_candidates():
     from flashlib.kernels import backward_fast as bf
 
-    for table, kernel in ((bf.DKDV_TILES, bf._dkdv_autotuned), (bf.DQ_TILES, bf._dq_autotuned),
-                          (bf.FUSED_TILES, bf._fused_autotuned)):
+    for name, table in (("dkdv", bf.DKDV_TILES), ("dq", bf.DQ_TILES), ("fused", bf.FUSED_TILES)):
+        kernel = bf._tuner(name, "tuned", 4096)
+        assert kernel is bf._tuner(name, "tuned", 4096) and kernel is not bf._tuner(name, "lean", 4096)
         for pad, want in ((16, 64), (64, 64), (128, 128), (256, 256)):
             got = kernel.early_config_prune(kernel.configs, {}, HEAD_DIM_PAD=pad)
             assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in got] == \
                 list(table[want])
+
+
+def test_autotuned_choices_are_kept_per_backward_and_bucket():
+    from flashlib.kernels import backward_fast as bf
+
+    tuner = bf._tuner("dq", "lean", 8192)
+    key = (128, True, "tf32", True, True, *["torch.bfloat16"] * 5, "torch.float32", "torch.float32")
+    config = tuner.configs[0]
+    tuner.cache[key] = config
+    try:
+        want = dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+        assert bf.autotuned_choices(128, torch.bfloat16, True, "lean", seq=5000) == {"dq": want}
+        assert bf.autotuned_choices(128, torch.bfloat16, True, "lean", seq=16384) == {}
+        assert bf.autotuned_choices(128, torch.bfloat16, True, "tuned", seq=5000) == {}
+        assert bf.autotuned_choices(128, torch.bfloat16, False, "lean", seq=5000) == {}
+    finally:
+        del tuner.cache[key]
 
 
 def _candidate_specs():
@@ -112,7 +130,8 @@ def _candidate_specs():
 
     specs = []
     for kernel, table in (("bwd_dkdv_tuned", bf.DKDV_TILES), ("bwd_dq_tuned", bf.DQ_TILES),
-                          ("bwd_fused_tuned", bf.FUSED_TILES)):
+                          ("bwd_fused_tuned", bf.FUSED_TILES), ("bwd_dkdv_lean", bf.DKDV_TILES),
+                          ("bwd_dq_lean", bf.DQ_TILES)):
         for d, tiles in table.items():
             for bm, bn, w, s in tiles:
                 cfg = FlashConfig(bwd_block_m=bm, bwd_block_n=bn, bwd_num_warps=w, bwd_num_stages=s)
@@ -130,10 +149,11 @@ def _check_candidates(reports, version):
         assert r.ok, (label, r.error)
         assert r.shared <= SHARED_LIMIT[r.capability], label
         if r.capability == (8, 0):
-            assert r.mma_sync_ops > 0, label
+            assert r.mma_sync_ops > 0 and r.bulk_copy_ops == 0, label
             continue
         assert r.spill_stores == 0 and r.spill_loads == 0, label
-        rows = r.config["bwd_block_m"] if r.kernel == "bwd_dq_tuned" else r.config["bwd_block_n"]
+        assert (r.bulk_copy_ops > 0) == r.kernel.endswith("_lean"), label  # TMA only in "lean", only on sm_90
+        rows = r.config["bwd_block_m"] if r.kernel.startswith("bwd_dq") else r.config["bwd_block_n"]
         assert (r.wgmma_ops > 0) == (rows >= 64), label  # Hopper's tensor cores need 64-row tiles
 
 

@@ -5,7 +5,7 @@ seq_q <, = and > seq_k (16-row tiles, so the unmasked and the masked key loops b
 Compilation: each rung for sm_80 and sm_90 with the pinned Triton and with Triton 3.6.0,
 checking the rung table's declarations: where a rung is declared to build, it compiles
 without spills, within shared memory, with tensor-core instructions (and TMA copies for
-the "tma" rung on sm_90); where it is not, the table says what runs instead.
+the "tma" and "lean" rungs on sm_90); where it is not, the table says what runs instead.
 """
 from __future__ import annotations
 
@@ -84,24 +84,59 @@ def test_tma_eligibility_follows_16_byte_rows():
     assert not tma_eligible(shifted)                 # base 2 bytes off a 16-byte boundary
 
 
-def test_autotune_prunes_big_tiles_and_reports_its_choice():
+def test_autotune_candidates_follow_the_head_dim():
     from flashlib.kernels import forward_fast as ff
 
-    configs = ff._attn_fwd_autotuned.configs
-    assert ff._drop_big_tiles(configs, {}, HEAD_DIM_PAD=128) == configs
-    wide = ff._drop_big_tiles(configs, {}, HEAD_DIM_PAD=256)
-    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in wide] == \
-        list(ff.WIDE_HEAD_TILES)
-    q = torch.empty(1, 1, 8, 100, dtype=torch.bfloat16)
-    assert ff.autotuned_choice(q, True) is None
-    key = (128, True, "tf32", "torch.bfloat16", "torch.bfloat16", "torch.bfloat16", "torch.bfloat16", "torch.float32")
-    ff._attn_fwd_autotuned.cache[key] = configs[2]  # as the autotuner files a choice on a GPU
+    tuner = ff._tuner("autotuned", ff._attn_fwd, 4096)
+    for pad, table in ((16, 64), (64, 64), (128, 128), (256, 256)):
+        got = tuner.early_config_prune(tuner.configs, {}, HEAD_DIM_PAD=pad)
+        assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in got] == \
+            list(ff.FORWARD_TILES[table])
+
+
+def test_sequence_buckets():
+    from flashlib.kernels.forward_fast import seq_bucket
+
+    assert [seq_bucket(n, n) for n in (1, 512, 1024, 1025, 3000, 4096, 16384, 100000)] == \
+        [1024, 1024, 1024, 2048, 4096, 4096, 16384, 16384]
+    assert seq_bucket(100, 5000) == seq_bucket(5000, 100) == 8192  # the longer side decides
+
+
+def test_autotuners_keep_one_choice_per_bucket_and_report_it():
+    """Each (rung, bucket) has its own autotuner over one kernel; autotuned_choice finds what
+    the one for q's length kept (filed by hand here, as the autotuner does on a GPU)."""
+    from flashlib.kernels import forward_fast as ff
+
+    assert ff._tuner("tma", ff._attn_fwd_tma, 4096) is ff._tuner("tma", ff._attn_fwd_tma, 4096)
+    assert ff._tuner("tma", ff._attn_fwd_tma, 4096) is not ff._tuner("tma", ff._attn_fwd_tma, 8192)
+    q = torch.empty(1, 1, 3000, 128, dtype=torch.bfloat16)
+    tuner = ff._tuner("lean", ff._attn_fwd_tma, 4096)
+    assert ff.autotuned_choice(q, True, "lean") is None
+    key = (128, 128, True, "tf32", "torch.bfloat16", "torch.bfloat16", "torch.bfloat16", "torch.bfloat16",
+           "torch.float32")
+    config = tuner.configs[1]
+    tuner.cache[key] = config
     try:
-        assert ff.autotuned_choice(q, True) == dict(configs[2].kwargs, num_warps=configs[2].num_warps,
-                                                    num_stages=configs[2].num_stages)
-        assert ff.autotuned_choice(q, False) is None and ff.autotuned_choice(q.half(), True) is None
+        assert ff.autotuned_choice(q, True, "lean") == dict(config.kwargs, num_warps=config.num_warps,
+                                                            num_stages=config.num_stages)
+        assert ff.autotuned_choice(q, True, "lean", seq=8192) is None  # another bucket
+        assert ff.autotuned_choice(q, False, "lean") is None and ff.autotuned_choice(q.half(), True, "lean") is None
+        assert ff.autotuned_choice(q, True, "tma") is None  # another rung
     finally:
-        del ff._attn_fwd_autotuned.cache[key]
+        del tuner.cache[key]
+
+
+@pytest.mark.parametrize("scale", [-0.3, 0.0, 2.5])
+@pytest.mark.parametrize("name", ["causal-split", "tma", "lean"])
+def test_any_finite_scale(name, scale):
+    """Rung 4 scales the max of the raw scores, which is only right for scale > 0; other
+    scales must take rung 3's fold, not give a wrong answer."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=gen) for _ in range(3))
+    out, lse = ladder.rung(name).forward(q, k, v, causal=True, scale=scale, config=SMALL)
+    ref_out, ref_lse = zip(*(loop_attention(q[0, h], k[0, h], v[0, h], True, scale=scale) for h in range(2)))
+    torch.testing.assert_close(out[0].double(), torch.stack(ref_out), atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(lse[0].double(), torch.stack(ref_lse), atol=2e-5, rtol=1e-5)
 
 
 def test_bad_rung_and_empty_inputs():
@@ -119,7 +154,7 @@ def test_bad_rung_and_empty_inputs():
 def test_table_lists_every_rung_in_order():
     rows = ladder.table()
     assert [r["rung"] for r in rows] == list(range(len(ladder.LADDER)))
-    assert [r["name"] for r in rows] == ["teaching", "autotuned", "causal-split", "tma"]
+    assert [r["name"] for r in rows] == ["teaching", "autotuned", "causal-split", "tma", "lean"]
     assert all(r["change"] and r["why"] for r in rows)
 
 
@@ -153,7 +188,7 @@ def _check_declarations(reports, version):
             assert rep.wgmma_ops > 0, label
         else:
             assert rep.mma_sync_ops > 0, label
-        assert (rep.bulk_copy_ops > 0) == (rep.rung == "tma"), label
+        assert (rep.bulk_copy_ops > 0) == (rep.rung in ("tma", "lean")), label
 
 
 def test_rungs_compile_with_pinned_triton():
@@ -170,14 +205,17 @@ def test_rungs_compile_with_triton_36():
     _check_declarations(reports, "3.6.0")
 
 
-def test_autotune_candidates_compile_for_hopper():
-    """Every tile the autotuner may pick builds for sm_90 at head dim 128 within shared
-    memory (a candidate that spills is merely slow: the autotuner times it and moves on)."""
-    from flashlib.kernels.forward_fast import AUTOTUNE_TILES, WIDE_HEAD_TILES
+def _candidate_configs(d):
+    from flashlib.kernels.forward_fast import forward_tiles
 
-    specs = [ladder.spec("autotuned", (9, 0), "float16", d, False,
-                         FlashConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=s))
-             for d, tiles in ((128, AUTOTUNE_TILES), (256, WIDE_HEAD_TILES)) for bm, bn, w, s in tiles]
+    return [FlashConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=s) for bm, bn, w, s in forward_tiles(d)]
+
+
+def test_autotune_candidates_compile_for_hopper():
+    """Every tile rung 1 may pick builds for sm_90 at head dims 64, 128 and 256 within shared
+    memory (a candidate that spills is merely slow: the autotuner times it and moves on)."""
+    specs = [ladder.spec("autotuned", (9, 0), "float16", d, False, cfg) for d in (64, 128, 256)
+             for cfg in _candidate_configs(d)]
     reports = ladder.compile_rungs(specs)
     for rep in reports:
         assert rep.ok, (rep.config, rep.error)
@@ -187,15 +225,14 @@ def test_autotune_candidates_compile_for_hopper():
 
 @pytest.mark.parametrize("which", ["pinned", "3.6.0"])
 def test_fast_rung_autotune_candidates_compile_for_hopper(which):
-    """Rungs 2 and 3 autotune over FAST_TILES: each builds for sm_90 at head dims 64 and 128
-    without spills, within shared memory, with wgmma (and bulk copies for rung 3); rung 2's
-    also for sm_80 within its shared memory."""
-    from flashlib.kernels.forward_fast import FAST_TILES
-
-    tiles = [FlashConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=s) for bm, bn, w, s in FAST_TILES]
+    """Rungs 2 to 4 autotune over the same candidates: each builds for sm_90 at head dims 64
+    and 128 without spills, within shared memory, with wgmma (and bulk copies for rungs 3 and
+    4); rungs 2 and 4 also for sm_80 within its shared memory (rung 4 there: rung 2's kernel
+    with rung 4's changes, as forward() runs it without a copy engine)."""
     specs = [ladder.spec(name, (9, 0), "bfloat16", d, True, cfg)
-             for name in ("causal-split", "tma") for d in (64, 128) for cfg in tiles]
-    specs += [ladder.spec("causal-split", (8, 0), "bfloat16", 128, True, cfg) for cfg in tiles]  # A100: no TMA
+             for name in ("causal-split", "tma", "lean") for d in (64, 128) for cfg in _candidate_configs(d)]
+    specs += [ladder.spec(name, (8, 0), "bfloat16", 128, True, cfg)  # A100: no TMA
+              for name in ("causal-split", "lean") for cfg in _candidate_configs(128)]
     reports = ladder.compile_rungs(specs, triton_path=None if which == "pinned" else triton36_dir())
     for rep in reports:
         label = (rep.rung, rep.capability, rep.head_dim, rep.config["block_m"], rep.config["block_n"],
@@ -203,14 +240,14 @@ def test_fast_rung_autotune_candidates_compile_for_hopper(which):
         assert rep.ok, (label, rep.error)
         assert rep.shared <= SHARED_LIMIT[rep.capability], label
         if rep.capability == (8, 0):  # a spill there only makes a candidate slower: the autotuner times it
-            assert rep.mma_sync_ops > 0, label
+            assert rep.mma_sync_ops > 0 and rep.bulk_copy_ops == 0, label
             continue
         assert rep.spill_stores == 0, label
-        assert rep.wgmma_ops > 0 and (rep.bulk_copy_ops > 0) == (rep.rung == "tma"), label
+        assert rep.wgmma_ops > 0 and (rep.bulk_copy_ops > 0) == (rep.rung in ("tma", "lean")), label
 
 
 @pytest.mark.parametrize("name,kernel", [("teaching", "teaching"), ("autotuned", "teaching"),
-                                         ("causal-split", "split"), ("tma", "split")])
+                                         ("causal-split", "split"), ("tma", "split"), ("lean", "split")])
 def test_each_rung_launches_exactly_one_forward_kernel(name, kernel, monkeypatch):
     """A rung that launched a second kernel after its own would still return the right
     answer, and the benchmark would time both: count the launches."""
@@ -223,3 +260,20 @@ def test_each_rung_launches_exactly_one_forward_kernel(name, kernel, monkeypatch
     q = torch.randn(1, 1, 20, 16)
     ff.forward(q, q, q, causal=True, rung=name, config=SMALL)
     assert launched == [kernel]
+
+
+def test_lean_rung_spends_fewer_instructions_per_score():
+    """Rung 4's claim, read from the machine code for sm_90: the same exponentials and matrix
+    instructions as rung 3, and at least one floating-point instruction fewer per score of a
+    tile (BLOCK_M * BLOCK_N / threads scores per thread, in each of the two key loops)."""
+    cfg = FlashConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
+    reports = {rep.rung: rep for rep in ladder.compile_rungs(
+        [ladder.spec(name, (9, 0), "bfloat16", 128, False, cfg, sass=True) for name in ("tma", "lean")])}
+    tma, lean = reports["tma"].sass_ops, reports["lean"].sass_ops
+    assert reports["tma"].ok and reports["lean"].ok
+    for op in ("MUFU", "HGMMA"):
+        assert lean[op] == tma[op] > 0, op
+    fp = lambda ops: ops.get("FMUL", 0) + ops.get("FADD", 0) + ops.get("FFMA", 0)  # noqa: E731
+    scores_per_thread = 64 * 64 // (4 * 32)
+    assert fp(lean) <= fp(tma) - scores_per_thread, (fp(tma), fp(lean))
+    assert lean["FMUL"] <= tma["FMUL"] - scores_per_thread

@@ -30,7 +30,7 @@ source = inspect.getsource(forward_fast._attn_fwd_tma.fn)
 assert LOOP in source, "rung 3's unmasked loop changed: update this script"
 source = source.replace(LOOP, "for start_n in tl.range(0, full_end, BLOCK_N, warp_specialize=True):", 1)
 header = ("import triton\nimport triton.language as tl\n"
-          "from flashlib.kernels.forward_fast import _key_ranges, _fold_tile, _finish\n")
+          "from flashlib.kernels.forward_fast import _key_ranges, _fold_tile, _finish, _query_block\n")
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "ws_kernel.py")
     with open(path, "w") as f:
@@ -41,7 +41,8 @@ with tempfile.TemporaryDirectory() as tmp:
     print(f"Triton {triton.__version__}, sm_90, bf16, head dim 128, causal, warp_specialize=True on the unmasked loop")
     for bm, bn, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3)):
         report = RungReport(rung="tma+ws", capability=(9, 0), dtype="bfloat16", head_dim=128, causal=True)
-        constants = dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, INPUT_PRECISION="tf32")
+        constants = dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, INPUT_PRECISION="tf32",
+                         LEAN=False)
         try:
             ptx = compile_and_inspect(report, module._attn_fwd_tma, "bfloat16", constants,
                                       dict(num_warps=warps, num_stages=stages), (9, 0))

@@ -14,6 +14,11 @@ recomputed from the log-sum-exp, no atomics, bitwise deterministic). Two changes
 
 HEAD_DIM is a compile-time constant here (one compiled kernel per head dim), so a head dim
 that is already a power of two loads without any column mask.
+
+``backward="lean"`` adds the forward's last two rungs to the same kernels: the streamed
+blocks (Q and dO for dK/dV, K and V for dQ) arrive through tensor descriptors on sm_90
+(TMA), and causal dQ launches start with the longest query blocks (dK/dV's longest key
+blocks already come first).
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ import triton.language as tl  # noqa: E402
 
 from .backward import _attn_bwd_preprocess  # noqa: E402
 from .forward import LOG2E, _key_range_end, _visible  # noqa: E402
-from .forward_fast import _key_ranges, _load_rows  # noqa: E402
+from .forward_fast import _key_ranges, _load_rows, _query_block, seq_bucket  # noqa: E402
 
 
 @triton.jit
@@ -45,16 +50,30 @@ def _lse_delta(Lse, Delta, offs_m, SEQ_Q, MASKED: tl.constexpr):
 
 
 @triton.jit
+def _stream_rows(Src, start, stride, offs_rows, offs_d, n_rows, HEAD_DIM: tl.constexpr,
+                 HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr):
+    """The streamed tile of rows start + [0, rows), (rows, HEAD_DIM_PAD): Src is a tensor
+    descriptor when TMA (rows and columns out of bounds arrive as zeros), else a pointer
+    loaded with the masks it needs."""
+    if TMA:  # an else, not an early return: the code after a return would still be compiled
+        tile = Src.load([start, 0])
+    else:
+        tile = _load_rows(Src, stride, offs_rows, offs_d, n_rows, HEAD_DIM, HEAD_DIM_PAD, MASKED)
+    return tile
+
+
+@triton.jit
 def _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qm, stride_dom, stride_dqm, offs_n, offs_d, lo, hi,
                qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-               INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+               INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr):
     """Fold query blocks [lo, hi) into one key block's dk, dv; MASKED tiles check everything.
-    ATOMIC_DQ: also add this key block's share of dq (float32) into DQ with atomic adds."""
+    ATOMIC_DQ: also add this key block's share of dq (float32) into DQ with atomic adds.
+    TMA: Q and DO are tensor descriptors."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = _load_rows(Q, stride_qm, offs_m, offs_d, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, MASKED)
-        do = _load_rows(DO, stride_dom, offs_m, offs_d, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, MASKED)
+        q = _stream_rows(Q, start_m, stride_qm, offs_m, offs_d, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, MASKED, TMA)
+        do = _stream_rows(DO, start_m, stride_dom, offs_m, offs_d, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, MASKED, TMA)
         lse, delta = _lse_delta(Lse, Delta, offs_m, SEQ_Q, MASKED)
         # transposed tiles (BLOCK_N, BLOCK_M): keys are this program's rows
         s_t = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION) * qk_scale
@@ -102,8 +121,9 @@ def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
                          stride_dqz, stride_dqm, SEQ_Q, SEQ_K,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                         ATOMIC_DQ: tl.constexpr):
-    """dK, dV of one key block; with ATOMIC_DQ also every dQ contribution (DQ: float32, zeroed)."""
+                         ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr = False):
+    """dK, dV of one key block; with ATOMIC_DQ also every dQ contribution (DQ: float32, zeroed).
+    Key blocks are launched in order: under a causal mask the first see the most queries."""
     start_n = tl.program_id(0)
     off_z = tl.program_id(1).to(tl.int64)
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -112,22 +132,30 @@ def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
     v = _load_rows(V + off_z * stride_vz, stride_vn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, True)
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
-    Q += off_z * stride_qz
-    DO += off_z * stride_doz
+    # the streamed blocks' sources: descriptors of this head's (SEQ_Q, HEAD_DIM) Q and dO with TMA
+    # (a compile-time branch: a helper returning either type would not compile), else pointers
+    if TMA:
+        q_src = tl.make_tensor_descriptor(Q + off_z * stride_qz, shape=[SEQ_Q, HEAD_DIM], strides=[stride_qm, 1],
+                                          block_shape=[BLOCK_M, HEAD_DIM_PAD])
+        do_src = tl.make_tensor_descriptor(DO + off_z * stride_doz, shape=[SEQ_Q, HEAD_DIM],
+                                           strides=[stride_dom, 1], block_shape=[BLOCK_M, HEAD_DIM_PAD])
+    else:
+        q_src = Q + off_z * stride_qz
+        do_src = DO + off_z * stride_doz
     Lse += off_z * SEQ_Q
     Delta += off_z * SEQ_Q
     DQ += off_z * stride_dqz
     lo, mid, full_end = _query_ranges(start_n, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
     # masked [lo, mid), unmasked [mid, full_end), masked [full_end, SEQ_Q)
-    dk, dv = _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
+    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse, Delta, DQ, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
                         lo, mid, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, CAUSAL,
-                        INPUT_PRECISION, ATOMIC_DQ)
-    dk, dv = _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
+                        INPUT_PRECISION, ATOMIC_DQ, TMA)
+    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse, Delta, DQ, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
                         mid, full_end, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, False, CAUSAL,
-                        INPUT_PRECISION, ATOMIC_DQ)
-    dk, dv = _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
+                        INPUT_PRECISION, ATOMIC_DQ, TMA)
+    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse, Delta, DQ, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
                         full_end, SEQ_Q, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, CAUSAL,
-                        INPUT_PRECISION, ATOMIC_DQ)
+                        INPUT_PRECISION, ATOMIC_DQ, TMA)
     mask = (offs_n[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)
     tl.store(DK + off_z * stride_dkz + offs_n[:, None] * stride_dkn + offs_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=mask)
@@ -138,12 +166,13 @@ def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
 @triton.jit
 def _dq_loop(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d, lo, hi,
              qk_scale, SEQ_Q, SEQ_K, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """Fold key blocks [lo, hi) into one query block's dq."""
+             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+             TMA: tl.constexpr):
+    """Fold key blocks [lo, hi) into one query block's dq (TMA: K and V are descriptors)."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _load_rows(K, stride_kn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, MASKED)
-        v = _load_rows(V, stride_vn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, MASKED)
+        k = _stream_rows(K, start_n, stride_kn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, MASKED, TMA)
+        v = _stream_rows(V, start_n, stride_vn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, MASKED, TMA)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
         p = tl.math.exp2(s - lse[:, None])
         if MASKED:
@@ -160,8 +189,10 @@ def _attn_bwd_dq_split(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
                        stride_doz, stride_dom, stride_dqz, stride_dqm,
                        SEQ_Q, SEQ_K,
                        HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    start_m = tl.program_id(0)
+                       BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                       TMA: tl.constexpr = False, LEAN: tl.constexpr = False):
+    """dQ of one query block (LEAN: causal launches start with the longest blocks)."""
+    start_m = _query_block(CAUSAL, LEAN)
     off_z = tl.program_id(1).to(tl.int64)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -170,13 +201,19 @@ def _attn_bwd_dq_split(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
     # padding rows and rows without keys get lse = +inf: their p is 0 even in unmasked tiles
     lse, delta = _lse_delta(Lse + off_z * SEQ_Q, Delta + off_z * SEQ_Q, offs_m, SEQ_Q, True)
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
-    K += off_z * stride_kz
-    V += off_z * stride_vz
+    if TMA:  # descriptors of this head's (SEQ_K, HEAD_DIM) K and V, as in the dK/dV kernel
+        k_src = tl.make_tensor_descriptor(K + off_z * stride_kz, shape=[SEQ_K, HEAD_DIM], strides=[stride_kn, 1],
+                                          block_shape=[BLOCK_N, HEAD_DIM_PAD])
+        v_src = tl.make_tensor_descriptor(V + off_z * stride_vz, shape=[SEQ_K, HEAD_DIM], strides=[stride_vn, 1],
+                                          block_shape=[BLOCK_N, HEAD_DIM_PAD])
+    else:
+        k_src = K + off_z * stride_kz
+        v_src = V + off_z * stride_vz
     full_end, hi = _key_ranges(start_m, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
-    dq = _dq_loop(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d, 0, full_end,
-                  qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, CAUSAL, INPUT_PRECISION)
-    dq = _dq_loop(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d, full_end, hi,
-                  qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, CAUSAL, INPUT_PRECISION)
+    dq = _dq_loop(dq, q, do, lse, delta, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d, 0, full_end,
+                  qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, CAUSAL, INPUT_PRECISION, TMA)
+    dq = _dq_loop(dq, q, do, lse, delta, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d, full_end, hi,
+                  qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, CAUSAL, INPUT_PRECISION, TMA)
     mask = (offs_m[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
     tl.store(DQ + off_z * stride_dqz + offs_m[:, None] * stride_dqm + offs_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=mask)
@@ -192,7 +229,7 @@ DKDV_TILES = {64: ((32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4
               256: ((32, 32, 8, 1), (16, 32, 4, 2))}
 DQ_TILES = {64: ((128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 8, 2)),
             128: ((128, 32, 8, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3)),
-            256: ((32, 32, 4, 1), (32, 16, 4, 2))}
+            256: ((32, 32, 4, 1), (16, 32, 4, 2))}  # (32, 16, 4, 2) spills with descriptors (Triton 3.6)
 # dK/dV with the atomic dQ: one more (BLOCK_M, HEAD_DIM_PAD) float32 tile per step
 FUSED_TILES = {64: ((32, 128, 8, 3), (64, 128, 8, 3), (32, 64, 4, 3), (32, 128, 8, 2)),
                128: ((32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 8, 2)),
@@ -218,27 +255,47 @@ def _bench(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 
 
-_KEY = ["HEAD_DIM", "CAUSAL", "INPUT_PRECISION"]  # Triton adds the argument dtypes
-# the listed configs are placeholders: the pruner swaps in the head dim's own candidates
-_dkdv_autotuned = triton.autotune(configs=[_config(*t) for t in DKDV_TILES[128]], key=_KEY, do_bench=_bench,
-                                  prune_configs_by={"early_config_prune": _prune(DKDV_TILES)})(
-                                      _attn_bwd_dkdv_split)
-# dK, dV and dQ in one kernel: the atomics add into a float32 dq that must start at zero for
-# every timed run, and is zeroed again after timing (Triton's reset_to_zero)
-_fused_autotuned = triton.autotune(configs=[_config(*t) for t in FUSED_TILES[128]], key=_KEY, do_bench=_bench,
-                                   reset_to_zero=["DQ"], prune_configs_by={"early_config_prune": _prune(FUSED_TILES)})(
-                                       _attn_bwd_dkdv_split)
-_dq_autotuned = triton.autotune(configs=[_config(*t) for t in DQ_TILES[128]], key=_KEY, do_bench=_bench,
-                                prune_configs_by={"early_config_prune": _prune(DQ_TILES)})(
-                                    _attn_bwd_dq_split)
+_KEY = ["HEAD_DIM", "CAUSAL", "INPUT_PRECISION", "TMA", "LEAN"]  # Triton adds the argument dtypes
+_TABLES = {"dkdv": DKDV_TILES, "dq": DQ_TILES, "fused": FUSED_TILES}
+# One autotuner per (kernel, backward, sequence bucket), as for the forward (forward_fast.seq_bucket):
+# each keeps its own choices and all share the kernel's compiled binaries.
+_TUNERS: dict = {}
 
 
-def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | None, atomic_dq: bool = False):
+def _tuner(kernel: str, backward: str, bucket: int):
+    key = (kernel, backward, bucket)
+    if key not in _TUNERS:
+        table = _TABLES[kernel]
+        # the listed configs are placeholders: the pruner swaps in the head dim's own candidates;
+        # the fused kernel's atomics add into a float32 dq that must start at zero for every
+        # timed run, and is zeroed again after timing (Triton's reset_to_zero)
+        _TUNERS[key] = triton.autotune(
+            configs=[_config(*t) for t in table[128]], key=_KEY, do_bench=_bench,
+            reset_to_zero=["DQ"] if kernel == "fused" else None,
+            prune_configs_by={"early_config_prune": _prune(table)})(
+                _attn_bwd_dq_split if kernel == "dq" else _attn_bwd_dkdv_split)
+    return _TUNERS[key]
+
+
+BACKWARDS = ("tuned", "atomic", "lean")
+
+
+def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | None, backward: str = "tuned"):
     """All (B*H, seq, d) but lse (B*H, seq_q). cfg None: autotuned tiles (GPU only).
-    atomic_dq: one kernel instead of two (dQ added with float32 atomics). Returns dq, dk, dv."""
+    backward: "tuned"; "atomic" (one kernel: dQ added with float32 atomics); "lean" ("tuned"
+    with descriptors for the streamed blocks where TMA exists, and longest-first causal dQ).
+    Returns dq, dk, dv."""
+    if backward not in BACKWARDS:
+        raise ValueError(f"launch_backward: argument 'backward' must be one of {BACKWARDS}, got {backward!r}")
+    from .forward_fast import _ensure_allocator, _tma_hardware, tma_eligible
+
     bh, seq_q, d = q.shape
     seq_k = k.shape[1]
     d_pad = head_dim_pad(d)
+    atomic_dq = backward == "atomic"
+    tma = backward == "lean" and tma_eligible(q, k, v, dout) and _tma_hardware(q.device)
+    if tma and q.device.type == "cuda":
+        _ensure_allocator()
     delta = torch.empty_like(lse)
     _attn_bwd_preprocess[(triton.cdiv(seq_q, 64), bh)](
         out, dout, delta, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), seq_q, d,
@@ -247,7 +304,7 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
     # atomics accumulate in float32 and start from zero; the two-kernel path writes dq once
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else torch.empty_like(q)
     common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, CAUSAL=causal,
-                  INPUT_PRECISION=cfg.input_precision if cfg else "tf32")
+                  INPUT_PRECISION=cfg.input_precision if cfg else "tf32", TMA=tma)
     dkdv_args = (q, k, v, dout, dk, dv, dq, lse, delta, scale * LOG2E, scale,
                  q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                  dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
@@ -255,13 +312,16 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
     dq_args = (q, k, v, dout, dq, lse, delta, scale * LOG2E, scale,
                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), seq_q, seq_k)
+    lean = backward == "lean"
     if cfg is None:
+        bucket = seq_bucket(seq_q, seq_k)
         grid_n = lambda meta: (triton.cdiv(seq_k, meta["BLOCK_N"]), bh)  # noqa: E731
         if atomic_dq:
-            _fused_autotuned[grid_n](*dkdv_args, **common, ATOMIC_DQ=True)
+            _tuner("fused", backward, bucket)[grid_n](*dkdv_args, **common, ATOMIC_DQ=True)
             return dq.to(q.dtype), dk, dv
-        _dkdv_autotuned[grid_n](*dkdv_args, **common, ATOMIC_DQ=False)
-        _dq_autotuned[lambda meta: (triton.cdiv(seq_q, meta["BLOCK_M"]), bh)](*dq_args, **common)
+        _tuner("dkdv", backward, bucket)[grid_n](*dkdv_args, **common, ATOMIC_DQ=False)
+        _tuner("dq", backward, bucket)[lambda meta: (triton.cdiv(seq_q, meta["BLOCK_M"]), bh)](
+            *dq_args, **common, LEAN=lean)
         return dq, dk, dv
     tiles = dict(BLOCK_M=cfg.bwd_block_m, BLOCK_N=cfg.bwd_block_n, num_warps=cfg.bwd_num_warps,
                  num_stages=cfg.bwd_num_stages)
@@ -269,16 +329,19 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
                                                                      ATOMIC_DQ=atomic_dq)
     if atomic_dq:
         return dq.to(q.dtype), dk, dv
-    _attn_bwd_dq_split[(triton.cdiv(seq_q, cfg.bwd_block_m), bh)](*dq_args, **common, **tiles)
+    _attn_bwd_dq_split[(triton.cdiv(seq_q, cfg.bwd_block_m), bh)](*dq_args, **common, **tiles, LEAN=lean)
     return dq, dk, dv
 
 
-def autotuned_choices(head_dim: int, dtype: torch.dtype, causal: bool) -> dict:
-    """{"dkdv": tiles, "dq": tiles, "fused": tiles} the autotuners kept (empty before the
-    first GPU call)."""
+def autotuned_choices(head_dim: int, dtype: torch.dtype, causal: bool, backward: str = "tuned",
+                      seq: int = 16384) -> dict:
+    """{"dkdv": tiles, "dq": tiles} ("fused" for backward="atomic") the autotuners of one
+    backward kept for sequence length seq's bucket (empty before the first GPU call)."""
     found = {}
-    for name, kernel in (("dkdv", _dkdv_autotuned), ("dq", _dq_autotuned), ("fused", _fused_autotuned)):
-        for key, config in kernel.cache.items():
+    bucket = seq_bucket(seq, seq)
+    for name in _TABLES:
+        tuner = _TUNERS.get((name, backward, bucket))
+        for key, config in (tuner.cache.items() if tuner else ()):
             if key[0] == head_dim and key[1] == causal and str(dtype) in key:
                 found[name] = dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
     return found

@@ -31,18 +31,19 @@ def expected_tensor_core_op(kernel: str, capability, config) -> str | None:
     forward and in dQ, BLOCK_N in dK/dV) is >= 64, and falls back to FMA on sm_75.
     """
     capability = tuple(capability)
-    if kernel.removesuffix("_tuned") not in ("forward", "bwd_dkdv", "bwd_dq", "bwd_fused") or capability < (8, 0):
+    kernel = kernel.removesuffix("_tuned").removesuffix("_lean")
+    if kernel not in ("forward", "bwd_dkdv", "bwd_dq", "bwd_fused") or capability < (8, 0):
         return None
     if capability >= (9, 0):
         cfg = config if isinstance(config, dict) else asdict(config)
         rows = {"forward": cfg["block_m"], "bwd_dq": cfg["bwd_block_m"], "bwd_dkdv": cfg["bwd_block_n"],
-                "bwd_fused": cfg["bwd_block_n"]}[kernel.removesuffix("_tuned")]
+                "bwd_fused": cfg["bwd_block_n"]}[kernel]
         return "wgmma.mma_async" if rows >= 64 else "mma.sync"
     return "mma.sync"
 
 
 KERNELS = ("forward", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "bwd_dkdv_tuned", "bwd_dq_tuned", "bwd_fused_tuned",
-           "softmax", "vector_add")
+           "bwd_dkdv_lean", "bwd_dq_lean", "softmax", "vector_add")
 _DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
@@ -64,6 +65,8 @@ class TargetReport:
     spill_loads: int = 0
     wgmma_ops: int = 0              # wgmma.mma_async instructions in the PTX (Hopper)
     mma_sync_ops: int = 0           # mma.sync instructions in the PTX (Ampere, and Hopper's small tiles)
+    bulk_copy_ops: int = 0          # TMA copies (cp.async.bulk.tensor) in the PTX (Hopper)
+    sass_ops: dict = field(default_factory=dict)  # opcode -> count in the machine code, when asked for
 
     @property
     def shared_limit(self) -> int:
@@ -155,15 +158,17 @@ def _kernel_and_constants(s):
     if s["kernel"] == "bwd_preprocess":
         return (backward._attn_bwd_preprocess, dict(HEAD_DIM_PAD=d_pad, BLOCK_M=cfg.bwd_block_m),
                 dict(num_warps=4, num_stages=1), cfg)
-    if s["kernel"].endswith("_tuned"):
+    if s["kernel"].endswith(("_tuned", "_lean")):
         from . import backward_fast
 
-        if s["kernel"] == "bwd_dq_tuned":
+        lean = s["kernel"].endswith("_lean")  # as launch_backward runs "lean": TMA from sm_90 on
+        common.update(HEAD_DIM=s["head_dim"], TMA=lean and tuple(s["capability"]) >= (9, 0))
+        if s["kernel"].startswith("bwd_dq"):
             fn = backward_fast._attn_bwd_dq_split
+            common["LEAN"] = lean
         else:  # the dK/dV kernel, alone or adding dQ with atomics
             fn = backward_fast._attn_bwd_dkdv_split
             common["ATOMIC_DQ"] = s["kernel"] == "bwd_fused_tuned"
-        common["HEAD_DIM"] = s["head_dim"]
     else:
         fn = backward._attn_bwd_dkdv if s["kernel"] == "bwd_dkdv" else backward._attn_bwd_dq
     return (fn, dict(common, BLOCK_M=cfg.bwd_block_m, BLOCK_N=cfg.bwd_block_n),
@@ -193,9 +198,33 @@ def _ptxas_path():
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
-def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, capability) -> str:
+def sass_opcodes(cubin: bytes) -> dict:
+    """How often each machine instruction (SASS opcode: FMUL, FFMA, MUFU, HGMMA, ...; without
+    its modifiers) occurs in a cubin, read with the nvdisasm that ships with Triton."""
+    import collections
+
+    nvdisasm = os.path.join(os.path.dirname(_ptxas_path()), "nvdisasm")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        done = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"nvdisasm failed: {done.stderr[-2000:]}")
+    ops = collections.Counter()
+    for line in done.stdout.splitlines():
+        # "/*0a50*/   @!P0 FFMA.FTZ R4, R5, R6, -R7 ;": an address, an optional predicate, the opcode
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if m:
+            ops[m.group(1)] += 1
+    return dict(ops)
+
+
+def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, capability,
+                        sass: bool = False) -> str:
     """Compile ``fn`` for a CUDA target without a GPU; fill the report's shared memory,
-    registers, spills and tensor-core instruction counts; return the PTX."""
+    registers, spills and tensor-core instruction counts (and, with sass, the count of every
+    machine instruction); return the PTX."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -209,6 +238,9 @@ def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, 
     report.registers, report.spill_stores, report.spill_loads = _ptxas_info(ptx, _ptxas_path())
     report.wgmma_ops = ptx.count("wgmma.mma_async")
     report.mma_sync_ops = ptx.count("mma.sync")
+    report.bulk_copy_ops = ptx.count("cp.async.bulk.tensor")
+    if sass:
+        report.sass_ops = sass_opcodes(compiled.asm["cubin"])
     return ptx
 
 

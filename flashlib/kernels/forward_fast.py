@@ -15,6 +15,11 @@ qk_scale = scale · log2(e). What changes is how the work is launched and fed:
     rung 3 "tma"           rung 2, with Q, K, V and O moved through tensor descriptors: on
                            Hopper (sm_90) the copy engine (TMA) moves whole tiles and pads
                            out-of-bounds rows and columns with zeros, so loads need no masks
+    rung 4 "lean"          rung 3 with less work per score and a better launch order: the row
+                           max is taken of the raw scores and scaled once per row, so the scale
+                           rides in the exponent's fused multiply-add (one multiply fewer per
+                           score; needs scale > 0); causal launches start with the longest query
+                           blocks, so the short ones fill the last wave instead of a long one
 
 Rungs 2 and 3 take HEAD_DIM as a compile-time constant: one compiled kernel per head dim,
 so the head-dim mask disappears whenever the head dim is already a power of two.
@@ -35,11 +40,29 @@ from .op import FN, _capability, _flat, autotunes, check_kernel_inputs  # noqa: 
 
 # ----- rung 1: the teaching kernel, autotuned --------------------------------------------
 
-# (BLOCK_M, BLOCK_N, warps, stages). Two H200 runs (data/bench/, 8 candidates then) kept only
-# (128, 64, 8, 3) and (64, 64, 4, 3) for every head dim, dtype and mask; these four keep both
-# winners and their nearest neighbours, and halve the compile time of a GPU check. Rungs 2
-# and 3 use the same candidates.
-AUTOTUNE_TILES = FAST_TILES = ((128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 4))
+# (BLOCK_M, BLOCK_N, warps, stages) per padded head dim (16 and 32 use 64's), shared by every
+# autotuned rung so that a rung's gain is its own change, not a change of tiles. Two H200
+# runs (data/bench/) kept only (128, 64, 8, 3) and (64, 64, 4, 3) out of eight candidates, for
+# every head dim, dtype and mask; the third candidate is a neighbour not yet measured: a deeper
+# pipeline of 128 x 128 tiles at head dim 64, short 32-key tiles (three programs per SM) at 128.
+# At head dim 256 a 128-row tile overflows registers and a deep pipeline shared memory.
+FORWARD_TILES = {64: ((128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 3)),
+                 128: ((128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)),
+                 256: ((64, 32, 8, 1), (64, 32, 4, 2), (32, 32, 4, 2))}
+
+
+def forward_tiles(head_dim_pad_: int):
+    """The autotune candidates for a padded head dim."""
+    return FORWARD_TILES[max(64, head_dim_pad_)]
+
+
+def seq_bucket(seq_q: int, seq_k: int) -> int:
+    """The sequence-length bucket an autotuned choice is kept for: the power of two at or
+    above the longer sequence, clamped to [1024, 16384]. The best tiles change with N (two
+    H200 runs: tiles chosen at N = 16k lost at 4k), but re-timing for every distinct length
+    would stall a caller whose lengths vary."""
+    n = max(int(seq_q), int(seq_k), 1)
+    return min(max(1 << (n - 1).bit_length(), 1024), 16384)
 
 
 def _autotune_bench(kernel_call, quantiles):
@@ -47,28 +70,31 @@ def _autotune_bench(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 
 
-# At head dim 256 a 128-row tile overflows registers and a deep pipeline shared memory.
-WIDE_HEAD_TILES = ((64, 32, 8, 1), (64, 32, 4, 2), (32, 32, 4, 2))
-
-
 def _config(bm, bn, w, s):
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
 
 
-def _drop_big_tiles(configs, named_args, **kwargs):
-    """The candidates for this head dim: small tiles only at head dim 256."""
-    if kwargs.get("HEAD_DIM_PAD", named_args.get("HEAD_DIM_PAD", 64)) >= 256:
-        return [_config(*tile) for tile in WIDE_HEAD_TILES]
-    return configs
+def _head_dim_tiles(configs, named_args, **kwargs):
+    """Swap in the candidates of this head dim (the listed configs are placeholders)."""
+    d_pad = kwargs.get("HEAD_DIM_PAD", named_args.get("HEAD_DIM_PAD", 64))
+    return [_config(*tile) for tile in forward_tiles(d_pad)]
 
 
-# Decorating builds a Python object only; the driver is first touched when it is called.
-_attn_fwd_autotuned = triton.autotune(
-    configs=[_config(*tile) for tile in AUTOTUNE_TILES],
-    key=["HEAD_DIM_PAD", "CAUSAL", "INPUT_PRECISION"],  # the argument dtypes are added by Triton
-    prune_configs_by={"early_config_prune": _drop_big_tiles},
-    do_bench=_autotune_bench,
-)(_attn_fwd)
+# One autotuner per (kernel, sequence bucket), made on first use on a GPU (decorating builds a
+# Python object only; the driver is first touched when it is called). Autotuners of one kernel
+# share its compiled binaries: a new bucket re-times the candidates, it never recompiles them.
+_TUNERS: dict = {}
+
+
+def _tuner(name: str, kernel, bucket: int):
+    key = (name, bucket)
+    if key not in _TUNERS:
+        _TUNERS[key] = triton.autotune(
+            configs=[_config(*tile) for tile in FORWARD_TILES[128]],
+            key=["HEAD_DIM", "HEAD_DIM_PAD", "CAUSAL", "INPUT_PRECISION"],  # Triton adds the dtypes
+            prune_configs_by={"early_config_prune": _head_dim_tiles},
+            do_bench=_autotune_bench)(kernel)
+    return _TUNERS[key]
 
 
 def _launch_teaching(q, k, v, out, lse, causal, scale, cfg):
@@ -79,22 +105,24 @@ def _launch_teaching(q, k, v, out, lse, causal, scale, cfg):
             out.stride(0), out.stride(1), seq_q, k.shape[1], d)
     if cfg is None:  # on a GPU: let the autotuner pick the tiles
         grid = lambda meta: (triton.cdiv(seq_q, meta["BLOCK_M"]), bh)  # noqa: E731
-        _attn_fwd_autotuned[grid](*args, HEAD_DIM_PAD=head_dim_pad(d), CAUSAL=causal,
-                                  INPUT_PRECISION="tf32")
+        _tuner("autotuned", _attn_fwd, seq_bucket(seq_q, k.shape[1]))[grid](
+            *args, HEAD_DIM_PAD=head_dim_pad(d), CAUSAL=causal, INPUT_PRECISION="tf32")
         return
     _attn_fwd[(triton.cdiv(seq_q, cfg.block_m), bh)](
         *args, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
         INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def autotuned_choice(q, causal: bool, rung: str = "autotuned"):
-    """The tiles the autotuner kept for inputs like q (None before the first GPU call).
-    Rung 1's key holds the padded head dim, rungs 2 and 3's the head dim itself."""
-    kernel = _AUTOTUNED[rung]
-    d = head_dim_pad(q.shape[-1]) if rung == "autotuned" else q.shape[-1]
-    for key, config in kernel.cache.items():
-        if key[0] == d and key[1] == causal and str(q.dtype) in key:
-            return dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+def autotuned_choice(q, causal: bool, rung: str = "autotuned", seq: int | None = None):
+    """The tiles the autotuner kept for inputs like q of a rung (None before the first GPU
+    call); seq: the sequence length whose bucket to look in (default q's)."""
+    bucket = seq_bucket(seq or q.shape[-2], seq or q.shape[-2])
+    names = ("lean", "lean-split") if rung == "lean" else (rung,)  # lean-split: lean without TMA
+    for name in names:
+        kernel = _TUNERS.get((name, bucket))
+        for key, config in (kernel.cache.items() if kernel else ()):
+            if key[0] == q.shape[-1] and key[2] == causal and str(q.dtype) in key:
+                return dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
     return None
 
 
@@ -117,20 +145,30 @@ def _key_ranges(start_m, SEQ_Q, SEQ_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 
 @triton.jit
 def _fold_tile(acc, l_i, m_i, q, k, v, offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K,
-               MASKED: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """One online-softmax step on a loaded tile: k, v (BLOCK_N, HEAD_DIM_PAD)."""
-    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), base 2
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, LEAN: tl.constexpr):
+    """One online-softmax step on a loaded tile: k, v (BLOCK_N, HEAD_DIM_PAD).
+    LEAN (needs qk_scale > 0): s holds raw scores; the max is scaled once per row and the
+    scale is applied inside exp2's argument, where it fuses with the subtraction."""
+    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N)
+    if not LEAN:
+        s = s * qk_scale  # base 2
     if MASKED:
         s = tl.where(_visible(offs_m, offs_n, SEQ_Q, SEQ_K, CAUSAL), s, float("-inf"))
+    if LEAN:
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # max(c s) = c max(s) for c > 0
+    else:
         m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASKED:
         # a row that has seen no visible key keeps m = -inf: shift by 0 so 2^-inf = 0, not NaN
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         # every score of an unmasked tile is finite, so the new max is too
-        m_new = tl.maximum(m_i, tl.max(s, 1))
         shift = m_new
     alpha = tl.math.exp2(m_i - shift)
-    p = tl.math.exp2(s - shift[:, None])
+    if LEAN:
+        p = tl.math.exp2(s * qk_scale - shift[:, None])  # one fused multiply-add per score
+    else:
+        p = tl.math.exp2(s - shift[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
     return acc, l_i, m_new
@@ -150,6 +188,15 @@ def _load_rows(Ptr, stride, offs_rows, offs_d, n_rows, HEAD_DIM: tl.constexpr, H
 
 
 @triton.jit
+def _query_block(CAUSAL: tl.constexpr, LEAN: tl.constexpr):
+    """This program's query block. Causal blocks further down see more keys; LEAN launches
+    them first (longest job first), so the last wave of programs holds the short ones."""
+    if LEAN and CAUSAL:
+        return tl.num_programs(0) - 1 - tl.program_id(0)
+    return tl.program_id(0)
+
+
+@triton.jit
 def _finish(acc, l_i, m_i):
     """Deferred normalisation; a row that saw no key gets out = 0 and lse = -inf."""
     seen = l_i != 0  # only a row with no visible key has l_i == 0; NaN stays NaN
@@ -164,9 +211,11 @@ def _attn_fwd_split(Q, K, V, Out, Lse, qk_scale,
                     stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn, stride_oz, stride_om,
                     SEQ_Q, SEQ_K,
                     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """As forward._attn_fwd, with the key loop split into an unmasked and a masked part."""
-    start_m = tl.program_id(0)
+                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                    LEAN: tl.constexpr):
+    """As forward._attn_fwd, with the key loop split into an unmasked and a masked part
+    (LEAN: rung 4's fold and launch order, see _fold_tile and _query_block)."""
+    start_m = _query_block(CAUSAL, LEAN)
     off_z = tl.program_id(1).to(tl.int64)
     Q += off_z * stride_qz
     K += off_z * stride_kz
@@ -186,13 +235,13 @@ def _attn_fwd_split(Q, K, V, Out, Lse, qk_scale,
         k = _load_rows(K, stride_kn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, False)
         v = _load_rows(V, stride_vn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, False)
         acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k, v, offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K,
-                                   False, CAUSAL, INPUT_PRECISION)
+                                   False, CAUSAL, INPUT_PRECISION, LEAN)
     for start_n in range(full_end, hi, BLOCK_N):  # the diagonal and the last, ragged tile
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = _load_rows(K, stride_kn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, True)
         v = _load_rows(V, stride_vn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, True)
         acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k, v, offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K,
-                                   True, CAUSAL, INPUT_PRECISION)
+                                   True, CAUSAL, INPUT_PRECISION, LEAN)
 
     out, lse = _finish(acc, l_i, m_i)
     o_mask = (offs_m[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
@@ -207,10 +256,11 @@ def _attn_fwd_tma(Q, K, V, Out, Lse, qk_scale,
                   stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn, stride_oz, stride_om,
                   SEQ_Q, SEQ_K,
                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                  LEAN: tl.constexpr):
     """Rung 2 with every tile moved by a descriptor of one (batch, head)'s (seq, HEAD_DIM)
     matrix: rows past seq and columns past HEAD_DIM arrive as zeros, stores are clipped."""
-    start_m = tl.program_id(0)
+    start_m = _query_block(CAUSAL, LEAN)
     off_z = tl.program_id(1).to(tl.int64)
     q_desc = tl.make_tensor_descriptor(Q + off_z * stride_qz, shape=[SEQ_Q, HEAD_DIM], strides=[stride_qm, 1],
                                        block_shape=[BLOCK_M, HEAD_DIM_PAD])
@@ -230,11 +280,11 @@ def _attn_fwd_tma(Q, K, V, Out, Lse, qk_scale,
     for start_n in range(0, full_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k_desc.load([start_n, 0]), v_desc.load([start_n, 0]),
-                                   offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K, False, CAUSAL, INPUT_PRECISION)
+                                   offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K, False, CAUSAL, INPUT_PRECISION, LEAN)
     for start_n in range(full_end, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k_desc.load([start_n, 0]), v_desc.load([start_n, 0]),
-                                   offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K, True, CAUSAL, INPUT_PRECISION)
+                                   offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K, True, CAUSAL, INPUT_PRECISION, LEAN)
 
     out, lse = _finish(acc, l_i, m_i)
     o_desc.store([start_m * BLOCK_M, 0], out.to(Out.dtype.element_ty))
@@ -271,26 +321,16 @@ def _ensure_allocator():
         _ALLOCATOR_SET = True
 
 
-def _autotuned(kernel):
-    return triton.autotune(configs=[_config(*tile) for tile in FAST_TILES], key=["HEAD_DIM", "CAUSAL", "INPUT_PRECISION"],
-                           prune_configs_by={"early_config_prune": _drop_big_tiles}, do_bench=_autotune_bench)(kernel)
-
-
-_attn_fwd_split_autotuned = _autotuned(_attn_fwd_split)
-_attn_fwd_tma_autotuned = _autotuned(_attn_fwd_tma)
-_AUTOTUNED = {"autotuned": _attn_fwd_autotuned, "causal-split": _attn_fwd_split_autotuned,
-              "tma": _attn_fwd_tma_autotuned}
-
-
-def _launch_split(kernel, q, k, v, out, lse, causal, scale, cfg):
-    """kernel with the tiles of cfg, or its autotuned version (GPU only) when cfg is None."""
+def _launch_split(kernel, q, k, v, out, lse, causal, scale, cfg, lean: bool = False):
+    """kernel with the tiles of cfg, or autotuned (GPU only) when cfg is None."""
     bh, seq_q, d = q.shape
     args = (q, k, v, out, lse, scale * LOG2E,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), seq_q, k.shape[1])
-    common = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), CAUSAL=causal)
+    common = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), CAUSAL=causal, LEAN=lean)
     if cfg is None:
-        tuned = _attn_fwd_tma_autotuned if kernel is _attn_fwd_tma else _attn_fwd_split_autotuned
+        name = ("lean" if lean else "tma") if kernel is _attn_fwd_tma else ("lean-split" if lean else "causal-split")
+        tuned = _tuner(name, kernel, seq_bucket(seq_q, k.shape[1]))
         tuned[lambda meta: (triton.cdiv(seq_q, meta["BLOCK_M"]), bh)](*args, **common, INPUT_PRECISION="tf32")
         return
     kernel[(triton.cdiv(seq_q, cfg.block_m), bh)](
@@ -298,20 +338,21 @@ def _launch_split(kernel, q, k, v, out, lse, causal, scale, cfg):
         INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-RUNGS = ("teaching", "autotuned", "causal-split", "tma")
+RUNGS = ("teaching", "autotuned", "causal-split", "tma", "lean")
 
 
-def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: str = "tma",
+def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: str = "lean",
             config: FlashConfig | None = None):
     """The forward of one rung: returns (out, lse), out like q, lse (..., seq_q) float32.
 
     Same contract as :func:`flashlib.kernels.flash_forward` (bottom-right causal diagonal,
     zeros and lse = -inf for rows that see no key). ``config`` fixes the tiles; by default
     rung "teaching" uses :func:`default_config` and the other rungs autotune on a GPU for
-    16-bit inputs (float32 inputs, and the interpreter, which cannot time kernels, use
-    :func:`default_config` too).
-    Rung "tma" runs rung 2's kernel where descriptors cannot be used: rows or addresses that
-    are not multiples of 16 bytes (e.g. head_dim 59), or a GPU older than sm_90.
+    16-bit inputs, keeping one choice per sequence bucket (:func:`seq_bucket`); float32
+    inputs, and the interpreter, which cannot time kernels, use :func:`default_config` too.
+    Rungs "tma" and "lean" run without descriptors where descriptors cannot be used: rows or
+    addresses that are not multiples of 16 bytes (e.g. head_dim 59), or a GPU older than
+    sm_90. Rung "lean" runs rung 3's fold when scale <= 0 (its max needs a positive scale).
     """
     if rung not in RUNGS:
         raise ValueError(f"forward: argument 'rung' must be one of {RUNGS}, got {rung!r}")
@@ -330,10 +371,12 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: 
         _launch_teaching(qf, kf, vf, out, lse, causal, scale, cfg)
     elif rung == "autotuned":
         _launch_teaching(qf, kf, vf, out, lse, causal, scale, tuned)
-    elif rung == "tma" and tma_eligible(qf, kf, vf) and _tma_hardware(q.device):
-        if q.device.type == "cuda":
-            _ensure_allocator()
-        _launch_split(_attn_fwd_tma, qf, kf, vf, out, lse, causal, scale, tuned)
-    else:
+    elif rung == "causal-split":
         _launch_split(_attn_fwd_split, qf, kf, vf, out, lse, causal, scale, tuned)
+    else:
+        lean = rung == "lean" and scale > 0
+        kernel = _attn_fwd_tma if tma_eligible(qf, kf, vf) and _tma_hardware(q.device) else _attn_fwd_split
+        if kernel is _attn_fwd_tma and q.device.type == "cuda":
+            _ensure_allocator()
+        _launch_split(kernel, qf, kf, vf, out, lse, causal, scale, tuned, lean)
     return out.reshape(q.shape), lse.reshape(*lead, seq_q)

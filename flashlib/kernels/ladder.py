@@ -72,6 +72,14 @@ LADDER = (
          "forward_fast._attn_fwd_tma", tuple((version, (9, 0)) for version in TRITON_VERSIONS),
          "rung 2's kernel runs when head_dim * element size is not a multiple of 16 bytes, and on "
          "GPUs older than sm_90 (no copy engine)"),
+    Rung(4, "lean",
+         "rung 3 with the row max taken of raw scores and the scale applied inside exp2's argument; "
+         "causal launches start with the longest query blocks",
+         "one multiply fewer per score on the units that also compute the exponentials; the longest "
+         "programs no longer end the launch alone",
+         "forward_fast._attn_fwd_tma (LEAN=True)", tuple((version, (9, 0)) for version in TRITON_VERSIONS),
+         "without descriptors (as for rung 3) rung 2's kernel runs with the same two changes; with "
+         "scale <= 0 rung 3's fold runs (the scaled max needs a positive scale)"),
 )
 BY_NAME = {rung.name: rung for rung in LADDER}
 
@@ -83,7 +91,7 @@ def rung(name: str) -> Rung:
 
 
 # The backward's steps, selected by flash_attention(..., backward=name); the forward of the
-# measured "flashlib:<name>" rows is rung 3's.
+# measured "flashlib:<name>" rows is rung 3's, rung 4's for "lean" (perf_bench.BACKWARD_PAIRS).
 BACKWARD_STEPS = (
     dict(name="teaching", change="notebook 07's three kernels with the shipped tiles; every tile masked",
          why="the baseline: P and dP recomputed twice (once for dK/dV, once for dQ), seven matmuls per tile pair"),
@@ -93,6 +101,10 @@ BACKWARD_STEPS = (
     dict(name="atomic", change="dQ added with float32 atomics from the dK/dV kernel: one kernel, five matmuls",
          why="saves recomputing P and dP for dQ; costs atomic traffic, a float32 dQ buffer and bitwise "
          "repeatability"),
+    dict(name="lean", change="tuned, with the streamed blocks (Q and dO for dK/dV, K and V for dQ) moved by tensor "
+         "descriptors on sm_90, and causal dQ blocks launched longest first",
+         why="the forward's rungs 3 and 4 for the backward: the copy engine frees threads and registers, and "
+         "the longest programs no longer end the launch alone"),
 )
 
 
@@ -109,11 +121,12 @@ class RungReport(TargetReport):
     """One rung's kernel compiled for one target."""
 
     rung: str = field(default="", kw_only=True)
-    bulk_copy_ops: int = 0    # TMA copies (cp.async.bulk.tensor)
 
 
-def spec(rung_name: str, capability=(9, 0), dtype="float16", head_dim=64, causal=False, config=None):
-    """A JSON-able description of one rung compilation; config: a FlashConfig or its dict."""
+def spec(rung_name: str, capability=(9, 0), dtype="float16", head_dim=64, causal=False, config=None,
+         sass: bool = False):
+    """A JSON-able description of one rung compilation; config: a FlashConfig or its dict;
+    sass: also count the machine instructions (RungReport.sass_ops)."""
     rung(rung_name)
     dtype = str(dtype).replace("torch.", "")
     if dtype not in ("float16", "bfloat16", "float32"):
@@ -121,7 +134,7 @@ def spec(rung_name: str, capability=(9, 0), dtype="float16", head_dim=64, causal
     if config is not None and not isinstance(config, dict):
         config = asdict(config)
     return dict(rung=rung_name, capability=tuple(capability), dtype=dtype, head_dim=int(head_dim),
-                causal=bool(causal), config=config)
+                causal=bool(causal), config=config, sass=bool(sass))
 
 
 def compile_rungs(specs, *, triton_path: str | None = None, timeout: float = 900) -> list[RungReport]:
@@ -150,8 +163,10 @@ def _kernel_and_constants(s):
     if s["rung"] in ("teaching", "autotuned"):
         fn = forward._attn_fwd
     else:
-        fn = forward_fast._attn_fwd_split if s["rung"] == "causal-split" else forward_fast._attn_fwd_tma
-        constants["HEAD_DIM"] = s["head_dim"]
+        # what forward() launches: below sm_90 (no copy engine) rungs 3 and 4 run rung 2's kernel
+        tma = s["rung"] != "causal-split" and tuple(s["capability"]) >= (9, 0)
+        fn = forward_fast._attn_fwd_tma if tma else forward_fast._attn_fwd_split
+        constants.update(HEAD_DIM=s["head_dim"], LEAN=s["rung"] == "lean")
     return fn, constants, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), cfg
 
 
@@ -166,8 +181,7 @@ def _compile_one(s) -> dict:
     try:
         fn, constants, options, cfg = _kernel_and_constants(s)
         report.config = asdict(cfg)
-        ptx = compile_and_inspect(report, fn, s["dtype"], constants, options, s["capability"])
-        report.bulk_copy_ops = ptx.count("cp.async.bulk.tensor")
+        compile_and_inspect(report, fn, s["dtype"], constants, options, s["capability"], sass=s.get("sass", False))
         report.ok = True
     except Exception as exc:  # reported per spec, so one failure does not hide the others
         report.error = f"{type(exc).__name__}: {exc}"[:2000]

@@ -19,8 +19,8 @@ from .forward import LOG2E, _attn_fwd
 
 FN = "flash_attention"
 MAX_HEAD_DIM = 256
-FORWARDS = ("teaching", "autotuned", "causal-split", "tma")  # the rungs of kernels/ladder.py
-BACKWARDS = ("teaching", "tuned", "atomic")  # kernels/backward.py, kernels/backward_fast.py
+FORWARDS = ("teaching", "autotuned", "causal-split", "tma", "lean")  # the rungs of kernels/ladder.py
+BACKWARDS = ("teaching", "tuned", "atomic", "lean")  # kernels/backward.py, kernels/backward_fast.py
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -161,7 +161,7 @@ class FlashAttentionFunction(torch.autograd.Function):
             from .backward_fast import launch_backward
 
             tuned = autotunes(q.dtype, ctx.rung_config)
-            dq, dk, dv = launch_backward(*args, None if tuned else ctx.cfg, atomic_dq=ctx.backward == "atomic")
+            dq, dk, dv = launch_backward(*args, None if tuned else ctx.cfg, backward=ctx.backward)
         return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), *[None] * 6
 
 
@@ -189,15 +189,16 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         return_lse: also return the log-sum-exp (..., seq_q), float32, -inf for empty rows
             (not differentiable here, unlike :func:`flashlib.tiled_attention`'s).
         forward: the forward kernel, a rung of :mod:`flashlib.kernels.ladder`: "teaching"
-            (notebook 06's), "autotuned", "causal-split" or "tma" (the last three autotune
-            on a GPU for 16-bit inputs unless ``config`` is given).
+            (notebook 06's), "autotuned", "causal-split", "tma" or "lean" (all but the first
+            autotune on a GPU for 16-bit inputs unless ``config`` is given).
         backward: "teaching" (notebook 07's kernels with ``config``'s tiles) or "tuned"
             (:mod:`flashlib.kernels.backward_fast`: mask-free interior tiles, dK/dV and dQ
             tiles autotuned on a GPU for 16-bit inputs unless ``config`` is given; float32
             uses the shipped tiles), same gradients, still
             deterministic; or "atomic": the tuned dK/dV kernel also adds each dQ share
             with float32 atomics (one kernel, five matmuls per tile instead of seven, but
-            the last bits of dq may change from run to run).
+            the last bits of dq may change from run to run); or "lean": "tuned" with the
+            streamed blocks moved by tensor descriptors (sm_90) and longest-first causal dQ.
 
     float16, bfloat16 (GPUs of compute capability >= 8.0) and float32 (tf32 matmuls by
     default on a GPU); head_dim 1..256 (padded to a power of two inside the kernel); any
