@@ -146,7 +146,9 @@ def write_report(report: dict, out_dir, *, copy_to=None) -> Path:
 
 
 def run_tests(timeout_s: float, log=print) -> dict:
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / "test_gpu.py"), "-q", "-p", "no:cacheprovider"]
+    # --durations: the slowest tests (mostly compiling and autotuning) are listed in the report
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / "test_gpu.py"), "-q", "-p", "no:cacheprovider",
+           "--durations=12"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     start = time.perf_counter()
     try:

@@ -204,6 +204,29 @@ def test_ladder_forward_with_fused_backward_gradients(rung):
         torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
 
 
+def test_autotuned_choices_by_sequence_bucket():
+    """What the autotuners kept, per bucket and for the longest, as the JSON records it (a
+    choice filed by hand here, as a GPU run files them)."""
+    if not triton_installed():
+        pytest.skip("Triton ships Linux wheels only")
+    from flashlib.kernels import backward_fast as bf
+    from flashlib.kernels import forward_fast as ff
+
+    fwd = ff._tuner("lean", ff._attn_fwd_tma, 4096)
+    bwd = bf._tuner("dkdv", "lean", 4096)
+    fwd_key = (128, 128, False, "tf32", *["torch.bfloat16"] * 4, "torch.float32")
+    bwd_key = (128, False, "tf32", True, *["torch.bfloat16"] * 7, "torch.float32", "torch.float32")
+    fwd.cache[fwd_key], bwd.cache[bwd_key] = fwd.configs[0], bwd.configs[1]
+    try:
+        longest, by_n = perf_bench.autotuned_choices((64, 128), ("bfloat16",), (False, True), (2048, 4096))
+    finally:
+        del fwd.cache[fwd_key], bwd.cache[bwd_key]
+    tile = lambda c: dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)  # noqa: E731
+    assert by_n == {"d=128 bfloat16 causal=False": {"4096": {"lean": tile(fwd.configs[0]),
+                                                             "bwd_lean_dkdv": tile(bwd.configs[1])}}}
+    assert longest == {"d=128 bfloat16 causal=False": by_n["d=128 bfloat16 causal=False"]["4096"]}
+
+
 def test_write_result_names_the_device_and_date(tmp_path):
     result = _gpu_run()
     result["ladder"]["provenance"] = {"device": "NVIDIA H200 (test)", "date": "2026-05-06", "torch": "2.11.0"}
