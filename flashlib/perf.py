@@ -313,6 +313,26 @@ def check_intensity(answer) -> bool:
                          "not once in all.")])
 
 
+LEAN_EXERCISE = dict(n=4096, block_m=128, block_n=64, num_warps=8)
+
+
+def check_saved_multiplies(answer) -> bool:
+    """Multiplies one thread saves with rung 4 over one query block's non-causal key loop."""
+    from .exercises import _check_number
+
+    n, block_m, block_n, warps = LEAN_EXERCISE.values()
+    threads = warps * 32
+    per_tile = block_m * block_n // threads  # scores of one tile each thread holds
+    expected = per_tile * (n // block_n)
+    return _check_number(
+        answer, expected, kind="a number (multiplies per thread)",
+        hint="One multiply per score; a tile's BLOCK_M x BLOCK_N scores are shared by warps x 32 threads, "
+             "and the loop visits N / BLOCK_N key tiles.",
+        known_mistakes=[(per_tile, "that is one key tile; the loop visits N / BLOCK_N of them."),
+                        (block_m * n, "that is the whole query block: its scores are shared by all the threads."),
+                        (block_m * n // warps, "a warp is 32 threads: divide by threads, not by warps.")])
+
+
 def check_ridge(answer, run: dict | None) -> bool:
     """The ridge point R / W, FLOPs per byte, of a recorded GPU run's measured ceilings."""
     from .exercises import _check_number

@@ -256,6 +256,16 @@ def test_grouped_bar_chart_draws_only_measured_bars():
     assert len(fig.axes[0].patches) == 3
 
 
+def test_saved_multiplies_checker(capsys):
+    # by hand: 128 x 64 scores per tile over 256 threads is 32 each; 4096 / 64 = 64 tiles
+    assert perf.check_saved_multiplies(32 * 64)
+    assert not perf.check_saved_multiplies(32)
+    assert "N / BLOCK_N" in capsys.readouterr().out
+    assert not perf.check_saved_multiplies(128 * 4096 // 8)
+    assert "divide by threads" in capsys.readouterr().out
+    assert not perf.check_saved_multiplies(None)
+
+
 def test_ridge_checker(capsys):
     run = _gpu_run()  # 700 TFLOP/s, 4000 GB/s
     assert perf.check_ridge(700e12 / 4000e9, run)
