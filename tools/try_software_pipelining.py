@@ -1,0 +1,95 @@
+"""Issue the next tile's scores before this tile's softmax, and see whether the two overlap.
+
+    python tools/try_software_pipelining.py [DIRECTORY_HOLDING_ANOTHER_TRITON]
+
+FlashAttention-3 overlaps the exponentials of one tile with the tensor cores' work on the
+next. This script writes that order into rung 4's unmasked key loop (S for tile j + 1 is
+computed before the softmax of tile j; past the end the descriptor reads zeros), compiles
+rung 4 and the rewritten kernel for sm_90 (bf16, head dim 128, 64 x 64 tiles, 4 warps) and
+reads the machine code: for every group of wgmma instructions (HGMMA), how many exp2
+instructions (MUFU) the warps execute between issuing the group and waiting for it
+(WARPGROUP.DEPBAR). Overlap needs exponentials in that window. Backs data/bench/LOG.md.
+"""
+import importlib.util
+import inspect
+import os
+import sys
+import tempfile
+
+os.environ["TRITON_INTERPRET"] = "0"
+if len(sys.argv) > 1:
+    sys.path.insert(0, sys.argv[1])
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from flashlib.kernels import forward_fast  # noqa: E402
+from flashlib.kernels.compile import _ptxas_path, _signature  # noqa: E402
+
+OLD = """    for start_n in range(0, full_end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k_desc.load([start_n, 0]), v_desc.load([start_n, 0]),
+                                   offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K, False, CAUSAL, INPUT_PRECISION, LEAN)
+"""
+NEW = """    s_next = tl.dot(q, tl.trans(k_desc.load([0, 0])))
+    for start_n in range(0, full_end, BLOCK_N):
+        s = s_next
+        s_next = tl.dot(q, tl.trans(k_desc.load([start_n + BLOCK_N, 0])))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(V.dtype.element_ty), v_desc.load([start_n, 0]))
+        m_i = m_new
+"""
+
+
+def exp2_between_issue_and_wait(cubin: bytes) -> list[int]:
+    """For each wgmma group, in program order: exp2 instructions between issue and wait."""
+    import re
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        sass = subprocess.run([os.path.join(os.path.dirname(_ptxas_path()), "nvdisasm"), "-c", path],
+                              capture_output=True, text=True, check=True).stdout
+    counts, open_group = [], None
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
+        if not m:
+            continue
+        op = m.group(1)
+        if op.startswith("HGMMA") and open_group is None:
+            open_group = 0
+        elif op.startswith("MUFU") and open_group is not None:
+            open_group += 1
+        elif op.startswith("WARPGROUP.DEPBAR") and open_group is not None:
+            counts.append(open_group)
+            open_group = None
+    return counts
+
+
+source = inspect.getsource(forward_fast._attn_fwd_tma.fn)
+assert OLD in source, "rung 3/4's unmasked loop changed: update this script"
+header = ("import triton\nimport triton.language as tl\n"
+          "from flashlib.kernels.forward_fast import _key_ranges, _fold_tile, _finish, _query_block\n")
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "pipelined.py")
+    with open(path, "w") as f:
+        f.write(header + source.replace(OLD, NEW))
+    spec = importlib.util.spec_from_file_location("pipelined", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    constants = dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_M=64, BLOCK_N=64, CAUSAL=False, INPUT_PRECISION="tf32",
+                     LEAN=True)
+    print(f"Triton {triton.__version__}, sm_90, bf16, head dim 128, 64 x 64 tiles, 4 warps, 3 stages")
+    for name, fn in (("rung 4", forward_fast._attn_fwd_tma), ("rung 4, next S issued first", module._attn_fwd_tma)):
+        signature, attrs = _signature(fn, "bfloat16", constants)
+        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
+                                  target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=3))
+        print(f"  {name:28s}: exp2 between each wgmma group's issue and its wait: "
+              f"{exp2_between_issue_and_wait(compiled.asm['cubin'])}")
