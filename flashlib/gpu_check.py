@@ -4,7 +4,8 @@ Runs with the machine's own torch and Triton and installs nothing. In order, eac
 within its share of a time budget (default 450 s, so the whole check ends within 8 minutes
 on an H200):
 
-1. ``tests/test_gpu.py`` with pytest in a subprocess: forward and backward against dense
+1. ``tests/test_gpu.py`` with pytest in a subprocess (at most 45 % of the budget; the kernels
+   it compiles stay in Triton's cache for the benchmark): forward and backward against dense
    attention in float32 and against ``scaled_dot_product_attention`` in float16/bfloat16.
 2. Only with ``--sdpa-table`` (or without the ladder): forward and backward time
    (``triton.testing.do_bench``, median) and peak memory of the shipped ``flash_attention``
@@ -259,7 +260,7 @@ def main(argv=None, *, measure=None, log=print) -> int:
         f"CUDA {report['cuda']}")
     status = 0
     if not args.skip_tests:
-        report["tests"] = run_tests(timeout_s=0.4 * args.budget, log=log)
+        report["tests"] = run_tests(timeout_s=0.45 * args.budget, log=log)
         status = 0 if report["tests"]["returncode"] == 0 else 1
         write_report(report, args.out_dir, copy_to=os.environ.get("OUT"))  # kept if the benchmark dies
     ladder = not args.no_ladder and _has_ladder()

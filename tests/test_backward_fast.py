@@ -76,6 +76,19 @@ def test_tuned_backward_rows_without_keys_get_zero_gradients(backward):
     assert q.grad[..., 16:, :].abs().sum() > 0
 
 
+@pytest.mark.parametrize("backward", ["tuned", "lean"])
+def test_gradient_of_a_sum_arrives_expanded(backward):
+    """out.sum().backward() hands the kernels a dout whose rows all alias one (stride 0)."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 33, 16, generator=gen) for _ in range(3))
+    got = _grads(lambda a, b, c: flash_attention(a, b, c, causal=True, config=_tiles(16, 16),
+                                                 backward=backward).sum(), q, k, v, torch.tensor(1.0))
+    want = _grads(lambda a, b, c: dense_attention(a, b, c, causal=True).sum(), *(t.double() for t in (q, k, v)),
+                  torch.tensor(1.0, dtype=torch.float64))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w, atol=1e-5, rtol=1e-4)
+
+
 def test_half_precision_tuned_backwards_match_teaching_backward():
     """float16 inputs (float32 math in the interpreter): all four backwards agree, and the
     atomic path hands back dq in the input dtype."""

@@ -82,6 +82,9 @@ def test_tma_eligibility_follows_16_byte_rows():
     assert tma_eligible(wide[..., :24].float())      # the copy is contiguous: 96-byte rows
     shifted = torch.empty(2 * 4 * 24 + 1, dtype=torch.float16)[1:].view(2, 4, 24)
     assert not tma_eligible(shifted)                 # base 2 bytes off a 16-byte boundary
+    repeated = torch.ones(1, 1, 16, dtype=torch.float16).expand(2, 4, 16)
+    assert not tma_eligible(repeated)                # stride-0 rows: one row seen four times
+    assert tma_eligible(torch.ones(1, 4, 16, dtype=torch.float16).expand(3, 4, 16))  # shared (B*H): fine
 
 
 def test_autotune_candidates_follow_the_head_dim():

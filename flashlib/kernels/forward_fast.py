@@ -294,10 +294,12 @@ def _attn_fwd_tma(Q, K, V, Out, Lse, qk_scale,
 
 def tma_eligible(*tensors: torch.Tensor) -> bool:
     """A descriptor's base address and row strides must be multiples of 16 bytes, its last
-    dim contiguous; checked on the (B*H, seq, d) views the kernels receive."""
+    dim contiguous; checked on the (B*H, seq, d) views the kernels receive. Rows must not
+    overlap either: an expanded tensor (a gradient of out.sum(), say) repeats one row with
+    stride 0, which the pointer kernels read correctly and a descriptor need not."""
     def ok(t):
         size = t.element_size()
-        return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+        return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and t.stride(-2) >= t.shape[-1]
                 and all(stride * size % 16 == 0 for stride in t.stride()[:-1]))
     return all(ok(t) for t in tensors)
 
