@@ -4,8 +4,9 @@ Runs with the machine's own torch and Triton and installs nothing. In order, eac
 within its share of a time budget (default 450 s, so the whole check ends within 8 minutes
 on an H200):
 
-1. ``tests/test_gpu.py`` with pytest in a subprocess (at most 45 % of the budget; the kernels
-   it compiles stay in Triton's cache for the benchmark): forward and backward against dense
+1. ``tests/test_gpu.py`` with pytest in a subprocess (at most 45 % of the budget; kernels it
+   compiles stay in Triton's on-disk cache, and the benchmark reuses those whose arguments
+   specialise alike): forward and backward against dense
    attention in float32 and against ``scaled_dot_product_attention`` in float16/bfloat16.
 2. Only with ``--sdpa-table`` (or without the ladder): forward and backward time
    (``triton.testing.do_bench``, median) and peak memory of the shipped ``flash_attention``
