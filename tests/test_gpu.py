@@ -118,6 +118,23 @@ def test_fastest_path_within_twice_sdpa_error(dtype, batch, heads, seq_q, seq_k,
         torch.testing.assert_close(got[1], again[1])
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_lazy_rescale_rung_on_growing_maxima(causal):
+    """Rung 5 skips rescales behind a branch for the whole block: keys whose norms grow
+    along the sequence make row maxima jump mid-row, so both sides of the branch run on the
+    GPU. Within twice SDPA's bfloat16 error of a float32 reference, and no worse than rung 4."""
+    from flashlib.kernels import ladder
+
+    q, k, v, _ = _inputs(1, 4, 2048, 2048, 128, torch.bfloat16, seed=2)
+    k = (k.float() * torch.linspace(1.0, 6.0, 2048, device=DEVICE)[:, None]).to(torch.bfloat16)
+    want = _sdpa(causal, 2048, 2048)(q.float(), k.float(), v.float())
+    sdpa_err = _max_err(_sdpa(causal, 2048, 2048)(q, k, v), want)
+    for name in ("lean", "lazy-rescale"):
+        out, lse = ladder.rung(name).forward(q, k, v, causal=causal)
+        assert torch.isfinite(out).all() and torch.isfinite(lse).all(), name
+        assert _max_err(out, want) <= 2 * sdpa_err + 1e-4, (name, _max_err(out, want), sdpa_err)
+
+
 def test_rows_without_keys_and_lse():
     q, k, v, dout = _inputs(1, 2, 300, 100, 64, torch.float16)
     out, lse = flash_attention(q, k, v, causal=True, return_lse=True)

@@ -67,6 +67,7 @@ class TargetReport:
     mma_sync_ops: int = 0           # mma.sync instructions in the PTX (Ampere, and Hopper's small tiles)
     bulk_copy_ops: int = 0          # TMA copies (cp.async.bulk.tensor) in the PTX (Hopper)
     sass_ops: dict = field(default_factory=dict)  # opcode -> count in the machine code, when asked for
+    mma_loop: dict = field(default_factory=dict)  # first_mma_loop() of the machine code, when asked for
 
     @property
     def shared_limit(self) -> int:
@@ -198,11 +199,7 @@ def _ptxas_path():
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
-def sass_opcodes(cubin: bytes) -> dict:
-    """How often each machine instruction (SASS opcode: FMUL, FFMA, MUFU, HGMMA, ...; without
-    its modifiers) occurs in a cubin, read with the nvdisasm that ships with Triton."""
-    import collections
-
+def _disassemble(cubin: bytes) -> str:
     nvdisasm = os.path.join(os.path.dirname(_ptxas_path()), "nvdisasm")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.cubin")
@@ -211,13 +208,68 @@ def sass_opcodes(cubin: bytes) -> dict:
         done = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"nvdisasm failed: {done.stderr[-2000:]}")
-    ops = collections.Counter()
-    for line in done.stdout.splitlines():
-        # "/*0a50*/   @!P0 FFMA.FTZ R4, R5, R6, -R7 ;": an address, an optional predicate, the opcode
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+    return done.stdout
+
+
+# "/*0a50*/   @!P0 FFMA.FTZ R4, R5, R6, -R7 ;": an address, an optional predicate, the opcode
+_SASS_LINE = re.compile(r"\s*/\*([0-9a-f]+)\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)([^;]*)")
+
+
+def _instructions(sass: str):
+    """[(address, predicated, opcode, operands)] and {label: address} of a disassembly."""
+    rows, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        label = re.match(r"^(\.L_x_\d+):", line.strip())
+        if label:
+            pending.append(label.group(1))
+            continue
+        m = _SASS_LINE.match(line)
         if m:
-            ops[m.group(1)] += 1
-    return dict(ops)
+            address = int(m.group(1), 16)
+            for name in pending:
+                labels[name] = address
+            pending = []
+            rows.append((address, bool(m.group(2)), m.group(3), m.group(4)))
+    return rows, labels
+
+
+def sass_opcodes(cubin: bytes) -> dict:
+    """How often each machine instruction (SASS opcode: FMUL, FFMA, MUFU, HGMMA, ...; without
+    its modifiers) occurs in a cubin, read with the nvdisasm that ships with Triton."""
+    import collections
+
+    return dict(collections.Counter(op for _, _, op, _ in _instructions(_disassemble(cubin))[0]))
+
+
+def first_mma_loop(cubin: bytes) -> dict:
+    """The first loop of the machine code that holds tensor-core instructions (for the
+    attention kernels: the unmasked key loop), read from its disassembly.
+
+    Returns {"body": instructions from the loop's head to its back branch, "short": the same
+    when every forward branch that stays inside the body is taken (the fewest a trip can
+    execute), "ops": opcode counts of the body, "skippable": opcode counts of what those
+    branches jump over}.
+    """
+    import collections
+
+    rows, labels = _instructions(_disassemble(cubin))
+    target = lambda operands: labels.get((re.search(r"(\.L_x_\d+)", operands) or [None, None])[1])  # noqa: E731
+    for i, (address, _, op, operands) in enumerate(rows):
+        head = target(operands) if op == "BRA" else None
+        if head is None or head >= address:
+            continue  # not a back branch
+        body = [r for r in rows[:i + 1] if r[0] >= head]
+        if not any(r[2] in ("HGMMA", "HMMA") for r in body):
+            continue
+        skipped = set()
+        for a, predicated, o, ops in body:
+            end = target(ops) if o == "BRA" and predicated else None
+            if end is not None and a < end <= address:
+                skipped.update(r[0] for r in body if a < r[0] < end)
+        return dict(body=len(body), short=len(body) - len(skipped),
+                    ops=dict(collections.Counter(r[2] for r in body)),
+                    skippable=dict(collections.Counter(r[2] for r in body if r[0] in skipped)))
+    raise ValueError("first_mma_loop: no loop with tensor-core instructions in this kernel")
 
 
 def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, capability,
@@ -241,6 +293,7 @@ def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, 
     report.bulk_copy_ops = ptx.count("cp.async.bulk.tensor")
     if sass:
         report.sass_ops = sass_opcodes(compiled.asm["cubin"])
+        report.mma_loop = first_mma_loop(compiled.asm["cubin"])
     return ptx
 
 

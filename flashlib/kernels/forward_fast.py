@@ -20,6 +20,9 @@ qk_scale = scale · log2(e). What changes is how the work is launched and fed:
                            rides in the exponent's fused multiply-add (one multiply fewer per
                            score; needs scale > 0); causal launches start with the longest query
                            blocks, so the short ones fill the last wave instead of a long one
+    rung 5 "lazy-rescale"  rung 4, and on unmasked tiles the output is rescaled only when some
+                           row's max has grown by more than a factor 2^8 (a branch for the whole
+                           block): most tiles of a long row skip one multiply per output element
 
 Rungs 2 and 3 take HEAD_DIM as a compile-time constant: one compiled kernel per head dim,
 so the head-dim mask disappears whenever the head dim is already a power of two.
@@ -117,7 +120,8 @@ def autotuned_choice(q, causal: bool, rung: str = "autotuned", seq: int | None =
     """The tiles the autotuner kept for inputs like q of a rung (None before the first GPU
     call); seq: the sequence length whose bucket to look in (default q's)."""
     bucket = seq_bucket(seq or q.shape[-2], seq or q.shape[-2])
-    names = ("lean", "lean-split") if rung == "lean" else (rung,)  # lean-split: lean without TMA
+    # "<rung>-split": rungs 4 and 5 without descriptors
+    names = (rung, rung + "-split") if rung in ("lean", "lazy-rescale") else (rung,)
     for name in names:
         kernel = _TUNERS.get((name, bucket))
         for key, config in (kernel.cache.items() if kernel else ()):
@@ -145,10 +149,12 @@ def _key_ranges(start_m, SEQ_Q, SEQ_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 
 @triton.jit
 def _fold_tile(acc, l_i, m_i, q, k, v, offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K,
-               MASKED: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, LEAN: tl.constexpr):
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, LEAN: tl.constexpr,
+               LAZY: tl.constexpr = False):
     """One online-softmax step on a loaded tile: k, v (BLOCK_N, HEAD_DIM_PAD).
     LEAN (needs qk_scale > 0): s holds raw scores; the max is scaled once per row and the
-    scale is applied inside exp2's argument, where it fuses with the subtraction."""
+    scale is applied inside exp2's argument, where it fuses with the subtraction.
+    LAZY (unmasked tiles, with LEAN): see _lazy_fold."""
     s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N)
     if not LEAN:
         s = s * qk_scale  # base 2
@@ -158,20 +164,43 @@ def _fold_tile(acc, l_i, m_i, q, k, v, offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K,
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # max(c s) = c max(s) for c > 0
     else:
         m_new = tl.maximum(m_i, tl.max(s, 1))
-    if MASKED:
-        # a row that has seen no visible key keeps m = -inf: shift by 0 so 2^-inf = 0, not NaN
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    if LAZY:
+        acc, l_i, m_new = _lazy_fold(acc, l_i, m_i, m_new, s, v, qk_scale, INPUT_PRECISION)
     else:
-        # every score of an unmasked tile is finite, so the new max is too
-        shift = m_new
-    alpha = tl.math.exp2(m_i - shift)
-    if LEAN:
-        p = tl.math.exp2(s * qk_scale - shift[:, None])  # one fused multiply-add per score
-    else:
-        p = tl.math.exp2(s - shift[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+        if MASKED:
+            # a row that has seen no visible key keeps m = -inf: shift by 0 so 2^-inf = 0, not NaN
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            # every score of an unmasked tile is finite, so the new max is too
+            shift = m_new
+        alpha = tl.math.exp2(m_i - shift)
+        if LEAN:
+            p = tl.math.exp2(s * qk_scale - shift[:, None])  # one fused multiply-add per score
+        else:
+            p = tl.math.exp2(s - shift[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
     return acc, l_i, m_new
+
+
+@triton.jit
+def _lazy_fold(acc, l_i, m_i, m_new, s, v, qk_scale, INPUT_PRECISION: tl.constexpr):
+    """Rung 5's step on an unmasked tile of raw scores s. acc and l_i may be kept relative to
+    any reference m_i, not only the running max: the final out = acc / l_i and lse = m_i +
+    log2(l_i) do not change. So the rescale, a multiply of every acc element, is skipped
+    unless some row's max has grown by more than 8 (base 2) since its reference: terms
+    2^(c s - m_i) then stay below 2^8 = 256, far from overflow. The test is one number for
+    the whole block (a branch cannot differ between rows); when it passes, every row moves
+    its reference to its own max, exactly as rung 4 does."""
+    if tl.max(m_new - m_i, 0) > 8.0:  # the first tile always passes: m_i = -inf there
+        alpha = tl.math.exp2(m_i - m_new)
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha
+        m_i = m_new
+    p = tl.math.exp2(s * qk_scale - m_i[:, None])
+    l_i = l_i + tl.sum(p, 1)
+    acc = acc + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    return acc, l_i, m_i
 
 
 @triton.jit
@@ -212,9 +241,10 @@ def _attn_fwd_split(Q, K, V, Out, Lse, qk_scale,
                     SEQ_Q, SEQ_K,
                     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                    LEAN: tl.constexpr):
+                    LEAN: tl.constexpr, LAZY: tl.constexpr = False):
     """As forward._attn_fwd, with the key loop split into an unmasked and a masked part
-    (LEAN: rung 4's fold and launch order, see _fold_tile and _query_block)."""
+    (LEAN: rung 4's fold and launch order, see _fold_tile and _query_block; LAZY: rung 5's
+    fold of the unmasked tiles, see _lazy_fold)."""
     start_m = _query_block(CAUSAL, LEAN)
     off_z = tl.program_id(1).to(tl.int64)
     Q += off_z * stride_qz
@@ -235,7 +265,7 @@ def _attn_fwd_split(Q, K, V, Out, Lse, qk_scale,
         k = _load_rows(K, stride_kn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, False)
         v = _load_rows(V, stride_vn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, False)
         acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k, v, offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K,
-                                   False, CAUSAL, INPUT_PRECISION, LEAN)
+                                   False, CAUSAL, INPUT_PRECISION, LEAN, LAZY)
     for start_n in range(full_end, hi, BLOCK_N):  # the diagonal and the last, ragged tile
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = _load_rows(K, stride_kn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, True)
@@ -257,7 +287,7 @@ def _attn_fwd_tma(Q, K, V, Out, Lse, qk_scale,
                   SEQ_Q, SEQ_K,
                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                  LEAN: tl.constexpr):
+                  LEAN: tl.constexpr, LAZY: tl.constexpr = False):
     """Rung 2 with every tile moved by a descriptor of one (batch, head)'s (seq, HEAD_DIM)
     matrix: rows past seq and columns past HEAD_DIM arrive as zeros, stores are clipped."""
     start_m = _query_block(CAUSAL, LEAN)
@@ -280,7 +310,8 @@ def _attn_fwd_tma(Q, K, V, Out, Lse, qk_scale,
     for start_n in range(0, full_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k_desc.load([start_n, 0]), v_desc.load([start_n, 0]),
-                                   offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K, False, CAUSAL, INPUT_PRECISION, LEAN)
+                                   offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K, False, CAUSAL, INPUT_PRECISION, LEAN,
+                                   LAZY)
     for start_n in range(full_end, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k_desc.load([start_n, 0]), v_desc.load([start_n, 0]),
@@ -323,15 +354,16 @@ def _ensure_allocator():
         _ALLOCATOR_SET = True
 
 
-def _launch_split(kernel, q, k, v, out, lse, causal, scale, cfg, lean: bool = False):
+def _launch_split(kernel, q, k, v, out, lse, causal, scale, cfg, lean: bool = False, lazy: bool = False):
     """kernel with the tiles of cfg, or autotuned (GPU only) when cfg is None."""
     bh, seq_q, d = q.shape
     args = (q, k, v, out, lse, scale * LOG2E,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), seq_q, k.shape[1])
-    common = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), CAUSAL=causal, LEAN=lean)
+    common = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), CAUSAL=causal, LEAN=lean, LAZY=lazy)
     if cfg is None:
-        name = ("lean" if lean else "tma") if kernel is _attn_fwd_tma else ("lean-split" if lean else "causal-split")
+        name = "lazy-rescale" if lazy else "lean" if lean else "tma"
+        name = name if kernel is _attn_fwd_tma else ("causal-split" if name == "tma" else name + "-split")
         tuned = _tuner(name, kernel, seq_bucket(seq_q, k.shape[1]))
         tuned[lambda meta: (triton.cdiv(seq_q, meta["BLOCK_M"]), bh)](*args, **common, INPUT_PRECISION="tf32")
         return
@@ -340,7 +372,7 @@ def _launch_split(kernel, q, k, v, out, lse, causal, scale, cfg, lean: bool = Fa
         INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-RUNGS = ("teaching", "autotuned", "causal-split", "tma", "lean")
+RUNGS = ("teaching", "autotuned", "causal-split", "tma", "lean", "lazy-rescale")
 
 
 def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: str = "lean",
@@ -354,7 +386,8 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: 
     inputs, and the interpreter, which cannot time kernels, use :func:`default_config` too.
     Rungs "tma" and "lean" run without descriptors where descriptors cannot be used: rows or
     addresses that are not multiples of 16 bytes (e.g. head_dim 59), or a GPU older than
-    sm_90. Rung "lean" runs rung 3's fold when scale <= 0 (its max needs a positive scale).
+    sm_90. Rungs "lean" and "lazy-rescale" run rung 3's fold when scale <= 0 (their max needs
+    a positive scale).
     """
     if rung not in RUNGS:
         raise ValueError(f"forward: argument 'rung' must be one of {RUNGS}, got {rung!r}")
@@ -376,9 +409,10 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: 
     elif rung == "causal-split":
         _launch_split(_attn_fwd_split, qf, kf, vf, out, lse, causal, scale, tuned)
     else:
-        lean = rung == "lean" and scale > 0
+        lean = rung in ("lean", "lazy-rescale") and scale > 0
+        lazy = rung == "lazy-rescale" and scale > 0
         kernel = _attn_fwd_tma if tma_eligible(qf, kf, vf) and _tma_hardware(q.device) else _attn_fwd_split
         if kernel is _attn_fwd_tma and q.device.type == "cuda":
             _ensure_allocator()
-        _launch_split(kernel, qf, kf, vf, out, lse, causal, scale, tuned, lean)
+        _launch_split(kernel, qf, kf, vf, out, lse, causal, scale, tuned, lean, lazy)
     return out.reshape(q.shape), lse.reshape(*lead, seq_q)

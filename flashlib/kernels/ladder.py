@@ -80,6 +80,13 @@ LADDER = (
          "forward_fast._attn_fwd_tma (LEAN=True)", tuple((version, (9, 0)) for version in TRITON_VERSIONS),
          "without descriptors (as for rung 3) rung 2's kernel runs with the same two changes; with "
          "scale <= 0 rung 3's fold runs (the scaled max needs a positive scale)"),
+    Rung(5, "lazy-rescale",
+         "rung 4, and on unmasked tiles the output and denominator are rescaled only when some row's max "
+         "has grown by more than 8 (base 2) since its last rescale",
+         "the rescale multiplies every output element (BLOCK_M x head_dim per tile); once a row's max "
+         "settles, most tiles need none, at the price of one block-wide max and a branch per tile",
+         "forward_fast._attn_fwd_tma (LEAN=True, LAZY=True)", tuple((version, (9, 0)) for version in TRITON_VERSIONS),
+         "as rung 4: without descriptors rung 2's kernel with the same changes; with scale <= 0 rung 3's fold"),
 )
 BY_NAME = {rung.name: rung for rung in LADDER}
 
@@ -166,7 +173,8 @@ def _kernel_and_constants(s):
         # what forward() launches: below sm_90 (no copy engine) rungs 3 and 4 run rung 2's kernel
         tma = s["rung"] != "causal-split" and tuple(s["capability"]) >= (9, 0)
         fn = forward_fast._attn_fwd_tma if tma else forward_fast._attn_fwd_split
-        constants.update(HEAD_DIM=s["head_dim"], LEAN=s["rung"] == "lean")
+        constants.update(HEAD_DIM=s["head_dim"], LEAN=s["rung"] in ("lean", "lazy-rescale"),
+                         LAZY=s["rung"] == "lazy-rescale")
     return fn, constants, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), cfg
 
 

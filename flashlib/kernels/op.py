@@ -19,7 +19,7 @@ from .forward import LOG2E, _attn_fwd
 
 FN = "flash_attention"
 MAX_HEAD_DIM = 256
-FORWARDS = ("teaching", "autotuned", "causal-split", "tma", "lean")  # the rungs of kernels/ladder.py
+FORWARDS = ("teaching", "autotuned", "causal-split", "tma", "lean", "lazy-rescale")  # the rungs of kernels/ladder.py
 BACKWARDS = ("teaching", "tuned", "atomic", "lean")  # kernels/backward.py, kernels/backward_fast.py
 
 
@@ -189,8 +189,8 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         return_lse: also return the log-sum-exp (..., seq_q), float32, -inf for empty rows
             (not differentiable here, unlike :func:`flashlib.tiled_attention`'s).
         forward: the forward kernel, a rung of :mod:`flashlib.kernels.ladder`: "teaching"
-            (notebook 06's), "autotuned", "causal-split", "tma" or "lean" (all but the first
-            autotune on a GPU for 16-bit inputs unless ``config`` is given).
+            (notebook 06's), "autotuned", "causal-split", "tma", "lean" or "lazy-rescale" (all
+            but the first autotune on a GPU for 16-bit inputs unless ``config`` is given).
         backward: "teaching" (notebook 07's kernels with ``config``'s tiles) or "tuned"
             (:mod:`flashlib.kernels.backward_fast`: mask-free interior tiles, dK/dV and dQ
             tiles autotuned on a GPU for 16-bit inputs unless ``config`` is given; float32
