@@ -26,12 +26,13 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from flashlib.kernels import forward_fast  # noqa: E402
-from flashlib.kernels.compile import _ptxas_path, _signature  # noqa: E402
+from flashlib.kernels.compile import _disassemble, _signature  # noqa: E402
 
 OLD = """    for start_n in range(0, full_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k_desc.load([start_n, 0]), v_desc.load([start_n, 0]),
-                                   offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K, False, CAUSAL, INPUT_PRECISION, LEAN)
+                                   offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K, False, CAUSAL, INPUT_PRECISION, LEAN,
+                                   LAZY)
 """
 NEW = """    s_next = tl.dot(q, tl.trans(k_desc.load([0, 0])))
     for start_n in range(0, full_end, BLOCK_N):
@@ -49,14 +50,8 @@ NEW = """    s_next = tl.dot(q, tl.trans(k_desc.load([0, 0])))
 def exp2_between_issue_and_wait(cubin: bytes) -> list[int]:
     """For each wgmma group, in program order: exp2 instructions between issue and wait."""
     import re
-    import subprocess
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(cubin)
-        sass = subprocess.run([os.path.join(os.path.dirname(_ptxas_path()), "nvdisasm"), "-c", path],
-                              capture_output=True, text=True, check=True).stdout
+    sass = _disassemble(cubin)
     counts, open_group = [], None
     for line in sass.splitlines():
         m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
@@ -85,7 +80,7 @@ with tempfile.TemporaryDirectory() as tmp:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     constants = dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_M=64, BLOCK_N=64, CAUSAL=False, INPUT_PRECISION="tf32",
-                     LEAN=True)
+                     LEAN=True, LAZY=False)
     print(f"Triton {triton.__version__}, sm_90, bf16, head dim 128, 64 x 64 tiles, 4 warps, 3 stages")
     for name, fn in (("rung 4", forward_fast._attn_fwd_tma), ("rung 4, next S issued first", module._attn_fwd_tma)):
         signature, attrs = _signature(fn, "bfloat16", constants)

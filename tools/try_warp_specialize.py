@@ -42,7 +42,7 @@ with tempfile.TemporaryDirectory() as tmp:
     for bm, bn, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3)):
         report = RungReport(rung="tma+ws", capability=(9, 0), dtype="bfloat16", head_dim=128, causal=True)
         constants = dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, INPUT_PRECISION="tf32",
-                         LEAN=False)
+                         LEAN=False, LAZY=False)
         try:
             ptx = compile_and_inspect(report, module._attn_fwd_tma, "bfloat16", constants,
                                       dict(num_warps=warps, num_stages=stages), (9, 0))
