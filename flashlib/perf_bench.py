@@ -7,6 +7,7 @@ and backward) it times, with ``triton.testing.do_bench`` medians:
     flashlib           ``flash_attention`` as shipped (teaching forward + teaching backward)
     flashlib:tuned     rung 3's forward + the tuned backward (``backward="tuned"``)
     flashlib:lean      rung 4's forward + ``backward="lean"``
+    flashlib:bulk      rung 4's forward + ``backward="bulk"`` (dQ by bulk reductions)
     sdpa:<backend>     torch's scaled_dot_product_attention forced to one backend
                        (flash, efficient, cudnn; math only where its N x N matrices fit)
 
@@ -40,7 +41,7 @@ CAUSALS = (False, True)
 MODES = ("fwd", "fwd_bwd")
 # backward step -> the forward rung it is timed with in "flashlib:<step>" rows. "atomic" is
 # not in the default grid: it lost to "tuned" at every point of the run that measured it.
-BACKWARD_PAIRS = {"tuned": "tma", "lean": "lean"}
+BACKWARD_PAIRS = {"tuned": "tma", "lean": "lean", "bulk": "lean"}
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
 TARGET_D, TARGET_N = 128, 4096
 

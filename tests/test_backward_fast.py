@@ -1,5 +1,7 @@
-"""The tuned backwards (``flash_attention(..., backward="tuned" | "atomic" | "lean")``): exact
-in the interpreter, every autotune candidate compiled for Hopper with both Triton releases."""
+"""The tuned backwards (``flash_attention(..., backward="tuned" | "atomic" | "lean" | "bulk")``):
+exact in the interpreter, every autotune candidate compiled for Hopper with both Triton
+releases. The interpreter has no bulk reductions: there "bulk" adds dQ with per-element
+atomics, and its bulk reduction is checked compiled (here) and on a GPU (tests/test_gpu.py)."""
 from __future__ import annotations
 
 import pytest
@@ -49,7 +51,7 @@ CASES = [(37, 50, 24, True), (50, 37, 24, True), (33, 33, 16, True), (21, 45, 59
          (64, 64, 32, True), (64, 64, 32, False), (48, 80, 16, True), (1, 40, 16, True), (40, 1, 16, True)]
 
 
-@pytest.mark.parametrize("backward", ["tuned", "atomic", "lean"])
+@pytest.mark.parametrize("backward", ["tuned", "atomic", "lean", "bulk"])
 @pytest.mark.parametrize("bm,bn", [(16, 16), (16, 32), (32, 16)])
 @pytest.mark.parametrize("seq_q,seq_k,d,causal", CASES)
 def test_tuned_backward_matches_float64_autograd(seq_q, seq_k, d, causal, bm, bn, backward):
@@ -59,13 +61,13 @@ def test_tuned_backward_matches_float64_autograd(seq_q, seq_k, d, causal, bm, bn
 @settings(deadline=None)
 @given(seq_q=st.integers(1, 70), seq_k=st.integers(1, 70), d=st.sampled_from([8, 16, 20]),
        causal=st.booleans(), bm=st.sampled_from([16, 32]), bn=st.sampled_from([16, 32]),
-       seed=st.integers(0, 2**16), backward=st.sampled_from(["tuned", "atomic", "lean"]),
+       seed=st.integers(0, 2**16), backward=st.sampled_from(["tuned", "atomic", "lean", "bulk"]),
        dtype=st.sampled_from([torch.float32, torch.float16]))
 def test_tuned_backward_any_shape_tiles_and_dtype(seq_q, seq_k, d, causal, bm, bn, seed, backward, dtype):
     _check(seq_q, seq_k, d, causal, _tiles(bm, bn), seed=seed, heads=1, backward=backward, dtype=dtype)
 
 
-@pytest.mark.parametrize("backward", ["tuned", "atomic", "lean"])
+@pytest.mark.parametrize("backward", ["tuned", "atomic", "lean", "bulk"])
 def test_tuned_backward_rows_without_keys_get_zero_gradients(backward):
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(1, 1, 40, 16, generator=gen, requires_grad=True)
@@ -90,14 +92,14 @@ def test_gradient_of_a_sum_arrives_expanded(backward):
 
 
 def test_half_precision_tuned_backwards_match_teaching_backward():
-    """float16 inputs (float32 math in the interpreter): all four backwards agree, and the
-    atomic path hands back dq in the input dtype."""
+    """float16 inputs (float32 math in the interpreter): all five backwards agree, and the
+    atomic paths hand back dq in the input dtype."""
     gen = torch.Generator().manual_seed(9)
     q, k, v, dout = (torch.randn(1, 2, 45, 32, generator=gen).half() for _ in range(4))
     cfg = _tiles(16, 32)
     grads = {b: _grads(lambda a, b_, c, b=b: flash_attention(a, b_, c, causal=True, config=cfg, backward=b),
-                       q, k, v, dout) for b in ("teaching", "tuned", "atomic", "lean")}
-    for b in ("tuned", "atomic", "lean"):
+                       q, k, v, dout) for b in ("teaching", "tuned", "atomic", "lean", "bulk")}
+    for b in ("tuned", "atomic", "lean", "bulk"):
         for g, t in zip(grads[b], grads["teaching"]):
             assert g.dtype == torch.float16
             torch.testing.assert_close(g, t, atol=2e-3, rtol=2e-3)
@@ -112,9 +114,10 @@ def test_bad_backward_is_named():
 def test_pruner_gives_each_head_dim_its_candidates():
     from flashlib.kernels import backward_fast as bf
 
-    for name, table in (("dkdv", bf.DKDV_TILES), ("dq", bf.DQ_TILES), ("fused", bf.FUSED_TILES)):
-        kernel = bf._tuner(name, "tuned", 4096)
-        assert kernel is bf._tuner(name, "tuned", 4096) and kernel is not bf._tuner(name, "lean", 4096)
+    for name, backward, table in (("dkdv", "tuned", bf.DKDV_TILES), ("dq", "tuned", bf.DQ_TILES),
+                                  ("fused", "atomic", bf.FUSED_TILES), ("fused", "bulk", bf.BULK_TILES)):
+        kernel = bf._tuner(name, backward, 4096)
+        assert kernel is bf._tuner(name, backward, 4096) and kernel is not bf._tuner(name, "lean", 4096)
         for pad, want in ((16, 64), (64, 64), (128, 128), (256, 256)):
             got = kernel.early_config_prune(kernel.configs, {}, HEAD_DIM_PAD=pad)
             assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in got] == \
@@ -144,7 +147,7 @@ def _candidate_specs():
     specs = []
     for kernel, table in (("bwd_dkdv_tuned", bf.DKDV_TILES), ("bwd_dq_tuned", bf.DQ_TILES),
                           ("bwd_fused_tuned", bf.FUSED_TILES), ("bwd_dkdv_lean", bf.DKDV_TILES),
-                          ("bwd_dq_lean", bf.DQ_TILES)):
+                          ("bwd_dq_lean", bf.DQ_TILES), ("bwd_fused_bulk", bf.BULK_TILES)):
         for d, tiles in table.items():
             for bm, bn, w, s in tiles:
                 cfg = FlashConfig(bwd_block_m=bm, bwd_block_n=bn, bwd_num_warps=w, bwd_num_stages=s)
@@ -162,10 +165,12 @@ def _check_candidates(reports, version):
         assert r.ok, (label, r.error)
         assert r.shared <= SHARED_LIMIT[r.capability], label
         if r.capability == (8, 0):
-            assert r.mma_sync_ops > 0 and r.bulk_copy_ops == 0, label
+            assert r.mma_sync_ops > 0 and r.bulk_copy_ops == r.bulk_reduce_ops == 0, label
             continue
         assert r.spill_stores == 0 and r.spill_loads == 0, label
-        assert (r.bulk_copy_ops > 0) == r.kernel.endswith("_lean"), label  # TMA only in "lean", only on sm_90
+        # TMA only in "lean" and "bulk", only on sm_90; bulk reductions only in "bulk"
+        assert (r.bulk_copy_ops > 0) == r.kernel.endswith(("_lean", "_bulk")), label
+        assert (r.bulk_reduce_ops > 0) == r.kernel.endswith("_bulk"), label
         rows = r.config["bwd_block_m"] if r.kernel.startswith("bwd_dq") else r.config["bwd_block_n"]
         assert (r.wgmma_ops > 0) == (rows >= 64), label  # Hopper's tensor cores need 64-row tiles
 

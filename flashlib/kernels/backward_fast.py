@@ -18,7 +18,9 @@ that is already a power of two loads without any column mask.
 ``backward="lean"`` adds the forward's last two rungs to the same kernels: the streamed
 blocks (Q and dO for dK/dV, K and V for dQ) arrive through tensor descriptors on sm_90
 (TMA), and causal dQ launches start with the longest query blocks (dK/dV's longest key
-blocks already come first).
+blocks already come first). ``backward="bulk"`` is ``"atomic"`` with the same descriptors,
+and each dQ tile added to the float32 dQ by one bulk reduction of the copy engine, as
+FlashAttention-3 does on Hopper, instead of one atomic instruction per element.
 """
 from __future__ import annotations
 
@@ -66,10 +68,12 @@ def _stream_rows(Src, start, stride, offs_rows, offs_d, n_rows, HEAD_DIM: tl.con
 def _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qm, stride_dom, stride_dqm, offs_n, offs_d, lo, hi,
                qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-               INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr):
+               INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr,
+               BULK_DQ: tl.constexpr):
     """Fold query blocks [lo, hi) into one key block's dk, dv; MASKED tiles check everything.
     ATOMIC_DQ: also add this key block's share of dq (float32) into DQ with atomic adds.
-    TMA: Q and DO are tensor descriptors."""
+    TMA: Q and DO are tensor descriptors. BULK_DQ: DQ is one too, and each dq tile is added
+    by the copy engine in one bulk reduction instead of one atomic per element."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = _stream_rows(Q, start_m, stride_qm, offs_m, offs_d, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, MASKED, TMA)
@@ -86,10 +90,14 @@ def _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qm, stride_dom, strid
         dk += tl.dot(ds_t.to(q.dtype), q, input_precision=INPUT_PRECISION)
         if ATOMIC_DQ:
             dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=INPUT_PRECISION) * scale  # (BLOCK_M, HEAD_DIM_PAD)
-            dq_ptrs = DQ + offs_m[:, None] * stride_dqm + offs_d[None, :]
             # other key blocks add into the same rows at the same time: the order of these
             # float additions, so the last bits of dq, can change from run to run
-            tl.atomic_add(dq_ptrs, dq, mask=(offs_m[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
+            if BULK_DQ:  # rows past SEQ_Q and columns past HEAD_DIM are clipped by the copy engine
+                DQ.atomic_add([start_m, 0], dq)
+            else:
+                dq_ptrs = DQ + offs_m[:, None] * stride_dqm + offs_d[None, :]
+                tl.atomic_add(dq_ptrs, dq, mask=(offs_m[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM),
+                              sem="relaxed")
     return dk, dv
 
 
@@ -121,9 +129,10 @@ def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
                          stride_dqz, stride_dqm, SEQ_Q, SEQ_K,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                         ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr = False):
-    """dK, dV of one key block; with ATOMIC_DQ also every dQ contribution (DQ: float32, zeroed).
-    Key blocks are launched in order: under a causal mask the first see the most queries."""
+                         ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr = False, BULK_DQ: tl.constexpr = False):
+    """dK, dV of one key block; with ATOMIC_DQ also every dQ contribution (DQ: float32, zeroed;
+    with BULK_DQ through a descriptor, by bulk reductions). Key blocks are launched in order:
+    under a causal mask the first see the most queries."""
     start_n = tl.program_id(0)
     off_z = tl.program_id(1).to(tl.int64)
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -142,20 +151,24 @@ def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
     else:
         q_src = Q + off_z * stride_qz
         do_src = DO + off_z * stride_doz
+    if BULK_DQ:
+        dq_dst = tl.make_tensor_descriptor(DQ + off_z * stride_dqz, shape=[SEQ_Q, HEAD_DIM], strides=[stride_dqm, 1],
+                                           block_shape=[BLOCK_M, HEAD_DIM_PAD])
+    else:
+        dq_dst = DQ + off_z * stride_dqz
     Lse += off_z * SEQ_Q
     Delta += off_z * SEQ_Q
-    DQ += off_z * stride_dqz
     lo, mid, full_end = _query_ranges(start_n, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
     # masked [lo, mid), unmasked [mid, full_end), masked [full_end, SEQ_Q)
-    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse, Delta, DQ, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
+    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse, Delta, dq_dst, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
                         lo, mid, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, CAUSAL,
-                        INPUT_PRECISION, ATOMIC_DQ, TMA)
-    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse, Delta, DQ, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
+                        INPUT_PRECISION, ATOMIC_DQ, TMA, BULK_DQ)
+    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse, Delta, dq_dst, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
                         mid, full_end, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, False, CAUSAL,
-                        INPUT_PRECISION, ATOMIC_DQ, TMA)
-    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse, Delta, DQ, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
+                        INPUT_PRECISION, ATOMIC_DQ, TMA, BULK_DQ)
+    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse, Delta, dq_dst, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
                         full_end, SEQ_Q, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, CAUSAL,
-                        INPUT_PRECISION, ATOMIC_DQ, TMA)
+                        INPUT_PRECISION, ATOMIC_DQ, TMA, BULK_DQ)
     mask = (offs_n[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)
     tl.store(DK + off_z * stride_dkz + offs_n[:, None] * stride_dkn + offs_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=mask)
@@ -234,6 +247,12 @@ DQ_TILES = {64: ((128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 8, 
 FUSED_TILES = {64: ((32, 128, 8, 3), (64, 128, 8, 3), (32, 64, 4, 3), (32, 128, 8, 2)),
                128: ((32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 8, 2)),
                256: ((32, 32, 8, 1), (16, 32, 8, 1))}
+# "bulk": the fused kernel with descriptors and bulk dQ reductions. At head dim 128, 64 x 64
+# tiles with 8 warps build without spills and put all five products on wgmma (the 32-row
+# tiles leave dQ's product on mma.sync); 64-row tiles with 4 warps, or 128 keys, spill.
+BULK_TILES = {64: FUSED_TILES[64],
+              128: ((64, 64, 8, 2), (32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3)),
+              256: FUSED_TILES[256]}
 
 
 def tiles_for(table, head_dim_pad_: int):
@@ -255,8 +274,13 @@ def _bench(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 
 
-_KEY = ["HEAD_DIM", "CAUSAL", "INPUT_PRECISION", "TMA", "LEAN"]  # Triton adds the argument dtypes
+_KEY = ["HEAD_DIM", "CAUSAL", "INPUT_PRECISION", "TMA", "LEAN", "BULK_DQ"]  # Triton adds the argument dtypes
 _TABLES = {"dkdv": DKDV_TILES, "dq": DQ_TILES, "fused": FUSED_TILES}
+
+
+def candidate_table(kernel: str, backward: str) -> dict:
+    """The autotune candidates of one kernel ("dkdv", "dq", "fused") of one backward."""
+    return BULK_TILES if kernel == "fused" and backward == "bulk" else _TABLES[kernel]
 # One autotuner per (kernel, backward, sequence bucket), as for the forward (forward_fast.seq_bucket):
 # each keeps its own choices and all share the kernel's compiled binaries.
 _TUNERS: dict = {}
@@ -265,7 +289,7 @@ _TUNERS: dict = {}
 def _tuner(kernel: str, backward: str, bucket: int):
     key = (kernel, backward, bucket)
     if key not in _TUNERS:
-        table = _TABLES[kernel]
+        table = candidate_table(kernel, backward)
         # the listed configs are placeholders: the pruner swaps in the head dim's own candidates;
         # the fused kernel's atomics add into a float32 dq that must start at zero for every
         # timed run, and is zeroed again after timing (Triton's reset_to_zero)
@@ -277,14 +301,16 @@ def _tuner(kernel: str, backward: str, bucket: int):
     return _TUNERS[key]
 
 
-BACKWARDS = ("tuned", "atomic", "lean")
+BACKWARDS = ("tuned", "atomic", "lean", "bulk")
 
 
 def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | None, backward: str = "tuned"):
     """All (B*H, seq, d) but lse (B*H, seq_q). cfg None: autotuned tiles (GPU only).
     backward: "tuned"; "atomic" (one kernel: dQ added with float32 atomics); "lean" ("tuned"
-    with descriptors for the streamed blocks where TMA exists, and longest-first causal dQ).
-    Returns dq, dk, dv."""
+    with descriptors for the streamed blocks where TMA exists, and longest-first causal dQ);
+    "bulk" ("atomic" with descriptors for the streamed blocks, and each dQ tile added by one
+    bulk reduction of the copy engine: compiled on sm_90 only, since Triton's interpreter
+    has no bulk reductions and runs "bulk" with per-element atomics). Returns dq, dk, dv."""
     if backward not in BACKWARDS:
         raise ValueError(f"launch_backward: argument 'backward' must be one of {BACKWARDS}, got {backward!r}")
     from .forward_fast import _ensure_allocator, _tma_hardware, tma_eligible
@@ -292,8 +318,9 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
     bh, seq_q, d = q.shape
     seq_k = k.shape[1]
     d_pad = head_dim_pad(d)
-    atomic_dq = backward == "atomic"
-    tma = backward == "lean" and tma_eligible(q, k, v, dout) and _tma_hardware(q.device)
+    atomic_dq = backward in ("atomic", "bulk")
+    tma = backward in ("lean", "bulk") and tma_eligible(q, k, v, dout) and _tma_hardware(q.device)
+    bulk_dq = backward == "bulk" and tma and q.device.type == "cuda"
     if tma and q.device.type == "cuda":
         _ensure_allocator()
     delta = torch.empty_like(lse)
@@ -305,6 +332,7 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else torch.empty_like(q)
     common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, CAUSAL=causal,
                   INPUT_PRECISION=cfg.input_precision if cfg else "tf32", TMA=tma)
+    fused = dict(ATOMIC_DQ=atomic_dq, BULK_DQ=bulk_dq)  # the dK/dV kernel's own options
     dkdv_args = (q, k, v, dout, dk, dv, dq, lse, delta, scale * LOG2E, scale,
                  q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                  dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
@@ -317,16 +345,15 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
         bucket = seq_bucket(seq_q, seq_k)
         grid_n = lambda meta: (triton.cdiv(seq_k, meta["BLOCK_N"]), bh)  # noqa: E731
         if atomic_dq:
-            _tuner("fused", backward, bucket)[grid_n](*dkdv_args, **common, ATOMIC_DQ=True)
+            _tuner("fused", backward, bucket)[grid_n](*dkdv_args, **common, **fused)
             return dq.to(q.dtype), dk, dv
-        _tuner("dkdv", backward, bucket)[grid_n](*dkdv_args, **common, ATOMIC_DQ=False)
+        _tuner("dkdv", backward, bucket)[grid_n](*dkdv_args, **common, **fused)
         _tuner("dq", backward, bucket)[lambda meta: (triton.cdiv(seq_q, meta["BLOCK_M"]), bh)](
             *dq_args, **common, LEAN=lean)
         return dq, dk, dv
     tiles = dict(BLOCK_M=cfg.bwd_block_m, BLOCK_N=cfg.bwd_block_n, num_warps=cfg.bwd_num_warps,
                  num_stages=cfg.bwd_num_stages)
-    _attn_bwd_dkdv_split[(triton.cdiv(seq_k, cfg.bwd_block_n), bh)](*dkdv_args, **common, **tiles,
-                                                                     ATOMIC_DQ=atomic_dq)
+    _attn_bwd_dkdv_split[(triton.cdiv(seq_k, cfg.bwd_block_n), bh)](*dkdv_args, **common, **tiles, **fused)
     if atomic_dq:
         return dq.to(q.dtype), dk, dv
     _attn_bwd_dq_split[(triton.cdiv(seq_q, cfg.bwd_block_m), bh)](*dq_args, **common, **tiles, LEAN=lean)

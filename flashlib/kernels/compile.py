@@ -31,7 +31,7 @@ def expected_tensor_core_op(kernel: str, capability, config) -> str | None:
     forward and in dQ, BLOCK_N in dK/dV) is >= 64, and falls back to FMA on sm_75.
     """
     capability = tuple(capability)
-    kernel = kernel.removesuffix("_tuned").removesuffix("_lean")
+    kernel = kernel.removesuffix("_tuned").removesuffix("_lean").removesuffix("_bulk")
     if kernel not in ("forward", "bwd_dkdv", "bwd_dq", "bwd_fused") or capability < (8, 0):
         return None
     if capability >= (9, 0):
@@ -43,7 +43,7 @@ def expected_tensor_core_op(kernel: str, capability, config) -> str | None:
 
 
 KERNELS = ("forward", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "bwd_dkdv_tuned", "bwd_dq_tuned", "bwd_fused_tuned",
-           "bwd_dkdv_lean", "bwd_dq_lean", "softmax", "vector_add")
+           "bwd_dkdv_lean", "bwd_dq_lean", "bwd_fused_bulk", "softmax", "vector_add")
 _DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
@@ -66,6 +66,7 @@ class TargetReport:
     wgmma_ops: int = 0              # wgmma.mma_async instructions in the PTX (Hopper)
     mma_sync_ops: int = 0           # mma.sync instructions in the PTX (Ampere, and Hopper's small tiles)
     bulk_copy_ops: int = 0          # TMA copies (cp.async.bulk.tensor) in the PTX (Hopper)
+    bulk_reduce_ops: int = 0        # TMA reductions (cp.reduce.async.bulk.tensor) in the PTX
     sass_ops: dict = field(default_factory=dict)  # opcode -> count in the machine code, when asked for
     mma_loop: dict = field(default_factory=dict)  # first_mma_loop() of the machine code, when asked for
 
@@ -159,17 +160,19 @@ def _kernel_and_constants(s):
     if s["kernel"] == "bwd_preprocess":
         return (backward._attn_bwd_preprocess, dict(HEAD_DIM_PAD=d_pad, BLOCK_M=cfg.bwd_block_m),
                 dict(num_warps=4, num_stages=1), cfg)
-    if s["kernel"].endswith(("_tuned", "_lean")):
+    if s["kernel"].endswith(("_tuned", "_lean", "_bulk")):
         from . import backward_fast
 
-        lean = s["kernel"].endswith("_lean")  # as launch_backward runs "lean": TMA from sm_90 on
-        common.update(HEAD_DIM=s["head_dim"], TMA=lean and tuple(s["capability"]) >= (9, 0))
+        # as launch_backward runs "lean" and "bulk": descriptors (and bulk reductions) from sm_90 on
+        tma = s["kernel"].endswith(("_lean", "_bulk")) and tuple(s["capability"]) >= (9, 0)
+        common.update(HEAD_DIM=s["head_dim"], TMA=tma)
         if s["kernel"].startswith("bwd_dq"):
             fn = backward_fast._attn_bwd_dq_split
-            common["LEAN"] = lean
+            common["LEAN"] = s["kernel"].endswith("_lean")
         else:  # the dK/dV kernel, alone or adding dQ with atomics
             fn = backward_fast._attn_bwd_dkdv_split
-            common["ATOMIC_DQ"] = s["kernel"] == "bwd_fused_tuned"
+            common["ATOMIC_DQ"] = s["kernel"] in ("bwd_fused_tuned", "bwd_fused_bulk")
+            common["BULK_DQ"] = s["kernel"] == "bwd_fused_bulk" and tma
     else:
         fn = backward._attn_bwd_dkdv if s["kernel"] == "bwd_dkdv" else backward._attn_bwd_dq
     return (fn, dict(common, BLOCK_M=cfg.bwd_block_m, BLOCK_N=cfg.bwd_block_n),
@@ -291,6 +294,7 @@ def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, 
     report.wgmma_ops = ptx.count("wgmma.mma_async")
     report.mma_sync_ops = ptx.count("mma.sync")
     report.bulk_copy_ops = ptx.count("cp.async.bulk.tensor")
+    report.bulk_reduce_ops = ptx.count("cp.reduce.async.bulk.tensor")
     if sass:
         report.sass_ops = sass_opcodes(compiled.asm["cubin"])
         report.mma_loop = first_mma_loop(compiled.asm["cubin"])

@@ -98,7 +98,7 @@ def rung(name: str) -> Rung:
 
 
 # The backward's steps, selected by flash_attention(..., backward=name); the forward of the
-# measured "flashlib:<name>" rows is rung 3's, rung 4's for "lean" (perf_bench.BACKWARD_PAIRS).
+# measured "flashlib:<name>" rows is rung 3's, rung 4's for "lean" and "bulk" (perf_bench.BACKWARD_PAIRS).
 BACKWARD_STEPS = (
     dict(name="teaching", change="notebook 07's three kernels with the shipped tiles; every tile masked",
          why="the baseline: P and dP recomputed twice (once for dK/dV, once for dQ), seven matmuls per tile pair"),
@@ -112,6 +112,10 @@ BACKWARD_STEPS = (
          "descriptors on sm_90, and causal dQ blocks launched longest first",
          why="the forward's rungs 3 and 4 for the backward: the copy engine frees threads and registers, and "
          "the longest programs no longer end the launch alone"),
+    dict(name="bulk", change="atomic, with lean's descriptors for Q and dO, and each dQ tile added by one bulk "
+         "reduction of the copy engine (sm_90) instead of one atomic instruction per element",
+         why="five matmuls per tile pair instead of seven, as FlashAttention-3's backward; the copy engine "
+         "does the float32 additions in L2 while the warps go on"),
 )
 
 

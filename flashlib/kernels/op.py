@@ -20,7 +20,7 @@ from .forward import LOG2E, _attn_fwd
 FN = "flash_attention"
 MAX_HEAD_DIM = 256
 FORWARDS = ("teaching", "autotuned", "causal-split", "tma", "lean", "lazy-rescale")  # the rungs of kernels/ladder.py
-BACKWARDS = ("teaching", "tuned", "atomic", "lean")  # kernels/backward.py, kernels/backward_fast.py
+BACKWARDS = ("teaching", "tuned", "atomic", "lean", "bulk")  # kernels/backward.py, kernels/backward_fast.py
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -198,12 +198,15 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
             deterministic; or "atomic": the tuned dK/dV kernel also adds each dQ share
             with float32 atomics (one kernel, five matmuls per tile instead of seven, but
             the last bits of dq may change from run to run); or "lean": "tuned" with the
-            streamed blocks moved by tensor descriptors (sm_90) and longest-first causal dQ.
+            streamed blocks moved by tensor descriptors (sm_90) and longest-first causal dQ;
+            or "bulk": "atomic" with descriptors, each dQ tile added by one bulk reduction
+            (sm_90; elsewhere per-element atomics).
 
     float16, bfloat16 (GPUs of compute capability >= 8.0) and float32 (tf32 matmuls by
     default on a GPU); head_dim 1..256 (padded to a power of two inside the kernel); any
     sequence lengths. Without a CUDA device the kernels run in Triton's CPU interpreter and
-    take CPU tensors. The backward pass is deterministic (no atomics) unless backward="atomic".
+    take CPU tensors. The backward pass is deterministic (no atomics) unless backward is
+    "atomic" or "bulk".
     """
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale)
     cfg = check_kernel_inputs(q, config)
