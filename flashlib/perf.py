@@ -135,6 +135,21 @@ def ladder_points(run: dict, **where) -> list[dict]:
     return [p for p in points if not p.get("invalid") and all(p.get(k) == v for k, v in where.items())]
 
 
+def autotuned_tiles(run: dict, *, head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False,
+                    n: int | None = None) -> dict[str, dict]:
+    """{kernel: tiles} the run's autotuners kept for this head dim, dtype and mask: for the
+    sequence bucket of n where the run recorded one per bucket, else (older runs, which tuned
+    once at the first N measured) the run's only choice."""
+    from .kernels.config import seq_bucket
+
+    key = f"d={head_dim} {dtype} causal={causal}"
+    ladder = run.get("ladder") or {}
+    by_n = (ladder.get("autotuned_by_n") or {}).get(key)
+    if by_n and n is not None:
+        return by_n.get(str(seq_bucket(n, n)), {})
+    return (ladder.get("autotuned") or {}).get(key, {})
+
+
 def errata(run: dict) -> list[str]:
     """What a run's file says, after the fact, about rows it holds that are not to be used."""
     return [f"{e['rows']} ({e.get('count', '?')} rows): {e['problem']}; instead: {e.get('instead', '-')}"

@@ -300,7 +300,8 @@ def autotuned_choices(ds, dtypes, causals, ns=NS) -> tuple[dict, dict]:
     tiles, ..., "bwd_dkdv": tiles, "bwd_lean_dq": tiles}}, the same per sequence bucket:
     {"d=128 ...": {"16384": {...}}}). The first is the longest bucket's choice."""
     from .kernels.backward_fast import autotuned_choices as backward_choices
-    from .kernels.forward_fast import autotuned_choice, seq_bucket
+    from .kernels.config import seq_bucket
+    from .kernels.forward_fast import autotuned_choice
     from .kernels.ladder import LADDER
 
     rungs = [rung.name for rung in LADDER if rung.name != "teaching"]

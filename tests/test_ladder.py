@@ -119,7 +119,7 @@ def test_autotune_candidates_follow_the_head_dim():
 
 
 def test_sequence_buckets():
-    from flashlib.kernels.forward_fast import seq_bucket
+    from flashlib.kernels.config import seq_bucket
 
     assert [seq_bucket(n, n) for n in (1, 512, 1024, 1025, 3000, 4096, 16384, 100000)] == \
         [1024, 1024, 1024, 2048, 4096, 4096, 16384, 16384]

@@ -228,6 +228,19 @@ def test_autotuned_choices_by_sequence_bucket():
     assert longest == {"d=128 bfloat16 causal=False": by_n["d=128 bfloat16 causal=False"]["4096"]}
 
 
+def test_autotuned_tiles_by_bucket_and_from_older_runs():
+    tile = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+    wide = dict(tile, BLOCK_M=128, num_warps=8)
+    new = {"ladder": {"autotuned": {"d=128 bfloat16 causal=False": {"tma": wide}},
+                      "autotuned_by_n": {"d=128 bfloat16 causal=False": {"4096": {"tma": tile}, "16384": {"tma": wide}}}}}
+    assert perf.autotuned_tiles(new, n=3000) == {"tma": tile}      # 3000 -> the 4096 bucket
+    assert perf.autotuned_tiles(new, n=16384) == {"tma": wide}
+    assert perf.autotuned_tiles(new, n=1024) == {}                 # nothing kept for that bucket
+    old = {"ladder": {"autotuned": {"d=128 bfloat16 causal=False": {"tma": tile}}}}
+    assert perf.autotuned_tiles(old, n=1024) == {"tma": tile}      # one choice for every N
+    assert perf.autotuned_tiles(old, causal=True) == {}
+
+
 def test_write_result_names_the_device_and_date(tmp_path):
     result = _gpu_run()
     result["ladder"]["provenance"] = {"device": "NVIDIA H200 (test)", "date": "2026-05-06", "torch": "2.11.0"}

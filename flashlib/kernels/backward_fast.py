@@ -27,14 +27,14 @@ from __future__ import annotations
 import torch
 
 from ._mode import require_triton
-from .config import FlashConfig, head_dim_pad
+from .config import FlashConfig, head_dim_pad, seq_bucket
 
 triton = require_triton()
 import triton.language as tl  # noqa: E402
 
 from .backward import _attn_bwd_preprocess  # noqa: E402
-from .forward import LOG2E, _key_range_end, _visible  # noqa: E402
-from .forward_fast import _key_ranges, _load_rows, _query_block, seq_bucket  # noqa: E402
+from .forward import LOG2E, _visible  # noqa: E402
+from .forward_fast import _key_ranges, _load_rows, _query_block  # noqa: E402
 
 
 @triton.jit
@@ -281,7 +281,7 @@ _TABLES = {"dkdv": DKDV_TILES, "dq": DQ_TILES, "fused": FUSED_TILES}
 def candidate_table(kernel: str, backward: str) -> dict:
     """The autotune candidates of one kernel ("dkdv", "dq", "fused") of one backward."""
     return BULK_TILES if kernel == "fused" and backward == "bulk" else _TABLES[kernel]
-# One autotuner per (kernel, backward, sequence bucket), as for the forward (forward_fast.seq_bucket):
+# One autotuner per (kernel, backward, sequence bucket), as for the forward (config.seq_bucket):
 # each keeps its own choices and all share the kernel's compiled binaries.
 _TUNERS: dict = {}
 

@@ -56,6 +56,15 @@ HEAD_DIM_PADS = (16, 32, 64, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+def seq_bucket(seq_q: int, seq_k: int) -> int:
+    """The sequence-length bucket an autotuned choice is kept for: the power of two at or
+    above the longer sequence, clamped to [1024, 16384]. The best tiles change with N (two
+    H200 runs: tiles chosen at N = 16k lost at 4k), but re-timing for every distinct length
+    would stall a caller whose lengths vary."""
+    n = max(int(seq_q), int(seq_k), 1)
+    return min(max(1 << (n - 1).bit_length(), 1024), 16384)
+
+
 def head_dim_pad(head_dim: int) -> int:
     """The power of two >= head_dim (and >= 16) the kernels compute with; the pad is masked."""
     return max(16, 1 << (int(head_dim) - 1).bit_length())

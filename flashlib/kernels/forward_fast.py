@@ -33,7 +33,7 @@ import torch
 
 from .._checks import check_attention_inputs
 from ._mode import require_triton
-from .config import FlashConfig, default_config, head_dim_pad
+from .config import FlashConfig, default_config, head_dim_pad, seq_bucket
 
 triton = require_triton()
 import triton.language as tl  # noqa: E402
@@ -57,15 +57,6 @@ FORWARD_TILES = {64: ((128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 3)),
 def forward_tiles(head_dim_pad_: int):
     """The autotune candidates for a padded head dim."""
     return FORWARD_TILES[max(64, head_dim_pad_)]
-
-
-def seq_bucket(seq_q: int, seq_k: int) -> int:
-    """The sequence-length bucket an autotuned choice is kept for: the power of two at or
-    above the longer sequence, clamped to [1024, 16384]. The best tiles change with N (two
-    H200 runs: tiles chosen at N = 16k lost at 4k), but re-timing for every distinct length
-    would stall a caller whose lengths vary."""
-    n = max(int(seq_q), int(seq_k), 1)
-    return min(max(1 << (n - 1).bit_length(), 1024), 16384)
 
 
 def _autotune_bench(kernel_call, quantiles):
