@@ -121,3 +121,29 @@ def test_default_config_picks_wgmma_sized_tiles_on_hopper_for_16_bit():
     for d in (64, 128):
         cfg = default_config(d, torch.bfloat16, (9, 0))
         assert expected_tensor_core_op("forward", (9, 0), cfg) == "wgmma.mma_async"
+
+
+def test_compile_time_arguments_take_their_defaults_or_fail_loudly():
+    """A flag left out of a compile spec takes its default, as at a launch; one without a
+    default is an error, not a runtime integer that would build both sides of its branches."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import os; os.environ['TRITON_INTERPRET'] = '0'\n"
+        "from flashlib.kernels import backward_fast as bf\n"
+        "from flashlib.kernels.compile import _with_defaults\n"
+        "given = dict(HEAD_DIM=64, HEAD_DIM_PAD=64, BLOCK_M=64, BLOCK_N=64, CAUSAL=True, INPUT_PRECISION='tf32')\n"
+        "full = _with_defaults(bf._attn_bwd_dq_split, given)\n"
+        "assert full['TMA'] is False and full['LEAN'] is False and full['BLOCK_M'] == 64, full\n"
+        "given.pop('CAUSAL')\n"
+        "try:\n"
+        "    _with_defaults(bf._attn_bwd_dq_split, given)\n"
+        "except ValueError as exc:\n"
+        "    assert 'CAUSAL' in str(exc)\n"
+        "else:\n"
+        "    raise AssertionError('a missing compile-time argument was accepted')\n")
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -330,6 +330,7 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     # atomics accumulate in float32 and start from zero; the two-kernel path writes dq once
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else torch.empty_like(q)
+    bulk_dq = bulk_dq and tma_eligible(dq)  # follows from q's eligibility; checked, not assumed
     common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, CAUSAL=causal,
                   INPUT_PRECISION=cfg.input_precision if cfg else "tf32", TMA=tma)
     fused = dict(ATOMIC_DQ=atomic_dq, BULK_DQ=bulk_dq)  # the dK/dV kernel's own options

@@ -12,6 +12,7 @@ subprocess with ``TRITON_INTERPRET=0`` (optionally with another Triton first on 
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -116,6 +117,22 @@ def compile_kernels(specs, *, triton_path: str | None = None, keep_ptx: bool = F
     if done.returncode != 0:
         raise RuntimeError(f"compile_kernels: the compiler process failed:\n{done.stderr[-4000:]}")
     return [CompileReport(**{**r, "capability": tuple(r["capability"])}) for r in json.loads(done.stdout)]
+
+
+def _with_defaults(fn, constexprs: dict) -> dict:
+    """Every compile-time parameter of fn: given, or its default (as a launch would use). One
+    missing without a default is an error: compiled as a runtime integer, a flag tested with
+    ``if FLAG:`` would quietly build both branches."""
+    params = getattr(fn, "params", None)
+    if params is None:  # not a JIT function (nothing to check)
+        return dict(constexprs)
+    out = dict(constexprs)
+    for param in params:
+        if param.is_constexpr and param.name not in out:
+            if param.default is inspect.Parameter.empty:
+                raise ValueError(f"compile: {fn.__name__} needs the compile-time argument {param.name!r}")
+            out[param.name] = param.default
+    return out
 
 
 def _signature(fn, dtype: str, constexprs: dict):
@@ -284,6 +301,7 @@ def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    constants = _with_defaults(fn, constants)
     signature, attrs = _signature(fn, dtype, constants)
     cc = capability[0] * 10 + capability[1]
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
