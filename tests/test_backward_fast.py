@@ -115,9 +115,11 @@ def test_pruner_gives_each_head_dim_its_candidates():
     from flashlib.kernels import backward_fast as bf
 
     for name, backward, table in (("dkdv", "tuned", bf.DKDV_TILES), ("dq", "tuned", bf.DQ_TILES),
-                                  ("fused", "atomic", bf.FUSED_TILES), ("fused", "bulk", bf.BULK_TILES)):
+                                  ("fused", "atomic", bf.FUSED_TILES), ("fused", "bulk", bf.BULK_TILES),
+                                  ("dkdv", "lean", bf.LEAN_DKDV_TILES), ("dq", "lean", bf.DQ_TILES)):
         kernel = bf._tuner(name, backward, 4096)
-        assert kernel is bf._tuner(name, backward, 4096) and kernel is not bf._tuner(name, "lean", 4096)
+        other = "tuned" if backward != "tuned" else "lean"
+        assert kernel is bf._tuner(name, backward, 4096) and kernel is not bf._tuner(name, other, 4096)
         for pad, want in ((16, 64), (64, 64), (128, 128), (256, 256)):
             got = kernel.early_config_prune(kernel.configs, {}, HEAD_DIM_PAD=pad)
             assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in got] == \
@@ -146,7 +148,7 @@ def _candidate_specs():
 
     specs = []
     for kernel, table in (("bwd_dkdv_tuned", bf.DKDV_TILES), ("bwd_dq_tuned", bf.DQ_TILES),
-                          ("bwd_fused_tuned", bf.FUSED_TILES), ("bwd_dkdv_lean", bf.DKDV_TILES),
+                          ("bwd_fused_tuned", bf.FUSED_TILES), ("bwd_dkdv_lean", bf.LEAN_DKDV_TILES),
                           ("bwd_dq_lean", bf.DQ_TILES), ("bwd_fused_bulk", bf.BULK_TILES)):
         for d, tiles in table.items():
             for bm, bn, w, s in tiles:

@@ -247,6 +247,12 @@ DQ_TILES = {64: ((128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 8, 
 FUSED_TILES = {64: ((32, 128, 8, 3), (64, 128, 8, 3), (32, 64, 4, 3), (32, 128, 8, 2)),
                128: ((32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 8, 2)),
                256: ((32, 32, 8, 1), (16, 32, 8, 1))}
+# "lean": descriptors free registers (no address arithmetic for the streamed tiles), which
+# lets dK/dV take 64-row query tiles at head dim 128 without spilling: m64n64 products where
+# 32-row tiles give m64n32. They replace the two candidates no run kept.
+LEAN_DKDV_TILES = {64: DKDV_TILES[64],
+                   128: ((32, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 2), (64, 64, 8, 3)),
+                   256: DKDV_TILES[256]}
 # "bulk": the fused kernel with descriptors and bulk dQ reductions. At head dim 128, 64 x 64
 # tiles with 8 warps build without spills and put all five products on wgmma (the 32-row
 # tiles leave dQ's product on mma.sync); 64-row tiles with 4 warps, or 128 keys, spill.
@@ -280,7 +286,11 @@ _TABLES = {"dkdv": DKDV_TILES, "dq": DQ_TILES, "fused": FUSED_TILES}
 
 def candidate_table(kernel: str, backward: str) -> dict:
     """The autotune candidates of one kernel ("dkdv", "dq", "fused") of one backward."""
-    return BULK_TILES if kernel == "fused" and backward == "bulk" else _TABLES[kernel]
+    if kernel == "fused" and backward == "bulk":
+        return BULK_TILES
+    if kernel == "dkdv" and backward == "lean":
+        return LEAN_DKDV_TILES
+    return _TABLES[kernel]
 # One autotuner per (kernel, backward, sequence bucket), as for the forward (config.seq_bucket):
 # each keeps its own choices and all share the kernel's compiled binaries.
 _TUNERS: dict = {}
