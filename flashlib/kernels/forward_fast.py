@@ -6,9 +6,9 @@ qk_scale = scale · log2(e). What changes is how the work is launched and fed:
 
     rung 1 "autotuned"     the teaching kernel, unchanged; the block sizes, warps and
                            pipeline stages are timed on the GPU and the fastest is kept
-                           (a fixed configuration in the interpreter: autotuning needs a driver);
-                           rungs 2 and 3 are autotuned the same way, so each rung's gain is its
-                           own change, not a change of tiles
+                           (a fixed configuration in the interpreter: autotuning needs a driver),
+                           once per sequence-length bucket; rungs 2 to 5 are autotuned the same
+                           way, so each rung's gain is its own change, not a change of tiles
     rung 2 "causal-split"  key tiles every row of the query block sees in full are folded
                            without any mask; only the tiles crossing the diagonal or the end
                            of the keys pay for the mask; tiles above the diagonal are skipped
@@ -24,7 +24,7 @@ qk_scale = scale · log2(e). What changes is how the work is launched and fed:
                            row's max has grown by more than a factor 2^8 (a branch for the whole
                            block): most tiles of a long row skip one multiply per output element
 
-Rungs 2 and 3 take HEAD_DIM as a compile-time constant: one compiled kernel per head dim,
+Rungs 2 to 5 take HEAD_DIM as a compile-time constant: one compiled kernel per head dim,
 so the head-dim mask disappears whenever the head dim is already a power of two.
 """
 from __future__ import annotations
@@ -366,7 +366,7 @@ def _launch_split(kernel, q, k, v, out, lse, causal, scale, cfg, lean: bool = Fa
 RUNGS = ("teaching", "autotuned", "causal-split", "tma", "lean", "lazy-rescale")
 
 
-def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: str = "lean",
+def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: str = "tma",
             config: FlashConfig | None = None):
     """The forward of one rung: returns (out, lse), out like q, lse (..., seq_q) float32.
 
