@@ -1,7 +1,8 @@
-"""The tuned backward: notebook 07's kernels with mask-free interior tiles and their own tiles.
+"""The tuned backwards: notebook 07's kernels with mask-free interior tiles and their own tiles.
 
-Same three launches and the same arithmetic as :mod:`flashlib.kernels.backward` (P and dP
-recomputed from the log-sum-exp, no atomics, bitwise deterministic). Two changes:
+``backward="tuned"``: the same three launches and the same arithmetic as
+:mod:`flashlib.kernels.backward` (P and dP recomputed from the log-sum-exp, no atomics,
+bitwise deterministic). Two changes:
 
 * The query loop of dK/dV and the key loop of dQ are split like the forward's rung 2: tiles
   that every row sees in full, inside the bounds, skip the mask, the bounds checks and the
@@ -14,6 +15,10 @@ recomputed from the log-sum-exp, no atomics, bitwise deterministic). Two changes
 
 HEAD_DIM is a compile-time constant here (one compiled kernel per head dim), so a head dim
 that is already a power of two loads without any column mask.
+
+``backward="atomic"``: one kernel; the dK/dV kernel also adds each tile's share of dQ into a
+float32 dQ with atomics (five products per tile pair instead of seven; the order of the
+additions, so the last bits of dQ, can change from run to run).
 
 ``backward="lean"`` adds the forward's last two rungs to the same kernels: the streamed
 blocks (Q and dO for dK/dV, K and V for dQ) arrive through tensor descriptors on sm_90
