@@ -135,6 +135,37 @@ def ladder_points(run: dict, **where) -> list[dict]:
     return [p for p in points if not p.get("invalid") and all(p.get(k) == v for k, v in where.items())]
 
 
+def launch_makespan(durations, slots: int) -> float:
+    """Time to run programs of the given durations, started in launch order, each on the
+    first slot to come free: a model of how a GPU hands thread blocks to its SMs."""
+    import heapq
+
+    _positive_int("slots", slots)
+    free = [0.0] * slots
+    end = 0.0
+    for duration in durations:
+        start = heapq.heappop(free)
+        heapq.heappush(free, start + duration)
+        end = max(end, start + duration)
+    return end
+
+
+def causal_launch_model(n: int, *, block: int = 64, tokens: int = 16384, hidden: int = 2048, head_dim: int = 128,
+                        slots: int = 264) -> dict:
+    """The causal forward's launch, by the model of :func:`launch_makespan`: query block m of a
+    square causal problem folds m + 1 key tiles (BLOCK_M = BLOCK_N = block), one launch holds
+    every (batch, head), batch x n = tokens and heads x head_dim = hidden (the ladder's grid).
+    Returns the makespan over the ideal (total work / slots) in launch order and with each
+    head's longest blocks first (rung 4)."""
+    for name, value in (("n", n), ("block", block), ("slots", slots)):
+        _positive_int(name, value)
+    heads = max(1, tokens // n) * max(1, hidden // head_dim)
+    per_head = [m + 1 for m in range(-(-n // block))]
+    ideal = heads * sum(per_head) / slots
+    return {order: launch_makespan((w for _ in range(heads) for w in blocks), slots) / ideal
+            for order, blocks in (("in_order", per_head), ("longest_first", per_head[::-1]))}
+
+
 def autotuned_tiles(run: dict, *, head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False,
                     n: int | None = None) -> dict[str, dict]:
     """{kernel: tiles} the run's autotuners kept for this head dim, dtype and mask: for the

@@ -228,6 +228,19 @@ def test_autotuned_choices_by_sequence_bucket():
     assert longest == {"d=128 bfloat16 causal=False": by_n["d=128 bfloat16 causal=False"]["4096"]}
 
 
+def test_launch_model_by_hand():
+    # two slots; durations 1, 2, 3, 4 in order: 3 starts at 1 (ends 4), 4 starts at 2 (ends 6)
+    assert perf.launch_makespan([1, 2, 3, 4], 2) == 6
+    # longest first: 4 and 3 start at 0; 2 starts at 3 (ends 5), 1 at 4 (ends 5): the ideal 10 / 2
+    assert perf.launch_makespan([4, 3, 2, 1], 2) == 5
+    assert perf.launch_makespan([], 3) == 0
+    # one head of 4 blocks (1 + 2 + 3 + 4 = 10 tiles) on 2 slots: 6 / 5 in order, 5 / 5 longest first
+    model = perf.causal_launch_model(256, block=64, tokens=256, hidden=128, head_dim=128, slots=2)
+    assert model == {"in_order": pytest.approx(1.2), "longest_first": pytest.approx(1.0)}
+    with pytest.raises(ValueError, match="'slots'"):
+        perf.launch_makespan([1], 0)
+
+
 def test_autotuned_tiles_by_bucket_and_from_older_runs():
     tile = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
     wide = dict(tile, BLOCK_M=128, num_warps=8)
