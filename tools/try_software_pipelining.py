@@ -26,7 +26,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from flashlib.kernels import forward_fast  # noqa: E402
-from flashlib.kernels.compile import _disassemble, _signature  # noqa: E402
+from flashlib.kernels.compile import _disassemble, _instructions, _signature  # noqa: E402
 
 OLD = """    for start_n in range(0, full_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -49,20 +49,13 @@ NEW = """    s_next = tl.dot(q, tl.trans(k_desc.load([0, 0])))
 
 def exp2_between_issue_and_wait(cubin: bytes) -> list[int]:
     """For each wgmma group, in program order: exp2 instructions between issue and wait."""
-    import re
-
-    sass = _disassemble(cubin)
     counts, open_group = [], None
-    for line in sass.splitlines():
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
-        if not m:
-            continue
-        op = m.group(1)
-        if op.startswith("HGMMA") and open_group is None:
+    for _, _, op, operands in _instructions(_disassemble(cubin))[0]:
+        if op == "HGMMA" and open_group is None:
             open_group = 0
-        elif op.startswith("MUFU") and open_group is not None:
+        elif op == "MUFU" and open_group is not None:
             open_group += 1
-        elif op.startswith("WARPGROUP.DEPBAR") and open_group is not None:
+        elif op == "WARPGROUP" and operands.startswith(".DEPBAR") and open_group is not None:
             counts.append(open_group)
             open_group = None
     return counts
