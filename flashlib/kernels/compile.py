@@ -256,9 +256,13 @@ def _instructions(sass: str):
 def sass_opcodes(cubin: bytes) -> dict:
     """How often each machine instruction (SASS opcode: FMUL, FFMA, MUFU, HGMMA, ...; without
     its modifiers) occurs in a cubin, read with the nvdisasm that ships with Triton."""
+    return _opcode_counts(_instructions(_disassemble(cubin))[0])
+
+
+def _opcode_counts(rows) -> dict:
     import collections
 
-    return dict(collections.Counter(op for _, _, op, _ in _instructions(_disassemble(cubin))[0]))
+    return dict(collections.Counter(op for _, _, op, _ in rows))
 
 
 def first_mma_loop(cubin: bytes) -> dict:
@@ -268,11 +272,12 @@ def first_mma_loop(cubin: bytes) -> dict:
     Returns {"body": instructions from the loop's head to its back branch, "short": the same
     when every forward branch that stays inside the body is taken (the fewest a trip can
     execute), "ops": opcode counts of the body, "skippable": opcode counts of what those
-    branches jump over}.
+    branches jump over}. ValueError if there is no such loop.
     """
-    import collections
+    return _first_mma_loop(*_instructions(_disassemble(cubin)))
 
-    rows, labels = _instructions(_disassemble(cubin))
+
+def _first_mma_loop(rows, labels) -> dict:
     target = lambda operands: labels.get((re.search(r"(\.L_x_\d+)", operands) or [None, None])[1])  # noqa: E731
     for i, (address, _, op, operands) in enumerate(rows):
         head = target(operands) if op == "BRA" else None
@@ -286,9 +291,8 @@ def first_mma_loop(cubin: bytes) -> dict:
             end = target(ops) if o == "BRA" and predicated else None
             if end is not None and a < end <= address:
                 skipped.update(r[0] for r in body if a < r[0] < end)
-        return dict(body=len(body), short=len(body) - len(skipped),
-                    ops=dict(collections.Counter(r[2] for r in body)),
-                    skippable=dict(collections.Counter(r[2] for r in body if r[0] in skipped)))
+        return dict(body=len(body), short=len(body) - len(skipped), ops=_opcode_counts(body),
+                    skippable=_opcode_counts([r for r in body if r[0] in skipped]))
     raise ValueError("first_mma_loop: no loop with tensor-core instructions in this kernel")
 
 
@@ -313,9 +317,13 @@ def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, 
     report.mma_sync_ops = ptx.count("mma.sync")
     report.bulk_copy_ops = ptx.count("cp.async.bulk.tensor")
     report.bulk_reduce_ops = ptx.count("cp.reduce.async.bulk.tensor")
-    if sass:
-        report.sass_ops = sass_opcodes(compiled.asm["cubin"])
-        report.mma_loop = first_mma_loop(compiled.asm["cubin"])
+    if sass:  # one disassembly for both counts
+        rows, labels = _instructions(_disassemble(compiled.asm["cubin"]))
+        report.sass_ops = _opcode_counts(rows)
+        try:
+            report.mma_loop = _first_mma_loop(rows, labels)
+        except ValueError:  # a kernel without tensor-core loops (the primer's softmax, say)
+            report.mma_loop = {}
     return ptx
 
 
