@@ -8,6 +8,8 @@ on an H200):
    compiles stay in Triton's on-disk cache, and the benchmark reuses those whose arguments
    specialise alike): forward and backward against dense
    attention in float32 and against ``scaled_dot_product_attention`` in float16/bfloat16.
+   Meanwhile the main process compiles every kernel the ladder (part 3) will launch, on the
+   other cores (:func:`flashlib.perf_bench.precompile`; ``--no-precompile`` leaves it out).
 2. Only with ``--sdpa-table`` (or without the ladder): forward and backward time
    (``triton.testing.do_bench``, median) and peak memory of the shipped ``flash_attention``
    and of each SDPA backend (flash, efficient, cuDNN; math where its N x N matrices fit),
@@ -50,6 +52,8 @@ def parse_args(argv):
     p.add_argument("--skip-tests", action="store_true", help="benchmark only")
     p.add_argument("--skip-bench", action="store_true", help="tests only")
     p.add_argument("--no-ladder", action="store_true", help="leave out the optimisation-ladder benchmark")
+    p.add_argument("--no-precompile", action="store_true",
+                   help="do not compile the ladder's kernels on the other cores while the tests run")
     p.add_argument("--sdpa-table", action="store_true",
                    help="also time the shipped op against every SDPA backend at B*H*N fixed (part 2)")
     p.add_argument("--out-dir", default=str(ROOT / "data" / "bench"), help="where the JSON goes")
@@ -147,21 +151,43 @@ def write_report(report: dict, out_dir, *, copy_to=None) -> Path:
     return path
 
 
-def run_tests(timeout_s: float, log=print) -> dict:
+def start_tests(timeout_s: float, cmd=None) -> dict:
+    """Start tests/test_gpu.py (or cmd) in a subprocess and return at once (see finish_tests).
+    Its output goes to a file: a pipe nobody reads while the benchmark compiles could fill up
+    and stall the tests."""
+    import tempfile
+
     # --durations: the slowest tests (mostly compiling and autotuning) are listed in the report
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / "test_gpu.py"), "-q", "-p", "no:cacheprovider",
-           "--durations=12"]
+    cmd = cmd or [sys.executable, "-m", "pytest", str(ROOT / "tests" / "test_gpu.py"), "-q", "-p",
+                  "no:cacheprovider", "--durations=12"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    start = time.perf_counter()
+    output = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(cmd, stdout=output, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    return dict(proc=proc, output=output, start=time.perf_counter(), timeout_s=timeout_s)
+
+
+def finish_tests(started: dict, log=print) -> dict:
+    """Wait for the tests (until their timeout, counted from their start); their result."""
+    proc, output = started["proc"], started["output"]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=ROOT)
-        out, code = done.stdout + done.stderr, done.returncode
-    except subprocess.TimeoutExpired as exc:
-        out, code = f"{exc.stdout or ''}\ntimed out after {timeout_s:.0f} s", -1
-    out = out if isinstance(out, str) else out.decode(errors="replace")
+        proc.wait(timeout=max(0.0, started["timeout_s"] - (time.perf_counter() - started["start"])))
+        code, note = proc.returncode, ""
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        code, note = -1, f"\ntimed out after {started['timeout_s']:.0f} s"
+    output.seek(0)
+    out = output.read() + note
+    output.close()
     summary = out.strip().splitlines()[-1] if out.strip() else ""
     log(out[-6000:])
-    return dict(returncode=code, summary=summary, seconds=round(time.perf_counter() - start, 1), tail=out[-6000:])
+    return dict(returncode=code, summary=summary, seconds=round(time.perf_counter() - started["start"], 1),
+                tail=out[-6000:])
+
+
+def run_tests(timeout_s: float, log=print) -> dict:
+    """tests/test_gpu.py with pytest in a subprocess, waited for."""
+    return finish_tests(start_tests(timeout_s), log=log)
 
 
 def _cuda_measure(quick: bool):
@@ -260,11 +286,22 @@ def main(argv=None, *, measure=None, log=print) -> int:
     log(f"flashlib gpu-check on {report['device']}: torch {report['torch']}, Triton {report['triton']}, "
         f"CUDA {report['cuda']}")
     status = 0
-    if not args.skip_tests:
-        report["tests"] = run_tests(timeout_s=0.5 * args.budget, log=log)
+    tests = None if args.skip_tests else start_tests(timeout_s=0.5 * args.budget)
+    ladder = not args.no_ladder and _has_ladder()
+    if tests is not None and not args.skip_bench and ladder and measure is None and not args.no_precompile:
+        # while the tests run on the GPU, the other cores compile what the ladder will launch
+        try:
+            from .perf_bench import plan as ladder_plan
+            from .perf_bench import precompile
+
+            report["precompile"] = precompile(ladder_plan(), log=log)
+        except Exception as exc:  # the ladder then compiles as it goes, as without this step
+            report["precompile"] = dict(error=f"{type(exc).__name__}: {exc}"[:500])
+            log(f"  compiling ahead failed ({report['precompile']['error']}); the ladder compiles as it goes")
+    if tests is not None:
+        report["tests"] = finish_tests(tests, log=log)
         status = 0 if report["tests"]["returncode"] == 0 else 1
         write_report(report, args.out_dir, copy_to=os.environ.get("OUT"))  # kept if the benchmark dies
-    ladder = not args.no_ladder and _has_ladder()
     if not args.skip_bench and (args.sdpa_table or not ladder):
         left = args.budget - (time.perf_counter() - start)
         share = left * (0.5 if ladder else 0.9)

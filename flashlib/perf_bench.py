@@ -17,8 +17,10 @@ N is held at ``tokens`` and heads x d at ``hidden`` (as FlashAttention's own ben
 so every point moves the same number of tokens.
 
 A time budget bounds the run: points are measured in priority order (the performance
-targets first: d = 128, N >= 4k); a point starts only if the longest point so far would
-still fit, and whatever the budget leaves out is listed as skipped.
+targets first: d = 128, N >= 4k); a point starts only if the longest point of its kind so
+far (the first of a head dim, dtype, mask and pass, or a later one) would still fit, and
+whatever the budget leaves out is listed as skipped. The GPU check compiles the kernels
+ahead (:func:`precompile`), so that first points mostly autotune.
 Imported and run only on a CUDA machine; ``run_ladder_bench`` returns a dict that the GPU
 check merges into its JSON.
 """
@@ -200,23 +202,75 @@ def _measure_point(p, methods, log, *, device="cuda", tokens=16384, hidden=2048,
     return rows
 
 
+def precompile(grid, *, threads: int | None = None, device="cuda", tokens=16384, hidden=2048, log=print) -> dict:
+    """Compile every flashlib kernel the grid will launch, on ``threads`` threads, launching
+    nothing (:mod:`flashlib.kernels.ahead`): each method is recorded once per head dim,
+    dtype, mask and pass, at the first point of the grid with them (every N of the grid
+    binds the same arguments alike, multiples of 16, so the binaries are the same).
+    Returns the counts and seconds for the JSON."""
+    from .kernels.ahead import compile_notes, recording
+
+    start = time.perf_counter()
+    firsts = {}
+    for p in grid:
+        firsts.setdefault((p["d"], p["dtype"], p["causal"], p["mode"]), p)
+    notes, errors = [], []
+    for p in firsts.values():
+        methods = {name: fn for name, fn in _methods(p["mode"]).items() if not name.startswith("sdpa:")}
+        batch, heads = shape(p["n"], p["d"], tokens, hidden)
+        q, k, v, dout = (torch.empty(batch, heads, p["n"], p["d"], device=device, dtype=getattr(torch, p["dtype"]))
+                         for _ in range(4))  # (B, H, N, D); never read: nothing runs
+        with recording() as noted:
+            for name, fn in methods.items():
+                try:
+                    if p["mode"] == "fwd":
+                        fn(q, k, v, p["causal"])
+                    else:
+                        qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+                        fn(qg, kg, vg, p["causal"]).backward(dout)
+                except Exception as exc:  # it will fail again, and be reported, when measured
+                    errors.append(f"{name} at {p}: {type(exc).__name__}: {exc}"[:300])
+        notes.extend(noted)
+        del q, k, v, dout
+    recorded = time.perf_counter() - start
+    result = compile_notes(notes, threads)
+    result.update(keys=len(firsts), launches_noted=len(notes), record_seconds=round(recorded, 2),
+                  record_errors=errors[:5])
+    log(f"  compiled ahead: {result['kernels']} kernels ({result['failed']} failed) for {len(firsts)} keys "
+        f"in {result['seconds']:.0f} s on {result['threads']} threads")
+    return result
+
+
+def _compile_key(p):
+    """Points with one head dim, dtype, mask and pass launch the same kernels: the first of
+    them compiles and autotunes (unless compiled ahead), the others only time."""
+    return tuple(p.get(k) for k in ("d", "dtype", "causal", "mode")) if isinstance(p, dict) else None
+
+
 def run_plan(grid, measure, budget_s: float, clock=time.perf_counter, progress=None,
              timeline=None) -> tuple[list[dict], list[dict]]:
-    """(rows measured, grid points skipped): a point starts only if the longest point so far
-    would still end within budget_s. progress(rows) is called after each point; timeline, a
-    list, gets each measured point with the seconds it took (compiling and autotuning
-    included), to show where a run's time went."""
-    start, rows, skipped, longest = clock(), [], [], 0.0
+    """(rows measured, grid points skipped): a point starts only if the longest point of its
+    kind so far would still end within budget_s. Two kinds: the first point of a head dim,
+    dtype, mask and pass (it compiles and autotunes) and the others; before a kind's first
+    measurement, the longest point of any kind stands in. progress(rows) is called after
+    each point; timeline, a list, gets each measured point with the seconds it took
+    (compiling and autotuning included) and whether it was the first of its kind."""
+    start, rows, skipped, seen = clock(), [], [], set()
+    longest = {True: None, False: None}
     for p in grid:
+        first = _compile_key(p) not in seen
+        known = [t for t in longest.values() if t is not None]
+        estimate = longest[first] if longest[first] is not None else max(known, default=0.0)
         began = clock()
-        if began - start + longest > budget_s:
+        if began - start + estimate > budget_s:
             skipped.append(p)
             continue
         rows.extend(measure(p))
         took = clock() - began
-        longest = max(longest, took)
+        seen.add(_compile_key(p))
+        longest[first] = max(longest[first] or 0.0, took)
         if timeline is not None:
-            timeline.append(dict(p, seconds=round(took, 2)))
+            timeline.append(dict(p, seconds=round(took, 2), first_of_kind=first))
         if progress is not None:
             progress(rows)
     return rows, skipped
@@ -355,8 +409,13 @@ def main(argv=None):
                                      description="The ladder benchmark alone (the GPU check runs it too).")
     parser.add_argument("--budget", type=float, default=200.0, help="seconds for the whole run (default 200)")
     parser.add_argument("--out", default=None, help="directory for the JSON (default data/bench/)")
+    parser.add_argument("--no-precompile", action="store_true", help="compile each kernel at its first launch")
     args = parser.parse_args(argv)
-    result = run_ladder_bench(args.budget)
+    start = time.perf_counter()
+    compiled = None if args.no_precompile else precompile(plan())
+    result = run_ladder_bench(args.budget - (time.perf_counter() - start))
+    if compiled is not None:
+        result["ladder"]["precompile"] = compiled
     print(format_ladder(result))
     print(f"wrote {write_result(result, args.out)}")
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 
 import pytest
 
@@ -93,3 +95,22 @@ def test_source_revision_names_the_code(tmp_path):
     assert outside_git["source_sha256"] == here["source_sha256"] and outside_git["git_commit"] is None
     (copy / "flashlib" / "demo.py").write_text((copy / "flashlib" / "demo.py").read_text() + "\n# changed\n")
     assert gpu_check.source_revision(copy)["source_sha256"] != here["source_sha256"]
+
+
+def test_tests_run_beside_other_work_and_keep_their_output():
+    # 200 kB of output, more than a pipe holds, written while nobody reads it
+    loud = [sys.executable, "-c", "import sys; print('x' * 200_000); print('3 passed'); sys.exit(3)"]
+    started = gpu_check.start_tests(timeout_s=60, cmd=loud)
+    time.sleep(0.5)  # the caller is busy elsewhere meanwhile
+    result = gpu_check.finish_tests(started, log=lambda *_: None)
+    assert result["returncode"] == 3 and result["summary"] == "3 passed"
+    assert result["tail"].endswith("3 passed\n") and len(result["tail"]) == 6000
+
+
+def test_tests_past_their_time_are_stopped():
+    slow = [sys.executable, "-c", "import time; time.sleep(60)"]
+    started = gpu_check.start_tests(timeout_s=1.0, cmd=slow)
+    result = gpu_check.finish_tests(started, log=lambda *_: None)
+    assert result["returncode"] == -1 and "timed out after 1 s" in result["summary"]
+    assert result["seconds"] < 30
+    assert started["proc"].poll() is not None  # killed, not left running

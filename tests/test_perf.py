@@ -134,10 +134,33 @@ def test_run_plan_stops_before_a_point_would_overrun():
                                         clock=lambda: now[0], timeline=timeline)
     # after a and b (8 s, longest 5 s) nothing else may start: 8 + 5 > 10
     assert rows == ["a", "b"] and skipped == [dict(p=p) for p in "cde"]
-    assert timeline == [dict(p="a", seconds=3.0), dict(p="b", seconds=5.0)]
+    assert timeline == [dict(p="a", seconds=3.0, first_of_kind=True), dict(p="b", seconds=5.0, first_of_kind=False)]
     now[0] = 0.0
     rows, skipped = perf_bench.run_plan(list(costs), measure, budget_s=100.0, clock=lambda: now[0])
     assert rows == list(costs) and skipped == []
+
+
+def test_run_plan_budgets_first_points_apart_from_the_rest():
+    # the first point of a head dim, dtype, mask and pass compiles and autotunes: a slow one
+    # must not stop the cheap points of a kind already measured
+    now = [0.0]
+    a = dict(d=128, dtype="bfloat16", causal=False, mode="fwd")
+    b, c = dict(a, causal=True), dict(a, mode="fwd_bwd")
+    grid = [dict(a, n=16384), dict(a, n=8192), dict(b, n=16384), dict(c, n=16384), dict(a, n=4096),
+            dict(a, n=2048)]
+    cost = {(True, "fwd", 16384): 6.0, (False, "fwd", 16384): 2.0}
+
+    def measure(p):
+        now[0] += cost.get((p["causal"], p["mode"], p["n"]), 1.0)
+        return [(p["causal"], p["mode"], p["n"])]
+
+    timeline = []
+    rows, skipped = perf_bench.run_plan(grid, measure, budget_s=10.0, clock=lambda: now[0], timeline=timeline)
+    # at 9 s a first point (the longest so far: 6 s) cannot fit, a later one (1 s) can; the
+    # longest point of any kind would have stopped both
+    assert rows == [(False, "fwd", 16384), (False, "fwd", 8192), (True, "fwd", 16384), (False, "fwd", 4096)]
+    assert skipped == [grid[3], grid[5]]
+    assert [t["first_of_kind"] for t in timeline] == [True, False, True, False]
 
 
 def test_figures_render():
