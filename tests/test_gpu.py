@@ -93,13 +93,44 @@ def test_half_precision_within_twice_sdpa_error(dtype, batch, heads, seq_q, seq_
         assert err <= 2 * sdpa_err + 1e-4, f"{name}: kernel error {err:.3e}, SDPA {dtype} error {sdpa_err:.3e}"
 
 
-# two autotuning keys only: each key compiles every candidate tile of three kernels
-@pytest.mark.parametrize("dtype,batch,heads,seq_q,seq_k,dim,causal", [
-    (torch.bfloat16, 1, 2, 113, 1025, 128, True), (torch.bfloat16, 1, 4, 4096, 4096, 128, True),
-    (torch.float16, 2, 4, 1000, 1000, 64, False),
-])
-@pytest.mark.parametrize("forward,backward", [("tma", "tuned"), ("tma", "atomic"), ("lean", "lean"),
-                                              ("lean", "bulk")])
+# each shape compiles every candidate tile of the kernels of each pair (lengths that are not
+# multiples of 16 bind, so compile, apart from those that are)
+FASTEST_SHAPES = [(torch.bfloat16, 1, 2, 113, 1025, 128, True), (torch.bfloat16, 1, 4, 4096, 4096, 128, True),
+                  (torch.float16, 2, 4, 1000, 1000, 64, False)]
+FASTEST_PAIRS = [("tma", "tuned"), ("tma", "atomic"), ("lean", "lean"), ("lean", "bulk")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compiled_ahead():
+    """The autotuned tests compile about a hundred binaries between them: compile them first,
+    on all cores (flashlib.kernels.ahead, as the GPU check does for its benchmark), so each
+    test only loads them. Changes time only: a kernel that fails to compile fails in its test."""
+    import warnings
+
+    from flashlib.kernels import ahead, ladder
+
+    def launches():
+        for dtype, batch, heads, seq_q, seq_k, dim, causal in FASTEST_SHAPES:
+            q, k, v, dout = _inputs(batch, heads, seq_q, seq_k, dim, dtype)
+            for forward, backward in FASTEST_PAIRS:
+                _grads(lambda a, b, c: flash_attention(a, b, c, causal=causal, forward=forward, backward=backward),
+                       q, k, v, dout)
+        q, k, v, _ = _inputs(1, 4, 2048, 2048, 128, torch.bfloat16)
+        for causal in (False, True):
+            for name in ("lean", "lazy-rescale"):
+                ladder.rung(name).forward(q, k, v, causal=causal)
+
+    try:
+        with ahead.recording() as notes:
+            launches()
+        ahead.compile_notes(notes)
+    except Exception as exc:  # noqa: BLE001  the tests then compile as they go, and report any failure
+        warnings.warn(f"compiling ahead failed: {type(exc).__name__}: {exc}")
+    yield
+
+
+@pytest.mark.parametrize("dtype,batch,heads,seq_q,seq_k,dim,causal", FASTEST_SHAPES)
+@pytest.mark.parametrize("forward,backward", FASTEST_PAIRS)
 def test_fastest_path_within_twice_sdpa_error(dtype, batch, heads, seq_q, seq_k, dim, causal, forward, backward):
     """The ladder's last forward rungs with the tuned, atomic, lean or bulk backward, autotuned here."""
     q, k, v, dout = _inputs(batch, heads, seq_q, seq_k, dim, dtype, seed=1)
