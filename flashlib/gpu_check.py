@@ -320,7 +320,8 @@ def main(argv=None, *, measure=None, log=print) -> int:
                 def save(points):  # a run cut short still returns what it measured
                     write_report(dict(report, ladder_partial=points), args.out_dir, copy_to=os.environ.get("OUT"))
 
-                report.update(run_ladder_bench(budget_s=left, log=log, progress=save))
+                report.update(run_ladder_bench(budget_s=left, log=log, progress=save,
+                                               compile_ahead=not args.no_precompile))
                 log(format_ladder(report))
             except Exception as exc:  # the parts above are already measured: keep them
                 report["ladder_error"] = f"{type(exc).__name__}: {exc}"

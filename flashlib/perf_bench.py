@@ -314,9 +314,11 @@ def memory_ratios(points, ns=(4096, 16384)) -> list[dict]:
 
 
 def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, causals=CAUSALS, modes=MODES,
-                     log=print, progress=None) -> dict:
+                     log=print, progress=None, compile_ahead: bool = True) -> dict:
     """Measure the grid within ``budget_s`` seconds; returns {"ladder": {...}} for the JSON.
-    progress(points) is called after each grid point (to save a run that may be cut short)."""
+    progress(points) is called after each grid point (to save a run that may be cut short).
+    compile_ahead: first compile every kernel the grid launches on all cores (:func:`precompile`;
+    what this process compiled before is not compiled again)."""
     if not torch.cuda.is_available():
         raise RuntimeError("run_ladder_bench: no CUDA device; the ladder benchmark runs on a GPU "
                            "(recorded results are in data/bench/)")
@@ -331,8 +333,16 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
     log(f"  ceilings: bf16 matmul {ceilings['bf16_matmul_tflops']:.0f} TFLOP/s, "
         f"copy {ceilings['copy_gbps']:.0f} GB/s")
     methods = {mode: _methods(mode) for mode in modes}
+    grid = plan(ds, ns, dtypes, causals, modes)
+    compiled = None
+    if compile_ahead:
+        try:
+            compiled = precompile(grid, log=log)
+        except Exception as exc:  # the points then compile as they go
+            compiled = dict(error=f"{type(exc).__name__}: {exc}"[:500])
+            log(f"  compiling ahead failed ({compiled['error']}); compiling at first launch instead")
     timeline = []
-    points, skipped = run_plan(plan(ds, ns, dtypes, causals, modes),
+    points, skipped = run_plan(grid,
                                lambda p: _measure_point(p, methods[p["mode"]], log),
                                budget_s - (time.perf_counter() - start), progress=progress, timeline=timeline)
     chosen, chosen_by_n = autotuned_choices(ds, dtypes, causals, ns)
@@ -346,6 +356,7 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
                    "flops": "4*B*H*N*N*d forward, halved if causal; fwd_bwd = 3.5 x forward",
                    "budget_s": budget_s},
         "ceilings": ceilings, "points": points, "skipped": skipped, "elapsed_s": elapsed, "timeline": timeline,
+        "precompile": compiled,
         "autotuned": chosen, "autotuned_by_n": chosen_by_n, "target_ratios": target_ratios(points, ceilings["bf16_matmul_tflops"]), "memory_ratios": memory_ratios(points)}}
 
 
@@ -411,11 +422,7 @@ def main(argv=None):
     parser.add_argument("--out", default=None, help="directory for the JSON (default data/bench/)")
     parser.add_argument("--no-precompile", action="store_true", help="compile each kernel at its first launch")
     args = parser.parse_args(argv)
-    start = time.perf_counter()
-    compiled = None if args.no_precompile else precompile(plan())
-    result = run_ladder_bench(args.budget - (time.perf_counter() - start))
-    if compiled is not None:
-        result["ladder"]["precompile"] = compiled
+    result = run_ladder_bench(args.budget, compile_ahead=not args.no_precompile)
     print(format_ladder(result))
     print(f"wrote {write_result(result, args.out)}")
 
