@@ -101,7 +101,18 @@ def test_target_and_memory_ratios():
     assert ratios[0]["ratio"] == pytest.approx(150 / 140) and ratios[0]["target"] == 1.0
     assert ratios[1]["matmul_fraction"] == pytest.approx(170 / 600)
     table = perf_bench.format_ladder({"ladder": {"target_ratios": ratios}}).splitlines()
-    assert len(table) == 3 and table[1].split()[-3:] == ["1.07", "1.0", "0.25"]
+    assert len(table) == 3 and table[1].split()[-4:] == ["1.07", "1.0", "0.25", "-"]
+    assert ratios[0]["ratio_range"] is None  # no spread recorded for these points
+    timed = [dict(p, ms=m, ms_p20=lo, ms_p80=hi) for p, (m, lo, hi) in
+             zip([dict(method="rung:tma", tflops=150.0), dict(method="sdpa:flash", tflops=140.0)],
+                 [(1.0, 0.9, 1.2), (1.07, 1.0, 1.1)])]
+    for p in timed:
+        p.update(d=128, n=4096, dtype="bfloat16", causal=False, mode="fwd")
+    (spread,) = perf_bench.target_ratios(timed)
+    # ours at its slowest (1.2 ms) against theirs at its fastest (1.0 ms), and the other way
+    assert spread["ratio_range"] == pytest.approx([1.0 / 1.2, 1.1 / 0.9])
+    line = perf_bench.format_ladder({"ladder": {"target_ratios": [spread]}}).splitlines()[1]
+    assert line.split()[-1] == "0.83-1.22"
     base = dict(d=128, dtype="float16", causal=False, mode="fwd_bwd", batch=1, heads=16)
     points = [dict(base, method="flashlib", n=4096, peak_bytes=100),
               dict(base, method="sdpa:math", n=4096, peak_bytes=1000),
@@ -195,11 +206,12 @@ def test_measure_point_runs_every_method_on_cpu():
     for mode in ("fwd", "fwd_bwd"):
         point = dict(d=32, n=24, dtype="float32", causal=True, mode=mode)
         rows = perf_bench._measure_point(point, perf_bench._methods(mode), lambda *a: None, device="cpu",
-                                         tokens=24, hidden=64, bench=lambda fn: (fn(), 2.0)[1],
+                                         tokens=24, hidden=64, bench=lambda fn: (fn(), (2.0, 1.5, 2.5))[1],
                                          peak=lambda fn: (fn(), 0)[1])
         by = {r["method"]: r for r in rows}
         flops = perf.attention_flops(1, 2, 24, 24, 32, causal=True, mode=mode)
         assert by["sdpa:math"]["tflops"] == pytest.approx(perf.tflops(flops, 2.0))
+        assert (by["sdpa:math"]["ms_p20"], by["sdpa:math"]["ms_p80"]) == (1.5, 2.5)
         ours = [m for m in by if not m.startswith("sdpa:")]
         assert ours == (["rung:teaching", "rung:autotuned", "rung:causal-split", "rung:tma", "rung:lean",
                          "rung:lazy-rescale"] if mode == "fwd"
