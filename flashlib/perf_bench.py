@@ -412,7 +412,7 @@ def format_ladder(result: dict) -> str:
     """A plain table of the target ratios for the GPU check's printout."""
     rows = result["ladder"]["target_ratios"]
     lines = [f"{'N':>6} {'dtype':>9} {'causal':>6} {'pass':>7} {'ours':>16} {'best SDPA':>16} "
-             f"{'ratio':>6} {'target':>6} {'of matmul':>9} {'p80-p20':>9}"]
+             f"{'ratio':>6} {'target':>6} {'of matmul':>9} {'range':>9}"]
     for r in rows:
         fraction = f"{r['matmul_fraction']:.2f}" if r.get("matmul_fraction") else "-"
         spread = "{:.2f}-{:.2f}".format(*r["ratio_range"]) if r.get("ratio_range") else "-"
