@@ -114,3 +114,47 @@ def test_tests_past_their_time_are_stopped():
     assert result["returncode"] == -1 and "timed out after 1 s" in result["summary"]
     assert result["seconds"] < 30
     assert started["proc"].poll() is not None  # killed, not left running
+
+
+def _stub_run(monkeypatch, events, precompile=None):
+    """gpu_check.main with its tests, compiling and ladder replaced by notes of the calls."""
+    from flashlib import perf_bench
+
+    monkeypatch.setattr(gpu_check, "provenance", _fake_provenance("Fake GPU 80GB HBM3"))
+    monkeypatch.setattr(gpu_check, "start_tests", lambda timeout_s: events.append("tests start") or {})
+    monkeypatch.setattr(gpu_check, "finish_tests", lambda started, log: events.append("tests end") or dict(
+        returncode=0, summary="1 passed", seconds=1.0, tail=""))
+
+    def compile_ahead(grid, log):
+        events.append(("compile ahead", len(grid)))
+        if precompile is not None:
+            raise precompile
+        return {"kernels": 3}
+
+    monkeypatch.setattr(perf_bench, "precompile", compile_ahead)
+    monkeypatch.setattr(perf_bench, "run_ladder_bench", lambda budget_s, log, progress, compile_ahead: events.append(
+        ("ladder", compile_ahead)) or {"ladder": {"target_ratios": []}})
+
+
+def test_main_compiles_the_ladder_while_the_tests_run(tmp_path, monkeypatch):
+    from flashlib import perf_bench
+
+    events = []
+    _stub_run(monkeypatch, events)
+    assert gpu_check.main(["--out-dir", str(tmp_path / "a")], log=lambda *_: None) == 0
+    assert events == ["tests start", ("compile ahead", len(perf_bench.plan())), "tests end", ("ladder", True)]
+    (path,) = (tmp_path / "a").glob("*.json")
+    assert json.loads(path.read_text())["precompile"] == {"kernels": 3}
+
+    events.clear()
+    assert gpu_check.main(["--out-dir", str(tmp_path / "b"), "--no-precompile"], log=lambda *_: None) == 0
+    assert events == ["tests start", "tests end", ("ladder", False)]
+
+
+def test_a_failure_to_compile_ahead_is_recorded_and_the_ladder_still_runs(tmp_path, monkeypatch):
+    events = []
+    _stub_run(monkeypatch, events, precompile=RuntimeError("no threads today"))
+    assert gpu_check.main(["--out-dir", str(tmp_path)], log=lambda *_: None) == 0
+    assert events[-2:] == ["tests end", ("ladder", True)]
+    (path,) = tmp_path.glob("*.json")
+    assert json.loads(path.read_text())["precompile"] == {"error": "RuntimeError: no threads today"}
