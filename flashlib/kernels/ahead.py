@@ -59,6 +59,21 @@ def _stand_in(arg):
 _LOCK = threading.Lock()  # autograd runs CUDA backward functions on a thread of its own
 
 
+def every_candidate(tuner, *args, **kwargs):
+    """In place of Autotuner.run: call the kernel's run() once with each candidate the
+    autotuner would time for these arguments (pruned as its run() prunes them), as a
+    warm-up; times nothing, keeps no choice."""
+    kwargs.pop("grid", None)
+    kwargs.pop("warmup", None)
+    tuner.nargs = dict(zip(tuner.arg_names, args))  # what the pruning hook reads, as in run()
+    try:
+        configs = tuner.prune_configs(kwargs) if len(tuner.configs) > 1 else tuner.configs
+    finally:
+        tuner.nargs = None
+    for config in configs:
+        tuner.fn.run(*args, grid=None, warmup=True, **kwargs, **config.all_kwargs())
+
+
 @contextmanager
 def recording():
     """Within the block, launches are noted in the yielded list instead of run (process-wide:
@@ -74,18 +89,7 @@ def recording():
         with _LOCK:
             notes.append(note)
 
-    def note_candidates(self, *args, **kwargs):
-        kwargs.pop("grid", None)
-        kwargs.pop("warmup", None)
-        self.nargs = dict(zip(self.arg_names, args))  # what the pruning hook reads, as in run()
-        try:
-            configs = self.prune_configs(kwargs) if len(self.configs) > 1 else self.configs
-        finally:
-            self.nargs = None
-        for config in configs:  # self.fn.run is note_launch now
-            self.fn.run(*args, grid=None, warmup=True, **kwargs, **config.all_kwargs())
-
-    JITFunction.run, Autotuner.run = note_launch, note_candidates
+    JITFunction.run, Autotuner.run = note_launch, every_candidate  # its fn.run is note_launch now
     try:
         yield notes
     finally:
