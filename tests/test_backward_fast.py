@@ -195,3 +195,19 @@ def test_only_16_bit_inputs_on_a_gpu_without_a_config_autotune(monkeypatch):
     assert op.autotunes(torch.float16, None) and op.autotunes(torch.bfloat16, None)
     assert not op.autotunes(torch.float32, None)  # candidates are sized for 16-bit tiles
     assert not op.autotunes(torch.bfloat16, FlashConfig())  # the caller fixed the tiles
+
+
+@pytest.mark.parametrize("fused,alone", [("bwd_fused_bulk", "bwd_dkdv_lean"), ("bwd_fused_tuned", "bwd_dkdv_tuned")])
+def test_atomic_dq_tiles_are_added_without_a_multiply(fused, alone):
+    """With dQ added from the dK/dV loop, dS is scaled in the loop by an FMA where dp - delta
+    was a subtraction (delta arrives scaled), so the dq tile needs no multiply per element:
+    read from the machine code for sm_90 (bf16, d 128, 32 x 128 tiles, 8 warps; one trip of
+    the query loop), the loop spends exactly the multiplies of the dK/dV loop without dQ."""
+    cfg = FlashConfig(bwd_block_m=32, bwd_block_n=128, bwd_num_warps=8, bwd_num_stages=2)
+    with_dq, without = compile_kernels([spec(k, (9, 0), "bfloat16", 128, False, cfg, sass=True) for k in (fused, alone)])
+    assert with_dq.ok and without.ok, (with_dq.error, without.error)
+    ops, base = with_dq.mma_loop["ops"], without.mma_loop["ops"]
+    assert ops["FMUL"] == base["FMUL"] > 0, (ops["FMUL"], base["FMUL"])
+    assert ops["HGMMA"] == base["HGMMA"] > 0
+    # and the dq tile does leave: one bulk reduction, or vector atomics
+    assert ops.get("UTMAREDG", 0) == 1 if fused.endswith("bulk") else ops.get("REDG", 0) > 0

@@ -91,10 +91,16 @@ def _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qm, stride_dom, strid
             p_t = tl.where(tl.trans(_visible(offs_m, offs_n, SEQ_Q, SEQ_K, CAUSAL)), p_t, 0.0)
         dv += tl.dot(p_t.to(do.dtype), do, input_precision=INPUT_PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
-        ds_t = p_t * (dp_t - delta[None, :])
+        if ATOMIC_DQ:
+            # dS scaled here, by an FMA where dp - delta was a subtraction (Delta arrives
+            # scaled, see launch_backward): the dq tile is then added as it is, without a
+            # multiply per element, and dk needs none at the end
+            ds_t = p_t * (dp_t * scale - delta[None, :])
+        else:
+            ds_t = p_t * (dp_t - delta[None, :])
         dk += tl.dot(ds_t.to(q.dtype), q, input_precision=INPUT_PRECISION)
         if ATOMIC_DQ:
-            dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=INPUT_PRECISION) * scale  # (BLOCK_M, HEAD_DIM_PAD)
+            dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=INPUT_PRECISION)  # (BLOCK_M, HEAD_DIM_PAD)
             # other key blocks add into the same rows at the same time: the order of these
             # float additions, so the last bits of dq, can change from run to run
             if BULK_DQ:  # rows past SEQ_Q and columns past HEAD_DIM are clipped by the copy engine
@@ -136,8 +142,8 @@ def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
                          BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                          ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr = False, BULK_DQ: tl.constexpr = False):
     """dK, dV of one key block; with ATOMIC_DQ also every dQ contribution (DQ: float32, zeroed;
-    with BULK_DQ through a descriptor, by bulk reductions). Key blocks are launched in order:
-    under a causal mask the first see the most queries."""
+    with BULK_DQ through a descriptor, by bulk reductions; Delta then holds delta * scale).
+    Key blocks are launched in order: under a causal mask the first see the most queries."""
     start_n = tl.program_id(0)
     off_z = tl.program_id(1).to(tl.int64)
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -175,8 +181,10 @@ def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
                         full_end, SEQ_Q, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, CAUSAL,
                         INPUT_PRECISION, ATOMIC_DQ, TMA, BULK_DQ)
     mask = (offs_n[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)
+    if not ATOMIC_DQ:  # with ATOMIC_DQ the loop scaled dS already
+        dk = dk * scale
     tl.store(DK + off_z * stride_dkz + offs_n[:, None] * stride_dkn + offs_d[None, :],
-             (dk * scale).to(DK.dtype.element_ty), mask=mask)
+             dk.to(DK.dtype.element_ty), mask=mask)
     tl.store(DV + off_z * stride_dvz + offs_n[:, None] * stride_dvn + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=mask)
 
@@ -349,7 +357,9 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
     common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, CAUSAL=causal,
                   INPUT_PRECISION=cfg.input_precision if cfg else "tf32", TMA=tma)
     fused = dict(ATOMIC_DQ=atomic_dq, BULK_DQ=bulk_dq)  # the dK/dV kernel's own options
-    dkdv_args = (q, k, v, dout, dk, dv, dq, lse, delta, scale * LOG2E, scale,
+    # with atomics the kernel scales dS itself and wants delta scaled alike: one multiply per
+    # row here instead of one per score there
+    dkdv_args = (q, k, v, dout, dk, dv, dq, lse, delta * scale if atomic_dq else delta, scale * LOG2E, scale,
                  q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                  dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
                  dq.stride(0), dq.stride(1), seq_q, seq_k)

@@ -85,11 +85,13 @@ class CompileReport(TargetReport):
     ptx: str = field(default="", repr=False)
 
 
-def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=False, config=None, ones=()):
+def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=False, config=None, ones=(),
+         sass: bool = False):
     """A JSON-able description of one compilation; config is a FlashConfig or its dict.
 
     ones: integer arguments (e.g. "SEQ_Q", "HEAD_DIM") passed as the constant 1, as Triton's
-    JIT does when a launch passes 1 (a single query, head_dim 1).
+    JIT does when a launch passes 1 (a single query, head_dim 1). sass: also count the
+    machine instructions (CompileReport.sass_ops, .mma_loop).
     """
     if kernel not in KERNELS:
         raise ValueError(f"spec: argument 'kernel' must be one of {KERNELS}, got {kernel!r}")
@@ -99,7 +101,7 @@ def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=Fa
     if config is not None and not isinstance(config, dict):
         config = asdict(config)
     return dict(kernel=kernel, capability=tuple(capability), dtype=dtype, head_dim=int(head_dim),
-                causal=bool(causal), config=config, ones=list(ones))
+                causal=bool(causal), config=config, ones=list(ones), sass=bool(sass))
 
 
 def compile_kernels(specs, *, triton_path: str | None = None, keep_ptx: bool = False, timeout: float = 900):
@@ -338,7 +340,8 @@ def _compile_one(s, keep_ptx: bool) -> dict:
         constants.update({name: 1 for name in s.get("ones", ())})
         if cfg is not None:
             report.config = asdict(cfg)
-        ptx = compile_and_inspect(report, fn, s["dtype"], constants, options, s["capability"])
+        ptx = compile_and_inspect(report, fn, s["dtype"], constants, options, s["capability"],
+                                  sass=s.get("sass", False))
         # count the code only: the debug sections after it spell out file paths
         report.ptx_lines = ptx.split("\n\t.file", 1)[0].count("\n")
         report.ptx = ptx if keep_ptx else ""
