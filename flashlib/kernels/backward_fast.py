@@ -248,8 +248,10 @@ def _attn_bwd_dq_split(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
 # ----- autotuning (GPU only) -------------------------------------------------------------
 
 # (BLOCK_M, BLOCK_N, warps, stages) per padded head dim. dK/dV keeps BLOCK_N keys resident,
-# dQ BLOCK_M queries. Every candidate compiles for sm_90 without spills with Triton 3.6 and
-# 3.7 (tests/test_backward_fast.py); at head dim 128 a 64 x 128 dK/dV tile already spills.
+# dQ BLOCK_M queries. Every candidate's causal kernel compiles for sm_90 without spills with
+# Triton 3.6 and 3.7 (tests/test_backward_fast.py); without the mask two spill a little with
+# 3.6 (bulk (64, 64, 8, 2) at head dim 128: 80 bytes; (16, 32, 4, 2) at 256: 4) and are timed
+# like the rest. At head dim 128 a 64 x 128 dK/dV tile already spills.
 DKDV_TILES = {64: ((32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4, 3)),
               128: ((32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 8, 2)),
               256: ((32, 32, 8, 1), (16, 32, 4, 2))}
