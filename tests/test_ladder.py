@@ -24,7 +24,7 @@ if not triton_installed():  # importing triton here first would keep its interpr
     pytest.skip("Triton ships Linux wheels only", allow_module_level=True)
 
 from flashlib.kernels import ladder  # noqa: E402
-from flashlib.kernels.compile import SHARED_LIMIT  # noqa: E402
+from flashlib.kernels.compile import SHARED_LIMIT, exponentials_per_score  # noqa: E402
 from flashlib.kernels.config import FlashConfig  # noqa: E402
 
 SMALL = FlashConfig(block_m=16, block_n=16)
@@ -238,13 +238,16 @@ def _candidate_configs(d):
 def test_autotune_candidates_compile_for_hopper():
     """Every tile rung 1 may pick builds for sm_90 at head dims 64, 128 and 256 within shared
     memory (a candidate that spills is merely slow: the autotuner times it and moves on)."""
-    specs = [ladder.spec("autotuned", (9, 0), "float16", d, False, cfg) for d in (64, 128, 256)
+    specs = [ladder.spec("autotuned", (9, 0), "float16", d, False, cfg, sass=True) for d in (64, 128, 256)
              for cfg in _candidate_configs(d)]
     reports = ladder.compile_rungs(specs)
     for rep in reports:
         assert rep.ok, (rep.config, rep.error)
         assert rep.shared <= SHARED_LIMIT[(9, 0)], rep.config
         assert rep.wgmma_ops + rep.mma_sync_ops > 0, rep.config
+        cfg = rep.config  # each score's exponential once (a tile held twice does each twice)
+        assert exponentials_per_score(rep.mma_loop, cfg["block_m"], cfg["block_n"], cfg["num_warps"]) < 2, \
+            (cfg, rep.mma_loop["ops"].get("MUFU"))
 
 
 @pytest.mark.parametrize("which", ["pinned", "3.6.0"])
@@ -253,7 +256,7 @@ def test_fast_rung_autotune_candidates_compile_for_hopper(which):
     and 128 without spills, within shared memory, with wgmma (and bulk copies from rung 3 on);
     rungs 2, 4 and 5 also for sm_80 within its shared memory (rungs 4 and 5 there: rung 2's
     kernel with their changes, as forward() runs them without a copy engine)."""
-    specs = [ladder.spec(name, (9, 0), "bfloat16", d, True, cfg)
+    specs = [ladder.spec(name, (9, 0), "bfloat16", d, True, cfg, sass=True)
              for name in ("causal-split", "tma", "lean", "lazy-rescale") for d in (64, 128)
              for cfg in _candidate_configs(d)]
     specs += [ladder.spec(name, (8, 0), "bfloat16", 128, True, cfg)  # A100: no TMA
@@ -269,6 +272,8 @@ def test_fast_rung_autotune_candidates_compile_for_hopper(which):
             continue
         assert rep.spill_stores == 0, label
         assert rep.wgmma_ops > 0 and (rep.bulk_copy_ops > 0) == (rep.rung in ("tma", "lean", "lazy-rescale")), label
+        assert exponentials_per_score(rep.mma_loop, rep.config["block_m"], rep.config["block_n"],
+                                      rep.config["num_warps"]) < 2, (label, rep.mma_loop["ops"].get("MUFU"))
 
 
 @pytest.mark.parametrize("name,kernel", [("teaching", "teaching"), ("autotuned", "teaching"),

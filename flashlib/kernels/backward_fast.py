@@ -249,30 +249,37 @@ def _attn_bwd_dq_split(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
 
 # (BLOCK_M, BLOCK_N, warps, stages) per padded head dim. dK/dV keeps BLOCK_N keys resident,
 # dQ BLOCK_M queries. Every candidate's causal kernel compiles for sm_90 without spills with
-# Triton 3.6 and 3.7 (tests/test_backward_fast.py); without the mask two spill a little with
-# 3.6 (bulk (64, 64, 8, 2) at head dim 128: 80 bytes; (16, 32, 4, 2) at 256: 4) and are timed
-# like the rest. At head dim 128 a 64 x 128 dK/dV tile already spills.
+# Triton 3.6 and 3.7 (tests/test_backward_fast.py); without the mask (16, 32, 4, 2) at head
+# dim 256 spills 4 bytes with 3.6 and is timed like the rest. At head dim 128 a 64 x 128
+# dK/dV tile already spills.
+# At head dims 64 and 128 no candidate holds its score tile twice: a tile whose probabilities
+# feed another product is split among warps by rows only, so it needs 16 rows per warp (64
+# with 4 warps, 128 with 8); with fewer, Triton gives every warp pair the same rows and each
+# exponential and score product is done twice (compile.exponentials_per_score). That rules
+# out (32, 64, 8, 2) for dK/dV (64 key rows, 8 warps). At head dim 256 every spill-free dK/dV
+# tile but (32, 32, 4, 1) does so; these are kept, unmeasured, as before.
 DKDV_TILES = {64: ((32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4, 3)),
-              128: ((32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 8, 2)),
+              128: ((32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3), (16, 64, 4, 3)),
               256: ((32, 32, 8, 1), (16, 32, 4, 2))}
 DQ_TILES = {64: ((128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 8, 2)),
             128: ((128, 32, 8, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3)),
             256: ((32, 32, 4, 1), (16, 32, 4, 2))}  # (32, 16, 4, 2) spills with descriptors (Triton 3.6)
-# dK/dV with the atomic dQ: one more (BLOCK_M, HEAD_DIM_PAD) float32 tile per step
+# dK/dV with the atomic dQ: one more (BLOCK_M, HEAD_DIM_PAD) float32 tile per step (at head
+# dim 128, (16, 64, 4, 3) spills here)
 FUSED_TILES = {64: ((32, 128, 8, 3), (64, 128, 8, 3), (32, 64, 4, 3), (32, 128, 8, 2)),
-               128: ((32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 8, 2)),
+               128: ((32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3)),
                256: ((32, 32, 8, 1), (16, 32, 8, 1))}
 # "lean": descriptors free registers (no address arithmetic for the streamed tiles), which
-# lets dK/dV take 64-row query tiles at head dim 128 without spilling: m64n64 products where
-# 32-row tiles give m64n32. They replace the two candidates no run kept.
+# lets dK/dV at head dim 128 run 64 key rows with 4 warps and 32-row query tiles without
+# spilling (the pointer kernel spills there): two programs per SM where 128 key rows allow one.
 LEAN_DKDV_TILES = {64: DKDV_TILES[64],
-                   128: ((32, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 2), (64, 64, 8, 3)),
+                   128: ((32, 128, 8, 2), (32, 128, 8, 3), (32, 64, 4, 2), (32, 64, 4, 3)),
                    256: DKDV_TILES[256]}
-# "bulk": the fused kernel with descriptors and bulk dQ reductions. At head dim 128, 64 x 64
-# tiles with 8 warps build without spills and put all five products on wgmma (the 32-row
-# tiles leave dQ's product on mma.sync); 64-row tiles with 4 warps, or 128 keys, spill.
+# "bulk": the fused kernel with descriptors and bulk dQ reductions. At head dim 128 a 64 x 64
+# tile would put dQ's product on wgmma too, but with 8 warps it holds its scores twice and
+# with 4 it spills; (16, 64, 4, 3) builds clean with descriptors (the pointer kernel spills).
 BULK_TILES = {64: FUSED_TILES[64],
-              128: ((64, 64, 8, 2), (32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3)),
+              128: ((16, 64, 4, 3), (32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3)),
               256: FUSED_TILES[256]}
 
 

@@ -298,6 +298,16 @@ def _first_mma_loop(rows, labels) -> dict:
     raise ValueError("first_mma_loop: no loop with tensor-core instructions in this kernel")
 
 
+def exponentials_per_score(mma_loop: dict, rows: int, cols: int, warps: int) -> float:
+    """Exponentials (MUFU instructions) in one trip of a kernel's first tensor-core loop
+    (:func:`first_mma_loop`) per score of its (rows, cols) tile that each thread holds. About
+    1 (a little more: a row's rescale factor is one more); 2 or more when every thread holds
+    its scores twice, which Triton does when the tile has fewer rows than 16 per warp and its
+    probabilities feed another product (that product's operand must be split by rows only):
+    then every exponential and the score product are done twice."""
+    return mma_loop["ops"].get("MUFU", 0) / (rows * cols / (32 * warps))
+
+
 def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, capability,
                         sass: bool = False) -> str:
     """Compile ``fn`` for a CUDA target without a GPU; fill the report's shared memory,

@@ -48,10 +48,11 @@ from .op import FN, _capability, _flat, autotunes, check_kernel_inputs  # noqa: 
 # runs (data/bench/) kept only (128, 64, 8, 3) and (64, 64, 4, 3) out of eight candidates, for
 # every head dim, dtype and mask; the third candidate is a neighbour not yet measured: a deeper
 # pipeline of 128 x 128 tiles at head dim 64, short 32-key tiles (three programs per SM) at 128.
-# At head dim 256 a 128-row tile overflows registers and a deep pipeline shared memory.
+# At head dim 256 a 128-row tile overflows registers and a deep pipeline shared memory, and
+# 64 rows with 8 warps would hold every score twice (compile.exponentials_per_score).
 FORWARD_TILES = {64: ((128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 3)),
                  128: ((128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)),
-                 256: ((64, 32, 8, 1), (64, 32, 4, 2), (32, 32, 4, 2))}
+                 256: ((64, 32, 4, 1), (64, 32, 4, 2), (32, 32, 4, 2))}
 
 
 def forward_tiles(head_dim_pad_: int):
