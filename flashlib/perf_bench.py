@@ -5,6 +5,7 @@ and backward) it times, with ``triton.testing.do_bench`` medians:
 
     rung:<name>        each forward of :mod:`flashlib.kernels.ladder` (forward only)
     flashlib           ``flash_attention`` as shipped (teaching forward + teaching backward)
+    flashlib:4-warp-backward  the same with the backward on 64 x 64 tiles and 4 warps
     flashlib:tuned     rung 3's forward + the tuned backward (``backward="tuned"``)
     flashlib:lean      rung 4's forward + ``backward="lean"``
     flashlib:bulk      rung 4's forward + ``backward="bulk"`` (dQ by bulk reductions)
@@ -126,6 +127,19 @@ def _sdpa(backend: str):
     return run
 
 
+def four_warp_backward(q):
+    """The shipped configuration for q with the teaching backward on 64 x 64 tiles and 4 warps
+    (2 pipeline stages at head dim 64, 1 above: more spills at 128)."""
+    from dataclasses import replace
+
+    from .kernels.config import default_config, head_dim_pad
+
+    capability = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
+    stages = 2 if head_dim_pad(q.shape[-1]) <= 64 else 1
+    return replace(default_config(q.shape[-1], q.dtype, capability), bwd_block_m=64, bwd_block_n=64,
+                   bwd_num_warps=4, bwd_num_stages=stages)
+
+
 def _methods(mode: str):
     """{name: f(q, k, v, causal) -> out} for one pass."""
     from .kernels import flash_attention
@@ -137,6 +151,10 @@ def _methods(mode: str):
             methods[f"rung:{rung.name}"] = (lambda r: lambda q, k, v, c: r.forward(q, k, v, causal=c)[0])(rung)
     else:
         methods["flashlib"] = lambda q, k, v, c: flash_attention(q, k, v, causal=c)
+        # the same, with backward tiles that hold each score once on Hopper (the shipped 64 x 64
+        # on 8 warps hold them twice: compile.exponentials_per_score), to time against it
+        methods["flashlib:4-warp-backward"] = lambda q, k, v, c: flash_attention(
+            q, k, v, causal=c, config=four_warp_backward(q))
         for bwd, fwd in BACKWARD_PAIRS.items():
             methods[f"flashlib:{bwd}"] = (lambda f, b: lambda q, k, v, c: flash_attention(
                 q, k, v, causal=c, forward=f, backward=b))(fwd, bwd)
