@@ -216,3 +216,24 @@ def test_atomic_dq_tiles_are_added_without_a_multiply(fused, alone):
     assert ops["HGMMA"] == base["HGMMA"] > 0
     # and the dq tile does leave: one bulk reduction, or vector atomics
     assert ops.get("UTMAREDG", 0) == 1 if fused.endswith("bulk") else ops.get("REDG", 0) > 0
+
+
+def test_four_warp_teaching_backward_holds_each_score_once_without_spills():
+    """The benchmark's flashlib:4-warp-backward row: the teaching kernels on the tiles
+    perf_bench.four_warp_backward gives, built for sm_90 (bf16, both masks, pinned Triton):
+    no spills, each score's exponential once; the shipped 64 x 64 on 8 warps holds them twice."""
+    from flashlib.perf_bench import four_warp_backward
+
+    specs, shipped = [], []
+    for d in (64, 128):
+        cfg = four_warp_backward(torch.empty(1, 1, 16, d, dtype=torch.bfloat16))
+        assert (cfg.bwd_block_m, cfg.bwd_block_n, cfg.bwd_num_warps) == (64, 64, 4)
+        specs += [spec(k, (9, 0), "bfloat16", d, c, cfg, sass=True) for k in ("bwd_dkdv", "bwd_dq") for c in (False, True)]
+        hopper = FlashConfig(**{**cfg.__dict__, "bwd_num_warps": 8, "bwd_num_stages": 2})  # the shipped tiles
+        shipped.append(spec("bwd_dkdv", (9, 0), "bfloat16", d, False, hopper, sass=True))
+    for r in compile_kernels(specs):
+        c = r.config
+        assert r.ok and r.spill_stores == 0, (r.kernel, r.head_dim, r.causal, r.error)
+        assert exponentials_per_score(r.mma_loop, c["bwd_block_m"], c["bwd_block_n"], c["bwd_num_warps"]) < 2
+    for r in compile_kernels(shipped):
+        assert exponentials_per_score(r.mma_loop, 64, 64, 8) >= 2, r.head_dim
