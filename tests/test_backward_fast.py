@@ -182,14 +182,32 @@ def _check_candidates(reports, version):
                                       r.config["bwd_num_warps"]) < 2, (label, r.mma_loop["ops"].get("MUFU"))
 
 
-def test_autotune_candidates_compile_for_hopper_with_pinned_triton():
+@pytest.fixture(scope="module")
+def candidate_reports():
+    """{"pinned" / "3.6": reports}: both Triton versions compile the candidates side by side."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = {"pinned": None}
+    try:
+        jobs["3.6"] = triton36_dir()
+    except (pytest.skip.Exception, pytest.fail.Exception):
+        pass  # the pinned Triton still compiles; the 3.6 test skips or fails with the reason
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {label: pool.submit(compile_kernels, _candidate_specs(), triton_path=path)
+                   for label, path in jobs.items()}
+        return {label: f.result() for label, f in futures.items()}
+
+
+def test_autotune_candidates_compile_for_hopper_with_pinned_triton(candidate_reports):
     from importlib.metadata import version
 
-    _check_candidates(compile_kernels(_candidate_specs()), version("triton"))
+    _check_candidates(candidate_reports["pinned"], version("triton"))
 
 
-def test_autotune_candidates_compile_for_hopper_with_triton_36():
-    _check_candidates(compile_kernels(_candidate_specs(), triton_path=triton36_dir()), "3.6.0")
+def test_autotune_candidates_compile_for_hopper_with_triton_36(candidate_reports):
+    if "3.6" not in candidate_reports:
+        triton36_dir()  # skips (locally) or fails (CI) with the reason
+    _check_candidates(candidate_reports["3.6"], "3.6.0")
 
 
 def test_only_16_bit_inputs_on_a_gpu_without_a_config_autotune(monkeypatch):

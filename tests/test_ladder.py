@@ -250,18 +250,36 @@ def test_autotune_candidates_compile_for_hopper():
             (cfg, rep.mma_loop["ops"].get("MUFU"))
 
 
-@pytest.mark.parametrize("which", ["pinned", "3.6.0"])
-def test_fast_rung_autotune_candidates_compile_for_hopper(which):
-    """Rungs 2 to 5 autotune over the same candidates: each builds for sm_90 at head dims 64
-    and 128 without spills, within shared memory, with wgmma (and bulk copies from rung 3 on);
-    rungs 2, 4 and 5 also for sm_80 within its shared memory (rungs 4 and 5 there: rung 2's
-    kernel with their changes, as forward() runs them without a copy engine)."""
+@pytest.fixture(scope="module")
+def fast_rung_reports():
+    """{"pinned" / "3.6.0": reports} of rungs 2 to 5 over the candidates, both Triton versions
+    compiling side by side."""
+    from concurrent.futures import ThreadPoolExecutor
+
     specs = [ladder.spec(name, (9, 0), "bfloat16", d, True, cfg, sass=True)
              for name in ("causal-split", "tma", "lean", "lazy-rescale") for d in (64, 128)
              for cfg in _candidate_configs(d)]
     specs += [ladder.spec(name, (8, 0), "bfloat16", 128, True, cfg)  # A100: no TMA
               for name in ("causal-split", "lean", "lazy-rescale") for cfg in _candidate_configs(128)]
-    reports = ladder.compile_rungs(specs, triton_path=None if which == "pinned" else triton36_dir())
+    jobs = {"pinned": None}
+    try:
+        jobs["3.6.0"] = triton36_dir()
+    except (pytest.skip.Exception, pytest.fail.Exception):
+        pass  # the pinned Triton still compiles; the 3.6.0 case skips or fails with the reason
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {label: pool.submit(ladder.compile_rungs, specs, triton_path=path) for label, path in jobs.items()}
+        return {label: f.result() for label, f in futures.items()}
+
+
+@pytest.mark.parametrize("which", ["pinned", "3.6.0"])
+def test_fast_rung_autotune_candidates_compile_for_hopper(which, fast_rung_reports):
+    """Rungs 2 to 5 autotune over the same candidates: each builds for sm_90 at head dims 64
+    and 128 without spills, within shared memory, with wgmma (and bulk copies from rung 3 on);
+    rungs 2, 4 and 5 also for sm_80 within its shared memory (rungs 4 and 5 there: rung 2's
+    kernel with their changes, as forward() runs them without a copy engine)."""
+    if which not in fast_rung_reports:
+        triton36_dir()  # skips (locally) or fails (CI) with the reason
+    reports = fast_rung_reports[which]
     for rep in reports:
         label = (rep.rung, rep.capability, rep.head_dim, rep.config["block_m"], rep.config["block_n"],
                  rep.triton_version)
