@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from flashlib import dense_attention
 from flashlib.kernels import triton_installed
-from tests.triton_versions import triton36_dir
+from tests.triton_versions import side_by_side, triton36_dir
 
 if not triton_installed():  # importing triton here first would keep its interpreter off
     pytest.skip("Triton ships Linux wheels only", allow_module_level=True)
@@ -185,17 +185,7 @@ def _check_candidates(reports, version):
 @pytest.fixture(scope="module")
 def candidate_reports():
     """{"pinned" / "3.6": reports}: both Triton versions compile the candidates side by side."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    jobs = {"pinned": None}
-    try:
-        jobs["3.6"] = triton36_dir()
-    except (pytest.skip.Exception, pytest.fail.Exception):
-        pass  # the pinned Triton still compiles; the 3.6 test skips or fails with the reason
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {label: pool.submit(compile_kernels, _candidate_specs(), triton_path=path)
-                   for label, path in jobs.items()}
-        return {label: f.result() for label, f in futures.items()}
+    return side_by_side(compile_kernels, _candidate_specs())
 
 
 def test_autotune_candidates_compile_for_hopper_with_pinned_triton(candidate_reports):

@@ -9,11 +9,10 @@ shared memory within each target's limit.
 from __future__ import annotations
 
 import importlib.util
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.triton_versions import triton36_dir
+from tests.triton_versions import side_by_side, triton36_dir
 import torch
 
 if importlib.util.find_spec("triton") is None:  # imported only through flashlib.kernels
@@ -54,14 +53,7 @@ SPECS = _specs()
 @pytest.fixture(scope="module")
 def reports():
     """{version label: [CompileReport per SPEC]}; both Triton versions compile side by side."""
-    jobs = {"pinned": None}
-    try:
-        jobs["3.6"] = triton36_dir()
-    except (pytest.skip.Exception, pytest.fail.Exception):
-        pass  # the pinned Triton still compiles; the 3.6 tests skip or fail with the reason
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {label: pool.submit(compile_kernels, SPECS, triton_path=path) for label, path in jobs.items()}
-        return {label: f.result() for label, f in futures.items()}
+    return side_by_side(compile_kernels, SPECS)
 
 
 def _get(reports, version):

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.triton_versions import triton36_dir
+from tests.triton_versions import side_by_side, triton36_dir
 
 from flashlib.kernels import triton_installed
 from tests.reference import loop_attention
@@ -254,21 +254,12 @@ def test_autotune_candidates_compile_for_hopper():
 def fast_rung_reports():
     """{"pinned" / "3.6.0": reports} of rungs 2 to 5 over the candidates, both Triton versions
     compiling side by side."""
-    from concurrent.futures import ThreadPoolExecutor
-
     specs = [ladder.spec(name, (9, 0), "bfloat16", d, True, cfg, sass=True)
              for name in ("causal-split", "tma", "lean", "lazy-rescale") for d in (64, 128)
              for cfg in _candidate_configs(d)]
     specs += [ladder.spec(name, (8, 0), "bfloat16", 128, True, cfg)  # A100: no TMA
               for name in ("causal-split", "lean", "lazy-rescale") for cfg in _candidate_configs(128)]
-    jobs = {"pinned": None}
-    try:
-        jobs["3.6.0"] = triton36_dir()
-    except (pytest.skip.Exception, pytest.fail.Exception):
-        pass  # the pinned Triton still compiles; the 3.6.0 case skips or fails with the reason
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {label: pool.submit(ladder.compile_rungs, specs, triton_path=path) for label, path in jobs.items()}
-        return {label: f.result() for label, f in futures.items()}
+    return side_by_side(ladder.compile_rungs, specs, label36="3.6.0")
 
 
 @pytest.mark.parametrize("which", ["pinned", "3.6.0"])

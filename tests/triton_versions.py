@@ -1,5 +1,6 @@
 """Where the compile tests find Triton 3.6.0, the version the GPU check's machine runs."""
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -16,3 +17,17 @@ def triton36_dir():
     if not os.path.isdir(os.path.join(path, "triton")):
         pytest.fail(f"FLASHLIB_TRITON36={path} holds no 'triton' package")
     return path
+
+
+def side_by_side(compile_fn, specs, label36="3.6"):
+    """{"pinned": reports, label36: reports}: compile_fn(specs, triton_path=...) with the pinned
+    Triton and with 3.6.0 at once (two processes); 3.6.0 is left out where it is not installed,
+    and the test asking for it then skips or fails with triton36_dir()'s reason."""
+    jobs = {"pinned": None}
+    try:
+        jobs[label36] = triton36_dir()
+    except (pytest.skip.Exception, pytest.fail.Exception):
+        pass
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {label: pool.submit(compile_fn, specs, triton_path=path) for label, path in jobs.items()}
+        return {label: f.result() for label, f in futures.items()}
