@@ -315,13 +315,16 @@ def main(argv=None, *, measure=None, log=print) -> int:
         left = args.budget - (time.perf_counter() - start) - 10
         if left > 30:
             try:
-                from .perf_bench import format_ladder, run_ladder_bench
+                from .perf_bench import continue_after_device_lost, format_ladder, run_ladder_bench
 
                 def save(points):  # a run cut short still returns what it measured
                     write_report(dict(report, ladder_partial=points), args.out_dir, copy_to=os.environ.get("OUT"))
 
                 report.update(run_ladder_bench(budget_s=left, log=log, progress=save,
                                                compile_ahead=not args.no_precompile))
+                if report["ladder"].get("device_lost"):
+                    write_report(report, args.out_dir, copy_to=os.environ.get("OUT"))
+                    continue_after_device_lost(report, start + args.budget - 10, log=log, run_fresh=_fresh_runner())
                 log(format_ladder(report))
             except Exception as exc:  # the parts above are already measured: keep them
                 report["ladder_error"] = f"{type(exc).__name__}: {exc}"
@@ -329,6 +332,21 @@ def main(argv=None, *, measure=None, log=print) -> int:
     path = write_report(report, args.out_dir, copy_to=os.environ.get("OUT"))
     log(f"wrote {path} ({report['elapsed_s']} s)")
     return status
+
+
+def _fresh_runner():
+    """run_fresh for continue_after_device_lost: each fresh process writes its result as it
+    goes under $OUT when set (so it comes back even if this process is stopped), else in a
+    temporary folder."""
+    from .perf_bench import run_fresh_process
+
+    out, count = os.environ.get("OUT"), [0]
+
+    def run(points, exclude, budget_s):
+        count[0] += 1
+        path = Path(out) / f"ladder-fresh-{count[0]}.json" if out else None
+        return run_fresh_process(points, exclude, budget_s, out_path=path)
+    return run
 
 
 def _has_ladder() -> bool:

@@ -21,7 +21,10 @@ A time budget bounds the run: points are measured in priority order (the perform
 targets first: d = 128, N >= 4k); a point starts only if the longest point of its kind so
 far (the first of a head dim, dtype, mask and pass, or a later one) would still fit, and
 whatever the budget leaves out is listed as skipped. The GPU check compiles the kernels
-ahead (:func:`precompile`), so that first points mostly autotune.
+ahead (:func:`precompile`), so that first points mostly autotune. A kernel fault (an
+illegal address, say) leaves a process unable to use the GPU at all: the run then stops,
+records which method did it, and the GPU check measures the points left in a fresh process
+without that method (:func:`continue_after_device_lost`).
 Imported and run only on a CUDA machine; ``run_ladder_bench`` returns a dict that the GPU
 check merges into its JSON.
 """
@@ -127,6 +130,27 @@ def _sdpa(backend: str):
     return run
 
 
+class DeviceLost(RuntimeError):
+    """A method left the GPU unusable for this process (a sticky CUDA error, such as an illegal
+    address): nothing more can run here. ``row`` is the method's error row at ``point``."""
+
+    def __init__(self, method: str, point: dict, row: dict):
+        super().__init__(f"{method} left the device unusable at {point}: {row.get('error')}")
+        self.method, self.point, self.row = method, point, row
+
+
+def _device_usable(device="cuda") -> bool:
+    """After an error: can this process still run anything on the device? An out-of-memory
+    error leaves it usable; a kernel fault does not (every later CUDA call fails too)."""
+    if torch.device(device).type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize()
+        return torch.ones(1, device=device).add_(1).item() == 2.0
+    except Exception:
+        return False
+
+
 def four_warp_backward(q):
     """The shipped configuration for q with the teaching backward on 64 x 64 tiles and 4 warps
     (2 pipeline stages at head dim 64, 1 above: more spills at 128)."""
@@ -173,9 +197,11 @@ def _math_fits(batch, heads, n, mode, device="cuda") -> bool:
     return need < 0.8 * free
 
 
-def _measure_point(p, methods, log, *, device="cuda", tokens=16384, hidden=2048, bench=None, peak=None) -> list[dict]:
-    """Every method at one grid point; bench and peak default to the GPU timers."""
-    bench, peak = bench or _bench_spread, peak or _peak_bytes
+def _measure_point(p, methods, log, *, device="cuda", tokens=16384, hidden=2048, bench=None, peak=None,
+                   usable=None) -> list[dict]:
+    """Every method at one grid point; bench and peak default to the GPU timers. Raises
+    DeviceLost when a method's error leaves the device unusable (``usable(device)`` false)."""
+    bench, peak, usable = bench or _bench_spread, peak or _peak_bytes, usable or _device_usable
     if device == "cuda":
         torch.cuda.empty_cache()  # the previous point's cached blocks would hide free memory from _math_fits
     dtype = getattr(torch, p["dtype"])
@@ -223,6 +249,9 @@ def _measure_point(p, methods, log, *, device="cuda", tokens=16384, hidden=2048,
             row["tflops"] = tflops(flops, row["ms"])
         except Exception as exc:  # an unsupported backend or an OOM is a result, not a crash
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            if not usable(device):
+                log(f"  {name} left the device unusable at {p}: {row['error']}")
+                raise DeviceLost(name, p, row) from exc
             if device == "cuda":
                 torch.cuda.empty_cache()
         rows.append(row)
@@ -279,16 +308,18 @@ def _compile_key(p):
 
 
 def run_plan(grid, measure, budget_s: float, clock=time.perf_counter, progress=None,
-             timeline=None) -> tuple[list[dict], list[dict]]:
+             timeline=None, lost=None) -> tuple[list[dict], list[dict]]:
     """(rows measured, grid points skipped): a point starts only if the longest point of its
     kind so far would still end within budget_s. Two kinds: the first point of a head dim,
     dtype, mask and pass (it compiles and autotunes) and the others; before a kind's first
     measurement, the longest point of any kind stands in. progress(rows) is called after
     each point; timeline, a list, gets each measured point with the seconds it took
-    (compiling and autotuning included) and whether it was the first of its kind."""
+    (compiling and autotuning included) and whether it was the first of its kind. lost, a list,
+    makes a DeviceLost stop the plan instead of raising: it gets {method, point, error, pending}
+    (pending: that point and every later one, for a fresh process to measure)."""
     start, rows, skipped, seen = clock(), [], [], set()
     longest = {True: None, False: None}
-    for p in grid:
+    for i, p in enumerate(grid):
         first = _compile_key(p) not in seen
         known = [t for t in longest.values() if t is not None]
         estimate = longest[first] if longest[first] is not None else max(known, default=0.0)
@@ -296,7 +327,16 @@ def run_plan(grid, measure, budget_s: float, clock=time.perf_counter, progress=N
         if began - start + estimate > budget_s:
             skipped.append(p)
             continue
-        rows.extend(measure(p))
+        try:
+            rows.extend(measure(p))
+        except DeviceLost as exc:
+            if lost is None:
+                raise
+            rows.append(exc.row)
+            lost.append(dict(method=exc.method, point=p, error=exc.row.get("error"), pending=list(grid[i:])))
+            if progress is not None:
+                progress(rows)
+            break
         took = clock() - began
         seen.add(_compile_key(p))
         longest[first] = max(longest[first] or 0.0, took)
@@ -350,11 +390,16 @@ def memory_ratios(points, ns=(4096, 16384)) -> list[dict]:
 
 
 def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, causals=CAUSALS, modes=MODES,
-                     log=print, progress=None, compile_ahead: bool = True) -> dict:
+                     log=print, progress=None, compile_ahead: bool = True, points=None, exclude=(),
+                     ceilings: bool = True) -> dict:
     """Measure the grid within ``budget_s`` seconds; returns {"ladder": {...}} for the JSON.
     progress(points) is called after each grid point (to save a run that may be cut short).
     compile_ahead: first compile every kernel the grid launches on all cores (:func:`precompile`;
-    what this process compiled before is not compiled again)."""
+    what this process compiled before is not compiled again). points: measure these grid
+    points instead of the whole grid, in their order; exclude: method names left out;
+    ceilings: measure the matmul rate and copy bandwidth first. When a method leaves the device
+    unusable the run stops there: ``device_lost`` names it and lists the points still to
+    measure (:func:`continue_after_device_lost` measures them in a fresh process)."""
     if not torch.cuda.is_available():
         raise RuntimeError("run_ladder_bench: no CUDA device; the ladder benchmark runs on a GPU "
                            "(recorded results are in data/bench/)")
@@ -365,11 +410,12 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
             "torch": torch.__version__, "triton": version("triton"), "cuda": torch.version.cuda,
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
     log(f"ladder benchmark on {info['device']} (budget {budget_s:.0f} s)")
-    ceilings = measure_ceilings()
-    log(f"  ceilings: bf16 matmul {ceilings['bf16_matmul_tflops']:.0f} TFLOP/s, "
-        f"copy {ceilings['copy_gbps']:.0f} GB/s")
-    methods = {mode: _methods(mode) for mode in modes}
-    grid = plan(ds, ns, dtypes, causals, modes)
+    measured = measure_ceilings() if ceilings else None
+    if measured:
+        log(f"  ceilings: bf16 matmul {measured['bf16_matmul_tflops']:.0f} TFLOP/s, "
+            f"copy {measured['copy_gbps']:.0f} GB/s")
+    methods = {mode: {name: fn for name, fn in _methods(mode).items() if name not in exclude} for mode in modes}
+    grid = plan(ds, ns, dtypes, causals, modes) if points is None else [dict(p) for p in points]
     compiled = None
     if compile_ahead:
         try:
@@ -377,23 +423,112 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
         except Exception as exc:  # the points then compile as they go
             compiled = dict(error=f"{type(exc).__name__}: {exc}"[:500])
             log(f"  compiling ahead failed ({compiled['error']}); compiling at first launch instead")
-    timeline = []
-    points, skipped = run_plan(grid,
-                               lambda p: _measure_point(p, methods[p["mode"]], log),
-                               budget_s - (time.perf_counter() - start), progress=progress, timeline=timeline)
-    chosen, chosen_by_n = autotuned_choices(ds, dtypes, causals, ns)
+    timeline, lost = [], []
+    rows, skipped = run_plan(grid, lambda p: _measure_point(p, methods[p["mode"]], log),
+                             budget_s - (time.perf_counter() - start), progress=progress, timeline=timeline,
+                             lost=lost)
+    chosen, chosen_by_n = autotuned_choices(ds, dtypes, causals, ns) if not lost else ({}, {})
     elapsed = time.perf_counter() - start
     if skipped:
         log(f"  time budget reached: {len(skipped)} grid points skipped (listed in the JSON)")
+    matmul = measured["bf16_matmul_tflops"] if measured else None
     return {"ladder": {
         "provenance": info,
         "config": {"tokens": 16384, "hidden": 2048, "ds": list(ds), "ns": list(ns), "dtypes": list(dtypes),
                    "causals": list(causals), "modes": list(modes), "timing": f"triton.testing.do_bench median ms (ms_p20, ms_p80: 20th and 80th percentiles), warmup {WARMUP_MS} ms, rep {REP_MS} ms",
                    "flops": "4*B*H*N*N*d forward, halved if causal; fwd_bwd = 3.5 x forward",
-                   "budget_s": budget_s},
-        "ceilings": ceilings, "points": points, "skipped": skipped, "elapsed_s": elapsed, "timeline": timeline,
-        "precompile": compiled,
-        "autotuned": chosen, "autotuned_by_n": chosen_by_n, "target_ratios": target_ratios(points, ceilings["bf16_matmul_tflops"]), "memory_ratios": memory_ratios(points)}}
+                   "budget_s": budget_s, "excluded": list(exclude)},
+        "ceilings": measured, "points": rows, "skipped": skipped, "elapsed_s": elapsed, "timeline": timeline,
+        "precompile": compiled, "device_lost": lost[0] if lost else None,
+        "autotuned": chosen, "autotuned_by_n": chosen_by_n, "target_ratios": target_ratios(rows, matmul),
+        "memory_ratios": memory_ratios(rows)}}
+
+
+def continue_after_device_lost(result: dict, deadline: float, *, run_fresh=None, clock=time.perf_counter,
+                               log=print, restarts: int = 3) -> dict:
+    """After a method left the device unusable (``result["ladder"]["device_lost"]``), measure
+    the points it left pending in fresh processes without that method (nor any other that
+    did the same), until none is pending, ``deadline`` (a ``clock()`` time) is near, or after
+    ``restarts`` processes. run_fresh(points, exclude, budget_s) returns the fresh process's
+    {"ladder": ...} or None (it died); by default :func:`run_fresh_process`. Merges into
+    result, which it returns, with every loss listed in ``devices_lost``."""
+    ladder = result["ladder"]
+    run_fresh = run_fresh or run_fresh_process
+    losses = [ladder["device_lost"]] if ladder.get("device_lost") else []
+    pending = losses[0]["pending"] if losses else []
+    while pending:
+        left = deadline - clock()
+        if restarts <= 0 or left < 60:
+            log(f"  {len(pending)} grid points not measured: " + ("no time left" if left < 60 else "too many faults"))
+            ladder["skipped"] = ladder.get("skipped", []) + pending
+            break
+        restarts -= 1
+        exclude = sorted({loss["method"] for loss in losses})
+        log(f"  measuring the {len(pending)} points left in a fresh process, without {', '.join(exclude)}")
+        part = run_fresh(pending, exclude, left - 15)
+        if part is None:
+            log("  the fresh process returned nothing")
+            ladder["skipped"] = ladder.get("skipped", []) + pending
+            break
+        fresh = part["ladder"]
+        done = {_point_key(r) for r in fresh.get("points", [])}
+        ladder["points"] = ladder.get("points", []) + fresh.get("points", [])
+        ladder["timeline"] = ladder.get("timeline", []) + fresh.get("timeline", [])
+        for key in ("autotuned", "autotuned_by_n"):
+            ladder[key] = {**ladder.get(key, {}), **fresh.get(key, {})}
+        pending = []
+        if fresh.get("device_lost"):
+            losses.append(fresh["device_lost"])
+            pending = fresh["device_lost"]["pending"]
+        # what the fresh process neither measured nor left pending: skipped by its budget, or
+        # cut off when it stopped
+        ladder["skipped"] = ladder.get("skipped", []) + [p for p in fresh.get("skipped", [])]
+        ladder["skipped"] += [p for p in part.get("unreached", []) if _point_key(p) not in done]
+    if losses:
+        ladder["devices_lost"] = [{k: v for k, v in loss.items() if k != "pending"} for loss in losses]
+        ladder["device_lost"] = ladder["devices_lost"][0]
+        matmul = (ladder.get("ceilings") or {}).get("bf16_matmul_tflops")
+        ladder["target_ratios"] = target_ratios(ladder["points"], matmul)
+        ladder["memory_ratios"] = memory_ratios(ladder["points"])
+    return result
+
+
+def _point_key(p) -> tuple:
+    return tuple(p.get(k) for k in ("d", "n", "dtype", "causal", "mode"))
+
+
+def run_fresh_process(points, exclude, budget_s: float, *, out_path=None, python=None) -> dict | None:
+    """Run ``python -m flashlib.perf_bench`` on points without the methods in exclude, in a new
+    process (a new CUDA context), and return its result; None if it wrote none. Its result file
+    is written after every point, so a process stopped on time still returns what it measured
+    (the points it never reached are returned as ``unreached``)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="flashlib-ladder-"))
+    points_file = work / "points.json"
+    points_file.write_text(json.dumps(points))
+    out_path = Path(out_path) if out_path is not None else work / "result.json"
+    cmd = [python or sys.executable, "-m", "flashlib.perf_bench", "--points", str(points_file),
+           "--budget", f"{max(budget_s, 1.0):.0f}", "--result", str(out_path), "--no-precompile", "--no-ceilings"]
+    for name in exclude:
+        cmd += ["--exclude", name]
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    try:
+        subprocess.run(cmd, env=env, timeout=budget_s + 30, check=False)
+    except subprocess.TimeoutExpired:
+        pass
+    if not out_path.exists():
+        return None
+    result = json.loads(out_path.read_text())
+    if "ladder" not in result:  # a partial result: the rows of the points done so far
+        done = {_point_key(r) for r in result.get("points", [])}
+        result = {"ladder": {"points": result.get("points", [])},
+                  "unreached": [p for p in points if _point_key(p) not in done]}
+    return result
 
 
 def autotuned_choices(ds, dtypes, causals, ns=NS) -> tuple[dict, dict]:
@@ -436,6 +571,12 @@ def format_ladder(result: dict) -> str:
         spread = "{:.2f}-{:.2f}".format(*r["ratio_range"]) if r.get("ratio_range") else "-"
         lines.append(f"{r['n']:>6} {r['dtype']:>9} {int(r['causal']):>6} {r['mode']:>7} {r['ours']:>16} "
                      f"{r['sdpa']:>16} {r['ratio']:>6.2f} {r['target']:>6.1f} {fraction:>9} {spread:>9}")
+    lost = result["ladder"].get("devices_lost") or ([result["ladder"]["device_lost"]]
+                                                    if result["ladder"].get("device_lost") else [])
+    for loss in lost:
+        p = loss["point"]
+        lines.append(f"{loss['method']} left the device unusable at d={p['d']} N={p['n']} {p['dtype']} "
+                     f"causal={int(p['causal'])} {p['mode']} ({loss['error']}); later points ran without it")
     return "\n".join(lines)
 
 
@@ -458,10 +599,32 @@ def main(argv=None):
     parser.add_argument("--budget", type=float, default=200.0, help="seconds for the whole run (default 200)")
     parser.add_argument("--out", default=None, help="directory for the JSON (default data/bench/)")
     parser.add_argument("--no-precompile", action="store_true", help="compile each kernel at its first launch")
+    parser.add_argument("--points", default=None,
+                        help="JSON file with a list of grid points to measure instead of the whole grid")
+    parser.add_argument("--exclude", action="append", default=[], metavar="METHOD",
+                        help="leave this method out (repeatable), e.g. flashlib:bulk")
+    parser.add_argument("--result", default=None,
+                        help="write the result to this file (after every point, then in full) instead of --out")
+    parser.add_argument("--no-ceilings", action="store_true", help="do not measure the matmul rate and bandwidth")
     args = parser.parse_args(argv)
-    result = run_ladder_bench(args.budget, compile_ahead=not args.no_precompile)
-    print(format_ladder(result))
-    print(f"wrote {write_result(result, args.out)}")
+    points = None
+    if args.points is not None:
+        points = json.loads(Path(args.points).read_text())
+        if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
+            parser.error(f"--points must name a JSON file holding a list of grid points, got {args.points}")
+    progress = None
+    if args.result is not None:
+        def progress(rows):
+            Path(args.result).write_text(json.dumps({"points": rows}) + "\n")
+    result = run_ladder_bench(args.budget, compile_ahead=not args.no_precompile, points=points,
+                              exclude=tuple(args.exclude), ceilings=not args.no_ceilings, progress=progress)
+    if result["ladder"]["target_ratios"]:
+        print(format_ladder(result))
+    if args.result is not None:
+        Path(args.result).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.result}")
+    else:
+        print(f"wrote {write_result(result, args.out)}")
 
 
 if __name__ == "__main__":

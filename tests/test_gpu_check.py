@@ -158,3 +158,30 @@ def test_a_failure_to_compile_ahead_is_recorded_and_the_ladder_still_runs(tmp_pa
     assert events[-2:] == ["tests end", ("ladder", True)]
     (path,) = tmp_path.glob("*.json")
     assert json.loads(path.read_text())["precompile"] == {"error": "RuntimeError: no threads today"}
+
+
+def test_a_lost_device_sends_the_points_left_to_a_fresh_process(tmp_path, monkeypatch):
+    from flashlib import perf_bench
+
+    events = []
+    _stub_run(monkeypatch, events)
+    point = dict(d=128, n=16384, dtype="bfloat16", causal=False, mode="fwd_bwd")
+    lost = dict(method="flashlib:bulk", point=point, error="RuntimeError: illegal address", pending=[point])
+    monkeypatch.setattr(perf_bench, "run_ladder_bench", lambda **kw: {"ladder": dict(
+        points=[dict(point, method="flashlib:bulk", error=lost["error"])], skipped=[], device_lost=lost,
+        target_ratios=[])})
+
+    def fresh_process(points, exclude, budget_s, out_path=None):
+        events.append(("fresh", len(points), list(exclude)))
+        return {"ladder": dict(points=[dict(point, method="sdpa:cudnn", tflops=500.0)], skipped=[],
+                               device_lost=None)}
+
+    monkeypatch.setattr(perf_bench, "run_fresh_process", fresh_process)
+    printed = []
+    assert gpu_check.main(["--out-dir", str(tmp_path), "--no-precompile"], log=printed.append) == 0
+    assert events[-1] == ("fresh", 1, ["flashlib:bulk"])
+    (path,) = tmp_path.glob("*.json")
+    ladder = json.loads(path.read_text())["ladder"]
+    assert [r["method"] for r in ladder["points"]] == ["flashlib:bulk", "sdpa:cudnn"]
+    assert ladder["devices_lost"] == [{k: v for k, v in lost.items() if k != "pending"}]
+    assert any("flashlib:bulk left the device unusable at d=128 N=16384" in line for line in printed)

@@ -3,6 +3,7 @@ the ladder benchmark's plan and one grid point run on the CPU with stand-in time
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -172,6 +173,154 @@ def test_run_plan_budgets_first_points_apart_from_the_rest():
     assert rows == [(False, "fwd", 16384), (False, "fwd", 8192), (True, "fwd", 16384), (False, "fwd", 4096)]
     assert skipped == [grid[3], grid[5]]
     assert [t["first_of_kind"] for t in timeline] == [True, False, True, False]
+
+
+# ----- a kernel fault: the run stops, and the points left run in a fresh process -----
+
+def _grid_point(n, mode="fwd", causal=False):
+    return dict(d=128, n=n, dtype="bfloat16", causal=causal, mode=mode)
+
+
+def test_a_fault_that_leaves_the_device_unusable_stops_the_point():
+    if not triton_installed():
+        pytest.skip("Triton ships Linux wheels only")
+
+    def fault(q, k, v, causal):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+
+    methods = {"sdpa:math": perf_bench._sdpa("math"), "bad": fault, "sdpa:after": perf_bench._sdpa("math")}
+    point = dict(d=16, n=8, dtype="float32", causal=False, mode="fwd")
+    kwargs = dict(device="cpu", tokens=8, hidden=32, bench=lambda fn: (fn(), 1.0)[1], peak=lambda fn: (fn(), 0)[1])
+    with pytest.raises(perf_bench.DeviceLost) as lost:
+        perf_bench._measure_point(point, methods, lambda *a: None, usable=lambda device: False, **kwargs)
+    assert lost.value.method == "bad" and lost.value.point == point
+    assert lost.value.row["error"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    # an error that leaves the device usable (an out-of-memory, an unsupported backend) is a row
+    rows = perf_bench._measure_point(point, methods, lambda *a: None, usable=lambda device: True, **kwargs)
+    assert [("error" in r, r["method"]) for r in rows] == [(False, "sdpa:math"), (True, "bad"), (False, "sdpa:after")]
+
+
+def test_run_plan_stops_at_a_lost_device_and_lists_what_is_pending():
+    grid = [_grid_point(n) for n in (16384, 8192, 4096, 2048)]
+    bad_row = dict(grid[2], method="flashlib:bulk", error="RuntimeError: illegal address")
+
+    def measure(p):
+        if p["n"] == 4096:
+            raise perf_bench.DeviceLost("flashlib:bulk", p, bad_row)
+        return [dict(p, method="sdpa:cudnn", ms=1.0)]
+
+    saved, lost = [], []
+    rows, skipped = perf_bench.run_plan(grid, measure, budget_s=1e9, progress=lambda r: saved.append(len(r)),
+                                        lost=lost)
+    assert [r["n"] for r in rows] == [16384, 8192, 4096] and rows[-1] is bad_row and skipped == []
+    assert lost == [dict(method="flashlib:bulk", point=grid[2], error="RuntimeError: illegal address",
+                         pending=grid[2:])]
+    assert saved == [1, 2, 3]  # the fault's row is saved too
+    with pytest.raises(perf_bench.DeviceLost):  # without a list to note it in, it propagates
+        perf_bench.run_plan(grid, measure, budget_s=1e9)
+
+
+def _fresh(measured, lost_method=None, lost_at=None):
+    """A fresh process's result: rows for measured points, a loss at lost_at with the rest pending."""
+    ladder = dict(points=[dict(p, method="sdpa:cudnn", tflops=1.0) for p in measured], skipped=[], timeline=[],
+                  autotuned={"k": {"n": len(measured)}}, autotuned_by_n={})
+    ladder["device_lost"] = None if lost_method is None else dict(
+        method=lost_method, point=lost_at[0], error="boom", pending=lost_at)
+    return {"ladder": ladder}
+
+
+def test_points_left_by_a_lost_device_are_measured_in_fresh_processes():
+    grid = [_grid_point(n, mode) for n in (16384, 8192, 4096) for mode in ("fwd", "fwd_bwd")]
+    result = {"ladder": dict(points=[dict(grid[0], method="rung:lean", tflops=400.0),
+                                     dict(grid[1], method="flashlib:bulk", error="boom")],
+                             skipped=[], timeline=[], autotuned={}, autotuned_by_n={}, ceilings=None,
+                             device_lost=dict(method="flashlib:bulk", point=grid[1], error="boom",
+                                              pending=grid[1:]))}
+    calls = []
+
+    def run_fresh(points, exclude, budget_s):
+        calls.append((list(points), list(exclude), budget_s))
+        if len(calls) == 1:  # a second method faults two points later
+            return _fresh(points[:2], "flashlib:lean", points[2:])
+        return _fresh(points)
+
+    now = [0.0]
+    out = perf_bench.continue_after_device_lost(result, deadline=1000.0, run_fresh=run_fresh,
+                                                clock=lambda: now[0], log=lambda *a: None)
+    assert out is result
+    assert calls == [(grid[1:], ["flashlib:bulk"], 985.0), (grid[3:], ["flashlib:bulk", "flashlib:lean"], 985.0)]
+    ladder = result["ladder"]
+    measured = [(r["n"], r["mode"]) for r in ladder["points"] if "tflops" in r]
+    assert sorted(measured) == sorted((p["n"], p["mode"]) for p in grid)
+    assert [loss["method"] for loss in ladder["devices_lost"]] == ["flashlib:bulk", "flashlib:lean"]
+    assert "pending" not in ladder["device_lost"] and ladder["skipped"] == []
+    assert ladder["autotuned"] == {"k": {"n": 3}}  # the last process's choices
+
+
+def test_no_time_or_no_result_leaves_the_pending_points_skipped():
+    grid = [_grid_point(n) for n in (16384, 8192)]
+    lost = dict(method="flashlib:bulk", point=grid[0], error="boom", pending=grid)
+
+    def never(*args):
+        raise AssertionError("no fresh process without time for one")
+
+    result = {"ladder": dict(points=[], skipped=[], device_lost=dict(lost))}
+    perf_bench.continue_after_device_lost(result, deadline=30.0, run_fresh=never, clock=lambda: 0.0,
+                                          log=lambda *a: None)
+    assert result["ladder"]["skipped"] == grid
+    result = {"ladder": dict(points=[], skipped=[], device_lost=dict(lost))}
+    perf_bench.continue_after_device_lost(result, deadline=1000.0, run_fresh=lambda *a: None, clock=lambda: 0.0,
+                                          log=lambda *a: None)
+    assert result["ladder"]["skipped"] == grid and result["ladder"]["devices_lost"][0]["method"] == "flashlib:bulk"
+
+
+def test_a_fresh_process_stopped_early_returns_what_it_measured(tmp_path, monkeypatch):
+    # a stand-in for `python -m flashlib.perf_bench`: checks its arguments, writes the
+    # partial result of its first point, and stops as if killed
+    stub = tmp_path / "python"
+    stub.write_text("""#!/bin/sh
+exec "$FLASHLIB_REAL_PYTHON" - "$@" <<'PY'
+import json, sys
+args = sys.argv[1:]
+assert args[:2] == ["-m", "flashlib.perf_bench"], args
+opt = lambda name: args[args.index(name) + 1]
+assert "--no-precompile" in args and "--no-ceilings" in args
+assert [args[i + 1] for i, a in enumerate(args) if a == "--exclude"] == ["flashlib:bulk", "flashlib:lean"]
+points = json.load(open(opt("--points")))
+json.dump({"points": [dict(points[0], method="sdpa:cudnn", ms=1.0)]}, open(opt("--result"), "w"))
+sys.exit(1)
+PY
+""")
+    stub.chmod(0o755)
+    monkeypatch.setenv("FLASHLIB_REAL_PYTHON", sys.executable)
+    grid = [_grid_point(n) for n in (16384, 8192, 4096)]
+    got = perf_bench.run_fresh_process(grid, ["flashlib:bulk", "flashlib:lean"], 20.0,
+                                       out_path=tmp_path / "r.json", python=str(stub))
+    assert [r["n"] for r in got["ladder"]["points"]] == [16384] and got["unreached"] == grid[1:]
+
+
+def test_perf_bench_command_line_passes_points_and_exclusions(tmp_path, monkeypatch, capsys):
+    grid = [_grid_point(n) for n in (16384, 8192)]
+    (tmp_path / "points.json").write_text(json.dumps(grid))
+    seen = {}
+
+    def fake_run(budget_s, **kwargs):
+        seen.update(kwargs, budget_s=budget_s)
+        kwargs["progress"]([dict(grid[0], method="sdpa:cudnn", ms=1.0)])
+        seen["partial"] = json.loads((tmp_path / "r.json").read_text())
+        return {"ladder": dict(points=[], target_ratios=[])}
+
+    monkeypatch.setattr(perf_bench, "run_ladder_bench", fake_run)
+    perf_bench.main(["--points", str(tmp_path / "points.json"), "--exclude", "flashlib:bulk", "--budget", "50",
+                     "--result", str(tmp_path / "r.json"), "--no-precompile", "--no-ceilings"])
+    assert seen["points"] == grid and seen["exclude"] == ("flashlib:bulk",) and seen["budget_s"] == 50.0
+    assert seen["ceilings"] is False and seen["compile_ahead"] is False
+    assert seen["partial"]["points"][0]["n"] == 16384
+    assert json.loads((tmp_path / "r.json").read_text()) == {"ladder": dict(points=[], target_ratios=[])}
+    (tmp_path / "bad.json").write_text(json.dumps({"d": 128}))
+    with pytest.raises(SystemExit):
+        perf_bench.main(["--points", str(tmp_path / "bad.json")])
+    assert "--points must name a JSON file holding a list of grid points" in capsys.readouterr().err
 
 
 def test_figures_render():
