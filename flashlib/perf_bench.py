@@ -612,12 +612,11 @@ def main(argv=None):
         points = json.loads(Path(args.points).read_text())
         if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
             parser.error(f"--points must name a JSON file holding a list of grid points, got {args.points}")
-    progress = None
-    if args.result is not None:
-        def progress(rows):
-            Path(args.result).write_text(json.dumps({"points": rows}) + "\n")
+    def save_partial(rows):  # the rows so far, for a caller that may have to stop this process
+        Path(args.result).write_text(json.dumps({"points": rows}) + "\n")
     result = run_ladder_bench(args.budget, compile_ahead=not args.no_precompile, points=points,
-                              exclude=tuple(args.exclude), ceilings=not args.no_ceilings, progress=progress)
+                              exclude=tuple(args.exclude), ceilings=not args.no_ceilings,
+                              progress=save_partial if args.result is not None else None)
     if result["ladder"]["target_ratios"]:
         print(format_ladder(result))
     if args.result is not None:
