@@ -391,7 +391,8 @@ def memory_ratios(points, ns=(4096, 16384)) -> list[dict]:
 
 def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, causals=CAUSALS, modes=MODES,
                      log=print, progress=None, compile_ahead: bool = True, points=None, exclude=(),
-                     ceilings: bool = True) -> dict:
+                     ceilings: bool = True, device="cuda", tokens=16384, hidden=2048, bench=None,
+                     peak=None) -> dict:
     """Measure the grid within ``budget_s`` seconds; returns {"ladder": {...}} for the JSON.
     progress(points) is called after each grid point (to save a run that may be cut short).
     compile_ahead: first compile every kernel the grid launches on all cores (:func:`precompile`;
@@ -399,18 +400,22 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
     points instead of the whole grid, in their order; exclude: method names left out;
     ceilings: measure the matmul rate and copy bandwidth first. When a method leaves the device
     unusable the run stops there: ``device_lost`` names it and lists the points still to
-    measure (:func:`continue_after_device_lost` measures them in a fresh process)."""
-    if not torch.cuda.is_available():
+    measure (:func:`continue_after_device_lost` measures them in a fresh process).
+    device, tokens, hidden, bench and peak: as for one point; another device than "cuda" (with
+    stand-in timers) runs the same steps on a CPU, for the tests."""
+    if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("run_ladder_bench: no CUDA device; the ladder benchmark runs on a GPU "
                            "(recorded results are in data/bench/)")
     from importlib.metadata import version
 
     start = time.perf_counter()
-    info = {"device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
+    gpu = device == "cuda"
+    info = {"device": torch.cuda.get_device_name() if gpu else str(device),
+            "capability": list(torch.cuda.get_device_capability()) if gpu else None,
             "torch": torch.__version__, "triton": version("triton"), "cuda": torch.version.cuda,
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
     log(f"ladder benchmark on {info['device']} (budget {budget_s:.0f} s)")
-    measured = measure_ceilings() if ceilings else None
+    measured = measure_ceilings(device) if ceilings else None
     if measured:
         log(f"  ceilings: bf16 matmul {measured['bf16_matmul_tflops']:.0f} TFLOP/s, "
             f"copy {measured['copy_gbps']:.0f} GB/s")
@@ -419,22 +424,26 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
     compiled = None
     if compile_ahead:
         try:
-            compiled = precompile(grid, log=log)
+            compiled = precompile(grid, device=device, tokens=tokens, hidden=hidden, log=log)
         except Exception as exc:  # the points then compile as they go
             compiled = dict(error=f"{type(exc).__name__}: {exc}"[:500])
             log(f"  compiling ahead failed ({compiled['error']}); compiling at first launch instead")
     timeline, lost = [], []
-    rows, skipped = run_plan(grid, lambda p: _measure_point(p, methods[p["mode"]], log),
+    rows, skipped = run_plan(grid, lambda p: _measure_point(p, methods[p["mode"]], log, device=device, tokens=tokens,
+                                                            hidden=hidden, bench=bench, peak=peak),
                              budget_s - (time.perf_counter() - start), progress=progress, timeline=timeline,
                              lost=lost)
-    chosen, chosen_by_n = autotuned_choices(ds, dtypes, causals, ns) if not lost else ({}, {})
+    try:  # read from the autotuners' caches in this process; nothing runs on the device
+        chosen, chosen_by_n = autotuned_choices(ds, dtypes, causals, ns)
+    except Exception as exc:
+        chosen, chosen_by_n = {"error": f"{type(exc).__name__}: {exc}"[:300]}, {}
     elapsed = time.perf_counter() - start
     if skipped:
         log(f"  time budget reached: {len(skipped)} grid points skipped (listed in the JSON)")
     matmul = measured["bf16_matmul_tflops"] if measured else None
     return {"ladder": {
         "provenance": info,
-        "config": {"tokens": 16384, "hidden": 2048, "ds": list(ds), "ns": list(ns), "dtypes": list(dtypes),
+        "config": {"tokens": tokens, "hidden": hidden, "ds": list(ds), "ns": list(ns), "dtypes": list(dtypes),
                    "causals": list(causals), "modes": list(modes), "timing": f"triton.testing.do_bench median ms (ms_p20, ms_p80: 20th and 80th percentiles), warmup {WARMUP_MS} ms, rep {REP_MS} ms",
                    "flops": "4*B*H*N*N*d forward, halved if causal; fwd_bwd = 3.5 x forward",
                    "budget_s": budget_s, "excluded": list(exclude)},
@@ -474,8 +483,12 @@ def continue_after_device_lost(result: dict, deadline: float, *, run_fresh=None,
         done = {_point_key(r) for r in fresh.get("points", [])}
         ladder["points"] = ladder.get("points", []) + fresh.get("points", [])
         ladder["timeline"] = ladder.get("timeline", []) + fresh.get("timeline", [])
-        for key in ("autotuned", "autotuned_by_n"):
-            ladder[key] = {**ladder.get(key, {}), **fresh.get(key, {})}
+        # one choice per key and sequence bucket: each process tuned the buckets it measured
+        by_n = ladder.get("autotuned_by_n") or {}
+        for key, buckets in (fresh.get("autotuned_by_n") or {}).items():
+            by_n[key] = {**by_n.get(key, {}), **buckets}
+        ladder["autotuned_by_n"] = by_n
+        ladder["autotuned"] = {key: buckets[max(buckets, key=int)] for key, buckets in by_n.items()}
         pending = []
         if fresh.get("device_lost"):
             losses.append(fresh["device_lost"])

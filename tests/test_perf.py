@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 import torch
@@ -223,7 +224,7 @@ def test_run_plan_stops_at_a_lost_device_and_lists_what_is_pending():
 def _fresh(measured, lost_method=None, lost_at=None):
     """A fresh process's result: rows for measured points, a loss at lost_at with the rest pending."""
     ladder = dict(points=[dict(p, method="sdpa:cudnn", tflops=1.0) for p in measured], skipped=[], timeline=[],
-                  autotuned={"k": {"n": len(measured)}}, autotuned_by_n={})
+                  autotuned_by_n={"d=128": {str(p["n"]): {"tma": len(measured)} for p in measured}})
     ladder["device_lost"] = None if lost_method is None else dict(
         method=lost_method, point=lost_at[0], error="boom", pending=lost_at)
     return {"ladder": ladder}
@@ -254,7 +255,9 @@ def test_points_left_by_a_lost_device_are_measured_in_fresh_processes():
     assert sorted(measured) == sorted((p["n"], p["mode"]) for p in grid)
     assert [loss["method"] for loss in ladder["devices_lost"]] == ["flashlib:bulk", "flashlib:lean"]
     assert "pending" not in ladder["device_lost"] and ladder["skipped"] == []
-    assert ladder["autotuned"] == {"k": {"n": 3}}  # the last process's choices
+    # each bucket's choice from the process that measured it, the longest bucket's as "autotuned"
+    assert ladder["autotuned_by_n"] == {"d=128": {"16384": {"tma": 2}, "8192": {"tma": 3}, "4096": {"tma": 3}}}
+    assert ladder["autotuned"] == {"d=128": {"tma": 2}}
 
 
 def test_no_time_or_no_result_leaves_the_pending_points_skipped():
@@ -272,6 +275,50 @@ def test_no_time_or_no_result_leaves_the_pending_points_skipped():
     perf_bench.continue_after_device_lost(result, deadline=1000.0, run_fresh=lambda *a: None, clock=lambda: 0.0,
                                           log=lambda *a: None)
     assert result["ladder"]["skipped"] == grid and result["ladder"]["devices_lost"][0]["method"] == "flashlib:bulk"
+
+
+def test_the_ladder_end_to_end_on_a_cpu_with_a_fault_and_a_fresh_run(monkeypatch):
+    """run_ladder_bench and continue_after_device_lost as the GPU check chains them, on the CPU
+    (interpreter, stand-in timers): a method that faults stops the first run; a second run,
+    standing in for the fresh process, measures the rest without it."""
+    if not triton_installed():
+        pytest.skip("Triton ships Linux wheels only")
+    real_methods, broken = perf_bench._methods, [False]
+
+    def fault(q, k, v, causal):
+        broken[0] = True
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def methods(mode):
+        m = real_methods(mode)
+        if mode == "fwd":
+            return {"rung:lean": m["rung:lean"], "sdpa:math": m["sdpa:math"]}
+        return {"flashlib": m["flashlib"], "flashlib:faulty": fault, "sdpa:math": m["sdpa:math"]}
+
+    monkeypatch.setattr(perf_bench, "_methods", methods)
+    monkeypatch.setattr(perf_bench, "_device_usable", lambda device="cuda": not broken[0])
+    kwargs = dict(ds=(32,), ns=(16, 32), dtypes=("float32",), causals=(True,), log=lambda *a: None,
+                  compile_ahead=False, ceilings=False, device="cpu", tokens=32, hidden=64,
+                  bench=lambda fn: (fn(), (2.0, 1.5, 2.5))[1], peak=lambda fn: (fn(), 0)[1])
+    result = perf_bench.run_ladder_bench(1e6, **kwargs)
+    ladder = result["ladder"]
+    grid = perf_bench.plan((32,), (16, 32), ("float32",), (True,))
+    assert [(p["n"], p["mode"]) for p in grid] == [(16, "fwd"), (16, "fwd_bwd"), (32, "fwd"), (32, "fwd_bwd")]
+    assert ladder["device_lost"]["method"] == "flashlib:faulty" and ladder["device_lost"]["pending"] == grid[1:]
+    assert [(r["n"], r["method"], "error" in r) for r in ladder["points"]] == [
+        (16, "rung:lean", False), (16, "sdpa:math", False), (16, "flashlib:faulty", True)]
+
+    def fresh(points, exclude, budget_s):
+        broken[0] = False  # a new process: a working device
+        return perf_bench.run_ladder_bench(budget_s, points=points, exclude=tuple(exclude), **kwargs)
+
+    perf_bench.continue_after_device_lost(result, time.perf_counter() + 1e6, run_fresh=fresh, log=lambda *a: None)
+    timed = {(r["n"], r["mode"], r["method"]) for r in ladder["points"] if "tflops" in r}
+    assert timed == {(n, mode, m) for n in (16, 32) for mode, ms in
+                     (("fwd", ("rung:lean", "sdpa:math")), ("fwd_bwd", ("flashlib", "sdpa:math"))) for m in ms}
+    assert all(r["max_abs_err_vs_sdpa"] < 1e-5 for r in ladder["points"] if r["method"] == "rung:lean")
+    assert [loss["method"] for loss in ladder["devices_lost"]] == ["flashlib:faulty"]
+    assert ladder["skipped"] == [] and len(ladder["timeline"]) == 4
 
 
 def test_a_fresh_process_stopped_early_returns_what_it_measured(tmp_path, monkeypatch):
