@@ -93,7 +93,8 @@ def direct(forward, backward, d, dtype):
     with bind_only(calls):
         run_all()
     return dict(notes=[n.name for n in notes],
-                configs=[[n.kwargs.get(x) for x in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")] for n in notes],
+                configs=[[n.kwargs.get(x) for x in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")]
+                         + ([n.kwargs["DQ_T"]] if "DQ_T" in n.kwargs else []) for n in notes],
                 tuners_kept=kept, first=first, again=again, sizes=sizes, after_real=cache_sizes(kernels),
                 real_calls=len(calls))
 

@@ -4,6 +4,8 @@ releases. The interpreter has no bulk reductions: there "bulk" adds dQ with per-
 atomics, and its bulk reduction is checked compiled (here) and on a GPU (tests/test_gpu.py)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -20,8 +22,12 @@ from flashlib.kernels import FlashConfig, flash_attention  # noqa: E402
 from flashlib.kernels.compile import SHARED_LIMIT, compile_kernels, exponentials_per_score, spec  # noqa: E402
 
 
-def _tiles(bm, bn):
-    return FlashConfig(block_m=16, block_n=16, bwd_block_m=bm, bwd_block_n=bn)
+def _tiles(bm, bn, dq_t=False):
+    return FlashConfig(block_m=16, block_n=16, bwd_block_m=bm, bwd_block_n=bn, bwd_dq_transposed=dq_t)
+
+
+# "bulk:T": "bulk" with dQ built transposed (FlashConfig.bwd_dq_transposed)
+BACKWARDS = ["tuned", "atomic", "lean", "bulk", "bulk:T"]
 
 
 def _grads(fn, q, k, v, dout):
@@ -30,6 +36,8 @@ def _grads(fn, q, k, v, dout):
 
 
 def _check(seq_q, seq_k, d, causal, cfg, seed=0, heads=2, backward="tuned", dtype=torch.float32):
+    if backward.endswith(":T"):
+        backward, cfg = backward[:-2], replace(cfg, bwd_dq_transposed=True)
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(1, heads, seq_q, d, generator=gen).to(dtype)  # (B, H, N, D)
     k, v = (torch.randn(1, heads, seq_k, d, generator=gen).to(dtype) for _ in range(2))
@@ -51,7 +59,7 @@ CASES = [(37, 50, 24, True), (50, 37, 24, True), (33, 33, 16, True), (21, 45, 59
          (64, 64, 32, True), (64, 64, 32, False), (48, 80, 16, True), (1, 40, 16, True), (40, 1, 16, True)]
 
 
-@pytest.mark.parametrize("backward", ["tuned", "atomic", "lean", "bulk"])
+@pytest.mark.parametrize("backward", BACKWARDS)
 @pytest.mark.parametrize("bm,bn", [(16, 16), (16, 32), (32, 16)])
 @pytest.mark.parametrize("seq_q,seq_k,d,causal", CASES)
 def test_tuned_backward_matches_float64_autograd(seq_q, seq_k, d, causal, bm, bn, backward):
@@ -61,18 +69,19 @@ def test_tuned_backward_matches_float64_autograd(seq_q, seq_k, d, causal, bm, bn
 @settings(deadline=None)
 @given(seq_q=st.integers(1, 70), seq_k=st.integers(1, 70), d=st.sampled_from([8, 16, 20]),
        causal=st.booleans(), bm=st.sampled_from([16, 32]), bn=st.sampled_from([16, 32]),
-       seed=st.integers(0, 2**16), backward=st.sampled_from(["tuned", "atomic", "lean", "bulk"]),
+       seed=st.integers(0, 2**16), backward=st.sampled_from(BACKWARDS),
        dtype=st.sampled_from([torch.float32, torch.float16]))
 def test_tuned_backward_any_shape_tiles_and_dtype(seq_q, seq_k, d, causal, bm, bn, seed, backward, dtype):
     _check(seq_q, seq_k, d, causal, _tiles(bm, bn), seed=seed, heads=1, backward=backward, dtype=dtype)
 
 
-@pytest.mark.parametrize("backward", ["tuned", "atomic", "lean", "bulk"])
+@pytest.mark.parametrize("backward", BACKWARDS)
 def test_tuned_backward_rows_without_keys_get_zero_gradients(backward):
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(1, 1, 40, 16, generator=gen, requires_grad=True)
     k, v = (torch.randn(1, 1, 24, 16, generator=gen, requires_grad=True) for _ in range(2))
-    flash_attention(q, k, v, causal=True, config=_tiles(16, 16), backward=backward).sum().backward()
+    cfg = _tiles(16, 16, dq_t=backward.endswith(":T"))
+    flash_attention(q, k, v, causal=True, config=cfg, backward=backward.split(":")[0]).sum().backward()
     assert q.grad.dtype == torch.float32
     assert (q.grad[..., :16, :] == 0).all()  # queries 0..15 see no key (bottom-right diagonal)
     assert q.grad[..., 16:, :].abs().sum() > 0
@@ -122,8 +131,8 @@ def test_pruner_gives_each_head_dim_its_candidates():
         assert kernel is bf._tuner(name, backward, 4096) and kernel is not bf._tuner(name, other, 4096)
         for pad, want in ((16, 64), (64, 64), (128, 128), (256, 256)):
             got = kernel.early_config_prune(kernel.configs, {}, HEAD_DIM_PAD=pad)
-            assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in got] == \
-                list(table[want])
+            assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+                    + ((c.kwargs["DQ_T"],) if "DQ_T" in c.kwargs else ()) for c in got] == list(table[want])
 
 
 def test_autotuned_choices_are_kept_per_backward_and_bucket():
@@ -151,8 +160,9 @@ def _candidate_specs():
                           ("bwd_fused_tuned", bf.FUSED_TILES), ("bwd_dkdv_lean", bf.LEAN_DKDV_TILES),
                           ("bwd_dq_lean", bf.DQ_TILES), ("bwd_fused_bulk", bf.BULK_TILES)):
         for d, tiles in table.items():
-            for bm, bn, w, s in tiles:
-                cfg = FlashConfig(bwd_block_m=bm, bwd_block_n=bn, bwd_num_warps=w, bwd_num_stages=s)
+            for bm, bn, w, s, *dq_t in tiles:
+                cfg = FlashConfig(bwd_block_m=bm, bwd_block_n=bn, bwd_num_warps=w, bwd_num_stages=s,
+                                  bwd_dq_transposed=bool(dq_t and dq_t[0]))
                 specs += [spec(kernel, cc, "bfloat16", d, True, cfg, sass=cc == (9, 0)) for cc in ((9, 0), (8, 0))]
     return specs
 
@@ -176,6 +186,8 @@ def _check_candidates(reports, version):
         assert (r.bulk_reduce_ops > 0) == r.kernel.endswith("_bulk"), label
         rows = r.config["bwd_block_m"] if r.kernel.startswith("bwd_dq") else r.config["bwd_block_n"]
         assert (r.wgmma_ops > 0) == (rows >= 64), label  # Hopper's tensor cores need 64-row tiles
+        if r.config["bwd_dq_transposed"]:  # every product on wgmma, dQ's too
+            assert r.mma_sync_ops == 0, label
         # each score's exponential once: a tile held twice does every exponential twice (at
         # head dim 256 every spill-free dK/dV tile but one does: left as they were, unmeasured)
         assert r.head_dim == 256 or exponentials_per_score(r.mma_loop, r.config["bwd_block_m"], r.config["bwd_block_n"],
@@ -224,6 +236,39 @@ def test_atomic_dq_tiles_are_added_without_a_multiply(fused, alone):
     assert ops["HGMMA"] == base["HGMMA"] > 0
     # and the dq tile does leave: one bulk reduction, or vector atomics
     assert ops.get("UTMAREDG", 0) == 1 if fused.endswith("bulk") else ops.get("REDG", 0) > 0
+
+
+@pytest.mark.parametrize("backward,transposed", [("bulk", True), ("atomic", True), ("bulk", False), ("tuned", True)])
+def test_dq_is_read_back_from_the_layout_it_was_built_in(backward, transposed, monkeypatch):
+    """bwd_dq_transposed takes the transposed path in the backwards that add dQ from the dK/dV
+    kernel (and dq comes back in q's layout); the two-kernel backwards have no such tile."""
+    from flashlib.kernels import backward_fast as bf
+
+    seen = []
+    real = bf._dq_from
+    monkeypatch.setattr(bf, "_dq_from", lambda buffer, q, t: seen.append((tuple(buffer.shape), t)) or real(buffer, q, t))
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 21, 24, generator=gen, requires_grad=True) for _ in range(3))
+    cfg = _tiles(16, 16, dq_t=transposed)
+    flash_attention(q, k, v, causal=True, config=cfg, backward=backward).sum().backward()
+    # (B*H, seq rounded up to 16, d) float32, read as it is or transposed
+    assert seen == ([] if backward == "tuned" else [((2, 32, 24), transposed)])
+    assert q.grad.shape == q.shape and q.grad.is_contiguous()
+
+
+def test_transposed_dq_puts_every_product_on_wgmma():
+    """Machine code for sm_90 (bf16, d 128, 16 x 64 query-by-key tiles, 4 warps, one trip of the
+    query loop): dQ = dS K on 16 query rows runs on mma.sync, its transpose on wgmma, with the
+    same multiplies (none per dQ element) and one bulk reduction per tile either way."""
+    tiles = dict(bwd_block_m=16, bwd_block_n=64, bwd_num_warps=4, bwd_num_stages=3)
+    plain, transposed = compile_kernels([spec("bwd_fused_bulk", (9, 0), "bfloat16", 128, False,
+                                              FlashConfig(**tiles, bwd_dq_transposed=t), sass=True)
+                                         for t in (False, True)])
+    assert plain.ok and transposed.ok, (plain.error, transposed.error)
+    a, b = plain.mma_loop["ops"], transposed.mma_loop["ops"]
+    assert a.get("HMMA", 0) > 0 and b.get("HMMA", 0) == 0 and b["HGMMA"] > a["HGMMA"], (a, b)
+    assert a["FMUL"] == b["FMUL"] and a["UTMAREDG"] == b["UTMAREDG"] == 1
+    assert transposed.spill_stores == 0 and transposed.mma_sync_ops == 0
 
 
 def test_four_warp_teaching_backward_holds_each_score_once_without_spills():

@@ -150,14 +150,16 @@ def test_fastest_path_within_twice_sdpa_error(dtype, batch, heads, seq_q, seq_k,
         torch.testing.assert_close(got[1], again[1])
 
 
-@pytest.mark.parametrize("forward,backward", [("lazy-rescale", "lean"), ("lean", "bulk")])
-def test_descriptors_clip_a_padded_head_dim_and_ragged_rows(forward, backward):
+@pytest.mark.parametrize("forward,backward,dq_t", [("lazy-rescale", "lean", False), ("lean", "bulk", False),
+                                                   ("lean", "bulk", True)])
+def test_descriptors_clip_a_padded_head_dim_and_ragged_rows(forward, backward, dq_t):
     """head_dim 80 runs in 128-wide tiles: descriptor loads pad the extra columns with zeros,
-    and stores and bulk reductions must drop them, as they must drop rows past the end."""
+    and stores and bulk reductions must drop them, as they must drop rows past the end (dq_t:
+    dQ's bulk reductions transposed, its rows the head dim and its columns the queries)."""
     from flashlib.kernels import FlashConfig
 
     cfg = FlashConfig(block_m=64, block_n=64, num_warps=4, num_stages=3,
-                      bwd_block_m=64, bwd_block_n=64, bwd_num_warps=8, bwd_num_stages=2)
+                      bwd_block_m=64, bwd_block_n=64, bwd_num_warps=8, bwd_num_stages=2, bwd_dq_transposed=dq_t)
     q, k, v, dout = _inputs(1, 3, 300, 333, 80, torch.bfloat16, seed=3)
     want = _grads(_sdpa(True, 300, 333), *(t.float() for t in (q, k, v, dout)))
     got = _grads(lambda a, b, c: flash_attention(a, b, c, causal=True, config=cfg, forward=forward,

@@ -211,6 +211,8 @@ def test_kernel_specific_errors_name_the_value_and_the_fix():
         FlashConfig(block_m=48)
     with pytest.raises(ValueError, match="input_precision"):
         FlashConfig(input_precision="fp8")
+    with pytest.raises(ValueError, match="'bwd_dq_transposed' must be True or False, got 1"):
+        FlashConfig(bwd_dq_transposed=1)
 
 
 def test_kernel_status_here_is_the_interpreter():

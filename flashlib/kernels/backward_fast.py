@@ -74,7 +74,7 @@ def _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qm, stride_dom, strid
                qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr,
-               BULK_DQ: tl.constexpr):
+               BULK_DQ: tl.constexpr, DQ_T: tl.constexpr):
     """Fold query blocks [lo, hi) into one key block's dk, dv; MASKED tiles check everything.
     ATOMIC_DQ: also add this key block's share of dq (float32) into DQ with atomic adds.
     TMA: Q and DO are tensor descriptors. BULK_DQ: DQ is one too, and each dq tile is added
@@ -99,10 +99,20 @@ def _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qm, stride_dom, strid
         else:
             ds_t = p_t * (dp_t - delta[None, :])
         dk += tl.dot(ds_t.to(q.dtype), q, input_precision=INPUT_PRECISION)
-        if ATOMIC_DQ:
+        # other key blocks add into the same rows at the same time: the order of these float
+        # additions, so the last bits of dq, can change from run to run
+        if ATOMIC_DQ and DQ_T:
+            # dQ transposed, (HEAD_DIM_PAD, BLOCK_M) = K^T dS^T: the product's long side is the
+            # head dim, not the few query rows, so it fills a warpgroup's tensor-core tile
+            dq_t = tl.dot(tl.trans(k), ds_t.to(k.dtype), input_precision=INPUT_PRECISION)
+            if BULK_DQ:  # past HEAD_DIM and SEQ_Q the copy engine clips
+                DQ.atomic_add([0, start_m], dq_t)
+            else:
+                dq_ptrs = DQ + offs_d[:, None] * stride_dqm + offs_m[None, :]
+                tl.atomic_add(dq_ptrs, dq_t, mask=(offs_d[:, None] < HEAD_DIM) & (offs_m[None, :] < SEQ_Q),
+                              sem="relaxed")
+        elif ATOMIC_DQ:
             dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=INPUT_PRECISION)  # (BLOCK_M, HEAD_DIM_PAD)
-            # other key blocks add into the same rows at the same time: the order of these
-            # float additions, so the last bits of dq, can change from run to run
             if BULK_DQ:  # rows past SEQ_Q and columns past HEAD_DIM are clipped by the copy engine
                 DQ.atomic_add([start_m, 0], dq)
             else:
@@ -137,13 +147,16 @@ def _query_ranges(start_n, SEQ_Q, SEQ_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
                          stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
                          stride_doz, stride_dom, stride_dkz, stride_dkn, stride_dvz, stride_dvn,
-                         stride_dqz, stride_dqm, SEQ_Q, SEQ_K,
+                         stride_dqz, stride_dqm, stride_dqt, SEQ_Q, SEQ_K,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                         ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr = False, BULK_DQ: tl.constexpr = False):
+                         ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr = False, BULK_DQ: tl.constexpr = False,
+                         DQ_T: tl.constexpr = False):
     """dK, dV of one key block; with ATOMIC_DQ also every dQ contribution (DQ: float32, zeroed;
     with BULK_DQ through a descriptor, by bulk reductions; Delta then holds delta * scale).
-    Key blocks are launched in order: under a causal mask the first see the most queries."""
+    DQ_T: DQ is held transposed, (HEAD_DIM, SEQ_Q) per head with rows stride_dqt apart, and
+    each dQ tile is computed transposed. Key blocks are launched in order: under a causal
+    mask the first see the most queries."""
     start_n = tl.program_id(0)
     off_z = tl.program_id(1).to(tl.int64)
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -162,7 +175,12 @@ def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
     else:
         q_src = Q + off_z * stride_qz
         do_src = DO + off_z * stride_doz
-    if BULK_DQ:
+    if DQ_T:
+        stride_dqm = stride_dqt  # the loop's row stride of DQ: head-dim rows now
+    if BULK_DQ and DQ_T:
+        dq_dst = tl.make_tensor_descriptor(DQ + off_z * stride_dqz, shape=[HEAD_DIM, SEQ_Q], strides=[stride_dqt, 1],
+                                           block_shape=[HEAD_DIM_PAD, BLOCK_M])
+    elif BULK_DQ:
         dq_dst = tl.make_tensor_descriptor(DQ + off_z * stride_dqz, shape=[SEQ_Q, HEAD_DIM], strides=[stride_dqm, 1],
                                            block_shape=[BLOCK_M, HEAD_DIM_PAD])
     else:
@@ -173,13 +191,13 @@ def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
     # masked [lo, mid), unmasked [mid, full_end), masked [full_end, SEQ_Q)
     dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse, Delta, dq_dst, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
                         lo, mid, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, CAUSAL,
-                        INPUT_PRECISION, ATOMIC_DQ, TMA, BULK_DQ)
+                        INPUT_PRECISION, ATOMIC_DQ, TMA, BULK_DQ, DQ_T)
     dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse, Delta, dq_dst, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
                         mid, full_end, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, False, CAUSAL,
-                        INPUT_PRECISION, ATOMIC_DQ, TMA, BULK_DQ)
+                        INPUT_PRECISION, ATOMIC_DQ, TMA, BULK_DQ, DQ_T)
     dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse, Delta, dq_dst, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
                         full_end, SEQ_Q, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, CAUSAL,
-                        INPUT_PRECISION, ATOMIC_DQ, TMA, BULK_DQ)
+                        INPUT_PRECISION, ATOMIC_DQ, TMA, BULK_DQ, DQ_T)
     mask = (offs_n[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)
     if not ATOMIC_DQ:  # with ATOMIC_DQ the loop scaled dS already
         dk = dk * scale
@@ -278,8 +296,14 @@ LEAN_DKDV_TILES = {64: DKDV_TILES[64],
 # "bulk": the fused kernel with descriptors and bulk dQ reductions. At head dim 128 a 64 x 64
 # tile would put dQ's product on wgmma too, but with 8 warps it holds its scores twice and
 # with 4 it spills; (16, 64, 4, 3) builds clean with descriptors (the pointer kernel spills).
-BULK_TILES = {64: FUSED_TILES[64],
-              128: ((16, 64, 4, 3), (32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3)),
+# A fifth entry True builds dQ transposed (FlashConfig.bwd_dq_transposed): dQ = dS K has as
+# many rows as the query tile (16 or 32, too few for wgmma, so it runs on mma.sync), its
+# transpose K^T dS^T as many as the head dim, so every product goes to wgmma. Transposed at
+# head dim 128, 32-row query tiles spill (or, on one stage, spill when causal with Triton 3.6),
+# and so do 16 x 128 on 2 or 3 stages; (16, 64, 4, 3) and (16, 128, 8, 1) do not.
+BULK_TILES = {64: FUSED_TILES[64] + ((32, 128, 8, 3, True), (32, 64, 4, 3, True)),
+              128: ((16, 64, 4, 3), (32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3), (16, 64, 4, 3, True),
+                    (16, 128, 8, 1, True)),
               256: FUSED_TILES[256]}
 
 
@@ -288,8 +312,10 @@ def tiles_for(table, head_dim_pad_: int):
     return table[max(64, head_dim_pad_)]
 
 
-def _config(bm, bn, w, s):
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+def _config(bm, bn, w, s, dq_t=None):
+    """A candidate (BLOCK_M, BLOCK_N, warps, stages[, DQ_T]) as Triton's Config."""
+    extra = {} if dq_t is None else {"DQ_T": dq_t}
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, **extra}, num_warps=w, num_stages=s)
 
 
 def _prune(table):
@@ -342,7 +368,9 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
     with descriptors for the streamed blocks where TMA exists, and longest-first causal dQ);
     "bulk" ("atomic" with descriptors for the streamed blocks, and each dQ tile added by one
     bulk reduction of the copy engine: compiled on sm_90 only, since Triton's interpreter
-    has no bulk reductions and runs "bulk" with per-element atomics). Returns dq, dk, dv."""
+    has no bulk reductions and runs "bulk" with per-element atomics; its autotuner also
+    chooses whether dQ is built transposed, as cfg.bwd_dq_transposed does for fixed tiles).
+    Returns dq, dk, dv."""
     if backward not in BACKWARDS:
         raise ValueError(f"launch_backward: argument 'backward' must be one of {BACKWARDS}, got {backward!r}")
     from .forward_fast import _ensure_allocator, _tma_hardware, tma_eligible
@@ -360,8 +388,11 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
         out, dout, delta, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), seq_q, d,
         HEAD_DIM_PAD=d_pad, BLOCK_M=64)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    # atomics accumulate in float32 and start from zero; the two-kernel path writes dq once
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else torch.empty_like(q)
+    # atomics accumulate in float32 and start from zero, in a buffer that holds dQ either way:
+    # (B*H, seq_pad, d) as it is, or (B*H, d, seq_pad) transposed (DQ_T; seq_pad keeps its rows
+    # 16-byte aligned for the copy engine); the two-kernel path writes dq once
+    seq_pad = triton.cdiv(seq_q, 16) * 16
+    dq = torch.zeros(bh, seq_pad, d, dtype=torch.float32, device=q.device) if atomic_dq else torch.empty_like(q)
     bulk_dq = bulk_dq and tma_eligible(dq)  # follows from q's eligibility; checked, not assumed
     common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, CAUSAL=causal,
                   INPUT_PRECISION=cfg.input_precision if cfg else "tf32", TMA=tma)
@@ -371,7 +402,7 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
     dkdv_args = (q, k, v, dout, dk, dv, dq, lse, delta * scale if atomic_dq else delta, scale * LOG2E, scale,
                  q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                  dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-                 dq.stride(0), dq.stride(1), seq_q, seq_k)
+                 dq.stride(0), dq.stride(1), seq_pad, seq_q, seq_k)
     dq_args = (q, k, v, dout, dq, lse, delta, scale * LOG2E, scale,
                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1), seq_q, seq_k)
@@ -380,19 +411,30 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
         bucket = seq_bucket(seq_q, seq_k)
         grid_n = lambda meta: (triton.cdiv(seq_k, meta["BLOCK_N"]), bh)  # noqa: E731
         if atomic_dq:
-            _tuner("fused", backward, bucket)[grid_n](*dkdv_args, **common, **fused)
-            return dq.to(q.dtype), dk, dv
+            tuner = _tuner("fused", backward, bucket)
+            tuner[grid_n](*dkdv_args, **common, **fused)
+            chosen = getattr(tuner, "best_config", None)  # this launch's (none when compiling ahead)
+            return _dq_from(dq, q, bool(chosen and chosen.kwargs.get("DQ_T", False))), dk, dv
         _tuner("dkdv", backward, bucket)[grid_n](*dkdv_args, **common, **fused)
         _tuner("dq", backward, bucket)[lambda meta: (triton.cdiv(seq_q, meta["BLOCK_M"]), bh)](
             *dq_args, **common, LEAN=lean)
         return dq, dk, dv
     tiles = dict(BLOCK_M=cfg.bwd_block_m, BLOCK_N=cfg.bwd_block_n, num_warps=cfg.bwd_num_warps,
                  num_stages=cfg.bwd_num_stages)
+    if atomic_dq:
+        fused["DQ_T"] = cfg.bwd_dq_transposed
     _attn_bwd_dkdv_split[(triton.cdiv(seq_k, cfg.bwd_block_n), bh)](*dkdv_args, **common, **tiles, **fused)
     if atomic_dq:
-        return dq.to(q.dtype), dk, dv
+        return _dq_from(dq, q, fused["DQ_T"]), dk, dv
     _attn_bwd_dq_split[(triton.cdiv(seq_q, cfg.bwd_block_m), bh)](*dq_args, **common, **tiles, LEAN=lean)
     return dq, dk, dv
+
+
+def _dq_from(buffer, q, transposed: bool):
+    """dq in q's dtype and layout from the float32 buffer the atomics added into."""
+    bh, seq_pad, d = buffer.shape
+    held = buffer.view(bh, d, seq_pad).transpose(1, 2) if transposed else buffer
+    return torch.empty_like(q).copy_(held[:, :q.shape[1]])
 
 
 def autotuned_choices(head_dim: int, dtype: torch.dtype, causal: bool, backward: str = "tuned",

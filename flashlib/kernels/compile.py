@@ -192,6 +192,7 @@ def _kernel_and_constants(s):
             fn = backward_fast._attn_bwd_dkdv_split
             common["ATOMIC_DQ"] = s["kernel"] in ("bwd_fused_tuned", "bwd_fused_bulk")
             common["BULK_DQ"] = s["kernel"] == "bwd_fused_bulk" and tma
+            common["DQ_T"] = common["ATOMIC_DQ"] and cfg.bwd_dq_transposed
     else:
         fn = backward._attn_bwd_dkdv if s["kernel"] == "bwd_dkdv" else backward._attn_bwd_dq
     return (fn, dict(common, BLOCK_M=cfg.bwd_block_m, BLOCK_N=cfg.bwd_block_n),

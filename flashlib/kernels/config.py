@@ -22,6 +22,9 @@ class FlashConfig:
     "tf32" (tensor cores, ~1e-3 relative error) or "ieee" (exact float32 on CUDA cores: for
     checking, not speed; the shipped tiles are sized for tensor cores and spill registers in
     this mode). 16-bit inputs always use tensor cores; the CPU interpreter computes in float32.
+    bwd_dq_transposed: in the backwards that add dQ from the dK/dV kernel ("atomic", "bulk"),
+    compute each dQ tile transposed (K^T dS^T, whose long side is the head dim rather than the
+    few query rows) into a transposed float32 dQ; the other backwards have no such tile.
     """
 
     block_m: int = 64
@@ -33,6 +36,7 @@ class FlashConfig:
     bwd_num_warps: int = 4
     bwd_num_stages: int = 2
     input_precision: str = "tf32"
+    bwd_dq_transposed: bool = False
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "bwd_block_m", "bwd_block_n"):
@@ -47,6 +51,8 @@ class FlashConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"FlashConfig: '{name}' must be an int >= 1, got {value!r}")
+        if not isinstance(self.bwd_dq_transposed, bool):
+            raise ValueError(f"FlashConfig: 'bwd_dq_transposed' must be True or False, got {self.bwd_dq_transposed!r}")
         if self.input_precision not in INPUT_PRECISIONS:
             raise ValueError(f"FlashConfig: 'input_precision' must be one of {INPUT_PRECISIONS}, "
                              f"got {self.input_precision!r}")

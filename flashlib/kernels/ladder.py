@@ -113,9 +113,11 @@ BACKWARD_STEPS = (
          why="the forward's rungs 3 and 4 for the backward: the copy engine frees threads and registers, and "
          "the longest programs no longer end the launch alone"),
     dict(name="bulk", change="atomic, with lean's descriptors for Q and dO, and each dQ tile added by one bulk "
-         "reduction of the copy engine (sm_90) instead of one atomic instruction per element",
+         "reduction of the copy engine (sm_90) instead of one atomic instruction per element; the autotuner may "
+         "build dQ transposed (K^T dS^T)",
          why="five matmuls per tile pair instead of seven, as FlashAttention-3's backward; the copy engine "
-         "does the float32 additions in L2 while the warps go on"),
+         "does the float32 additions in L2 while the warps go on; transposed, dQ's product has the head dim "
+         "as its long side, not the few query rows, and runs on wgmma like the other four"),
 )
 
 
