@@ -346,6 +346,15 @@ PY
     assert [r["n"] for r in got["ladder"]["points"]] == [16384] and got["unreached"] == grid[1:]
 
 
+def test_a_fresh_process_without_a_gpu_returns_nothing(tmp_path):
+    """The real command, on a machine without CUDA: it refuses, writes no result, and the caller
+    gets None (its points are then listed as skipped)."""
+    if torch.cuda.is_available():
+        pytest.skip("with CUDA the command would run the benchmark")
+    got = perf_bench.run_fresh_process([_grid_point(4096)], ["flashlib:bulk"], 60.0, out_path=tmp_path / "r.json")
+    assert got is None and not (tmp_path / "r.json").exists()
+
+
 def test_perf_bench_command_line_passes_points_and_exclusions(tmp_path, monkeypatch, capsys):
     grid = [_grid_point(n) for n in (16384, 8192)]
     (tmp_path / "points.json").write_text(json.dumps(grid))
