@@ -379,6 +379,39 @@ def check_saved_multiplies(answer) -> bool:
                         (block_m * n // warps, "a warp is 32 threads: divide by threads, not by warps.")])
 
 
+# Hopper's warpgroup product (wgmma): four warps compute a tile of at least 64 rows together;
+# a product with fewer rows runs on the older per-warp mma.sync
+WGMMA_ROWS = 64
+SWAP_EXERCISE = dict(block_m=16, block_n=64, head_dim=128)
+
+
+def backward_products(block_m: int, block_n: int, head_dim: int, dq_transposed: bool = False) -> list[tuple]:
+    """The five matrix products of one (query tile, key tile) pair in the fused backward (dQ
+    added from the dK/dV kernel), as (product, rows, columns, inner). S^T, dV, dP^T and dK
+    have the key tile's rows; dQ has the query tile's, or, built transposed, the head dim's."""
+    m, n, d = block_m, block_n, head_dim
+    dq = ("dQ^T = K^T dS^T", d, m, n) if dq_transposed else ("dQ = dS K", m, d, n)
+    return [("S^T = K Q^T", n, m, d), ("dV += P^T dO", n, d, m), ("dP^T = V dO^T", n, m, d),
+            ("dK += dS^T Q", n, d, m), dq]
+
+
+def check_mma_sync_fraction(answer) -> bool:
+    """The fraction of one tile pair's matrix-multiply FLOPs whose product has fewer rows than
+    a warpgroup product needs (so runs on mma.sync), dQ not transposed, SWAP_EXERCISE's tiles."""
+    from .exercises import _check_number
+
+    products = backward_products(**SWAP_EXERCISE)
+    flops = [2 * rows * cols * inner for _, rows, cols, inner in products]
+    short = sum(f for f, (_, rows, _, _) in zip(flops, products) if rows < WGMMA_ROWS)
+    return _check_number(
+        answer, short / sum(flops), kind="a fraction between 0 and 1", rel=1e-3,
+        hint="Write down the five products with their shapes (rows x inner times inner x columns); each costs "
+             "2 x rows x columns x inner FLOPs. Which of them has fewer than 64 rows?",
+        known_mistakes=[(1 / 4, "there are five products per tile pair, not four: dQ is one of them."),
+                        (1 / 7, "seven is the teaching backward's count; the fused one recomputes nothing."),
+                        (0.0, "one product has the query tile's 16 rows: which?")])
+
+
 def check_ridge(answer, run: dict | None) -> bool:
     """The ridge point R / W, FLOPs per byte, of a recorded GPU run's measured ceilings."""
     from .exercises import _check_number

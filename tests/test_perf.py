@@ -534,6 +534,20 @@ def test_saved_multiplies_checker(capsys):
     assert not perf.check_saved_multiplies(None)
 
 
+def test_backward_products_and_the_mma_sync_checker(capsys):
+    # by hand, 16 query rows, 64 key rows, d = 128: four products of 64 rows, dQ of 16 (or 128
+    # transposed), each 2 * 16 * 64 * 128 FLOPs
+    shapes = [(rows, cols, inner) for _, rows, cols, inner in perf.backward_products(16, 64, 128)]
+    assert shapes == [(64, 16, 128), (64, 128, 16), (64, 16, 128), (64, 128, 16), (16, 128, 64)]
+    assert perf.backward_products(16, 64, 128, dq_transposed=True)[-1][1:] == (128, 16, 64)
+    assert perf.check_mma_sync_fraction(0.2) and perf.check_mma_sync_fraction(1 / 5)
+    assert not perf.check_mma_sync_fraction(0.25)
+    assert "five products" in capsys.readouterr().out
+    assert not perf.check_mma_sync_fraction(1 / 7)
+    assert "seven" in capsys.readouterr().out
+    assert not perf.check_mma_sync_fraction(None)
+
+
 def test_ridge_checker(capsys):
     run = _gpu_run()  # 700 TFLOP/s, 4000 GB/s
     assert perf.check_ridge(700e12 / 4000e9, run)
