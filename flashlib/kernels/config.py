@@ -84,14 +84,16 @@ _AMPERE_16BIT = {32: ((128, 64, 4, 3), (64, 64, 4, 2)),
                  64: ((128, 64, 4, 3), (64, 64, 4, 1)),
                  128: ((128, 64, 8, 2), (64, 64, 8, 2)),
                  256: ((64, 32, 8, 1), (32, 32, 8, 1))}
+# float32 at head dim 128 on 4 warps: with 8, a tile this short is held by two warps at once
+# and every score's exponential is computed twice or more (compile.exponentials_per_score)
 _AMPERE_FP32 = {64: ((64, 32, 4, 3), (32, 32, 4, 1)),
-                128: ((64, 32, 8, 2), (32, 32, 8, 2)),
+                128: ((64, 32, 4, 2), (32, 32, 4, 1)),
                 256: ((32, 16, 8, 1), (16, 16, 8, 1))}
 _HOPPER_16BIT = {64: ((128, 64, 4, 3), (64, 64, 8, 2)),
                  128: ((128, 64, 8, 2), (64, 64, 8, 2)),
                  256: ((64, 32, 8, 1), (32, 32, 8, 1))}
-_HOPPER_FP32 = {64: ((64, 32, 4, 3), (64, 64, 8, 2)),
-                128: ((64, 32, 8, 2), (32, 32, 8, 2)),
+_HOPPER_FP32 = {64: ((64, 32, 4, 3), (32, 64, 4, 2)),
+                128: ((64, 32, 4, 2), (32, 32, 4, 1)),
                 256: ((64, 16, 8, 1), (32, 32, 8, 1))}
 # Turing: Triton emits no tensor-core instructions there (its dot falls back to FMA), and a
 # block has 64 KiB of shared memory: small tiles, no pipelining.
