@@ -431,10 +431,10 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
 
 
 def _dq_from(buffer, q, transposed: bool):
-    """dq in q's dtype and layout from the float32 buffer the atomics added into."""
+    """dq, contiguous in q's dtype, from the float32 buffer the atomics added into."""
     bh, seq_pad, d = buffer.shape
     held = buffer.view(bh, d, seq_pad).transpose(1, 2) if transposed else buffer
-    return torch.empty_like(q).copy_(held[:, :q.shape[1]])
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device).copy_(held[:, :q.shape[1]])
 
 
 def autotuned_choices(head_dim: int, dtype: torch.dtype, causal: bool, backward: str = "tuned",
