@@ -480,7 +480,6 @@ def continue_after_device_lost(result: dict, deadline: float, *, run_fresh=None,
             ladder["skipped"] = ladder.get("skipped", []) + pending
             break
         fresh = part["ladder"]
-        done = {_point_key(r) for r in fresh.get("points", [])}
         ladder["points"] = ladder.get("points", []) + fresh.get("points", [])
         ladder["timeline"] = ladder.get("timeline", []) + fresh.get("timeline", [])
         # one choice per key and sequence bucket: each process tuned the buckets it measured
@@ -494,9 +493,8 @@ def continue_after_device_lost(result: dict, deadline: float, *, run_fresh=None,
             losses.append(fresh["device_lost"])
             pending = fresh["device_lost"]["pending"]
         # what the fresh process neither measured nor left pending: skipped by its budget, or
-        # cut off when it stopped
-        ladder["skipped"] = ladder.get("skipped", []) + [p for p in fresh.get("skipped", [])]
-        ladder["skipped"] += [p for p in part.get("unreached", []) if _point_key(p) not in done]
+        # never reached when it was stopped
+        ladder["skipped"] = ladder.get("skipped", []) + fresh.get("skipped", []) + part.get("unreached", [])
     if losses:
         ladder["devices_lost"] = [{k: v for k, v in loss.items() if k != "pending"} for loss in losses]
         ladder["device_lost"] = ladder["devices_lost"][0]

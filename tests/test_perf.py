@@ -275,6 +275,12 @@ def test_no_time_or_no_result_leaves_the_pending_points_skipped():
     perf_bench.continue_after_device_lost(result, deadline=1000.0, run_fresh=lambda *a: None, clock=lambda: 0.0,
                                           log=lambda *a: None)
     assert result["ladder"]["skipped"] == grid and result["ladder"]["devices_lost"][0]["method"] == "flashlib:bulk"
+    # a fresh process stopped on time: what it measured is kept, what it never reached is skipped
+    partial = {"ladder": {"points": [dict(grid[0], method="sdpa:cudnn", tflops=1.0)]}, "unreached": grid[1:]}
+    result = {"ladder": dict(points=[], skipped=[], device_lost=dict(lost))}
+    perf_bench.continue_after_device_lost(result, deadline=1000.0, run_fresh=lambda *a: partial, clock=lambda: 0.0,
+                                          log=lambda *a: None)
+    assert [r["n"] for r in result["ladder"]["points"]] == [16384] and result["ladder"]["skipped"] == grid[1:]
 
 
 def test_the_ladder_end_to_end_on_a_cpu_with_a_fault_and_a_fresh_run(monkeypatch):
