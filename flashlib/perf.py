@@ -232,6 +232,26 @@ def rates_at(run: dict, methods, *, head_dim: int = 128, n: int = 4096, dtype: s
     return {m: rates[m] for m in methods if m in rates}
 
 
+def speedups(run: dict, method: str, baseline: str, *, against: dict | None = None, **where) -> list[dict]:
+    """Where ``method`` and ``baseline`` were both timed (in ``run``, or ``baseline`` in the
+    run ``against``, an earlier one), per grid point matching ``where``: the baseline's
+    median time over the method's (above 1: the method is faster), with a ``range`` from the
+    20th/80th percentiles where both have them (a range that spans 1 says nothing)."""
+    def timed(points, name):
+        return {(p["d"], p["n"], p["dtype"], p["causal"], p["mode"]): p for p in points
+                if p["method"] == name and p.get("ms")}
+
+    ours = timed(ladder_points(run, **where), method)
+    theirs = timed(ladder_points(against if against is not None else run, **where), baseline)
+    out = []
+    for key in sorted(ours.keys() & theirs.keys()):
+        a, b = ours[key], theirs[key]
+        spread = all(k in p for p in (a, b) for k in ("ms_p20", "ms_p80"))
+        out.append(dict(zip(("d", "n", "dtype", "causal", "mode"), key), speedup=b["ms"] / a["ms"],
+                        range=[b["ms_p20"] / a["ms_p80"], b["ms_p80"] / a["ms_p20"]] if spread else None))
+    return out
+
+
 # ----- figures (flashlib.viz's colours and layout) ---------------------------------------
 
 _LINE_COLORS = [viz.CURRENT, viz.DONE, viz.L_COLOR, viz.M_COLOR, viz.PARTIAL_COLOR, viz.MASKED,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 import time
 
 import pytest
@@ -552,6 +553,40 @@ def test_backward_products_and_the_mma_sync_checker(capsys):
     assert not perf.check_mma_sync_fraction(1 / 7)
     assert "seven" in capsys.readouterr().out
     assert not perf.check_mma_sync_fraction(None)
+
+
+def test_speedups_by_hand():
+    point = dict(d=128, n=4096, dtype="bfloat16", causal=False, mode="fwd")
+    run = {"ladder": {"points": [dict(point, method="new", ms=2.0, ms_p20=1.8, ms_p80=2.2),
+                                 dict(point, method="old", ms=3.0, ms_p20=2.9, ms_p80=3.3),
+                                 dict(point, n=8192, method="new", ms=4.0),  # no baseline there
+                                 dict(point, n=1024, method="old", error="boom")]}}
+    (row,) = perf.speedups(run, "new", "old", d=128)
+    assert row["n"] == 4096 and row["speedup"] == pytest.approx(1.5)
+    assert row["range"] == pytest.approx([2.9 / 2.2, 3.3 / 1.8])
+    earlier = {"ladder": {"points": [dict(point, n=8192, method="new", ms=5.0)]}}
+    (row,) = perf.speedups(run, "new", "new", against=earlier)
+    assert row["n"] == 8192 and row["speedup"] == pytest.approx(1.25) and row["range"] is None
+    assert perf.speedups(run, "new", "missing") == []
+
+
+def test_run_report_reads_the_recorded_runs():
+    """tools/run_report.py on the second H200 run against the first: a step's speedup as
+    computed here from the file, and the earlier run named."""
+    import subprocess
+
+    root = Path(perf.__file__).resolve().parent.parent
+    run, earlier = (root / "data" / "bench" / f"gpu-nvidia-h200-{stamp}.json"
+                    for stamp in ("2026-11-30T0015Z", "2026-11-29T2353Z"))
+    newest = json.loads(run.read_text())
+    ms = {p["method"]: p["ms"] for p in perf.ladder_points(newest, d=128, n=4096, dtype="bfloat16", causal=False,
+                                                          mode="fwd_bwd") if p.get("ms")}
+    done = subprocess.run([sys.executable, str(root / "tools" / "run_report.py"), str(run), "--against", str(earlier)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"N=4096: {ms['flashlib'] / ms['flashlib:tuned']:.2f}" in done.stdout
+    assert perf.label(json.loads(earlier.read_text())) in done.stdout
+    assert "rung:lean over rung:tma: not measured in this run" in done.stdout
 
 
 def test_ridge_checker(capsys):
