@@ -4,7 +4,7 @@ The reference algorithms (plain PyTorch, any device, differentiable) import with
 Triton; ``flash_attention`` (the fused Triton kernels) is imported on first use.
 """
 from .dense import causal_mask, dense_attention
-from .softmax import (SoftmaxState, merge_states, naive_softmax, online_softmax,
+from .softmax import (SoftmaxState, merge_partials, merge_states, naive_softmax, online_softmax,
                       online_softmax_state, online_softmax_steps, safe_softmax, softmax_state)
 from .tiled import TiledTrace, TileStep, tiled_attention, tiled_forward, trace_tiled_attention
 from .backward import TiledAttentionFunction, tiled_backward
@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "causal_mask", "dense_attention",
-    "SoftmaxState", "merge_states", "naive_softmax", "online_softmax", "online_softmax_state",
+    "SoftmaxState", "merge_partials", "merge_states", "naive_softmax", "online_softmax", "online_softmax_state",
     "online_softmax_steps", "safe_softmax", "softmax_state",
     "TiledTrace", "TileStep", "tiled_attention", "tiled_forward", "trace_tiled_attention",
     "TiledAttentionFunction", "tiled_backward",

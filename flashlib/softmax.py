@@ -4,6 +4,10 @@ naive:  exp(x) / sum exp(x)                 overflows once x > ~88 in float32
 safe:   exp(x - max x) / sum exp(x - max x)  two passes over x (max, then sum)
 online: one pass keeping a running max m and denominator l, rescaling l whenever
         the max grows; two partial states merge exactly, in any grouping.
+
+The same merge combines two partial attention outputs, each normalised over its own keys
+and carried with its log-sum-exp lse = m + log l (:func:`merge_partials`): split-KV
+decoding and ring attention are built on it.
 """
 from __future__ import annotations
 
@@ -63,6 +67,25 @@ def merge_states(a: SoftmaxState, b: SoftmaxState) -> SoftmaxState:
     m = torch.maximum(a.m, b.m)
     shift = _finite(m)
     return SoftmaxState(m, a.l * torch.exp(a.m - shift) + b.l * torch.exp(b.m - shift))
+
+
+def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor):
+    """Attention over the union of two disjoint key sets, from each set's result.
+
+    out_a (..., seq_q, d) is softmax attention over key set A alone and lse_a (..., seq_q)
+    its log-sum-exp (-inf where a row sees none of A, with out_a = 0 there); likewise B.
+    With lse = log(e^lse_a + e^lse_b), each part's weight is its share of the denominator:
+
+        out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b
+
+    which is :func:`merge_states` with l = 1 per part, applied to the outputs. A row empty in
+    both parts keeps lse = -inf and out = 0. Returns (out, lse).
+    """
+    lse = torch.logaddexp(lse_a, lse_b)  # (..., seq_q); -inf only if both are
+    shift = _finite(lse)
+    w_a = torch.exp(lse_a - shift).unsqueeze(-1)  # exp(-inf) = 0 for an empty part
+    w_b = torch.exp(lse_b - shift).unsqueeze(-1)
+    return w_a * out_a + w_b * out_b, lse
 
 
 def online_softmax(x: torch.Tensor, dim: int = -1, *, block: int = 1) -> torch.Tensor:

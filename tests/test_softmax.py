@@ -49,3 +49,37 @@ def test_merge_is_exact_commutative_associative(sizes, seed):
 def test_online_block_must_be_positive():
     with pytest.raises(ValueError, match="'block'"):
         online_softmax(torch.ones(3), block=0)
+
+
+@given(split=st.integers(0, 12), causal=st.booleans(), seed=st.integers(0, 2**16))
+def test_merge_partials_of_two_key_sets_is_attention_over_both(split, causal, seed):
+    from flashlib import dense_attention, merge_partials
+
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(5, 4, generator=g, dtype=torch.float64) * 3
+    k, v = (torch.randn(12, 4, generator=g, dtype=torch.float64) * 3 for _ in range(2))
+
+    def part(keys):
+        # attention over the chosen keys only, written out in float64: rows that see none give (0, -inf)
+        visible = torch.zeros(5, 12, dtype=torch.bool)
+        visible[:, keys] = True
+        if causal:
+            visible &= torch.arange(12)[None, :] <= torch.arange(5)[:, None] + 7
+        s = ((q @ k.T) * 0.5).masked_fill(~visible, float("-inf"))
+        lse = torch.logsumexp(s, -1)
+        p = torch.exp(s - torch.where(lse == float("-inf"), 0.0, lse)[:, None])
+        return p @ v, lse
+
+    out, lse = merge_partials(*part(list(range(split))), *part(list(range(split, 12))))
+    full_out, full_lse = part(list(range(12)))
+    torch.testing.assert_close(out, full_out)
+    torch.testing.assert_close(lse, full_lse)
+    torch.testing.assert_close(out, dense_attention(q, k, v, causal=causal, scale=0.5))
+
+
+def test_merge_partials_of_two_empty_parts_stays_empty():
+    from flashlib import merge_partials
+
+    out, lse = merge_partials(torch.zeros(3, 2), torch.full((3,), float("-inf")),
+                              torch.zeros(3, 2), torch.full((3,), float("-inf")))
+    assert torch.equal(out, torch.zeros(3, 2)) and torch.isneginf(lse).all()
