@@ -484,14 +484,15 @@ def _child(fn, rank: int, world_size: int, port: int, args, limit: float, result
         timeout = datetime.timedelta(seconds=limit)
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
-        try:
-            value = fn(rank, world_size, *args)
-        finally:
-            dist.destroy_process_group()
         # Plain pickle: tensors travel by value, not as shared memory that dies with the child.
-        results.put((rank, True, pickle.dumps(value)))
+        payload = pickle.dumps(fn(rank, world_size, *args))
     except BaseException:
+        # Report before the connections close (at exit), so that this traceback, not a peer's
+        # "connection closed", is the first failure the parent reads.
         results.put((rank, False, traceback.format_exc()))
+        return
+    dist.destroy_process_group()
+    results.put((rank, True, payload))
 
 
 def _check_spawnable(fn) -> None:
@@ -554,8 +555,11 @@ def _collect(children, results, world_size: int, deadline: float, timeout: float
         if failures and first_failure is None:
             first_failure = time.monotonic()
     if failures:
-        rank = min(failures)
-        raise RingProcessError(f"rank {rank} of {world_size} failed; its traceback:\n{failures[rank]}")
+        rank = next(iter(failures))  # the first to fail; the others often failed because of it
+        later = sorted(set(failures) - {rank})
+        others = f" (then also rank(s) {later})" if later else ""
+        raise RingProcessError(f"rank {rank} of {world_size} failed{others}; its traceback:\n"
+                               f"{failures[rank]}")
     return [values[r] for r in range(world_size)]
 
 
@@ -563,7 +567,8 @@ def _note_dead(children, values, failures) -> None:
     """A child that exited without reporting (killed, crashed in C) counts as failed."""
     for rank, child in enumerate(children):
         if child.exitcode not in (None, 0) and rank not in values and rank not in failures:
-            failures[rank] = f"the process exited with code {child.exitcode} before returning a result\n"
+            failures[rank] = (f"the process exited with code {child.exitcode} before returning a result; "
+                             "what it printed went to this process's standard error\n")
 
 
 def _stop(children) -> None:

@@ -1,0 +1,343 @@
+"""Ring attention (flashlib.distributed) against float64 dense attention over the whole sequence.
+
+The ring tests spawn real gloo process groups on 127.0.0.1, one ring per world size (2, 3
+and 4); each ring runs every layout and mask, forward and backward, and records the order
+of its communication and computation, so the expensive start-up happens three times.
+Every spawned ring has a time limit: a hang fails the test, and a failing rank's
+traceback is part of the error.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flashlib import distributed as fd
+
+WORLD_SIZES = (2, 3, 4)
+LAYOUTS = ("contiguous", "zigzag")
+CHUNK = 3                  # tokens per zigzag chunk: the sequence is 2 * world_size * CHUNK long
+BATCH, HEADS, DIM = 2, 2, 8
+LIMIT = 120.0              # seconds for one spawned ring before it counts as hung
+
+
+# ----- independent references ----------------------------------------------------------
+
+def dense_reference(q, k, v, dout, causal):
+    """Float64 softmax(q kᵀ / sqrt(d)) v over the whole sequence, gradients by autograd."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, N, N)
+    if causal:
+        n = q.shape[-2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    out = torch.softmax(s, dim=-1) @ v
+    out.backward(dout)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def expected_positions(length, rank, world_size, layout):
+    """The layouts as the documentation defines them, written out chunk by chunk."""
+    if layout == "contiguous":
+        size = length // world_size
+        return list(range(rank * size, (rank + 1) * size))
+    size = length // (2 * world_size)
+    chunks = (rank, 2 * world_size - 1 - rank)
+    return [c * size + i for c in chunks for i in range(size)]
+
+
+def full_inputs(world_size):
+    """Seeded (batch, heads, seq, dim) float64 q, k, v and an upstream gradient."""
+    g = torch.Generator().manual_seed(1000 + world_size)
+    n = 2 * world_size * CHUNK
+    return [torch.randn(BATCH, HEADS, n, DIM, generator=g, dtype=torch.float64) for _ in range(4)]
+
+
+# ----- what every rank runs -----------------------------------------------------------
+
+class RecordingComm(fd.RingComm):
+    """The real communication object, logging when a batch has been posted and has arrived."""
+
+    def __init__(self, log, name):
+        super().__init__()
+        self.log, self.name = log, name
+
+    def commit(self):
+        super().commit()
+        self.log.append((self.name, "commit"))
+
+    def wait(self):
+        super().wait()
+        self.log.append((self.name, "wait"))
+
+
+def recording(block_fn, log):
+    """A block computation that logs itself (and its size) before running."""
+    def block(q, k, *rest, causal, scale):
+        log.append(("compute", q.shape[-2], k.shape[-2], causal))
+        return block_fn(q, k, *rest, causal=causal, scale=scale)
+    return block
+
+
+def _recorded_ring(q, k, v, dout, causal, layout):
+    forward_log, backward_log = [], []
+    comm = RecordingComm(forward_log, "kv")
+    out, lse = fd.ring_forward(q, k, v, causal=causal, layout=layout, comm=comm,
+                               block_forward=recording(fd.local_forward, forward_log))
+    fd.ring_backward(q, k, v, out, lse, dout, causal=causal, layout=layout,
+                     comm=RecordingComm(backward_log, "kv"), grad_comm=RecordingComm(backward_log, "grad"),
+                     block_backward=recording(fd.local_backward, backward_log))
+    return dict(forward_log=forward_log, backward_log=backward_log, sent_bytes=comm.sent_bytes)
+
+
+def ring_worker(rank, world_size, q, k, v, dout):
+    """Every layout and mask on this rank: ring_attention forward and backward, and a recording."""
+    results = {}
+    for layout in LAYOUTS:
+        for causal in (False, True):
+            parts = [fd.shard(t, rank, world_size, layout=layout).requires_grad_() for t in (q, k, v)]
+            local_dout = fd.shard(dout, rank, world_size, layout=layout)
+            out = fd.ring_attention(*parts, causal=causal, layout=layout)
+            out.backward(local_dout)
+            results[layout, causal] = dict(out=out.detach(), grads=[p.grad for p in parts],
+                                           **_recorded_ring(*(p.detach() for p in parts), local_dout,
+                                                            causal, layout))
+    return results
+
+
+@functools.cache
+def ring_run(world_size):
+    return fd.spawn(ring_worker, world_size, args=tuple(full_inputs(world_size)), timeout=LIMIT)
+
+
+def uneven_worker(rank, world_size):
+    q = torch.zeros(1, 1, 8 if rank == 0 else 6, 4)
+    return fd.ring_attention(q, q, q)
+
+
+def failing_worker(rank, world_size):
+    if rank == 1:
+        raise ZeroDivisionError("rank one divides by zero")
+    dist.barrier()  # rank 0 waits for rank 1 forever: the launcher must not
+
+
+def sleeping_worker(rank, world_size):
+    time.sleep(600)
+
+
+# ----- layouts ----------------------------------------------------------------------------
+
+@given(world_size=st.integers(1, 5), chunk=st.integers(1, 4), layout=st.sampled_from(LAYOUTS),
+       dim=st.sampled_from([-2, 0, 1, 2]), seed=st.integers(0, 2**16))
+def test_shard_unshard_round_trip(world_size, chunk, layout, dim, seed):
+    length = 2 * world_size * chunk
+    shape = [2, 3, 5]
+    shape[dim if dim >= 0 else 1] = length
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    shards = [fd.shard(x, r, world_size, layout=layout, dim=dim) for r in range(world_size)]
+    assert all(s.shape[dim] == length // world_size for s in shards)
+    assert torch.equal(fd.unshard(shards, layout=layout, dim=dim), x)
+
+
+@given(world_size=st.integers(1, 6), chunk=st.integers(1, 4), layout=st.sampled_from(LAYOUTS))
+def test_shards_hold_the_documented_positions(world_size, chunk, layout):
+    length = 2 * world_size * chunk
+    seq = torch.arange(length).reshape(1, 1, length, 1)
+    held = []
+    for r in range(world_size):
+        expected = expected_positions(length, r, world_size, layout)
+        assert fd.shard(seq, r, world_size, layout=layout).flatten().tolist() == expected
+        assert fd.positions(length, r, world_size, layout=layout).tolist() == expected
+        held += expected
+    assert sorted(held) == list(range(length))  # every token on exactly one rank
+
+
+def test_zigzag_example():
+    x = torch.arange(8).reshape(8, 1)
+    assert fd.shard(x, 0, 2, layout="zigzag").flatten().tolist() == [0, 1, 6, 7]
+    assert fd.shard(x, 1, 2, layout="zigzag").flatten().tolist() == [2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("layout, length, world_size, pieces", [
+    ("contiguous", 10, 4, "4"), ("zigzag", 12, 4, "8"), ("zigzag", 6, 2, "4")])
+def test_uneven_length_raises(layout, length, world_size, pieces):
+    with pytest.raises(ValueError, match=rf"length {length}.*{pieces} equal chunks.*{layout}"):
+        fd.shard(torch.zeros(1, 1, length, 2), 0, world_size, layout=layout)
+
+
+def test_shard_argument_errors():
+    x = torch.zeros(1, 1, 8, 2)
+    with pytest.raises(ValueError, match="'rank' must be < world_size = 2, got 2"):
+        fd.shard(x, 2, 2)
+    with pytest.raises(ValueError, match="'layout' must be one of"):
+        fd.shard(x, 0, 2, layout="striped")
+    with pytest.raises(ValueError, match="'dim'"):
+        fd.shard(x, 0, 2, dim=4)
+    with pytest.raises(ValueError, match="one shape"):
+        fd.unshard([x, x[..., :4, :]])
+    with pytest.raises(ValueError, match="even"):
+        fd.unshard([x[..., :3, :]] * 2, layout="zigzag")
+
+
+# ----- which blocks are computed ----------------------------------------------------------
+
+@given(world_size=st.integers(1, 6), chunk=st.integers(1, 3), layout=st.sampled_from(LAYOUTS),
+       causal=st.booleans())
+def test_blocks_cover_exactly_the_visible_pairs(world_size, chunk, layout, causal):
+    """Each step computes exactly the (query, key) pairs the global mask shows, no more."""
+    length = 2 * world_size * chunk
+    local = length // world_size
+    for rank in range(world_size):
+        rows = torch.tensor(expected_positions(length, rank, world_size, layout))
+        for origin in range(world_size):
+            cols = torch.tensor(expected_positions(length, origin, world_size, layout))
+            visible = rows[:, None] >= cols[None, :] if causal else torch.ones(local, local, dtype=torch.bool)
+            block = fd.ring_block(rank, origin, local, causal=causal, layout=layout)
+            covered = torch.zeros(local, local, dtype=torch.bool)
+            if block is not None:
+                part = covered[block.q, block.k]
+                covered[block.q, block.k] = torch.ones_like(part).tril() if block.causal else True
+            assert torch.equal(covered, visible), (rank, origin, block)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
+def test_idle_steps(world_size):
+    assert fd.idle_steps(world_size, layout="contiguous") == world_size * (world_size - 1) // 2
+    assert fd.idle_steps(world_size, layout="zigzag") == 0
+    assert fd.idle_steps(world_size, layout="contiguous", causal=False) == 0
+
+
+# ----- the ring over gloo: values ---------------------------------------------------------
+
+CASES = [(w, layout, causal) for w in WORLD_SIZES for layout in LAYOUTS for causal in (False, True)]
+
+
+@pytest.mark.parametrize("world_size, layout, causal", CASES)
+def test_ring_forward_matches_dense(world_size, layout, causal):
+    q, k, v, dout = full_inputs(world_size)
+    expected = dense_reference(q, k, v, dout, causal)[0]
+    ranks = ring_run(world_size)
+    out = fd.unshard([r[layout, causal]["out"] for r in ranks], layout=layout)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("world_size, layout, causal", CASES)
+def test_ring_backward_matches_dense(world_size, layout, causal):
+    q, k, v, dout = full_inputs(world_size)
+    expected = dense_reference(q, k, v, dout, causal)[1:]
+    ranks = ring_run(world_size)
+    for i, name in enumerate("qkv"):
+        grad = fd.unshard([r[layout, causal]["grads"][i] for r in ranks], layout=layout)
+        torch.testing.assert_close(grad, expected[i], rtol=0, atol=1e-12, msg=f"d{name}")
+
+
+# ----- the ring over gloo: what it computes and when it talks -------------------------------
+
+def _computed(log):
+    return [entry[1:] for entry in log if entry[0] == "compute"]
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_empty_causal_blocks_are_skipped(world_size, layout):
+    ranks = ring_run(world_size)
+    local = 2 * CHUNK
+    length = world_size * local
+    areas = []
+    for rank, result in enumerate(ranks):
+        rows = torch.tensor(expected_positions(length, rank, world_size, layout))
+        nonempty = sum(bool((rows[:, None] >= torch.tensor(
+            expected_positions(length, origin, world_size, layout))[None, :]).any())
+            for origin in range(world_size))
+        for log in ("forward_log", "backward_log"):
+            blocks = _computed(result[layout, True][log])
+            assert len(blocks) == nonempty
+            assert len(_computed(result[layout, False][log])) == world_size
+        areas.append(sum(q * k / (2 if causal else 1) for q, k, causal in blocks))
+    if layout == "contiguous":
+        assert [len(_computed(r[layout, True]["forward_log"])) for r in ranks] == list(range(1, world_size + 1))
+    else:  # every rank computes at every step, and all ranks the same area
+        assert nonempty == world_size and len(set(areas)) == 1
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("layout, causal", [("contiguous", False), ("contiguous", True), ("zigzag", True)])
+def test_transfers_are_posted_before_the_computation(world_size, layout, causal):
+    """Forward: at each step the next K, V are posted, then the block is computed, then waited for.
+    Backward: dK, dV leave after a step and are waited for only after the next step's block."""
+    for rank, result in enumerate(ranks := ring_run(world_size)):
+        forward, backward = [], []
+        for step in range(world_size):
+            last = step + 1 == world_size
+            computes = fd.ring_block(rank, (rank - step) % world_size, 2 * CHUNK, causal=causal,
+                                     layout=layout) is not None
+            forward += [("kv", "commit")] * (not last) + [("compute",)] * computes + [("kv", "wait")] * (not last)
+            backward += ([("kv", "commit")] * (not last) + [("compute",)] * computes
+                         + [("grad", "wait")] * (step > 0) + [("grad", "commit")] + [("kv", "wait")] * (not last))
+        backward.append(("grad", "wait"))
+        recorded = ranks[rank][layout, causal]
+        assert [e[:1] if e[0] == "compute" else e for e in recorded["forward_log"]] == forward
+        assert [e[:1] if e[0] == "compute" else e for e in recorded["backward_log"]] == backward
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_bytes_sent_per_step_match_the_model(world_size):
+    local = 2 * CHUNK
+    model = 2 * BATCH * HEADS * local * DIM * 8  # K and V, float64
+    for result in ring_run(world_size):
+        assert result["zigzag", True]["sent_bytes"] == [model] * (world_size - 1)
+
+
+# ----- errors -----------------------------------------------------------------------------
+
+def test_missing_process_group_is_a_clear_error():
+    assert not dist.is_initialized()
+    q = torch.zeros(1, 1, 4, 2)
+    with pytest.raises(ValueError, match="no default process group.*init_process_group"):
+        fd.ring_attention(q, q, q)
+
+
+def test_input_errors_come_before_any_communication():
+    q = torch.zeros(1, 1, 6, 2)
+    with pytest.raises(ValueError, match=r"'q' must be this rank's shard of shape \(batch, heads"):
+        fd.ring_attention(q[0], q[0], q[0])
+    with pytest.raises(ValueError, match="local_seq must be even; got 3"):
+        fd.ring_attention(q[..., :3, :], q[..., :3, :], q[..., :3, :], layout="zigzag")
+    with pytest.raises(ValueError, match="one shape and dtype"):
+        fd.ring_attention(q, q[..., :4, :], q)
+    with pytest.raises(ValueError, match="'layout' must be one of"):
+        fd.ring_attention(q, q, q, layout="ring")
+    with pytest.raises(TypeError, match="'causal' must be True or False"):
+        fd.ring_attention(q, q, q, causal=1)
+
+
+def test_shards_of_different_lengths_across_ranks():
+    with pytest.raises(fd.RingProcessError) as caught:
+        fd.spawn(uneven_worker, 2, timeout=LIMIT)
+    message = str(caught.value)
+    assert "different lengths: local_seq per rank [8, 6]" in message
+    assert "Traceback" in message and "uneven_worker" in message  # the child's own traceback
+
+
+def test_a_failing_rank_is_reported_without_waiting_for_the_others():
+    start = time.monotonic()
+    with pytest.raises(fd.RingProcessError, match="(?s)rank 1 of 2 failed.*ZeroDivisionError: rank one"):
+        fd.spawn(failing_worker, 2, timeout=LIMIT)
+    assert time.monotonic() - start < LIMIT / 2
+
+
+def test_a_hung_ring_times_out():
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[0, 1\] of 2 did not finish within 3 s"):
+        fd.spawn(sleeping_worker, 2, timeout=3)
+    assert time.monotonic() - start < 10
+
+
+def test_spawn_needs_an_importable_function():
+    with pytest.raises(TypeError, match="top level of an importable module"):
+        fd.spawn(lambda rank, world_size: rank, 2)
