@@ -341,3 +341,19 @@ def test_a_hung_ring_times_out():
 def test_spawn_needs_an_importable_function():
     with pytest.raises(TypeError, match="top level of an importable module"):
         fd.spawn(lambda rank, world_size: rank, 2)
+
+
+# ----- the CPU measurement ------------------------------------------------------------------
+
+def test_cpu_measurement_compares_world_sizes_with_one_process():
+    from flashlib.bench import ring as bench
+
+    points = bench.measure_ring(seq=24, heads=2, head_dim=8, world_sizes=(1, 2), repeats=1, timeout=LIMIT)
+    assert [(p.world_size, p.local_seq) for p in points] == [(1, 24), (2, 12)]
+    assert points[0].sent_per_step == []  # one process: nothing travels
+    assert points[1].sent_per_step == [points[1].model_per_step] == [2 * 1 * 2 * 12 * 8 * 4]
+    assert points[0].diff_out == points[0].diff_grad == 0.0
+    assert points[1].diff_out < 1e-5 and points[1].diff_grad < 1e-5
+    assert "local_seq" in bench.format_points(points)
+    with pytest.raises(ValueError, match="multiple of 24; got 20"):
+        bench.measure_ring(seq=20)
