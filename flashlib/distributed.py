@@ -584,19 +584,25 @@ def _stop(children) -> None:
 
 # ----- what the notebook replays ----------------------------------------------------------
 
-def trace_worker(rank: int, world_size: int, q, k, v, causal: bool, layouts=LAYOUTS) -> dict:
-    """Run on each rank by :func:`spawn`: shard the whole (batch, heads, seq, head_dim)
-    q, k, v, run the ring forward once per layout and return every :class:`RingStep`
-    (with copies of the running out and lse) and the bytes posted per step."""
+def trace_worker(rank: int, world_size: int, q, k, v, causal: bool, layouts=LAYOUTS,
+                 dout=None) -> dict:
+    """Run on each rank by :func:`spawn` for notebook 11: shard the whole (batch, heads, seq,
+    head_dim) q, k, v, run the ring forward once per layout and return, per layout, every
+    :class:`RingStep` (with copies of the running out and lse) and the bytes posted per
+    step; with ``dout`` also this rank's (dq, dk, dv) from :func:`ring_attention`."""
     traces = {}
     for layout in layouts:
-        steps = []
+        parts = [shard(t, rank, world_size, layout=layout) for t in (q, k, v)]
+        steps, comm = [], RingComm()
 
         def record(s: RingStep):
             steps.append(RingStep(s.step, s.rank, s.origin, s.block, s.out.clone(), s.lse.clone()))
 
-        comm = RingComm()
-        parts = [shard(t, rank, world_size, layout=layout) for t in (q, k, v)]
         ring_forward(*parts, causal=causal, layout=layout, comm=comm, on_step=record)
         traces[layout] = dict(steps=steps, sent_bytes=comm.sent_bytes)
+        if dout is not None:
+            leaves = [p.clone().requires_grad_() for p in parts]
+            out = ring_attention(*leaves, causal=causal, layout=layout)
+            out.backward(shard(dout, rank, world_size, layout=layout))
+            traces[layout]["grads"] = [leaf.grad for leaf in leaves]
     return traces

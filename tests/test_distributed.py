@@ -357,3 +357,58 @@ def test_cpu_measurement_compares_world_sizes_with_one_process():
     assert "local_seq" in bench.format_points(points)
     with pytest.raises(ValueError, match="multiple of 24; got 20"):
         bench.measure_ring(seq=20)
+
+
+# ----- notebook 11's support --------------------------------------------------------------
+
+def test_traced_demo_replays_the_ring():
+    from flashlib.course import ring as course
+
+    demos = course.run_ring_demo(2, chunk=2, timeout=LIMIT)
+    for layout, demo in demos.items():
+        torch.testing.assert_close(demo.out, demo.reference, rtol=0, atol=1e-12)
+        for grad, expected in zip(demo.grads, demo.reference_grads):
+            torch.testing.assert_close(grad, expected, rtol=0, atol=1e-12)
+        assert max(demo.distances[-1]) < course.ROUNDING
+        assert demo.origins == [[0, 1], [1, 0]]
+        final = course.pair_states(demo, 1)
+        visible = torch.ones(8, 8).tril().bool().numpy()
+        assert ((final == course.viz.DONE_STATE) | (final == course.viz.CURRENT_STATE)).sum() == visible.sum()
+        assert (final[~visible] == course.viz.MASKED_STATE).all()
+        assert demo.sent_bytes == [[2 * 1 * 1 * 4 * 4 * 8]] * 2
+    stepper = course.RingStepper(demos, step=1)
+    assert repr(stepper) == "RingStepper(world_size=2, layout='contiguous', step=1 of 0..1)"
+    stepper.layout_toggle.value = "zigzag"
+    assert stepper.image.value[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="'step' must be an int in 0..1, got 2"):
+        course.ring_step_figure(demos["zigzag"], 2)
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_zigzag_halves_the_causal_critical_path(world_size):
+    from flashlib.course import ring as course
+
+    assert course.critical_path(world_size, layout="contiguous") == world_size - 0.5
+    assert course.critical_path(world_size, layout="zigzag") == world_size / 2
+    assert course.step_work(world_size, layout="zigzag").sum() == course.step_work(
+        world_size, layout="contiguous").sum()  # the same work, spread evenly
+
+
+def _zigzag_right(rank, origin, local):
+    return (slice(0, local), slice(0, local // 2)) if origin < rank else (slice(local // 2, local), slice(0, local))
+
+
+def test_exercise_checkers():
+    from flashlib.course import ring as course
+
+    unanswered = course.check_idle_steps(None)
+    assert not unanswered and repr(unanswered).startswith("NOT YET: no answer yet") and "hint" not in repr(unanswered)
+    assert course.check_idle_steps(6)
+    assert "diagonal" in repr(course.check_idle_steps(10))
+    assert not course.check_idle_steps("6")
+    assert not course.check_zigzag_block(None) and "hint" not in repr(course.check_zigzag_block(None))
+    assert course.check_zigzag_block(_zigzag_right)
+    swapped = course.check_zigzag_block(lambda r, s, n: _zigzag_right(s, r, n))
+    assert not swapped and "swapped" in repr(swapped)
+    assert "half as big" in repr(course.check_zigzag_block(lambda r, s, n: (slice(0, n), slice(0, n))))
+    assert "raised ZeroDivisionError" in repr(course.check_zigzag_block(lambda r, s, n: 1 / 0))
