@@ -398,14 +398,23 @@ def _zigzag_right(rank, origin, local):
     return (slice(0, local), slice(0, local // 2)) if origin < rank else (slice(local // 2, local), slice(0, local))
 
 
+def test_hiding_length():
+    from flashlib.course import ring as course
+
+    # 2-byte elements, 1e15 FLOP/s, 1e12 B/s: L = 2 * 1e15 / 2e12 = 1000; half blocks need twice as long
+    assert course.hiding_length(1e15, 1e12, 2) == 1000
+    assert course.hiding_length(1e15, 1e12, 2, share=0.5) == 2000
+
+
 def test_exercise_checkers():
     from flashlib.course import ring as course
 
     unanswered = course.check_idle_steps(None)
     assert not unanswered and repr(unanswered).startswith("NOT YET: no answer yet") and "hint" not in repr(unanswered)
-    assert course.check_idle_steps(6)
-    assert "diagonal" in repr(course.check_idle_steps(10))
-    assert not course.check_idle_steps("6")
+    assert course.check_idle_steps(15)
+    assert "diagonal" in repr(course.check_idle_steps(21))
+    assert "off the diagonal" in repr(course.check_idle_steps(30))
+    assert not course.check_idle_steps("15")
     assert not course.check_zigzag_block(None) and "hint" not in repr(course.check_zigzag_block(None))
     assert course.check_zigzag_block(_zigzag_right)
     swapped = course.check_zigzag_block(lambda r, s, n: _zigzag_right(s, r, n))

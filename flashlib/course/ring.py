@@ -37,8 +37,9 @@ class RingDemo:
 
     ``origins[t][r]`` is the rank whose K, V shard rank r holds at step t, ``blocks[t][r]``
     what it computed (:func:`flashlib.distributed.ring_block`, None if idle) and
-    ``distances[t][r]`` the max |running output - final output| over its rows after it.
-    Tensors are (batch, heads, seq, head_dim), gathered into global order.
+    ``distances[t][r]`` the max |running output - final output| over its rows after it;
+    ``partials[t][r]`` is that running output, (batch, heads, local_seq, head_dim). The
+    other tensors are (batch, heads, seq, head_dim), gathered into sequence order.
     """
 
     layout: str
@@ -48,6 +49,7 @@ class RingDemo:
     origins: list
     blocks: list
     distances: list
+    partials: list
     out: torch.Tensor        # the ring's output, gathered
     reference: torch.Tensor  # dense float64 attention over the whole sequence
     grads: list              # the ring's dq, dk, dv, gathered
@@ -78,7 +80,8 @@ def _demo(layout, traces, q, k, v, dout, causal) -> RingDemo:
         layout, world_size, causal, positions,
         [[steps[r][t].origin for r in range(world_size)] for t in range(world_size)],
         [[steps[r][t].block for r in range(world_size)] for t in range(world_size)],
-        distances, gather([s[-1].out for s in steps]), reference,
+        distances, [[steps[r][t].out for r in range(world_size)] for t in range(world_size)],
+        gather([s[-1].out for s in steps]), reference,
         [gather([t[layout]["grads"][i] for t in traces]) for i in range(3)], reference_grads,
         [t[layout]["sent_bytes"] for t in traces])
 
@@ -119,6 +122,18 @@ def step_work(world_size: int, *, layout: str, causal: bool = True) -> np.ndarra
 def critical_path(world_size: int, *, layout: str, causal: bool = True) -> float:
     """Blocks of time the ring takes: each step lasts as long as its busiest rank."""
     return float(step_work(world_size, layout=layout, causal=causal).max(axis=0).sum())
+
+
+def hiding_length(flops_per_s: float, bytes_per_s: float, element_size: int, *,
+                  share: float = 1.0) -> float:
+    """Shortest local_seq L at which a step's computation outlasts its transfer.
+
+    A step computes share · 4 · L² · heads · head_dim FLOPs (two L x L x head_dim products
+    per head; share = 1/2 for zigzag's causal half blocks) and sends 2 · L · heads ·
+    head_dim · element_size bytes (K and V). heads and head_dim cancel:
+    L = element_size · flops_per_s / (2 · share · bytes_per_s).
+    """
+    return element_size * flops_per_s / (2 * share * bytes_per_s)
 
 
 # ----- figures ------------------------------------------------------------------------
@@ -295,17 +310,17 @@ def _visible_any(rank, origin, world_size, layout) -> bool:
 
 
 def check_idle_steps(answer) -> Verdict:
-    """Exercise 1: idle (rank, step) pairs of causal ring attention, 4 ranks, contiguous."""
-    w = 4
+    """Exercise 1: idle (rank, step) pairs of causal ring attention, 6 ranks, contiguous."""
+    w = 6
     expected = sum(not _visible_any(r, (r - t) % w, w, "contiguous") for r in range(w) for t in range(w))
-    hint = ("at step t rank r holds the shard of rank (r - t) mod 4; it is idle when every one of "
+    hint = ("at step t rank r holds the shard of rank (r - t) mod 6; it is idle when every one of "
             "those keys comes after every one of its queries")
     if answer is None or answer is Ellipsis:
         return Verdict(False, "no answer yet; expected a whole number of (rank, step) pairs.")
     if isinstance(answer, bool) or not isinstance(answer, numbers.Integral):
         return Verdict(False, f"expected a whole number, got {type(answer).__name__} {answer!r}.", hint)
     if answer == expected:
-        return Verdict(True, f"{answer} idle pairs: rank r works r + 1 of the 4 steps.")
+        return Verdict(True, f"{answer} idle pairs: rank r works r + 1 of the 6 steps.")
     mistakes = {w * (w + 1) // 2: "that counts the diagonal blocks as idle too; at step 0 each rank "
                                   "holds its own shard and sees half of it",
                 w * (w - 1): "that counts every block off the diagonal; keys from an earlier rank "
