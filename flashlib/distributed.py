@@ -275,6 +275,8 @@ def local_forward(q, k, v, *, causal: bool, scale: float):
     """(out, lse) of one block: ``flash_attention``'s forward on a GPU, tiled otherwise."""
     if q.is_cuda:
         from .op import flash_attention_forward  # needs Triton: imported only on a GPU
+        # A zigzag block is half a shard: a strided view, made dense for the kernel.
+        q, k, v = (t.contiguous() for t in (q, k, v))
         return flash_attention_forward(q, k, v, causal=causal, scale=scale)
     return tiled_forward(q, k, v, block_q=CPU_BLOCK, block_k=CPU_BLOCK, causal=causal, scale=scale)
 
@@ -283,6 +285,7 @@ def local_backward(q, k, v, out, lse, dout, *, causal: bool, scale: float):
     """(dq, dk, dv) of one block given the *final* out and lse of its query rows."""
     if q.is_cuda:
         from .op import flash_attention_backward
+        q, k, v, out, lse, dout = (t.contiguous() for t in (q, k, v, out, lse, dout))
         return flash_attention_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
     return tiled_backward(q, k, v, out, lse, dout, block_q=CPU_BLOCK, block_k=CPU_BLOCK,
                           causal=causal, scale=scale)
@@ -444,7 +447,8 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             the mask hides entirely are skipped (see :func:`ring_block`).
         scale: defaults to 1/sqrt(head_dim).
         group: a process group (gloo on CPUs, nccl on GPUs); default: the world group,
-            which ``torch.distributed.init_process_group`` must have initialised.
+            which ``torch.distributed.init_process_group`` must have initialised. With
+            nccl, call ``torch.cuda.set_device`` on each rank first (one GPU per rank).
         layout: "contiguous" or "zigzag", how the sequence was sharded.
 
     Returns this rank's shard (batch, heads, local_seq, head_dim) of

@@ -107,7 +107,19 @@ def ring_worker(rank, world_size, q, k, v, dout):
             results[layout, causal] = dict(out=out.detach(), grads=[p.grad for p in parts],
                                            **_recorded_ring(*(p.detach() for p in parts), local_dout,
                                                             causal, layout))
+    results["subgroup"] = _subgroup_ring(rank, world_size, q, k, v)
     return results
+
+
+def _subgroup_ring(rank, world_size, q, k, v):
+    """Ranks 1..W-1 form a group of their own: group ranks differ from global ranks."""
+    members = list(range(1, world_size))
+    group = dist.new_group(members)  # every rank must take part in creating it
+    if rank not in members:
+        return None
+    me, n = members.index(rank), 2 * len(members) * CHUNK
+    parts = [fd.shard(t[..., :n, :], me, len(members), layout="zigzag") for t in (q, k, v)]
+    return fd.ring_attention(*parts, causal=True, layout="zigzag", group=group)
 
 
 @functools.cache
@@ -234,6 +246,18 @@ def test_ring_backward_matches_dense(world_size, layout, causal):
     for i, name in enumerate("qkv"):
         grad = fd.unshard([r[layout, causal]["grads"][i] for r in ranks], layout=layout)
         torch.testing.assert_close(grad, expected[i], rtol=0, atol=1e-12, msg=f"d{name}")
+
+
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_ring_on_a_subgroup(world_size):
+    q, k, v, dout = full_inputs(world_size)
+    n = 2 * (world_size - 1) * CHUNK  # a sequence the W-1 members can split
+    q, k, v, dout = (t[..., :n, :] for t in (q, k, v, dout))
+    expected = dense_reference(q, k, v, dout, True)[0]
+    ranks = ring_run(world_size)
+    assert ranks[0]["subgroup"] is None
+    out = fd.unshard([r["subgroup"] for r in ranks[1:]], layout="zigzag")
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
 
 
 # ----- the ring over gloo: what it computes and when it talks -------------------------------
