@@ -274,21 +274,34 @@ def _check_same_everywhere(q, causal: bool, layout: str, group) -> None:
 def local_forward(q, k, v, *, causal: bool, scale: float):
     """(out, lse) of one block: ``flash_attention``'s forward on a GPU, tiled otherwise."""
     if q.is_cuda:
-        from .op import flash_attention_forward  # needs Triton: imported only on a GPU
-        # A zigzag block is half a shard: a strided view, made dense for the kernel.
-        q, k, v = (t.contiguous() for t in (q, k, v))
-        return flash_attention_forward(q, k, v, causal=causal, scale=scale)
+        return kernel_forward(q, k, v, causal=causal, scale=scale)
     return tiled_forward(q, k, v, block_q=CPU_BLOCK, block_k=CPU_BLOCK, causal=causal, scale=scale)
 
 
 def local_backward(q, k, v, out, lse, dout, *, causal: bool, scale: float):
     """(dq, dk, dv) of one block given the *final* out and lse of its query rows."""
     if q.is_cuda:
-        from .op import flash_attention_backward
-        q, k, v, out, lse, dout = (t.contiguous() for t in (q, k, v, out, lse, dout))
-        return flash_attention_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
+        return kernel_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
     return tiled_backward(q, k, v, out, lse, dout, block_q=CPU_BLOCK, block_k=CPU_BLOCK,
                           causal=causal, scale=scale)
+
+
+def kernel_forward(q, k, v, *, causal: bool, scale: float):
+    """One block through ``flash_attention``'s forward kernel: (out, lse). The GPU path;
+    on a CPU it runs in Triton's interpreter (slow: for tests)."""
+    from .op import flash_attention_forward  # needs Triton: imported only when used
+
+    # A zigzag block is half a shard: a strided view, made dense for the kernel.
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    return flash_attention_forward(q, k, v, causal=causal, scale=scale)
+
+
+def kernel_backward(q, k, v, out, lse, dout, *, causal: bool, scale: float):
+    """One block through ``flash_attention``'s backward kernels: (dq, dk, dv)."""
+    from .op import flash_attention_backward
+
+    q, k, v, out, lse, dout = (t.contiguous() for t in (q, k, v, out, lse, dout))
+    return flash_attention_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
 
 
 def _work_dtype(dtype):

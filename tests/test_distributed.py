@@ -108,7 +108,18 @@ def ring_worker(rank, world_size, q, k, v, dout):
                                            **_recorded_ring(*(p.detach() for p in parts), local_dout,
                                                             causal, layout))
     results["subgroup"] = _subgroup_ring(rank, world_size, q, k, v)
+    if world_size == 2:
+        results["kernel"] = _kernel_ring(rank, world_size, q, k, v, dout)
     return results
+
+
+def _kernel_ring(rank, world_size, q, k, v, dout):
+    """The GPU path's block functions (flash_attention's kernels), here in Triton's interpreter."""
+    parts = [fd.shard(t.float(), rank, world_size, layout="zigzag") for t in (q, k, v, dout)]
+    config = dict(causal=True, layout="zigzag")
+    out, lse = fd.ring_forward(*parts[:3], **config, block_forward=fd.kernel_forward)
+    grads = fd.ring_backward(*parts[:3], out, lse, parts[3], **config, block_backward=fd.kernel_backward)
+    return out, grads
 
 
 def _subgroup_ring(rank, world_size, q, k, v):
@@ -246,6 +257,17 @@ def test_ring_backward_matches_dense(world_size, layout, causal):
     for i, name in enumerate("qkv"):
         grad = fd.unshard([r[layout, causal]["grads"][i] for r in ranks], layout=layout)
         torch.testing.assert_close(grad, expected[i], rtol=0, atol=1e-12, msg=f"d{name}")
+
+
+def test_ring_with_the_kernel_blocks():
+    """What a GPU runs per block (flash_attention's forward and backward), in float32."""
+    q, k, v, dout = full_inputs(2)
+    expected = dense_reference(q, k, v, dout, True)
+    outs, grads = zip(*[r["kernel"] for r in ring_run(2)])
+    torch.testing.assert_close(fd.unshard(list(outs), layout="zigzag").double(), expected[0], rtol=0, atol=1e-5)
+    for i in range(3):
+        grad = fd.unshard([g[i] for g in grads], layout="zigzag").double()
+        torch.testing.assert_close(grad, expected[1 + i], rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("world_size", [3, 4])

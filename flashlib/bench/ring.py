@@ -118,9 +118,10 @@ def format_points(points) -> str:
              f"{'model':>10} {'forward':>9} {'backward':>9}"]
     for p in points:
         sent = f"{p.sent_per_step[0]:,}" if p.sent_per_step else "-"
+        model = f"{p.model_per_step:,}" if p.world_size > 1 else "-"  # one rank sends nothing
         same = all(s == p.model_per_step for s in p.sent_per_step)
         lines.append(f"{p.world_size:>5} {p.local_seq:>9} {p.diff_out:>9.2e} {p.diff_grad:>9.2e} "
-                     f"{sent:>10} {p.model_per_step:>10,} {p.forward_s:>8.3f}s {p.backward_s:>8.3f}s"
+                     f"{sent:>10} {model:>10} {p.forward_s:>8.3f}s {p.backward_s:>8.3f}s"
                      + ("" if same else "  (sent differs from the model)"))
     return "\n".join(lines)
 
