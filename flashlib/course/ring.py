@@ -110,6 +110,8 @@ def step_work(world_size: int, *, layout: str, causal: bool = True) -> np.ndarra
     """(ranks, steps) array: the share of a full local block each rank computes per step,
     for long shards (a causal diagonal block counts one half)."""
     work = np.zeros((world_size, world_size))
+    # Shards of 2 tokens are enough to read each block's shape (full, half or diagonal);
+    # a block covering rows x cols of the 2 x 2 block does rows * cols / 4 of the work.
     for r in range(world_size):
         for t in range(world_size):
             block = ring.ring_block(r, (r - t) % world_size, 2, causal=causal, layout=layout)
