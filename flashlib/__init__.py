@@ -1,13 +1,21 @@
 """flashlib: FlashAttention, tile by tile.
 
-The reference algorithms (plain PyTorch, any device, differentiable) import without
-Triton; ``flash_attention`` (the fused Triton kernels) is imported on first use.
+The reference algorithms of notebooks 01-04 (plain PyTorch, any device, differentiable)
+import without Triton; ``flash_attention``, the public fused op (:mod:`flashlib.op`), is
+imported on first use. The rooms of the package:
+
+    flashlib.dense, softmax, tiled, backward, iomodel, roofline   the reference algorithms
+    flashlib.course      figures, widgets and exercise checkers of the notebooks
+    flashlib.kernels     the Triton kernels notebooks 05-07 teach
+    flashlib.ladder      the faster rungs of notebook 08, forward and backward
+    flashlib.bench       the CPU and GPU benchmarks, the GPU check, recorded runs
 """
+from . import kernels as _kernels  # noqa: F401  cheap: chooses Triton's interpreter on CPU builds of torch
 from .dense import causal_mask, dense_attention
 from .softmax import (SoftmaxState, merge_partials, merge_states, naive_softmax, online_softmax,
                       online_softmax_state, online_softmax_steps, safe_softmax, softmax_state)
-from .tiled import TiledTrace, TileStep, tiled_attention, tiled_forward, trace_tiled_attention
-from .backward import TiledAttentionFunction, tiled_backward
+from .tiled import TiledTrace, TileStep, tiled_forward, trace_tiled_attention
+from .backward import TiledAttentionFunction, tiled_attention, tiled_backward
 
 __version__ = "0.1.0"
 
@@ -24,6 +32,10 @@ __all__ = [
 def __getattr__(name):
     # The fused op needs Triton (Linux only); import it only when asked for.
     if name == "flash_attention":
-        from .kernels import flash_attention
+        from .kernels._mode import require_triton
+
+        require_triton()  # says how to get Triton where it is missing
+        from .op import flash_attention
+
         return flash_attention
     raise AttributeError(f"module 'flashlib' has no attribute {name!r}")

@@ -21,18 +21,18 @@ def main(argv=None) -> int:
         from .demo import run
         return 0 if run() else 1
     if args.command == "bench" and args.target == "cpu":
-        from .bench import CPU_SIZES, format_ratios, run_cpu_bench
+        from .bench.cpu import CPU_SIZES, format_ratios, run_cpu_bench
         print("dense vs tiled attention on this CPU (B = H = 1, d = 64, float32), one process per point")
         path = run_cpu_bench(sizes=args.sizes or CPU_SIZES, out_dir=args.out_dir, log=print)
         print(format_ratios(json.loads(path.read_text())["ratios"]))
         print(f"wrote {path}")
         return 0
     if args.command == "bench" and args.target == "widgets":
-        from .widgets import benchmark_redraw
+        from .course.widgets import benchmark_redraw
         benchmark_redraw()
         return 0
     if args.command == "gpu-check":
-        from .gpu_check import main as gpu_main
+        from .bench.check import main as gpu_main
         return gpu_main(rest)
     parser.error(f"unknown command {args.command!r}")
     return 2

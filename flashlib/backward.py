@@ -57,7 +57,7 @@ def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fa
                 continue
             q_blk, do_blk = q[..., q0:q1, :], dout[..., q0:q1, :]
             s = _score_tile(q_blk, k_tile, scale, _tile_visible(q0, q1, k0, k1, seq_q, seq_k, causal))
-            p = torch.exp(s - lse[..., q0:q1, None])  # (B, H, BLOCK_M, BLOCK_N), recomputed
+            p = torch.exp(s - lse[..., q0:q1, None])  # (B, H, BLOCK_Q, BLOCK_K), recomputed
             dv_j += p.transpose(-2, -1) @ do_blk
             dp = do_blk @ v_tile.transpose(-2, -1)
             ds = p * (dp - delta[..., q0:q1, None])
@@ -83,3 +83,27 @@ class TiledAttentionFunction(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = tiled_backward(q, k, v, out, lse, dout, dlse=dlse, **ctx.config)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+
+
+def tiled_attention(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bool = False,
+                    scale: float | None = None, loop: str = "query", return_lse: bool = False):
+    """Exact attention computed tile by tile with online softmax; differentiable.
+
+    Args:
+        q: (batch, heads, seq_q, head_dim); any leading dims, at least (seq_q, head_dim).
+        k, v: (batch, heads, seq_k, head_dim); seq_k may differ from seq_q.
+        block_q: query rows per block (BLOCK_Q); need not divide seq_q.
+        block_k: key/value rows per tile (BLOCK_K); need not divide seq_k.
+        causal: query i sees key j when j <= i + seq_k - seq_q (bottom-right diagonal,
+            see :func:`flashlib.causal_mask`); a row that sees no key outputs zeros and gets
+            zero gradients. Tiles entirely above the diagonal are skipped, not computed.
+        scale: defaults to 1/sqrt(head_dim).
+        loop: "query" (FlashAttention-2 order) or "key" (the paper's Algorithm 1).
+        return_lse: also return the log-sum-exp (..., seq_q), float32 (float64 for float64
+            inputs); -inf for rows that see no key.
+
+    The backward pass recomputes probabilities tile by tile from
+    the saved lse and never stores the (seq_q, seq_k) matrix.
+    """
+    out, lse = TiledAttentionFunction.apply(q, k, v, block_q, block_k, causal, scale, loop)
+    return (out, lse) if return_lse else out

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from .dense import dense_attention
-from .tiled import tiled_attention, trace_tiled_attention
+from .backward import tiled_attention
+from .tiled import trace_tiled_attention
 
 TILE_SIZES = ((1, 1), (2, 2), (4, 4), (5, 5), (6, 6))  # 4 and 5 leave uneven last tiles
 

@@ -74,12 +74,12 @@ def flash_attention_io(n: int, d: int, sram_bytes: int, element_size: int = 2) -
     return IOCount(reads, writes, element_size)
 
 
-def flash2_attention_io(n: int, d: int, block_m: int, element_size: int = 2) -> IOCount:
+def flash2_attention_io(n: int, d: int, block_q: int, element_size: int = 2) -> IOCount:
     """Query-block-outer order: Q and O touch HBM once, K and V once per query block."""
     _check(n, d, element_size)
-    if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m < 1:
-        raise ValueError(f"iomodel: argument 'block_m' must be an int >= 1, got {block_m!r}")
-    t_r = math.ceil(n / block_m)
+    if isinstance(block_q, bool) or not isinstance(block_q, int) or block_q < 1:
+        raise ValueError(f"iomodel: argument 'block_q' must be an int >= 1, got {block_q!r}")
+    t_r = math.ceil(n / block_q)
     reads = n * d + t_r * 2 * n * d      # Q once; K, V per query block
     writes = n * d + n                   # O and lse once
     return IOCount(reads, writes, element_size)

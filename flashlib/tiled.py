@@ -2,13 +2,16 @@
 
 Each query block keeps three running quantities while key/value tiles stream past:
 
-    m_i  running row max of the scores seen so far          (..., BLOCK_M)
-    l_i  running denominator, sum exp(s - m_i)               (..., BLOCK_M)
-    acc  unnormalised output, sum exp(s - m_i) v             (..., BLOCK_M, D)
+    m_i  running row max of the scores seen so far          (..., BLOCK_Q)
+    l_i  running denominator, sum exp(s - m_i)               (..., BLOCK_Q)
+    acc  unnormalised output, sum exp(s - m_i) v             (..., BLOCK_Q, D)
 
 When a tile raises the max, the old l_i and acc are rescaled by alpha = exp(m_old - m_new).
-Only one (BLOCK_M, BLOCK_N) score tile exists at a time; earlier score tiles are discarded,
+Only one (BLOCK_Q, BLOCK_K) score tile exists at a time; earlier score tiles are discarded,
 and only their running statistics and weighted output contribution remain.
+
+The differentiable ``tiled_attention`` lives in ``flashlib/backward.py``, with the backward
+pass it needs (notebook 04); this module is the forward alone.
 
 Two loop orders compute the same result:
   loop="query": outer loop over query blocks (FlashAttention-2); acc is normalised once.
@@ -43,13 +46,20 @@ def _tile_visible(q0, q1, k0, k1, seq_q, seq_k, causal):
     return causal_mask(seq_q, seq_k, device=None)[q0:q1, k0:k1]
 
 
+def _key_range_end(q0, q1, seq_q, seq_k, causal) -> int:
+    """One past the last key that query rows q0:q1 can see: tiles from there on are skipped."""
+    if not causal:
+        return seq_k
+    return min(max(q1 + (seq_k - seq_q), 0), seq_k)  # the last row, q1 - 1, sees keys <= q1 - 1 + offset
+
+
 def _tile_skipped(q0, q1, k0, seq_q, seq_k, causal) -> bool:
     """True when no query in rows q0:q1 sees any key from k0 on: the tile is never computed."""
-    return causal and k0 > (q1 - 1) + (seq_k - seq_q)
+    return k0 >= _key_range_end(q0, q1, seq_q, seq_k, causal)
 
 
 def _score_tile(q_blk, k_tile, scale, visible):
-    s = (q_blk @ k_tile.transpose(-2, -1)) * scale  # (B, H, BLOCK_M, BLOCK_N)
+    s = (q_blk @ k_tile.transpose(-2, -1)) * scale  # (B, H, BLOCK_Q, BLOCK_K)
     if visible is not None:
         s = s.masked_fill(~visible.to(s.device), NEG_INF)
     return s
@@ -57,26 +67,27 @@ def _score_tile(q_blk, k_tile, scale, visible):
 
 def _online_update(m_i, l_i, acc, s, v_tile):
     """Fold one score tile into the running (m_i, l_i, acc) of its query block."""
-    m_new = torch.maximum(m_i, s.amax(dim=-1))  # (B, H, BLOCK_M)
+    m_new = torch.maximum(m_i, s.amax(dim=-1))  # (B, H, BLOCK_Q)
     shift = _finite(m_new)
     alpha = torch.exp(m_i - shift)  # rescales what was accumulated under the old max
-    p = torch.exp(s - shift.unsqueeze(-1))  # (B, H, BLOCK_M, BLOCK_N), unnormalised
+    p = torch.exp(s - shift.unsqueeze(-1))  # (B, H, BLOCK_Q, BLOCK_K), unnormalised
     l_i = alpha * l_i + p.sum(dim=-1)
-    acc = alpha.unsqueeze(-1) * acc + p @ v_tile  # (B, H, BLOCK_M, D)
+    acc = alpha.unsqueeze(-1) * acc + p @ v_tile  # (B, H, BLOCK_Q, D)
     return m_new, l_i, acc
 
 
 def _normalise(acc, l_i):
-    """acc / l_i, with 0 for rows that saw no visible key (l_i == 0); NaN stays NaN."""
-    empty = (l_i == 0).unsqueeze(-1)
-    return torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l_i.unsqueeze(-1)))
+    """acc / l_i; a row that saw no visible key has l_i == 0 and acc == 0, and gets 0."""
+    empty = l_i == 0  # NaN is not 0: a NaN row stays NaN
+    return acc / torch.where(empty, 1.0, l_i).unsqueeze(-1)
 
 
 def _finish(m_i, l_i, acc):
-    """Normalise once at the end; rows that saw no key give out = 0 and lse = -inf."""
+    """Normalise once at the end; a row that saw no key (l_i == 0) gives out = 0 and lse = -inf."""
     empty = l_i == 0
-    lse = torch.where(empty, NEG_INF, m_i + torch.log(torch.where(empty, 1.0, l_i)))
-    return _normalise(acc, l_i), lse
+    l_safe = torch.where(empty, 1.0, l_i)
+    lse = torch.where(empty, NEG_INF, m_i + torch.log(l_safe))
+    return acc / l_safe.unsqueeze(-1), lse
 
 
 def _compute_dtype(dtype):
@@ -95,12 +106,12 @@ def _query_major(q, k, v, block_q, block_k, causal, scale, on_step=None):
         m_i = torch.full((*lead, q1 - q0), NEG_INF, dtype=q.dtype, device=q.device)
         l_i = torch.zeros_like(m_i)
         acc = torch.zeros_like(q_blk)
-        for k0 in range(0, seq_k, block_k):
+        k_end = _key_range_end(q0, q1, seq_q, seq_k, causal)
+        for k0 in range(0, k_end, block_k):
             k1 = min(k0 + block_k, seq_k)
-            if _tile_skipped(q0, q1, k0, seq_q, seq_k, causal):
-                break  # every later tile is further right, so masked too
-            s = _score_tile(q_blk, k[..., k0:k1, :], scale, _tile_visible(q0, q1, k0, k1, seq_q, seq_k, causal))
-            m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v[..., k0:k1, :])
+            k_tile, v_tile = k[..., k0:k1, :], v[..., k0:k1, :]
+            s = _score_tile(q_blk, k_tile, scale, _tile_visible(q0, q1, k0, k1, seq_q, seq_k, causal))
+            m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile)
             if on_step is not None:
                 on_step((q0, q1), (k0, k1), s, m_i, l_i, acc)
         out[..., q0:q1, :], lse[..., q0:q1] = _finish(m_i, l_i, acc)
@@ -148,33 +159,6 @@ def tiled_forward(q, k, v, *, block_q=64, block_k=64, causal=False, scale=None, 
     run = _query_major if loop == "query" else _key_major
     out, lse = run(q.to(work), k.to(work), v.to(work), block_q, block_k, causal, scale, on_step)
     return out.to(q.dtype), lse.float() if work != torch.float64 else lse
-
-
-def tiled_attention(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bool = False,
-                    scale: float | None = None, loop: str = "query", return_lse: bool = False):
-    """Exact attention computed tile by tile with online softmax; differentiable.
-
-    Args:
-        q: (batch, heads, seq_q, head_dim); any leading dims, at least (seq_q, head_dim).
-        k, v: (batch, heads, seq_k, head_dim); seq_k may differ from seq_q.
-        block_q: query rows per block (BLOCK_M); need not divide seq_q.
-        block_k: key/value rows per tile (BLOCK_N); need not divide seq_k.
-        causal: query i sees key j when j <= i + seq_k - seq_q (bottom-right diagonal,
-            see :func:`flashlib.causal_mask`); a row that sees no key outputs zeros and gets
-            zero gradients. Tiles entirely above the diagonal are skipped, not computed.
-        scale: defaults to 1/sqrt(head_dim).
-        loop: "query" (FlashAttention-2 order) or "key" (the paper's Algorithm 1).
-        return_lse: also return the log-sum-exp (..., seq_q), float32 (float64 for float64
-            inputs); -inf for rows that see no key.
-
-    The backward pass (:mod:`flashlib.backward`) recomputes probabilities tile by tile from
-    the saved lse and never stores the (seq_q, seq_k) matrix.
-    """
-    # The autograd Function lives with the backward pass it defines (notebook 04).
-    from .backward import TiledAttentionFunction
-
-    out, lse = TiledAttentionFunction.apply(q, k, v, block_q, block_k, causal, scale, loop)
-    return (out, lse) if return_lse else out
 
 
 @dataclass

@@ -35,10 +35,13 @@ class StandInDriver:
 
 driver.set_active(StandInDriver())
 
-from flashlib import perf_bench  # noqa: E402
-from flashlib.kernels import ahead, backward_fast, forward_fast, op  # noqa: E402
+from flashlib.bench import gpu as perf_bench  # noqa: E402
+from flashlib.bench import ahead
+from flashlib.kernels import function as op
+from flashlib.ladder import backward as backward_fast
+from flashlib.ladder import forward as forward_fast  # noqa: E402
 from flashlib.kernels.config import default_config  # noqa: E402
-from flashlib.kernels.op import _flat  # noqa: E402
+from flashlib.kernels.function import flat as _flat  # noqa: E402
 
 
 def _checks(q, config):
@@ -93,7 +96,7 @@ def direct(forward, backward, d, dtype):
     with bind_only(calls):
         run_all()
     return dict(notes=[n.name for n in notes],
-                configs=[[n.kwargs.get(x) for x in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")]
+                configs=[[n.kwargs.get(x) for x in ("BLOCK_Q", "BLOCK_K", "num_warps", "num_stages")]
                          + ([n.kwargs["DQ_T"]] if "DQ_T" in n.kwargs else []) for n in notes],
                 tuners_kept=kept, first=first, again=again, sizes=sizes, after_real=cache_sizes(kernels),
                 real_calls=len(calls))

@@ -1,4 +1,4 @@
-"""Compiling ahead (flashlib.kernels.ahead, perf_bench.precompile), checked without a GPU.
+"""Compiling ahead (flashlib.bench.ahead, perf_bench.precompile), checked without a GPU.
 
 tests/ahead_probe.py runs in a fresh Python with a stand-in driver that targets sm_90: the
 JIT binds and compiles exactly as on an H200 and nothing can be launched. Each probe records
@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from flashlib.kernels import backward_fast, forward_fast
+from flashlib.ladder import backward as backward_fast
+from flashlib.ladder import forward as forward_fast
 from flashlib.kernels.config import head_dim_pad
 from tests.triton_versions import triton36_dir
 
@@ -57,7 +58,7 @@ def _check_direct(result, forward, backward, d):
 
 
 def test_recording_needs_compiled_kernels():
-    from flashlib.kernels import ahead
+    from flashlib.bench import ahead
 
     with pytest.raises(RuntimeError, match="interpreter"):
         with ahead.recording():

@@ -18,12 +18,13 @@ from tests.triton_versions import side_by_side, triton36_dir
 if not triton_installed():  # importing triton here first would keep its interpreter off
     pytest.skip("Triton ships Linux wheels only", allow_module_level=True)
 
-from flashlib.kernels import FlashConfig, flash_attention  # noqa: E402
+from flashlib.kernels import FlashConfig  # noqa: E402
+from flashlib.ladder import attention as flash_attention  # noqa: E402
 from flashlib.kernels.compile import SHARED_LIMIT, compile_kernels, exponentials_per_score, spec  # noqa: E402
 
 
 def _tiles(bm, bn, dq_t=False):
-    return FlashConfig(block_m=16, block_n=16, bwd_block_m=bm, bwd_block_n=bn, bwd_dq_transposed=dq_t)
+    return FlashConfig(block_q=16, block_k=16, bwd_block_q=bm, bwd_block_k=bn, bwd_dq_transposed=dq_t)
 
 
 # "bulk:T": "bulk" with dQ built transposed (FlashConfig.bwd_dq_transposed)
@@ -50,7 +51,7 @@ def _check(seq_q, seq_k, d, causal, cfg, seed=0, heads=2, backward="tuned", dtyp
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert g.dtype == dtype and g.shape == w.shape, name
         torch.testing.assert_close(g.double(), w, atol=atol, rtol=rtol,
-                                   msg=lambda m: f"{name} {(seq_q, seq_k, d, causal, cfg.bwd_block_m, cfg.bwd_block_n)}: {m}")
+                                   msg=lambda m: f"{name} {(seq_q, seq_k, d, causal, cfg.bwd_block_q, cfg.bwd_block_k)}: {m}")
 
 
 # (seq_q, seq_k, head_dim, causal): every split of the loops is exercised with 16/32 tiles:
@@ -121,7 +122,7 @@ def test_bad_backward_is_named():
 
 
 def test_pruner_gives_each_head_dim_its_candidates():
-    from flashlib.kernels import backward_fast as bf
+    from flashlib.ladder import backward as bf
 
     for name, backward, table in (("dkdv", "tuned", bf.DKDV_TILES), ("dq", "tuned", bf.DQ_TILES),
                                   ("fused", "atomic", bf.FUSED_TILES), ("fused", "bulk", bf.BULK_TILES),
@@ -131,12 +132,12 @@ def test_pruner_gives_each_head_dim_its_candidates():
         assert kernel is bf._tuner(name, backward, 4096) and kernel is not bf._tuner(name, other, 4096)
         for pad, want in ((16, 64), (64, 64), (128, 128), (256, 256)):
             got = kernel.early_config_prune(kernel.configs, {}, HEAD_DIM_PAD=pad)
-            assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+            assert [(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages)
                     + ((c.kwargs["DQ_T"],) if "DQ_T" in c.kwargs else ()) for c in got] == list(table[want])
 
 
 def test_autotuned_choices_are_kept_per_backward_and_bucket():
-    from flashlib.kernels import backward_fast as bf
+    from flashlib.ladder import backward as bf
 
     tuner = bf._tuner("dq", "lean", 8192)
     key = (128, True, "tf32", True, True, *["torch.bfloat16"] * 5, "torch.float32", "torch.float32")
@@ -153,7 +154,7 @@ def test_autotuned_choices_are_kept_per_backward_and_bucket():
 
 
 def _candidate_specs():
-    from flashlib.kernels import backward_fast as bf
+    from flashlib.ladder import backward as bf
 
     specs = []
     for kernel, table in (("bwd_dkdv_tuned", bf.DKDV_TILES), ("bwd_dq_tuned", bf.DQ_TILES),
@@ -161,7 +162,7 @@ def _candidate_specs():
                           ("bwd_dq_lean", bf.DQ_TILES), ("bwd_fused_bulk", bf.BULK_TILES)):
         for d, tiles in table.items():
             for bm, bn, w, s, *dq_t in tiles:
-                cfg = FlashConfig(bwd_block_m=bm, bwd_block_n=bn, bwd_num_warps=w, bwd_num_stages=s,
+                cfg = FlashConfig(bwd_block_q=bm, bwd_block_k=bn, bwd_num_warps=w, bwd_num_stages=s,
                                   bwd_dq_transposed=bool(dq_t and dq_t[0]))
                 specs += [spec(kernel, cc, "bfloat16", d, True, cfg, sass=cc == (9, 0)) for cc in ((9, 0), (8, 0))]
     return specs
@@ -174,7 +175,7 @@ def _check_candidates(reports, version):
     spill some bytes there, which only makes them slower, and the autotuner times them."""
     assert reports and all(r.triton_version == version for r in reports)
     for r in reports:
-        label = (r.kernel, r.capability, r.head_dim, r.config["bwd_block_m"], r.config["bwd_block_n"], version)
+        label = (r.kernel, r.capability, r.head_dim, r.config["bwd_block_q"], r.config["bwd_block_k"], version)
         assert r.ok, (label, r.error)
         assert r.shared <= SHARED_LIMIT[r.capability], label
         if r.capability == (8, 0):
@@ -184,13 +185,13 @@ def _check_candidates(reports, version):
         # TMA only in "lean" and "bulk", only on sm_90; bulk reductions only in "bulk"
         assert (r.bulk_copy_ops > 0) == r.kernel.endswith(("_lean", "_bulk")), label
         assert (r.bulk_reduce_ops > 0) == r.kernel.endswith("_bulk"), label
-        rows = r.config["bwd_block_m"] if r.kernel.startswith("bwd_dq") else r.config["bwd_block_n"]
+        rows = r.config["bwd_block_q"] if r.kernel.startswith("bwd_dq") else r.config["bwd_block_k"]
         assert (r.wgmma_ops > 0) == (rows >= 64), label  # Hopper's tensor cores need 64-row tiles
         if r.config["bwd_dq_transposed"]:  # every product on wgmma, dQ's too
             assert r.mma_sync_ops == 0, label
         # each score's exponential once: a tile held twice does every exponential twice (at
         # head dim 256 every spill-free dK/dV tile but one does: left as they were, unmeasured)
-        assert r.head_dim == 256 or exponentials_per_score(r.mma_loop, r.config["bwd_block_m"], r.config["bwd_block_n"],
+        assert r.head_dim == 256 or exponentials_per_score(r.mma_loop, r.config["bwd_block_q"], r.config["bwd_block_k"],
                                       r.config["bwd_num_warps"]) < 2, (label, r.mma_loop["ops"].get("MUFU"))
 
 
@@ -213,7 +214,7 @@ def test_autotune_candidates_compile_for_hopper_with_triton_36(candidate_reports
 
 
 def test_only_16_bit_inputs_on_a_gpu_without_a_config_autotune(monkeypatch):
-    from flashlib.kernels import op
+    from flashlib.ladder import forward as op
 
     assert not op.autotunes(torch.float16, None)  # the interpreter cannot time kernels
     monkeypatch.setattr(op, "interpreting", lambda: False)  # as on a GPU
@@ -228,7 +229,7 @@ def test_atomic_dq_tiles_are_added_without_a_multiply(fused, alone):
     was a subtraction (delta arrives scaled), so the dq tile needs no multiply per element:
     read from the machine code for sm_90 (bf16, d 128, 32 x 128 tiles, 8 warps; one trip of
     the query loop), the loop spends exactly the multiplies of the dK/dV loop without dQ."""
-    cfg = FlashConfig(bwd_block_m=32, bwd_block_n=128, bwd_num_warps=8, bwd_num_stages=2)
+    cfg = FlashConfig(bwd_block_q=32, bwd_block_k=128, bwd_num_warps=8, bwd_num_stages=2)
     with_dq, without = compile_kernels([spec(k, (9, 0), "bfloat16", 128, False, cfg, sass=True) for k in (fused, alone)])
     assert with_dq.ok and without.ok, (with_dq.error, without.error)
     ops, base = with_dq.mma_loop["ops"], without.mma_loop["ops"]
@@ -242,7 +243,7 @@ def test_atomic_dq_tiles_are_added_without_a_multiply(fused, alone):
 def test_dq_is_read_back_from_the_layout_it_was_built_in(backward, transposed, monkeypatch):
     """bwd_dq_transposed takes the transposed path in the backwards that add dQ from the dK/dV
     kernel (and dq comes back in q's layout); the two-kernel backwards have no such tile."""
-    from flashlib.kernels import backward_fast as bf
+    from flashlib.ladder import backward as bf
 
     seen = []
     real = bf._dq_from
@@ -260,7 +261,7 @@ def test_transposed_dq_puts_every_product_on_wgmma():
     """Machine code for sm_90 (bf16, d 128, 16 x 64 query-by-key tiles, 4 warps, one trip of the
     query loop): dQ = dS K on 16 query rows runs on mma.sync, its transpose on wgmma, with the
     same multiplies (none per dQ element) and one bulk reduction per tile either way."""
-    tiles = dict(bwd_block_m=16, bwd_block_n=64, bwd_num_warps=4, bwd_num_stages=3)
+    tiles = dict(bwd_block_q=16, bwd_block_k=64, bwd_num_warps=4, bwd_num_stages=3)
     plain, transposed = compile_kernels([spec("bwd_fused_bulk", (9, 0), "bfloat16", 128, False,
                                               FlashConfig(**tiles, bwd_dq_transposed=t), sass=True)
                                          for t in (False, True)])
@@ -275,18 +276,18 @@ def test_four_warp_teaching_backward_holds_each_score_once_without_spills():
     """The benchmark's flashlib:4-warp-backward row: the teaching kernels on the tiles
     perf_bench.four_warp_backward gives, built for sm_90 (bf16, both masks, pinned Triton):
     no spills, each score's exponential once; the shipped 64 x 64 on 8 warps holds them twice."""
-    from flashlib.perf_bench import four_warp_backward
+    from flashlib.bench.gpu import four_warp_backward
 
     specs, shipped = [], []
     for d in (64, 128):
         cfg = four_warp_backward(torch.empty(1, 1, 16, d, dtype=torch.bfloat16))
-        assert (cfg.bwd_block_m, cfg.bwd_block_n, cfg.bwd_num_warps) == (64, 64, 4)
+        assert (cfg.bwd_block_q, cfg.bwd_block_k, cfg.bwd_num_warps) == (64, 64, 4)
         specs += [spec(k, (9, 0), "bfloat16", d, c, cfg, sass=True) for k in ("bwd_dkdv", "bwd_dq") for c in (False, True)]
         hopper = FlashConfig(**{**cfg.__dict__, "bwd_num_warps": 8, "bwd_num_stages": 2})  # the shipped tiles
         shipped.append(spec("bwd_dkdv", (9, 0), "bfloat16", d, False, hopper, sass=True))
     for r in compile_kernels(specs):
         c = r.config
         assert r.ok and r.spill_stores == 0, (r.kernel, r.head_dim, r.causal, r.error)
-        assert exponentials_per_score(r.mma_loop, c["bwd_block_m"], c["bwd_block_n"], c["bwd_num_warps"]) < 2
+        assert exponentials_per_score(r.mma_loop, c["bwd_block_q"], c["bwd_block_k"], c["bwd_num_warps"]) < 2
     for r in compile_kernels(shipped):
         assert exponentials_per_score(r.mma_loop, 64, 64, 8) >= 2, r.head_dim

@@ -6,7 +6,7 @@ import sys
 import torch
 
 from flashlib import dense_attention
-from flashlib.bench import peak_allocated_bytes, run_cpu_bench
+from flashlib.bench.cpu import peak_allocated_bytes, run_cpu_bench
 
 
 def test_demo_prints_shape_table_and_passing_checks():

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from flashlib import exercises
+from flashlib.course import exercises
 
 
 def passes(capsys, checker, answer):

@@ -20,7 +20,11 @@ if not torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
 import torch.nn.functional as F  # noqa: E402
 
 from flashlib import causal_mask, dense_attention  # noqa: E402
-from flashlib.kernels import default_config, flash_attention, kernel_status  # noqa: E402
+from flashlib import flash_attention  # noqa: E402
+from flashlib.kernels import attention as kernel_attention  # noqa: E402
+from flashlib.kernels import default_config, kernel_status  # noqa: E402
+from flashlib.ladder import attention as ladder_attention  # noqa: E402
+from flashlib.ladder.forward import forward as rung_forward  # noqa: E402
 
 DEVICE = "cuda"
 pytestmark = pytest.mark.gpu
@@ -54,7 +58,7 @@ def test_status_says_gpu():
 def test_float32_ieee_matches_float64_dense(seq_q, seq_k, dim, causal):
     q, k, v, dout = _inputs(2, 3, seq_q, seq_k, dim, torch.float32)
     cfg = replace(default_config(dim, torch.float32, torch.cuda.get_device_capability()), input_precision="ieee")
-    got = _grads(lambda a, b, c: flash_attention(a, b, c, causal=causal, config=cfg), q, k, v, dout)
+    got = _grads(lambda a, b, c: kernel_attention(a, b, c, causal=causal, config=cfg), q, k, v, dout)
     want = _grads(lambda a, b, c: dense_attention(a, b, c, causal=causal), *(t.double() for t in (q, k, v, dout)))
     for g, w in zip(got, want):
         torch.testing.assert_close(g.double(), w, atol=2e-4, rtol=1e-3)
@@ -103,22 +107,22 @@ FASTEST_PAIRS = [("tma", "tuned"), ("tma", "atomic"), ("lean", "lean"), ("lean",
 @pytest.fixture(scope="module", autouse=True)
 def _compiled_ahead():
     """The autotuned tests compile about a hundred binaries between them: compile them first,
-    on all cores (flashlib.kernels.ahead, as the GPU check does for its benchmark), so each
+    on all cores (flashlib.bench.ahead, as the GPU check does for its benchmark), so each
     test only loads them. Changes time only: a kernel that fails to compile fails in its test."""
     import warnings
 
-    from flashlib.kernels import ahead, ladder
+    from flashlib.bench import ahead
 
     def launches():
         for dtype, batch, heads, seq_q, seq_k, dim, causal in FASTEST_SHAPES:
             q, k, v, dout = _inputs(batch, heads, seq_q, seq_k, dim, dtype)
             for forward, backward in FASTEST_PAIRS:
-                _grads(lambda a, b, c: flash_attention(a, b, c, causal=causal, forward=forward, backward=backward),
+                _grads(lambda a, b, c: ladder_attention(a, b, c, causal=causal, forward=forward, backward=backward),
                        q, k, v, dout)
         q, k, v, _ = _inputs(1, 4, 2048, 2048, 128, torch.bfloat16)
         for causal in (False, True):
             for name in ("lean", "lazy-rescale"):
-                ladder.rung(name).forward(q, k, v, causal=causal)
+                rung_forward(q, k, v, causal=causal, rung=name)
 
     try:
         with ahead.recording() as notes:
@@ -135,7 +139,7 @@ def test_fastest_path_within_twice_sdpa_error(dtype, batch, heads, seq_q, seq_k,
     """The ladder's last forward rungs with the tuned, atomic, lean or bulk backward, autotuned here."""
     q, k, v, dout = _inputs(batch, heads, seq_q, seq_k, dim, dtype, seed=1)
     want = _grads(_sdpa(causal, seq_q, seq_k), *(t.float() for t in (q, k, v, dout)))
-    fn = lambda a, b, c: flash_attention(a, b, c, causal=causal, forward=forward, backward=backward)  # noqa: E731
+    fn = lambda a, b, c: ladder_attention(a, b, c, causal=causal, forward=forward, backward=backward)  # noqa: E731
     got = _grads(fn, q, k, v, dout)
     sdpa = _grads(_sdpa(causal, seq_q, seq_k), q, k, v, dout)
     for name, g, s, w in zip(("out", "dq", "dk", "dv"), got, sdpa, want):
@@ -158,12 +162,12 @@ def test_descriptors_clip_a_padded_head_dim_and_ragged_rows(forward, backward, d
     dQ's bulk reductions transposed, its rows the head dim and its columns the queries)."""
     from flashlib.kernels import FlashConfig
 
-    cfg = FlashConfig(block_m=64, block_n=64, num_warps=4, num_stages=3,
-                      bwd_block_m=64, bwd_block_n=64, bwd_num_warps=8, bwd_num_stages=2, bwd_dq_transposed=dq_t)
+    cfg = FlashConfig(block_q=64, block_k=64, num_warps=4, num_stages=3,
+                      bwd_block_q=64, bwd_block_k=64, bwd_num_warps=8, bwd_num_stages=2, bwd_dq_transposed=dq_t)
     q, k, v, dout = _inputs(1, 3, 300, 333, 80, torch.bfloat16, seed=3)
     want = _grads(_sdpa(True, 300, 333), *(t.float() for t in (q, k, v, dout)))
-    got = _grads(lambda a, b, c: flash_attention(a, b, c, causal=True, config=cfg, forward=forward,
-                                                 backward=backward), q, k, v, dout)
+    got = _grads(lambda a, b, c: ladder_attention(a, b, c, causal=True, config=cfg, forward=forward,
+                                                  backward=backward), q, k, v, dout)
     sdpa = _grads(_sdpa(True, 300, 333), q, k, v, dout)
     for name, g, s_, w in zip(("out", "dq", "dk", "dv"), got, sdpa, want):
         assert torch.isfinite(g).all(), name
@@ -176,14 +180,12 @@ def test_lazy_rescale_rung_on_growing_maxima(causal):
     """Rung 5 skips rescales behind a branch for the whole block: keys whose norms grow
     along the sequence make row maxima jump mid-row, so both sides of the branch run on the
     GPU. Within twice SDPA's bfloat16 error of a float32 reference, and no worse than rung 4."""
-    from flashlib.kernels import ladder
-
     q, k, v, _ = _inputs(1, 4, 2048, 2048, 128, torch.bfloat16, seed=2)
     k = (k.float() * torch.linspace(1.0, 6.0, 2048, device=DEVICE)[:, None]).to(torch.bfloat16)
     want = _sdpa(causal, 2048, 2048)(q.float(), k.float(), v.float())
     sdpa_err = _max_err(_sdpa(causal, 2048, 2048)(q, k, v), want)
     for name in ("lean", "lazy-rescale"):
-        out, lse = ladder.rung(name).forward(q, k, v, causal=causal)
+        out, lse = rung_forward(q, k, v, causal=causal, rung=name)
         assert torch.isfinite(out).all() and torch.isfinite(lse).all(), name
         assert _max_err(out, want) <= 2 * sdpa_err + 1e-4, (name, _max_err(out, want), sdpa_err)
 
@@ -205,6 +207,28 @@ def test_backward_is_bitwise_deterministic_on_gpu():
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
+def test_the_public_op_runs_the_fastest_measured_path_here():
+    from flashlib.op import path_for
+
+    x = torch.randn(1, 1, 8, 64, device=DEVICE, dtype=torch.bfloat16)
+    assert path_for(x) == ("tma", "tuned") and path_for(x.float()) == ("teaching", "teaching")
+
+
+def test_torch_compile_fullgraph_matches_eager_on_gpu():
+    """flash_attention is one custom op to the compiler: the compiled step, forward and
+    backward, gives the eager gradients (bitwise: the same kernels run)."""
+    q, k, v, dout = _inputs(2, 4, 1000, 1000, 64, torch.bfloat16)
+
+    def step(a, b, c):
+        out, lse = flash_attention(a, b, c, causal=True, return_lse=True)
+        return out, lse
+
+    eager = _grads(lambda a, b, c: step(a, b, c)[0], q, k, v, dout)
+    compiled = _grads(lambda a, b, c: torch.compile(step, fullgraph=True)(a, b, c)[0], q, k, v, dout)
+    for name, e, c in zip(("out", "dq", "dk", "dv"), eager, compiled):
+        assert torch.equal(e, c), name
+
+
 def test_cpu_tensors_are_refused_with_the_fix():
     x = torch.randn(1, 1, 8, 16)
     with pytest.raises(ValueError, match="move q, k, v to 'cuda'"):
@@ -216,7 +240,7 @@ import json
 import torch
 import triton
 import triton.language as tl
-from flashlib import perf_bench
+from flashlib.bench import gpu as perf_bench
 
 
 @triton.jit

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from flashlib import gpu_check
+from flashlib.bench import check as gpu_check
 
 
 def _fake_measure(point, impl):
@@ -118,7 +118,7 @@ def test_tests_past_their_time_are_stopped():
 
 def _stub_run(monkeypatch, events, precompile=None):
     """gpu_check.main with its tests, compiling and ladder replaced by notes of the calls."""
-    from flashlib import perf_bench
+    from flashlib.bench import gpu as perf_bench
 
     monkeypatch.setattr(gpu_check, "provenance", _fake_provenance("Fake GPU 80GB HBM3"))
     monkeypatch.setattr(gpu_check, "start_tests", lambda timeout_s: events.append("tests start") or {})
@@ -137,7 +137,7 @@ def _stub_run(monkeypatch, events, precompile=None):
 
 
 def test_main_compiles_the_ladder_while_the_tests_run(tmp_path, monkeypatch):
-    from flashlib import perf_bench
+    from flashlib.bench import gpu as perf_bench
 
     events = []
     _stub_run(monkeypatch, events)
@@ -161,7 +161,7 @@ def test_a_failure_to_compile_ahead_is_recorded_and_the_ladder_still_runs(tmp_pa
 
 
 def test_a_lost_device_sends_the_points_left_to_a_fresh_process(tmp_path, monkeypatch):
-    from flashlib import perf_bench
+    from flashlib.bench import gpu as perf_bench
 
     events = []
     _stub_run(monkeypatch, events)

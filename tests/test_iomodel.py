@@ -83,7 +83,7 @@ def test_flash2_counts():
     (lambda: standard_attention_io(0, 64), "'n'"),
     (lambda: standard_attention_io(16, 2.0), "'d'"),
     (lambda: flash_attention_io(16, 64, 100), "'sram_bytes'"),
-    (lambda: flash2_attention_io(16, 64, 0), "'block_m'"),
+    (lambda: flash2_attention_io(16, 64, 0), "'block_q'"),
 ])
 def test_bad_arguments(call, arg):
     with pytest.raises(ValueError, match=arg):

@@ -115,8 +115,8 @@ def test_shipped_tiles_compute_each_exponential_once(reports, version):
         if not (s["sass"] and r.kernel in ATTENTION_KERNELS and r.ok):
             continue
         cfg = r.config
-        m, n, w = ((cfg["block_m"], cfg["block_n"], cfg["num_warps"]) if r.kernel == "forward"
-                   else (cfg["bwd_block_m"], cfg["bwd_block_n"], cfg["bwd_num_warps"]))
+        m, n, w = ((cfg["block_q"], cfg["block_k"], cfg["num_warps"]) if r.kernel == "forward"
+                   else (cfg["bwd_block_q"], cfg["bwd_block_k"], cfg["bwd_num_warps"]))
         per_score = exponentials_per_score(r.mma_loop, m, n, w)
         label = (r.kernel, r.capability, r.dtype, r.head_dim, (m, n, w))
         if (r.kernel, r.capability, r.dtype, r.head_dim) in ONCE_EXEMPT:
@@ -157,11 +157,11 @@ def test_compile_time_arguments_take_their_defaults_or_fail_loudly():
 
     code = (
         "import os; os.environ['TRITON_INTERPRET'] = '0'\n"
-        "from flashlib.kernels import backward_fast as bf\n"
+        "from flashlib.ladder import backward as bf\n"
         "from flashlib.kernels.compile import _with_defaults\n"
-        "given = dict(HEAD_DIM=64, HEAD_DIM_PAD=64, BLOCK_M=64, BLOCK_N=64, CAUSAL=True, INPUT_PRECISION='tf32')\n"
+        "given = dict(HEAD_DIM=64, HEAD_DIM_PAD=64, BLOCK_Q=64, BLOCK_K=64, CAUSAL=True, INPUT_PRECISION='tf32')\n"
         "full = _with_defaults(bf._attn_bwd_dq_split, given)\n"
-        "assert full['TMA'] is False and full['LEAN'] is False and full['BLOCK_M'] == 64, full\n"
+        "assert full['TMA'] is False and full['LEAN'] is False and full['BLOCK_Q'] == 64, full\n"
         "given.pop('CAUSAL')\n"
         "try:\n"
         "    _with_defaults(bf._attn_bwd_dq_split, given)\n"

@@ -24,7 +24,8 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 import flashlib  # noqa: E402
 from flashlib import dense_attention, tiled_attention  # noqa: E402
-from flashlib.kernels import FlashConfig, flash_attention, kernel_status  # noqa: E402
+from flashlib.kernels import FlashConfig, kernel_status  # noqa: E402
+from flashlib.kernels import attention as flash_attention  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests; tests/test_gpu.py covers CUDA")
@@ -101,7 +102,7 @@ def test_rows_that_see_no_key_give_zero_output_and_zero_gradients():
 
 def test_custom_scale_and_small_configs():
     q, k, v, dout = _inputs(1, 2, 50, 70, 24)
-    cfg = FlashConfig(block_m=16, block_n=32, bwd_block_m=32, bwd_block_n=16)
+    cfg = FlashConfig(block_q=16, block_k=32, bwd_block_q=32, bwd_block_k=16)
     got = _flash(q, k, v, dout, True, scale=0.3, config=cfg)
     want = _reference(q, k, v, dout, True, scale=0.3)
     for g, w in zip(got, want):
@@ -146,7 +147,9 @@ def test_nan_in_a_query_row_propagates_to_that_row_only(forward):
     q, k, v = (torch.randn(1, 1, 20, 16, generator=gen) for _ in range(3))  # (B, H, N, D)
     q[0, 0, 5, 3] = float("nan")
     ref = dense_attention(q, k, v)
-    out = flash_attention(q, k, v, forward=forward)
+    from flashlib.ladder import attention
+
+    out = attention(q, k, v, forward=forward)
     assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(out[0, 0, 5]).all()
 
 
@@ -191,7 +194,7 @@ def test_bad_input_fails_as_tiled_attention_does(bad):
     kind, message = _message(flash_attention, **args)
     tiled_kind, tiled_message = _message(tiled_attention, **args)
     assert kind is tiled_kind
-    assert message == tiled_message.replace("tiled_attention", "flash_attention")
+    assert message == tiled_message.replace("tiled_attention", "flashlib.kernels.attention")
 
 
 def test_kernel_specific_errors_name_the_value_and_the_fix():
@@ -205,10 +208,10 @@ def test_kernel_specific_errors_name_the_value_and_the_fix():
     kind, message = _message(flash_attention, x, x, x)
     assert kind is TypeError and "bfloat16" in message and "interpreter" in message
     x = torch.randn(1, 1, 4, 8)
-    kind, message = _message(flash_attention, x, x, x, config={"block_m": 16})
+    kind, message = _message(flash_attention, x, x, x, config={"block_q": 16})
     assert kind is TypeError and "FlashConfig" in message
     with pytest.raises(ValueError, match="power of two >= 16, got 48"):
-        FlashConfig(block_m=48)
+        FlashConfig(block_q=48)
     with pytest.raises(ValueError, match="input_precision"):
         FlashConfig(input_precision="fp8")
     with pytest.raises(ValueError, match="'bwd_dq_transposed' must be True or False, got 1"):
@@ -254,10 +257,10 @@ def test_interpreter_is_chosen_automatically_but_a_user_setting_wins():
 
 @settings(max_examples=12, deadline=None)
 @given(seq_q=st.integers(1, 40), seq_k=st.integers(1, 40), dim=st.integers(1, 20), causal=st.booleans(),
-       block_m=st.sampled_from([16, 32]), block_n=st.sampled_from([16, 32]), seed=st.integers(0, 2**16))
-def test_property_any_shape_and_block_sizes(seq_q, seq_k, dim, causal, block_m, block_n, seed):
+       block_q=st.sampled_from([16, 32]), block_k=st.sampled_from([16, 32]), seed=st.integers(0, 2**16))
+def test_property_any_shape_and_block_sizes(seq_q, seq_k, dim, causal, block_q, block_k, seed):
     q, k, v, dout = _inputs(1, 2, seq_q, seq_k, dim, seed=seed)
-    cfg = FlashConfig(block_m=block_m, block_n=block_n, bwd_block_m=block_n, bwd_block_n=block_m)
+    cfg = FlashConfig(block_q=block_q, block_k=block_k, bwd_block_q=block_k, bwd_block_k=block_q)
     got = _flash(q, k, v, dout, causal, config=cfg)
     want = _reference(q, k, v, dout, causal)
     for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
@@ -279,7 +282,7 @@ def test_schedule_skips_exactly_the_tiles_the_reference_skips(seq_q, seq_k, caus
 
 
 def test_exercise_checkers_accept_right_answers_and_reject_wrong_ones(capsys):
-    from flashlib.kernels import exercises as ex
+    from flashlib.course import kernel_exercises as ex
 
     assert ex.check_program_count(8) and not ex.check_program_count(7) and not ex.check_program_count(None)
     assert ex.check_qk_scale(0.125 * 1.4426950408889634) and not ex.check_qk_scale(0.125)
@@ -298,7 +301,7 @@ def test_exercise_checkers_accept_right_answers_and_reject_wrong_ones(capsys):
 
 
 def test_tiny_model_trains_the_same_with_flash_and_dense_attention():
-    from flashlib.kernels.training import train
+    from flashlib.course.training import train
 
     flash, dense = train(flash_attention, steps=3), train(dense_attention, steps=3)
     assert max(abs(a - b) for a, b in zip(flash, dense)) < 1e-5

@@ -23,11 +23,13 @@ from tests.reference import loop_attention
 if not triton_installed():  # importing triton here first would keep its interpreter off
     pytest.skip("Triton ships Linux wheels only", allow_module_level=True)
 
-from flashlib.kernels import ladder  # noqa: E402
+from flashlib.ladder import compile as ladder_compile  # noqa: E402
+from flashlib.ladder import rungs as ladder  # noqa: E402
+from flashlib.ladder.forward import forward as rung_forward  # noqa: E402
 from flashlib.kernels.compile import SHARED_LIMIT, exponentials_per_score  # noqa: E402
 from flashlib.kernels.config import FlashConfig  # noqa: E402
 
-SMALL = FlashConfig(block_m=16, block_n=16)
+SMALL = FlashConfig(block_q=16, block_k=16)
 # (batch*heads, seq_q, seq_k, head_dim, causal)
 CASES = [(2, 37, 50, 24, True),    # seq_q < seq_k: the diagonal starts at key 13
          (1, 50, 37, 24, True),    # seq_q > seq_k: the first 13 queries see no key at all
@@ -47,7 +49,7 @@ def test_rung_matches_float64_loops(name):
     for heads, seq_q, seq_k, d, causal in CASES:
         q = torch.randn(1, heads, seq_q, d, generator=gen)  # (B, H, N, D)
         k, v = (torch.randn(1, heads, seq_k, d, generator=gen) for _ in range(2))
-        out, lse = rung.forward(q, k, v, causal=causal, config=SMALL)
+        out, lse = rung_forward(q, k, v, rung=name, causal=causal, config=SMALL)
         ref_out, ref_lse = _reference(q, k, v, causal)
         case = (name, heads, seq_q, seq_k, d, causal)
         assert out.shape == q.shape and out.dtype == q.dtype, case
@@ -67,7 +69,7 @@ def test_any_rung_shape_tiles_and_dtype(name, seq_q, seq_k, d, causal, bm, bn, d
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(1, 1, seq_q, d, generator=gen).to(dtype)  # (B, H, N, D)
     k, v = (torch.randn(1, 1, seq_k, d, generator=gen).to(dtype) for _ in range(2))
-    out, lse = ladder.rung(name).forward(q, k, v, causal=causal, config=FlashConfig(block_m=bm, block_n=bn))
+    out, lse = rung_forward(q, k, v, rung=name, causal=causal, config=FlashConfig(block_q=bm, block_k=bn))
     ref_out, ref_lse = _reference(q.double(), k.double(), v.double(), causal)
     tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-3, rtol=2e-3)
     assert out.dtype == dtype
@@ -83,7 +85,7 @@ def test_rung_default_tiles_half_precision(name):
     a TMA-eligible head dim, within float16's rounding of the float64 answer."""
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 45, 32, generator=gen).half() for _ in range(3))
-    out, lse = ladder.rung(name).forward(q, k, v, causal=True)
+    out, lse = rung_forward(q, k, v, rung=name, causal=True)
     ref_out, ref_lse = _reference(q.double(), k.double(), v.double(), True)
     assert out.dtype == torch.float16
     torch.testing.assert_close(out.double(), ref_out, atol=2e-3, rtol=2e-3)
@@ -91,7 +93,7 @@ def test_rung_default_tiles_half_precision(name):
 
 
 def test_tma_eligibility_follows_16_byte_rows():
-    from flashlib.kernels.forward_fast import tma_eligible
+    from flashlib.ladder.forward import tma_eligible
 
     def ok(d, dtype):
         return tma_eligible(torch.empty(2, 4, d, dtype=dtype))
@@ -109,12 +111,12 @@ def test_tma_eligibility_follows_16_byte_rows():
 
 
 def test_autotune_candidates_follow_the_head_dim():
-    from flashlib.kernels import forward_fast as ff
+    from flashlib.ladder import forward as ff
 
     tuner = ff._tuner("autotuned", ff._attn_fwd, 4096)
     for pad, table in ((16, 64), (64, 64), (128, 128), (256, 256)):
         got = tuner.early_config_prune(tuner.configs, {}, HEAD_DIM_PAD=pad)
-        assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in got] == \
+        assert [(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages) for c in got] == \
             list(ff.FORWARD_TILES[table])
 
 
@@ -129,7 +131,7 @@ def test_sequence_buckets():
 def test_autotuners_keep_one_choice_per_bucket_and_report_it():
     """Each (rung, bucket) has its own autotuner over one kernel; autotuned_choice finds what
     the one for q's length kept (filed by hand here, as the autotuner does on a GPU)."""
-    from flashlib.kernels import forward_fast as ff
+    from flashlib.ladder import forward as ff
 
     assert ff._tuner("tma", ff._attn_fwd_tma, 4096) is ff._tuner("tma", ff._attn_fwd_tma, 4096)
     assert ff._tuner("tma", ff._attn_fwd_tma, 4096) is not ff._tuner("tma", ff._attn_fwd_tma, 8192)
@@ -157,14 +159,14 @@ def test_any_finite_scale(name, scale):
     other scales must take rung 3's fold, not give a wrong answer."""
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 2, 40, 16, generator=gen) for _ in range(3))
-    out, lse = ladder.rung(name).forward(q, k, v, causal=True, scale=scale, config=SMALL)
+    out, lse = rung_forward(q, k, v, rung=name, causal=True, scale=scale, config=SMALL)
     ref_out, ref_lse = zip(*(loop_attention(q[0, h], k[0, h], v[0, h], True, scale=scale) for h in range(2)))
     torch.testing.assert_close(out[0].double(), torch.stack(ref_out), atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(lse[0].double(), torch.stack(ref_lse), atol=2e-5, rtol=1e-5)
 
 
 def test_bad_rung_and_empty_inputs():
-    from flashlib.kernels.forward_fast import forward
+    from flashlib.ladder.forward import forward
 
     q = torch.randn(1, 1, 4, 8)
     with pytest.raises(ValueError, match="'rung'.*'fast'"):
@@ -191,8 +193,8 @@ def _rung_specs():
         if r.name == "autotuned":
             continue  # the teaching kernel with other tiles: its tiles are compiled below
         for cc in ladder.TARGETS:
-            specs += [ladder.spec(r.name, cc, "bfloat16", 128, True), ladder.spec(r.name, cc, "float16", 64, False)]
-        specs.append(ladder.spec(r.name, (9, 0), "bfloat16", 256, True))  # the widest head, smallest tiles
+            specs += [ladder_compile.spec(r.name, cc, "bfloat16", 128, True), ladder_compile.spec(r.name, cc, "float16", 64, False)]
+        specs.append(ladder_compile.spec(r.name, (9, 0), "bfloat16", 256, True))  # the widest head, smallest tiles
     return specs
 
 
@@ -218,35 +220,35 @@ def _check_declarations(reports, version):
 def test_rungs_compile_with_pinned_triton():
     from importlib.metadata import version
 
-    reports = ladder.compile_rungs(_rung_specs())
+    reports = ladder_compile.compile_rungs(_rung_specs())
     _check_declarations(reports, version("triton"))
     declared = {(rep.rung, rep.capability) for rep in reports}
     assert declared == {(r.name, cc) for r in ladder.LADDER if r.name != "autotuned" for cc in ladder.TARGETS}
 
 
 def test_rungs_compile_with_triton_36():
-    reports = ladder.compile_rungs(_rung_specs(), triton_path=triton36_dir())
+    reports = ladder_compile.compile_rungs(_rung_specs(), triton_path=triton36_dir())
     _check_declarations(reports, "3.6.0")
 
 
 def _candidate_configs(d):
-    from flashlib.kernels.forward_fast import forward_tiles
+    from flashlib.ladder.forward import forward_tiles
 
-    return [FlashConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=s) for bm, bn, w, s in forward_tiles(d)]
+    return [FlashConfig(block_q=bm, block_k=bn, num_warps=w, num_stages=s) for bm, bn, w, s in forward_tiles(d)]
 
 
 def test_autotune_candidates_compile_for_hopper():
     """Every tile rung 1 may pick builds for sm_90 at head dims 64, 128 and 256 within shared
     memory (a candidate that spills is merely slow: the autotuner times it and moves on)."""
-    specs = [ladder.spec("autotuned", (9, 0), "float16", d, False, cfg, sass=True) for d in (64, 128, 256)
+    specs = [ladder_compile.spec("autotuned", (9, 0), "float16", d, False, cfg, sass=True) for d in (64, 128, 256)
              for cfg in _candidate_configs(d)]
-    reports = ladder.compile_rungs(specs)
+    reports = ladder_compile.compile_rungs(specs)
     for rep in reports:
         assert rep.ok, (rep.config, rep.error)
         assert rep.shared <= SHARED_LIMIT[(9, 0)], rep.config
         assert rep.wgmma_ops + rep.mma_sync_ops > 0, rep.config
         cfg = rep.config  # each score's exponential once (a tile held twice does each twice)
-        assert exponentials_per_score(rep.mma_loop, cfg["block_m"], cfg["block_n"], cfg["num_warps"]) < 2, \
+        assert exponentials_per_score(rep.mma_loop, cfg["block_q"], cfg["block_k"], cfg["num_warps"]) < 2, \
             (cfg, rep.mma_loop["ops"].get("MUFU"))
 
 
@@ -254,12 +256,12 @@ def test_autotune_candidates_compile_for_hopper():
 def fast_rung_reports():
     """{"pinned" / "3.6.0": reports} of rungs 2 to 5 over the candidates, both Triton versions
     compiling side by side."""
-    specs = [ladder.spec(name, (9, 0), "bfloat16", d, True, cfg, sass=True)
+    specs = [ladder_compile.spec(name, (9, 0), "bfloat16", d, True, cfg, sass=True)
              for name in ("causal-split", "tma", "lean", "lazy-rescale") for d in (64, 128)
              for cfg in _candidate_configs(d)]
-    specs += [ladder.spec(name, (8, 0), "bfloat16", 128, True, cfg)  # A100: no TMA
+    specs += [ladder_compile.spec(name, (8, 0), "bfloat16", 128, True, cfg)  # A100: no TMA
               for name in ("causal-split", "lean", "lazy-rescale") for cfg in _candidate_configs(128)]
-    return side_by_side(ladder.compile_rungs, specs, label36="3.6.0")
+    return side_by_side(ladder_compile.compile_rungs, specs, label36="3.6.0")
 
 
 @pytest.mark.parametrize("which", ["pinned", "3.6.0"])
@@ -272,7 +274,7 @@ def test_fast_rung_autotune_candidates_compile_for_hopper(which, fast_rung_repor
         triton36_dir()  # skips (locally) or fails (CI) with the reason
     reports = fast_rung_reports[which]
     for rep in reports:
-        label = (rep.rung, rep.capability, rep.head_dim, rep.config["block_m"], rep.config["block_n"],
+        label = (rep.rung, rep.capability, rep.head_dim, rep.config["block_q"], rep.config["block_k"],
                  rep.triton_version)
         assert rep.ok, (label, rep.error)
         assert rep.shared <= SHARED_LIMIT[rep.capability], label
@@ -281,7 +283,7 @@ def test_fast_rung_autotune_candidates_compile_for_hopper(which, fast_rung_repor
             continue
         assert rep.spill_stores == 0, label
         assert rep.wgmma_ops > 0 and (rep.bulk_copy_ops > 0) == (rep.rung in ("tma", "lean", "lazy-rescale")), label
-        assert exponentials_per_score(rep.mma_loop, rep.config["block_m"], rep.config["block_n"],
+        assert exponentials_per_score(rep.mma_loop, rep.config["block_q"], rep.config["block_k"],
                                       rep.config["num_warps"]) < 2, (label, rep.mma_loop["ops"].get("MUFU"))
 
 
@@ -291,7 +293,7 @@ def test_fast_rung_autotune_candidates_compile_for_hopper(which, fast_rung_repor
 def test_each_rung_launches_exactly_one_forward_kernel(name, kernel, monkeypatch):
     """A rung that launched a second kernel after its own would still return the right
     answer, and the benchmark would time both: count the launches."""
-    from flashlib.kernels import forward_fast as ff
+    from flashlib.ladder import forward as ff
 
     launched = []
     real_teaching, real_split = ff._launch_teaching, ff._launch_split
@@ -303,8 +305,8 @@ def test_each_rung_launches_exactly_one_forward_kernel(name, kernel, monkeypatch
 
 
 def _machine_code(*names, causal=False):
-    cfg = FlashConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)  # 128 threads, 32 scores each
-    reports = ladder.compile_rungs([ladder.spec(name, (9, 0), "bfloat16", 128, causal, cfg, sass=True)
+    cfg = FlashConfig(block_q=64, block_k=64, num_warps=4, num_stages=3)  # 128 threads, 32 scores each
+    reports = ladder_compile.compile_rungs([ladder_compile.spec(name, (9, 0), "bfloat16", 128, causal, cfg, sass=True)
                                     for name in names])
     assert all(rep.ok for rep in reports), [rep.error for rep in reports]
     return [rep.mma_loop for rep in reports]
@@ -345,7 +347,7 @@ def test_lazy_rescale_exact_when_row_maxima_keep_growing():
         k = torch.randn(1, 2, 150, 16, generator=gen) * (1 + growth * torch.arange(150.0))[:, None]
         v = torch.randn(1, 2, 150, 16, generator=gen)
         for causal in (False, True):
-            out, lse = ladder.rung("lazy-rescale").forward(q, k, v, causal=causal, config=SMALL)
+            out, lse = rung_forward(q, k, v, rung="lazy-rescale", causal=causal, config=SMALL)
             ref_out, ref_lse = _reference(q, k, v, causal)
             torch.testing.assert_close(out.double(), ref_out, atol=2e-5, rtol=1e-4, msg=str((growth, causal)))
             torch.testing.assert_close(lse.double(), ref_lse, atol=1e-4, rtol=1e-5, msg=str((growth, causal)))

@@ -10,47 +10,50 @@ import time
 import pytest
 import torch
 
-from flashlib import perf, perf_bench, viz
+from flashlib import roofline
+from flashlib.bench import gpu as perf_bench
+from flashlib.bench import plots, records
+from flashlib.course import perf_exercises, viz
 from flashlib.kernels import triton_installed
 
 
 def test_attention_flops_by_hand():
     # 4 * B * H * N_q * N_k * d = 4 * 2 * 3 * 5 * 7 * 11
-    assert perf.attention_flops(2, 3, 5, 7, 11) == 9240
-    assert perf.attention_flops(2, 3, 5, 7, 11, causal=True) == 4620
-    assert perf.attention_flops(2, 3, 5, 7, 11, mode="bwd") == 23100
-    assert perf.attention_flops(2, 3, 5, 7, 11, mode="fwd_bwd") == 32340
-    assert perf.attention_flops(1, 1, 4096, 4096, 128, causal=True, mode="fwd_bwd") == 3.5 * 2 * 4096 ** 2 * 128
+    assert roofline.attention_flops(2, 3, 5, 7, 11) == 9240
+    assert roofline.attention_flops(2, 3, 5, 7, 11, causal=True) == 4620
+    assert roofline.attention_flops(2, 3, 5, 7, 11, mode="bwd") == 23100
+    assert roofline.attention_flops(2, 3, 5, 7, 11, mode="fwd_bwd") == 32340
+    assert roofline.attention_flops(1, 1, 4096, 4096, 128, causal=True, mode="fwd_bwd") == 3.5 * 2 * 4096 ** 2 * 128
 
 
 def test_rates_and_roofline_by_hand():
-    assert perf.tflops(2e12, 1000.0) == pytest.approx(2.0)
-    assert perf.tflops(5e9, 0.5) == pytest.approx(10.0)
-    assert perf.arithmetic_intensity(1000.0, 250.0) == 4.0
+    assert roofline.tflops(2e12, 1000.0) == pytest.approx(2.0)
+    assert roofline.tflops(5e9, 0.5) == pytest.approx(10.0)
+    assert roofline.arithmetic_intensity(1000.0, 250.0) == 4.0
     # 1e12 FLOPs at 100 TFLOP/s: 10 ms; 1e9 bytes at 1000 GB/s: 1 ms -> compute bound
-    assert perf.roofline_ms(1e12, 1e9, 100.0, 1000.0) == pytest.approx(10.0)
+    assert roofline.roofline_ms(1e12, 1e9, 100.0, 1000.0) == pytest.approx(10.0)
     # 1e9 FLOPs: 0.01 ms; 4e9 bytes: 4 ms -> memory bound
-    assert perf.roofline_ms(1e9, 4e9, 100.0, 1000.0) == pytest.approx(4.0)
+    assert roofline.roofline_ms(1e9, 4e9, 100.0, 1000.0) == pytest.approx(4.0)
 
 
 def test_attention_bytes_by_hand():
     n, d = 256, 64
-    # flash2, BLOCK_M 128: Q once, K and V once per query block (2 blocks), O and lse once
+    # flash2, BLOCK_Q 128: Q once, K and V once per query block (2 blocks), O and lse once
     flash2 = (n * d + 2 * 2 * n * d + n * d + n) * 2
-    assert perf.attention_bytes(1, 1, n, d, block_m=128) == flash2 == 197120
-    assert perf.attention_bytes(3, 4, n, d, block_m=128) == 12 * flash2
+    assert roofline.attention_bytes(1, 1, n, d, block_q=128) == flash2 == 197120
+    assert roofline.attention_bytes(3, 4, n, d, block_q=128) == 12 * flash2
     # standard: Q, K, V read and O written; S and P each written and read back
-    assert perf.attention_bytes(1, 1, n, d, method="standard") == (4 * n * d + 4 * n * n) * 2 == 655360
+    assert roofline.attention_bytes(1, 1, n, d, method="standard") == (4 * n * d + 4 * n * n) * 2 == 655360
 
 
 @pytest.mark.parametrize("call, name", [
-    (lambda: perf.attention_flops(0, 1, 1, 1, 1), "batch"),
-    (lambda: perf.attention_flops(1, 1, 1, 1, 2.0), "head_dim"),
-    (lambda: perf.attention_flops(1, 1, 1, 1, 1, mode="bwd+fwd"), "mode"),
-    (lambda: perf.tflops(1.0, 0.0), "milliseconds"),
-    (lambda: perf.attention_bytes(1, 1, 8, 8, method="dense"), "method"),
-    (lambda: perf.roofline_ms(1.0, 1.0, 0.0, 1.0), "peak_tflops"),
-    (lambda: perf.load_runs("tpu"), "kind"),
+    (lambda: roofline.attention_flops(0, 1, 1, 1, 1), "batch"),
+    (lambda: roofline.attention_flops(1, 1, 1, 1, 2.0), "head_dim"),
+    (lambda: roofline.attention_flops(1, 1, 1, 1, 1, mode="bwd+fwd"), "mode"),
+    (lambda: roofline.tflops(1.0, 0.0), "milliseconds"),
+    (lambda: roofline.attention_bytes(1, 1, 8, 8, method="dense"), "method"),
+    (lambda: roofline.roofline_ms(1.0, 1.0, 0.0, 1.0), "peak_tflops"),
+    (lambda: records.load_runs("tpu"), "kind"),
 ])
 def test_bad_arguments_name_themselves(call, name):
     with pytest.raises(ValueError, match=f"'{name}'"):
@@ -70,29 +73,29 @@ def _gpu_run(date="2026-01-02", device="Test GPU"):
 
 
 def test_load_runs_sorts_by_date_and_labels(tmp_path):
-    assert perf.load_runs("gpu", tmp_path) == [] and perf.latest("gpu", tmp_path) is None
+    assert records.load_runs("gpu", tmp_path) == [] and records.latest("gpu", tmp_path) is None
     (tmp_path / "gpu-b-2026-03-01.json").write_text(json.dumps(_gpu_run("2026-03-01", "Newer GPU")))
     (tmp_path / "gpu-a-2026-01-02.json").write_text(json.dumps(_gpu_run()))
     (tmp_path / "cpu-2026-02-01.json").write_text(json.dumps(
         {"provenance": {"cpu": "Some CPU", "torch": "2.13.0", "date": "2026-02-01"}, "points": []}))
-    runs = perf.load_runs("gpu", tmp_path)
+    runs = records.load_runs("gpu", tmp_path)
     assert [r["file"] for r in runs] == ["gpu-a-2026-01-02.json", "gpu-b-2026-03-01.json"]
-    assert perf.latest("gpu", tmp_path)["device"] == "Newer GPU"
+    assert records.latest("gpu", tmp_path)["device"] == "Newer GPU"
     (tmp_path / "gpu-c-2026-04-01.json").write_text(json.dumps({"device": "No ladder", "date": "2026-04-01"}))
-    assert perf.latest("gpu", tmp_path)["device"] == "No ladder"
-    assert perf.latest("gpu", tmp_path, with_key="ladder")["device"] == "Newer GPU"
-    assert perf.label(runs[0]) == "Test GPU, torch 2.11.0, Triton 3.6.0, CUDA 12.8, 2026-01-02"
-    assert perf.label(perf.latest("cpu", tmp_path)) == "Some CPU, torch 2.13.0, 2026-02-01"
+    assert records.latest("gpu", tmp_path)["device"] == "No ladder"
+    assert records.latest("gpu", tmp_path, with_key="ladder")["device"] == "Newer GPU"
+    assert records.label(runs[0]) == "Test GPU, torch 2.11.0, Triton 3.6.0, CUDA 12.8, 2026-01-02"
+    assert records.label(records.latest("cpu", tmp_path)) == "Some CPU, torch 2.13.0, 2026-02-01"
 
 
 def test_selections_from_a_run():
     run = _gpu_run()
-    points = perf.ladder_points(run, n=4096)
+    points = records.ladder_points(run, n=4096)
     assert len(points) == 5
-    assert perf.best_sdpa(points, 4096) == ("sdpa:flash", 140.0)
-    assert perf.best_sdpa(points, 512) is None
-    assert perf.ladder_gains(run, n=16384) == [("teaching", 110.0), ("tma", 170.0)]
-    assert perf.series(points) == {"rung:teaching": {4096: 100.0}, "rung:tma": {4096: 150.0},
+    assert records.best_sdpa(points, 4096) == ("sdpa:flash", 140.0)
+    assert records.best_sdpa(points, 512) is None
+    assert records.ladder_gains(run, n=16384) == [("teaching", 110.0), ("tma", 170.0)]
+    assert records.series(points) == {"rung:teaching": {4096: 100.0}, "rung:tma": {4096: 150.0},
                                    "sdpa:flash": {4096: 140.0}, "sdpa:efficient": {4096: 70.0}}
 
 
@@ -329,14 +332,14 @@ def test_the_ladder_end_to_end_on_a_cpu_with_a_fault_and_a_fresh_run(monkeypatch
 
 
 def test_a_fresh_process_stopped_early_returns_what_it_measured(tmp_path, monkeypatch):
-    # a stand-in for `python -m flashlib.perf_bench`: checks its arguments, writes the
+    # a stand-in for `python -m flashlib.bench.gpu`: checks its arguments, writes the
     # partial result of its first point, and stops as if killed
     stub = tmp_path / "python"
     stub.write_text("""#!/bin/sh
 exec "$FLASHLIB_REAL_PYTHON" - "$@" <<'PY'
 import json, sys
 args = sys.argv[1:]
-assert args[:2] == ["-m", "flashlib.perf_bench"], args
+assert args[:2] == ["-m", "flashlib.bench.gpu"], args
 opt = lambda name: args[args.index(name) + 1]
 assert "--no-precompile" in args and "--no-ceilings" in args
 assert [args[i + 1] for i, a in enumerate(args) if a == "--exclude"] == ["flashlib:bulk", "flashlib:lean"]
@@ -388,26 +391,26 @@ def test_perf_bench_command_line_passes_points_and_exclusions(tmp_path, monkeypa
 
 def test_figures_render():
     run = _gpu_run()
-    figures = [perf.rate_plot(perf.series(perf.ladder_points(run)), title=perf.label(run), ceiling=700.0),
-               perf.bar_chart(["teaching", "tma"], [100.0, 150.0], title="ladder"),
-               perf.roofline_plot([dict(label="tma", flops=4e12, bytes=2e9, ms=20.0)], 700.0, 4000.0)]
+    figures = [plots.rate_plot(records.series(records.ladder_points(run)), title=records.label(run), ceiling=700.0),
+               plots.bar_chart(["teaching", "tma"], [100.0, 150.0], title="ladder"),
+               plots.roofline_plot([dict(label="tma", flops=4e12, bytes=2e9, ms=20.0)], 700.0, 4000.0)]
     cpu = {"provenance": {"cpu": "Some CPU", "torch": "2.13.0", "date": "2026-02-01"},
            "points": [dict(method=m, n=n, peak_alloc_bytes=n * (n if m == "dense" else 64) * 4, seconds=n * 1e-6)
                       for m in ("dense", "tiled") for n in (1024, 2048)]}
-    figures += list(perf.cpu_figures(cpu))
+    figures += list(plots.cpu_figures(cpu))
     for fig in figures:
         assert viz.figure_png(fig)[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(figures[0].axes[0].lines) == 5  # four methods and the ceiling
 
 
 def test_exercise_checkers(capsys):
-    assert perf.check_attention_flops(2 * 2 * 16 * 4096 ** 2 * 128)
-    assert not perf.check_attention_flops(4 * 2 * 16 * 4096 ** 2 * 128)
+    assert perf_exercises.check_attention_flops(2 * 2 * 16 * 4096 ** 2 * 128)
+    assert not perf_exercises.check_attention_flops(4 * 2 * 16 * 4096 ** 2 * 128)
     assert "half" in capsys.readouterr().out
-    assert not perf.check_attention_flops(None)
+    assert not perf_exercises.check_attention_flops(None)
     n, d = 4096, 128
-    assert perf.check_intensity(4 * n * n * d / ((n * d + 32 * 2 * n * d + n * d + n) * 2))
-    assert not perf.check_intensity(1.0)
+    assert perf_exercises.check_intensity(4 * n * n * d / ((n * d + 32 * 2 * n * d + n * d + n) * 2))
+    assert not perf_exercises.check_intensity(1.0)
 
 
 # ----- one grid point of the benchmark, on the CPU (interpreter) with stand-in timers -----
@@ -421,8 +424,8 @@ def test_measure_point_runs_every_method_on_cpu():
                                          tokens=24, hidden=64, bench=lambda fn: (fn(), (2.0, 1.5, 2.5))[1],
                                          peak=lambda fn: (fn(), 0)[1])
         by = {r["method"]: r for r in rows}
-        flops = perf.attention_flops(1, 2, 24, 24, 32, causal=True, mode=mode)
-        assert by["sdpa:math"]["tflops"] == pytest.approx(perf.tflops(flops, 2.0))
+        flops = roofline.attention_flops(1, 2, 24, 24, 32, causal=True, mode=mode)
+        assert by["sdpa:math"]["tflops"] == pytest.approx(roofline.tflops(flops, 2.0))
         assert (by["sdpa:math"]["ms_p20"], by["sdpa:math"]["ms_p80"]) == (1.5, 2.5)
         ours = [m for m in by if not m.startswith("sdpa:")]
         assert ours == (["rung:teaching", "rung:autotuned", "rung:causal-split", "rung:tma", "rung:lean",
@@ -443,9 +446,9 @@ def test_ladder_forward_with_fused_backward_gradients(rung):
     q, k, v = (torch.randn(1, 2, 21, 16, generator=gen) for _ in range(3))  # (B, H, N, D)
     dout = torch.randn(1, 2, 21, 16, generator=gen)
     ours = [t.clone().requires_grad_() for t in (q, k, v)]
-    from flashlib.kernels import flash_attention
+    from flashlib.ladder import attention
 
-    flash_attention(*ours, causal=True, forward=rung).backward(dout)
+    attention(*ours, causal=True, forward=rung, backward="teaching").backward(dout)
     ref = [t.double().requires_grad_() for t in (q, k, v)]
     mask = torch.ones(21, 21, dtype=torch.bool).tril()
     torch.nn.functional.scaled_dot_product_attention(*ref, attn_mask=mask).backward(dout.double())
@@ -458,8 +461,8 @@ def test_autotuned_choices_by_sequence_bucket():
     choice filed by hand here, as a GPU run files them)."""
     if not triton_installed():
         pytest.skip("Triton ships Linux wheels only")
-    from flashlib.kernels import backward_fast as bf
-    from flashlib.kernels import forward_fast as ff
+    from flashlib.ladder import backward as bf
+    from flashlib.ladder import forward as ff
 
     fwd = ff._tuner("lean", ff._attn_fwd_tma, 4096)
     bwd = bf._tuner("dkdv", "lean", 4096)
@@ -478,28 +481,28 @@ def test_autotuned_choices_by_sequence_bucket():
 
 def test_launch_model_by_hand():
     # two slots; durations 1, 2, 3, 4 in order: 3 starts at 1 (ends 4), 4 starts at 2 (ends 6)
-    assert perf.launch_makespan([1, 2, 3, 4], 2) == 6
+    assert roofline.launch_makespan([1, 2, 3, 4], 2) == 6
     # longest first: 4 and 3 start at 0; 2 starts at 3 (ends 5), 1 at 4 (ends 5): the ideal 10 / 2
-    assert perf.launch_makespan([4, 3, 2, 1], 2) == 5
-    assert perf.launch_makespan([], 3) == 0
+    assert roofline.launch_makespan([4, 3, 2, 1], 2) == 5
+    assert roofline.launch_makespan([], 3) == 0
     # one head of 4 blocks (1 + 2 + 3 + 4 = 10 tiles) on 2 slots: 6 / 5 in order, 5 / 5 longest first
-    model = perf.causal_launch_model(256, block=64, tokens=256, hidden=128, head_dim=128, slots=2)
+    model = roofline.causal_launch_model(256, block=64, tokens=256, hidden=128, head_dim=128, slots=2)
     assert model == {"in_order": pytest.approx(1.2), "longest_first": pytest.approx(1.0)}
     with pytest.raises(ValueError, match="'slots'"):
-        perf.launch_makespan([1], 0)
+        roofline.launch_makespan([1], 0)
 
 
 def test_autotuned_tiles_by_bucket_and_from_older_runs():
-    tile = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
-    wide = dict(tile, BLOCK_M=128, num_warps=8)
+    tile = dict(BLOCK_Q=64, BLOCK_K=64, num_warps=4, num_stages=3)
+    wide = dict(tile, BLOCK_Q=128, num_warps=8)
     new = {"ladder": {"autotuned": {"d=128 bfloat16 causal=False": {"tma": wide}},
                       "autotuned_by_n": {"d=128 bfloat16 causal=False": {"4096": {"tma": tile}, "16384": {"tma": wide}}}}}
-    assert perf.autotuned_tiles(new, n=3000) == {"tma": tile}      # 3000 -> the 4096 bucket
-    assert perf.autotuned_tiles(new, n=16384) == {"tma": wide}
-    assert perf.autotuned_tiles(new, n=1024) == {}                 # nothing kept for that bucket
+    assert records.autotuned_tiles(new, n=3000) == {"tma": tile}      # 3000 -> the 4096 bucket
+    assert records.autotuned_tiles(new, n=16384) == {"tma": wide}
+    assert records.autotuned_tiles(new, n=1024) == {}                 # nothing kept for that bucket
     old = {"ladder": {"autotuned": {"d=128 bfloat16 causal=False": {"tma": tile}}}}
-    assert perf.autotuned_tiles(old, n=1024) == {"tma": tile}      # one choice for every N
-    assert perf.autotuned_tiles(old, causal=True) == {}
+    assert records.autotuned_tiles(old, n=1024) == {"tma": tile}      # one choice for every N
+    assert records.autotuned_tiles(old, causal=True) == {}
 
 
 def test_write_result_names_the_device_and_date(tmp_path):
@@ -507,9 +510,9 @@ def test_write_result_names_the_device_and_date(tmp_path):
     result["ladder"]["provenance"] = {"device": "NVIDIA H200 (test)", "date": "2026-05-06", "torch": "2.11.0"}
     path = perf_bench.write_result(result, tmp_path)
     assert path.name == "gpu-ladder-nvidia-h200-test-2026-05-06.json"
-    run = perf.latest("gpu", tmp_path, with_key="ladder")
+    run = records.latest("gpu", tmp_path, with_key="ladder")
     assert run["ladder"]["points"] == result["ladder"]["points"]
-    assert perf.label(run).startswith("NVIDIA H200 (test), torch 2.11.0")
+    assert records.label(run).startswith("NVIDIA H200 (test), torch 2.11.0")
 
 
 def test_rows_marked_invalid_are_left_out_and_errata_are_readable():
@@ -517,42 +520,42 @@ def test_rows_marked_invalid_are_left_out_and_errata_are_readable():
     run["ladder"]["points"][0]["invalid"] = "timed two kernels"
     run["errata"] = [dict(rows="rung:teaching rows", count=1, problem="timed two kernels", instead="another run")]
     first = _gpu_run()["ladder"]["points"][0]
-    left = perf.ladder_points(run, n=first["n"], method=first["method"])
+    left = records.ladder_points(run, n=first["n"], method=first["method"])
     assert left == []
-    assert perf.rates_at(run, ["rung:teaching", "rung:tma"], n=first["n"]) == \
+    assert records.rates_at(run, ["rung:teaching", "rung:tma"], n=first["n"]) == \
         {"rung:tma": next(p["tflops"] for p in run["ladder"]["points"] if p["n"] == first["n"] and p["method"] == "rung:tma")}
-    assert perf.errata(run) == ["rung:teaching rows (1 rows): timed two kernels; instead: another run"]
-    assert perf.errata(_gpu_run()) == []
+    assert records.errata(run) == ["rung:teaching rows (1 rows): timed two kernels; instead: another run"]
+    assert records.errata(_gpu_run()) == []
 
 
 def test_grouped_bar_chart_draws_only_measured_bars():
-    fig = perf.grouped_bar_chart({"run 1": {"teaching": 100.0, "tma": 150.0}, "run 2": {"tma": 170.0}}, title="t")
+    fig = plots.grouped_bar_chart({"run 1": {"teaching": 100.0, "tma": 150.0}, "run 2": {"tma": 170.0}}, title="t")
     assert viz.figure_png(fig)[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(fig.axes[0].patches) == 3
 
 
 def test_saved_multiplies_checker(capsys):
     # by hand: 128 x 64 scores per tile over 256 threads is 32 each; 4096 / 64 = 64 tiles
-    assert perf.check_saved_multiplies(32 * 64)
-    assert not perf.check_saved_multiplies(32)
-    assert "N / BLOCK_N" in capsys.readouterr().out
-    assert not perf.check_saved_multiplies(128 * 4096 // 8)
+    assert perf_exercises.check_saved_multiplies(32 * 64)
+    assert not perf_exercises.check_saved_multiplies(32)
+    assert "N / BLOCK_K" in capsys.readouterr().out
+    assert not perf_exercises.check_saved_multiplies(128 * 4096 // 8)
     assert "divide by threads" in capsys.readouterr().out
-    assert not perf.check_saved_multiplies(None)
+    assert not perf_exercises.check_saved_multiplies(None)
 
 
 def test_backward_products_and_the_mma_sync_checker(capsys):
     # by hand, 16 query rows, 64 key rows, d = 128: four products of 64 rows, dQ of 16 (or 128
     # transposed), each 2 * 16 * 64 * 128 FLOPs
-    shapes = [(rows, cols, inner) for _, rows, cols, inner in perf.backward_products(16, 64, 128)]
+    shapes = [(rows, cols, inner) for _, rows, cols, inner in roofline.backward_products(16, 64, 128)]
     assert shapes == [(64, 16, 128), (64, 128, 16), (64, 16, 128), (64, 128, 16), (16, 128, 64)]
-    assert perf.backward_products(16, 64, 128, dq_transposed=True)[-1][1:] == (128, 16, 64)
-    assert perf.check_mma_sync_fraction(0.2) and perf.check_mma_sync_fraction(1 / 5)
-    assert not perf.check_mma_sync_fraction(0.25)
+    assert roofline.backward_products(16, 64, 128, dq_transposed=True)[-1][1:] == (128, 16, 64)
+    assert perf_exercises.check_mma_sync_fraction(0.2) and perf_exercises.check_mma_sync_fraction(1 / 5)
+    assert not perf_exercises.check_mma_sync_fraction(0.25)
     assert "five products" in capsys.readouterr().out
-    assert not perf.check_mma_sync_fraction(1 / 7)
+    assert not perf_exercises.check_mma_sync_fraction(1 / 7)
     assert "seven" in capsys.readouterr().out
-    assert not perf.check_mma_sync_fraction(None)
+    assert not perf_exercises.check_mma_sync_fraction(None)
 
 
 def test_speedups_by_hand():
@@ -561,41 +564,41 @@ def test_speedups_by_hand():
                                  dict(point, method="old", ms=3.0, ms_p20=2.9, ms_p80=3.3),
                                  dict(point, n=8192, method="new", ms=4.0),  # no baseline there
                                  dict(point, n=1024, method="old", error="boom")]}}
-    (row,) = perf.speedups(run, "new", "old", d=128)
+    (row,) = records.speedups(run, "new", "old", d=128)
     assert row["n"] == 4096 and row["speedup"] == pytest.approx(1.5)
     assert row["range"] == pytest.approx([2.9 / 2.2, 3.3 / 1.8])
     earlier = {"ladder": {"points": [dict(point, n=8192, method="new", ms=5.0)]}}
-    (row,) = perf.speedups(run, "new", "new", against=earlier)
+    (row,) = records.speedups(run, "new", "new", against=earlier)
     assert row["n"] == 8192 and row["speedup"] == pytest.approx(1.25) and row["range"] is None
-    assert perf.speedups(run, "new", "missing") == []
+    assert records.speedups(run, "new", "missing") == []
 
 
 def test_run_report_reads_the_recorded_runs():
-    """tools/run_report.py on the second H200 run against the first: a step's speedup as
+    """python -m flashlib.bench.report on the second H200 run against the first: a step's speedup as
     computed here from the file, and the earlier run named."""
     import subprocess
 
-    root = Path(perf.__file__).resolve().parent.parent
+    root = Path(records.__file__).resolve().parent.parent.parent
     run, earlier = (root / "data" / "bench" / f"gpu-nvidia-h200-{stamp}.json"
                     for stamp in ("2026-11-30T0015Z", "2026-11-29T2353Z"))
     newest = json.loads(run.read_text())
-    ms = {p["method"]: p["ms"] for p in perf.ladder_points(newest, d=128, n=4096, dtype="bfloat16", causal=False,
+    ms = {p["method"]: p["ms"] for p in records.ladder_points(newest, d=128, n=4096, dtype="bfloat16", causal=False,
                                                           mode="fwd_bwd") if p.get("ms")}
-    done = subprocess.run([sys.executable, str(root / "tools" / "run_report.py"), str(run), "--against", str(earlier)],
+    done = subprocess.run([sys.executable, "-m", "flashlib.bench.report", str(run), "--against", str(earlier)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"N=4096: {ms['flashlib'] / ms['flashlib:tuned']:.2f}" in done.stdout
-    assert perf.label(json.loads(earlier.read_text())) in done.stdout
+    assert records.label(json.loads(earlier.read_text())) in done.stdout
     assert "rung:lean over rung:tma: not measured in this run" in done.stdout
 
 
 def test_ridge_checker(capsys):
     run = _gpu_run()  # 700 TFLOP/s, 4000 GB/s
-    assert perf.check_ridge(700e12 / 4000e9, run)
-    assert not perf.check_ridge(700 / 4000, run)
+    assert perf_exercises.check_ridge(700e12 / 4000e9, run)
+    assert not perf_exercises.check_ridge(700 / 4000, run)
     assert "factor 1000" in capsys.readouterr().out
-    assert not perf.check_ridge(4000e9 / 700e12, run)
-    assert not perf.check_ridge(175.0, None)
+    assert not perf_exercises.check_ridge(4000e9 / 700e12, run)
+    assert not perf_exercises.check_ridge(175.0, None)
     assert "nothing to check" in capsys.readouterr().out
 
 
@@ -606,7 +609,7 @@ def test_newest_run_with_every_method_valid(tmp_path):
             p["invalid"] = "timed two kernels"
     (tmp_path / "gpu-a-2026-01-02.json").write_text(json.dumps(old))
     (tmp_path / "gpu-b-2026-03-01.json").write_text(json.dumps(new))
-    pick = lambda methods: perf.newest_run_with(methods, n=4096, directory=tmp_path)  # noqa: E731
+    pick = lambda methods: records.newest_run_with(methods, n=4096, directory=tmp_path)  # noqa: E731
     assert pick(["rung:tma", "sdpa:flash"])["device"] == "New GPU"
     assert pick(["rung:teaching", "sdpa:flash"])["device"] == "Old GPU"
     assert pick(["rung:teaching", "sdpa:cudnn"]) is None  # cuDNN failed there: no run has both

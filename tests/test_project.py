@@ -79,6 +79,6 @@ def test_evidence_tools_still_run(tool, expect):
     kernels' source: they must still find what they rewrite and compile it."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("Triton ships Linux wheels only")
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / tool)], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "experiments" / tool)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(re.findall(expect, done.stdout)) >= 1, done.stdout

@@ -7,7 +7,8 @@ import PIL.Image
 import pytest
 import torch
 
-from flashlib import trace_tiled_attention, viz
+from flashlib import trace_tiled_attention
+from flashlib.course import viz
 from flashlib.softmax import online_softmax_steps
 
 

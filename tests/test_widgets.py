@@ -7,8 +7,8 @@ import numpy as np
 import PIL.Image
 import torch
 
-from flashlib import viz
-from flashlib.widgets import OnlineSoftmaxStepper, TileStepper, benchmark_redraw
+from flashlib.course import viz
+from flashlib.course.widgets import OnlineSoftmaxStepper, TileStepper, benchmark_redraw
 
 
 def example():

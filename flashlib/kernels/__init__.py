@@ -1,30 +1,32 @@
-"""Triton kernels: the primer's small kernels and the fused FlashAttention forward/backward.
+"""Triton kernels of notebooks 05-07: the primer's small kernels and the teaching forward/backward.
 
 Importing this package is cheap and needs no Triton: :func:`kernel_status` says whether
 the kernels can run here (compiled on a CUDA GPU, in Triton's CPU interpreter, or not at
 all because Triton is missing, with what to do). The kernels themselves are imported on
 first use; without Triton that import raises an ImportError saying how to run them.
+
+    attention(q, k, v, *, causal, scale, config, return_lse)   notebook 06's forward and
+                                                               notebook 07's backward
+    FlashConfig, default_config                                their tiles, warps and stages
 """
 from ._mode import KernelStatus, kernel_status, preselect_without_cuda_build, triton_installed
 
 preselect_without_cuda_build()  # cheap: reads torch.version only, never a GPU driver
 
-_LAZY = {
-    "flash_attention": "op", "flash_forward": "op", "FlashAttentionFunction": "op",
-    "FlashConfig": "config", "default_config": "config", "head_dim_pad": "config",
-}
-
-__all__ = ["KernelStatus", "kernel_status", "triton_installed", *_LAZY]
+__all__ = ["KernelStatus", "kernel_status", "triton_installed", "attention", "AttentionFunction",
+           "FlashConfig", "default_config", "head_dim_pad"]
 
 
 def __getattr__(name):
-    if name in _LAZY:
-        import importlib
+    if name in ("attention", "AttentionFunction"):
+        from ._mode import require_triton
 
-        if _LAZY[name] == "op":
-            from ._mode import require_triton
+        require_triton()  # says how to get Triton where it is missing
+        from . import function
 
-            require_triton()
-        module = importlib.import_module(f".{_LAZY[name]}", __name__)
-        return getattr(module, name)
+        return getattr(function, name)
+    if name in ("FlashConfig", "default_config", "head_dim_pad"):
+        from . import config
+
+        return getattr(config, name)
     raise AttributeError(f"module 'flashlib.kernels' has no attribute {name!r}")

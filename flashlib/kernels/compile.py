@@ -28,8 +28,8 @@ SHARED_LIMIT = {(7, 5): 64 * 1024, (8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 9)
 def expected_tensor_core_op(kernel: str, capability, config) -> str | None:
     """The tensor-core instruction a kernel should use on this target (None: none expected).
 
-    Triton's dot uses mma.sync from sm_80 on, wgmma on sm_90 when the dot's row tile (BLOCK_M
-    forward and in dQ, BLOCK_N in dK/dV) is >= 64, and falls back to FMA on sm_75.
+    Triton's dot uses mma.sync from sm_80 on, wgmma on sm_90 when the dot's row tile (BLOCK_Q
+    forward and in dQ, BLOCK_K in dK/dV) is >= 64, and falls back to FMA on sm_75.
     """
     capability = tuple(capability)
     kernel = kernel.removesuffix("_tuned").removesuffix("_lean").removesuffix("_bulk")
@@ -37,8 +37,8 @@ def expected_tensor_core_op(kernel: str, capability, config) -> str | None:
         return None
     if capability >= (9, 0):
         cfg = config if isinstance(config, dict) else asdict(config)
-        rows = {"forward": cfg["block_m"], "bwd_dq": cfg["bwd_block_m"], "bwd_dkdv": cfg["bwd_block_n"],
-                "bwd_fused": cfg["bwd_block_n"]}[kernel]
+        rows = {"forward": cfg["block_q"], "bwd_dq": cfg["bwd_block_q"], "bwd_dkdv": cfg["bwd_block_k"],
+                "bwd_fused": cfg["bwd_block_k"]}[kernel]
         return "wgmma.mma_async" if rows >= 64 else "mma.sync"
     return "mma.sync"
 
@@ -174,13 +174,13 @@ def _kernel_and_constants(s):
 
     common = dict(HEAD_DIM_PAD=d_pad, CAUSAL=s["causal"], INPUT_PRECISION=cfg.input_precision)
     if s["kernel"] == "forward":
-        return (forward._attn_fwd, dict(common, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n),
+        return (forward._attn_fwd, dict(common, BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k),
                 dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), cfg)
     if s["kernel"] == "bwd_preprocess":
-        return (backward._attn_bwd_preprocess, dict(HEAD_DIM_PAD=d_pad, BLOCK_M=cfg.bwd_block_m),
+        return (backward._attn_bwd_preprocess, dict(HEAD_DIM_PAD=d_pad, BLOCK_Q=cfg.bwd_block_q),
                 dict(num_warps=4, num_stages=1), cfg)
     if s["kernel"].endswith(("_tuned", "_lean", "_bulk")):
-        from . import backward_fast
+        from ..ladder import backward as backward_fast
 
         # as launch_backward runs "lean" and "bulk": descriptors (and bulk reductions) from sm_90 on
         tma = s["kernel"].endswith(("_lean", "_bulk")) and tuple(s["capability"]) >= (9, 0)
@@ -195,7 +195,7 @@ def _kernel_and_constants(s):
             common["DQ_T"] = common["ATOMIC_DQ"] and cfg.bwd_dq_transposed
     else:
         fn = backward._attn_bwd_dkdv if s["kernel"] == "bwd_dkdv" else backward._attn_bwd_dq
-    return (fn, dict(common, BLOCK_M=cfg.bwd_block_m, BLOCK_N=cfg.bwd_block_n),
+    return (fn, dict(common, BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k),
             dict(num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages), cfg)
 
 

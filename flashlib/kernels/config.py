@@ -11,13 +11,16 @@ import torch
 from dataclasses import dataclass
 
 INPUT_PRECISIONS = ("tf32", "ieee")
+# 1 / ln(2): exp(x) = 2^(x * LOG2E). The kernels fold it into the softmax scale and use exp2,
+# which GPUs compute in one instruction; every kernel reads it from here.
+LOG2E = 1.4426950408889634
 
 
 @dataclass(frozen=True)
 class FlashConfig:
     """Tile sizes and launch options of the forward and the two backward kernels.
 
-    block_m / block_n: query rows (BLOCK_M) and key rows (BLOCK_N) per tile, powers of two
+    block_q / block_k: query rows (BLOCK_Q) and key rows (BLOCK_K) per tile, powers of two
     >= 16 (tl.dot's minimum). input_precision: how a float32 ``tl.dot`` multiplies on a GPU,
     "tf32" (tensor cores, ~1e-3 relative error) or "ieee" (exact float32 on CUDA cores: for
     checking, not speed; the shipped tiles are sized for tensor cores and spill registers in
@@ -27,19 +30,19 @@ class FlashConfig:
     few query rows) into a transposed float32 dQ; the other backwards have no such tile.
     """
 
-    block_m: int = 64
-    block_n: int = 64
+    block_q: int = 64
+    block_k: int = 64
     num_warps: int = 4
     num_stages: int = 2
-    bwd_block_m: int = 64
-    bwd_block_n: int = 64
+    bwd_block_q: int = 64
+    bwd_block_k: int = 64
     bwd_num_warps: int = 4
     bwd_num_stages: int = 2
     input_precision: str = "tf32"
     bwd_dq_transposed: bool = False
 
     def __post_init__(self):
-        for name in ("block_m", "block_n", "bwd_block_m", "bwd_block_n"):
+        for name in ("block_q", "block_k", "bwd_block_q", "bwd_block_k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
                 raise ValueError(f"FlashConfig: '{name}' must be a power of two >= 16, got {value!r}")
@@ -76,9 +79,9 @@ def head_dim_pad(head_dim: int) -> int:
     return max(16, 1 << (int(head_dim) - 1).bit_length())
 
 
-# (BLOCK_M, BLOCK_N, warps, stages) of the forward, then of both backward kernels, per padded
+# (BLOCK_Q, BLOCK_K, warps, stages) of the forward, then of both backward kernels, per padded
 # head dim, chosen so that no kernel spills registers (checked by tests/test_kernel_compile.py).
-# Hopper's wgmma needs the rows of a dot (BLOCK_M forward and dQ, BLOCK_N for dK/dV) to be
+# Hopper's wgmma needs the rows of a dot (BLOCK_Q forward and dQ, BLOCK_K for dK/dV) to be
 # >= 64; where such tiles would spill or overflow shared memory, 32-row tiles use mma.sync.
 _AMPERE_16BIT = {32: ((128, 64, 4, 3), (64, 64, 4, 2)),
                  64: ((128, 64, 4, 3), (64, 64, 4, 1)),
@@ -113,8 +116,8 @@ def default_config(head_dim: int, dtype: torch.dtype, capability: tuple[int, int
     else:  # Ampere and Ada; the interpreter uses the same tiles (bigger tiles, fewer Python steps)
         table = _AMPERE_FP32 if wide else _AMPERE_16BIT
     (bm, bn, w, st), (bbm, bbn, bw, bst) = table.get(head_dim_pad(head_dim), table[d])
-    return FlashConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=st,
-                       bwd_block_m=bbm, bwd_block_n=bbn, bwd_num_warps=bw, bwd_num_stages=bst)
+    return FlashConfig(block_q=bm, block_k=bn, num_warps=w, num_stages=st,
+                       bwd_block_q=bbm, bwd_block_k=bbn, bwd_num_warps=bw, bwd_num_stages=bst)
 
 
 def shipped_configs():

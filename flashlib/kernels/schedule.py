@@ -8,17 +8,17 @@ from __future__ import annotations
 import math
 
 
-def forward_key_blocks(start_m: int, seq_q: int, seq_k: int, block_m: int, block_n: int, causal: bool) -> int:
+def forward_key_blocks(start_m: int, seq_q: int, seq_k: int, block_q: int, block_k: int, causal: bool) -> int:
     """Key tiles the forward (and dQ) program of query block ``start_m`` loops over."""
     hi = seq_k
     if causal:  # as _key_range_end: one past the last key the block's last row sees
-        hi = min(max((start_m + 1) * block_m + (seq_k - seq_q), 0), seq_k)
-    return math.ceil(hi / block_n)
+        hi = min(max((start_m + 1) * block_q + (seq_k - seq_q), 0), seq_k)
+    return math.ceil(hi / block_k)
 
 
-def schedule(seq_q: int, seq_k: int, block_m: int, block_n: int, causal: bool):
+def schedule(seq_q: int, seq_k: int, block_q: int, block_k: int, causal: bool):
     """(query blocks, key blocks) boolean grid: True where the forward computes the tile."""
-    rows = math.ceil(seq_q / block_m)
-    cols = math.ceil(seq_k / block_n)
-    return [[j < forward_key_blocks(i, seq_q, seq_k, block_m, block_n, causal) for j in range(cols)]
+    rows = math.ceil(seq_q / block_q)
+    cols = math.ceil(seq_k / block_k)
+    return [[j < forward_key_blocks(i, seq_q, seq_k, block_q, block_k, causal) for j in range(cols)]
             for i in range(rows)]

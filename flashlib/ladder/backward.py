@@ -31,15 +31,15 @@ from __future__ import annotations
 
 import torch
 
-from ._mode import require_triton
-from .config import FlashConfig, head_dim_pad, seq_bucket
+from ..kernels._mode import require_triton
+from ..kernels.config import LOG2E, FlashConfig, head_dim_pad, seq_bucket
 
 triton = require_triton()
 import triton.language as tl  # noqa: E402
 
-from .backward import _attn_bwd_preprocess  # noqa: E402
-from .forward import LOG2E, _visible  # noqa: E402
-from .forward_fast import _key_ranges, _load_rows, _query_block  # noqa: E402
+from ..kernels.backward import _attn_bwd_preprocess  # noqa: E402
+from ..kernels.forward import _LOG2E, _visible  # noqa: E402
+from .forward import _ensure_allocator, _key_ranges, _load_rows, _query_block, _tma_hardware, tma_eligible  # noqa: E402
 
 
 @triton.jit
@@ -48,10 +48,10 @@ def _lse_delta(Lse, Delta, offs_m, SEQ_Q, MASKED: tl.constexpr):
     key, so 2^(s - lse) = 0 there. An unmasked tile has neither kind of row."""
     if MASKED:
         lse = tl.load(Lse + offs_m, mask=offs_m < SEQ_Q, other=float("inf"))
-        lse = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+        lse = tl.where(lse == float("-inf"), float("inf"), lse * _LOG2E)
         delta = tl.load(Delta + offs_m, mask=offs_m < SEQ_Q, other=0.0)
     else:
-        lse = tl.load(Lse + offs_m) * 1.4426950408889634
+        lse = tl.load(Lse + offs_m) * _LOG2E
         delta = tl.load(Delta + offs_m)
     return lse, delta
 
@@ -72,19 +72,19 @@ def _stream_rows(Src, start, stride, offs_rows, offs_d, n_rows, HEAD_DIM: tl.con
 @triton.jit
 def _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qm, stride_dom, stride_dqm, offs_n, offs_d, lo, hi,
                qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-               BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               BLOCK_Q: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                INPUT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr,
                BULK_DQ: tl.constexpr, DQ_T: tl.constexpr):
     """Fold query blocks [lo, hi) into one key block's dk, dv; MASKED tiles check everything.
     ATOMIC_DQ: also add this key block's share of dq (float32) into DQ with atomic adds.
     TMA: Q and DO are tensor descriptors. BULK_DQ: DQ is one too, and each dq tile is added
     by the copy engine in one bulk reduction instead of one atomic per element."""
-    for start_m in range(lo, hi, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
+    for start_m in range(lo, hi, BLOCK_Q):
+        offs_m = start_m + tl.arange(0, BLOCK_Q)
         q = _stream_rows(Q, start_m, stride_qm, offs_m, offs_d, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, MASKED, TMA)
         do = _stream_rows(DO, start_m, stride_dom, offs_m, offs_d, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, MASKED, TMA)
         lse, delta = _lse_delta(Lse, Delta, offs_m, SEQ_Q, MASKED)
-        # transposed tiles (BLOCK_N, BLOCK_M): keys are this program's rows
+        # transposed tiles (BLOCK_K, BLOCK_Q): keys are this program's rows
         s_t = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION) * qk_scale
         p_t = tl.math.exp2(s_t - lse[None, :])
         if MASKED:
@@ -102,7 +102,7 @@ def _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qm, stride_dom, strid
         # other key blocks add into the same rows at the same time: the order of these float
         # additions, so the last bits of dq, can change from run to run
         if ATOMIC_DQ and DQ_T:
-            # dQ transposed, (HEAD_DIM_PAD, BLOCK_M) = K^T dS^T: the product's long side is the
+            # dQ transposed, (HEAD_DIM_PAD, BLOCK_Q) = K^T dS^T: the product's long side is the
             # head dim, not the few query rows, so it fills a warpgroup's tensor-core tile
             dq_t = tl.dot(tl.trans(k), ds_t.to(k.dtype), input_precision=INPUT_PRECISION)
             if BULK_DQ:  # past HEAD_DIM and SEQ_Q the copy engine clips
@@ -112,7 +112,7 @@ def _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qm, stride_dom, strid
                 tl.atomic_add(dq_ptrs, dq_t, mask=(offs_d[:, None] < HEAD_DIM) & (offs_m[None, :] < SEQ_Q),
                               sem="relaxed")
         elif ATOMIC_DQ:
-            dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=INPUT_PRECISION)  # (BLOCK_M, HEAD_DIM_PAD)
+            dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=INPUT_PRECISION)  # (BLOCK_Q, HEAD_DIM_PAD)
             if BULK_DQ:  # rows past SEQ_Q and columns past HEAD_DIM are clipped by the copy engine
                 DQ.atomic_add([start_m, 0], dq)
             else:
@@ -123,18 +123,18 @@ def _dkdv_loop(dk, dv, k, v, Q, DO, Lse, Delta, DQ, stride_qm, stride_dom, strid
 
 
 @triton.jit
-def _query_ranges(start_n, SEQ_Q, SEQ_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+def _query_ranges(start_n, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr):
     """(lo, mid, full_end) for key block start_n: query blocks [lo, mid) cross the diagonal
     (masked), [mid, full_end) see the whole key block inside the bounds (unmasked), and
     [full_end, SEQ_Q) is the ragged end (masked). Blocks before lo see none of these keys."""
-    n0 = start_n * BLOCK_N
-    q_full = (SEQ_Q // BLOCK_M) * BLOCK_M
-    keys_full = n0 + BLOCK_N <= SEQ_K
+    n0 = start_n * BLOCK_K
+    q_full = (SEQ_Q // BLOCK_Q) * BLOCK_Q
+    keys_full = n0 + BLOCK_K <= SEQ_K
     if CAUSAL:
         off = SEQ_K - SEQ_Q  # query i sees key j when j <= i + off
-        lo = (tl.maximum(n0 - off, 0) // BLOCK_M) * BLOCK_M
+        lo = (tl.maximum(n0 - off, 0) // BLOCK_Q) * BLOCK_Q
         # the first block whose first row sees this block's last key
-        first_full = tl.cdiv(tl.maximum(n0 + BLOCK_N - 1 - off, 0), BLOCK_M) * BLOCK_M
+        first_full = tl.cdiv(tl.maximum(n0 + BLOCK_K - 1 - off, 0), BLOCK_Q) * BLOCK_Q
     else:
         lo = 0
         first_full = 0
@@ -148,8 +148,8 @@ def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
                          stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
                          stride_doz, stride_dom, stride_dkz, stride_dkn, stride_dvz, stride_dvn,
                          stride_dqz, stride_dqm, stride_dqt, SEQ_Q, SEQ_K,
-                         HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                         BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                          ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr = False, BULK_DQ: tl.constexpr = False,
                          DQ_T: tl.constexpr = False):
     """dK, dV of one key block; with ATOMIC_DQ also every dQ contribution (DQ: float32, zeroed;
@@ -159,19 +159,19 @@ def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
     mask the first see the most queries."""
     start_n = tl.program_id(0)
     off_z = tl.program_id(1).to(tl.int64)
-    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = start_n * BLOCK_K + tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     k = _load_rows(K + off_z * stride_kz, stride_kn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, True)
     v = _load_rows(V + off_z * stride_vz, stride_vn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, True)
-    dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    dk = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
     # the streamed blocks' sources: descriptors of this head's (SEQ_Q, HEAD_DIM) Q and dO with TMA
     # (a compile-time branch: a helper returning either type would not compile), else pointers
     if TMA:
         q_src = tl.make_tensor_descriptor(Q + off_z * stride_qz, shape=[SEQ_Q, HEAD_DIM], strides=[stride_qm, 1],
-                                          block_shape=[BLOCK_M, HEAD_DIM_PAD])
+                                          block_shape=[BLOCK_Q, HEAD_DIM_PAD])
         do_src = tl.make_tensor_descriptor(DO + off_z * stride_doz, shape=[SEQ_Q, HEAD_DIM],
-                                           strides=[stride_dom, 1], block_shape=[BLOCK_M, HEAD_DIM_PAD])
+                                           strides=[stride_dom, 1], block_shape=[BLOCK_Q, HEAD_DIM_PAD])
     else:
         q_src = Q + off_z * stride_qz
         do_src = DO + off_z * stride_doz
@@ -179,24 +179,24 @@ def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
         stride_dqm = stride_dqt  # the loop's row stride of DQ: head-dim rows now
     if BULK_DQ and DQ_T:
         dq_dst = tl.make_tensor_descriptor(DQ + off_z * stride_dqz, shape=[HEAD_DIM, SEQ_Q], strides=[stride_dqt, 1],
-                                           block_shape=[HEAD_DIM_PAD, BLOCK_M])
+                                           block_shape=[HEAD_DIM_PAD, BLOCK_Q])
     elif BULK_DQ:
         dq_dst = tl.make_tensor_descriptor(DQ + off_z * stride_dqz, shape=[SEQ_Q, HEAD_DIM], strides=[stride_dqm, 1],
-                                           block_shape=[BLOCK_M, HEAD_DIM_PAD])
+                                           block_shape=[BLOCK_Q, HEAD_DIM_PAD])
     else:
         dq_dst = DQ + off_z * stride_dqz
     Lse += off_z * SEQ_Q
     Delta += off_z * SEQ_Q
-    lo, mid, full_end = _query_ranges(start_n, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
+    lo, mid, full_end = _query_ranges(start_n, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
     # masked [lo, mid), unmasked [mid, full_end), masked [full_end, SEQ_Q)
     dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse, Delta, dq_dst, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
-                        lo, mid, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, CAUSAL,
+                        lo, mid, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, True, CAUSAL,
                         INPUT_PRECISION, ATOMIC_DQ, TMA, BULK_DQ, DQ_T)
     dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse, Delta, dq_dst, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
-                        mid, full_end, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, False, CAUSAL,
+                        mid, full_end, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, False, CAUSAL,
                         INPUT_PRECISION, ATOMIC_DQ, TMA, BULK_DQ, DQ_T)
     dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, Lse, Delta, dq_dst, stride_qm, stride_dom, stride_dqm, offs_n, offs_d,
-                        full_end, SEQ_Q, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, CAUSAL,
+                        full_end, SEQ_Q, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, True, CAUSAL,
                         INPUT_PRECISION, ATOMIC_DQ, TMA, BULK_DQ, DQ_T)
     mask = (offs_n[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)
     if not ATOMIC_DQ:  # with ATOMIC_DQ the loop scaled dS already
@@ -210,14 +210,14 @@ def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
 @triton.jit
 def _dq_loop(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, offs_m, offs_d, lo, hi,
              qk_scale, SEQ_Q, SEQ_K, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+             BLOCK_K: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
              TMA: tl.constexpr):
     """Fold key blocks [lo, hi) into one query block's dq (TMA: K and V are descriptors)."""
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_K):
+        offs_n = start_n + tl.arange(0, BLOCK_K)
         k = _stream_rows(K, start_n, stride_kn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, MASKED, TMA)
         v = _stream_rows(V, start_n, stride_vn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, MASKED, TMA)
-        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale  # (BLOCK_Q, BLOCK_K)
         p = tl.math.exp2(s - lse[:, None])
         if MASKED:
             p = tl.where(_visible(offs_m, offs_n, SEQ_Q, SEQ_K, CAUSAL), p, 0.0)
@@ -232,32 +232,32 @@ def _attn_bwd_dq_split(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
                        stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
                        stride_doz, stride_dom, stride_dqz, stride_dqm,
                        SEQ_Q, SEQ_K,
-                       HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                       HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                       BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                        TMA: tl.constexpr = False, LEAN: tl.constexpr = False):
     """dQ of one query block (LEAN: causal launches start with the longest blocks)."""
     start_m = _query_block(CAUSAL, LEAN)
     off_z = tl.program_id(1).to(tl.int64)
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = start_m * BLOCK_Q + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     q = _load_rows(Q + off_z * stride_qz, stride_qm, offs_m, offs_d, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, True)
     do = _load_rows(DO + off_z * stride_doz, stride_dom, offs_m, offs_d, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, True)
     # padding rows and rows without keys get lse = +inf: their p is 0 even in unmasked tiles
     lse, delta = _lse_delta(Lse + off_z * SEQ_Q, Delta + off_z * SEQ_Q, offs_m, SEQ_Q, True)
-    dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    dq = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
     if TMA:  # descriptors of this head's (SEQ_K, HEAD_DIM) K and V, as in the dK/dV kernel
         k_src = tl.make_tensor_descriptor(K + off_z * stride_kz, shape=[SEQ_K, HEAD_DIM], strides=[stride_kn, 1],
-                                          block_shape=[BLOCK_N, HEAD_DIM_PAD])
+                                          block_shape=[BLOCK_K, HEAD_DIM_PAD])
         v_src = tl.make_tensor_descriptor(V + off_z * stride_vz, shape=[SEQ_K, HEAD_DIM], strides=[stride_vn, 1],
-                                          block_shape=[BLOCK_N, HEAD_DIM_PAD])
+                                          block_shape=[BLOCK_K, HEAD_DIM_PAD])
     else:
         k_src = K + off_z * stride_kz
         v_src = V + off_z * stride_vz
-    full_end, hi = _key_ranges(start_m, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
+    full_end, hi = _key_ranges(start_m, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
     dq = _dq_loop(dq, q, do, lse, delta, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d, 0, full_end,
-                  qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, CAUSAL, INPUT_PRECISION, TMA)
+                  qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, False, CAUSAL, INPUT_PRECISION, TMA)
     dq = _dq_loop(dq, q, do, lse, delta, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d, full_end, hi,
-                  qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, CAUSAL, INPUT_PRECISION, TMA)
+                  qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, True, CAUSAL, INPUT_PRECISION, TMA)
     mask = (offs_m[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
     tl.store(DQ + off_z * stride_dqz + offs_m[:, None] * stride_dqm + offs_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=mask)
@@ -265,8 +265,8 @@ def _attn_bwd_dq_split(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
 
 # ----- autotuning (GPU only) -------------------------------------------------------------
 
-# (BLOCK_M, BLOCK_N, warps, stages) per padded head dim. dK/dV keeps BLOCK_N keys resident,
-# dQ BLOCK_M queries. Every candidate's causal kernel compiles for sm_90 without spills with
+# (BLOCK_Q, BLOCK_K, warps, stages) per padded head dim. dK/dV keeps BLOCK_K keys resident,
+# dQ BLOCK_Q queries. Every candidate's causal kernel compiles for sm_90 without spills with
 # Triton 3.6 and 3.7 (tests/test_backward_fast.py); without the mask (16, 32, 4, 2) at head
 # dim 256 spills 4 bytes with 3.6 and is timed like the rest. At head dim 128 a 64 x 128
 # dK/dV tile already spills.
@@ -282,7 +282,7 @@ DKDV_TILES = {64: ((32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4
 DQ_TILES = {64: ((128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 8, 2)),
             128: ((128, 32, 8, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3)),
             256: ((32, 32, 4, 1), (16, 32, 4, 2))}  # (32, 16, 4, 2) spills with descriptors (Triton 3.6)
-# dK/dV with the atomic dQ: one more (BLOCK_M, HEAD_DIM_PAD) float32 tile per step (at head
+# dK/dV with the atomic dQ: one more (BLOCK_Q, HEAD_DIM_PAD) float32 tile per step (at head
 # dim 128, (16, 64, 4, 3) spills here)
 FUSED_TILES = {64: ((32, 128, 8, 3), (64, 128, 8, 3), (32, 64, 4, 3), (32, 128, 8, 2)),
                128: ((32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 3)),
@@ -313,9 +313,9 @@ def tiles_for(table, head_dim_pad_: int):
 
 
 def _config(bm, bn, w, s, dq_t=None):
-    """A candidate (BLOCK_M, BLOCK_N, warps, stages[, DQ_T]) as Triton's Config."""
+    """A candidate (BLOCK_Q, BLOCK_K, warps, stages[, DQ_T]) as Triton's Config."""
     extra = {} if dq_t is None else {"DQ_T": dq_t}
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, **extra}, num_warps=w, num_stages=s)
+    return triton.Config({"BLOCK_Q": bm, "BLOCK_K": bn, **extra}, num_warps=w, num_stages=s)
 
 
 def _prune(table):
@@ -362,7 +362,8 @@ def _tuner(kernel: str, backward: str, bucket: int):
 BACKWARDS = ("tuned", "atomic", "lean", "bulk")
 
 
-def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | None, backward: str = "tuned"):
+def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | None, backward: str = "tuned",
+                    dlse=None):
     """All (B*H, seq, d) but lse (B*H, seq_q). cfg None: autotuned tiles (GPU only).
     backward: "tuned"; "atomic" (one kernel: dQ added with float32 atomics); "lean" ("tuned"
     with descriptors for the streamed blocks where TMA exists, and longest-first causal dQ);
@@ -370,11 +371,9 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
     bulk reduction of the copy engine: compiled on sm_90 only, since Triton's interpreter
     has no bulk reductions and runs "bulk" with per-element atomics; its autotuner also
     chooses whether dQ is built transposed, as cfg.bwd_dq_transposed does for fixed tiles).
-    Returns dq, dk, dv."""
+    dlse: an optional gradient with respect to lse, (B*H, seq_q) float32. Returns dq, dk, dv."""
     if backward not in BACKWARDS:
         raise ValueError(f"launch_backward: argument 'backward' must be one of {BACKWARDS}, got {backward!r}")
-    from .forward_fast import _ensure_allocator, _tma_hardware, tma_eligible
-
     bh, seq_q, d = q.shape
     seq_k = k.shape[1]
     d_pad = head_dim_pad(d)
@@ -386,7 +385,9 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
     delta = torch.empty_like(lse)
     _attn_bwd_preprocess[(triton.cdiv(seq_q, 64), bh)](
         out, dout, delta, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), seq_q, d,
-        HEAD_DIM_PAD=d_pad, BLOCK_M=64)
+        HEAD_DIM_PAD=d_pad, BLOCK_Q=64)
+    if dlse is not None:
+        delta -= dlse  # d lse_i / d s_ij = p_ij: a gradient of lse enters where delta does
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     # atomics accumulate in float32 and start from zero, in a buffer that holds dQ either way:
     # (B*H, seq_pad, d) as it is, or (B*H, d, seq_pad) transposed (DQ_T; seq_pad keeps its rows
@@ -409,24 +410,24 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
     lean = backward == "lean"
     if cfg is None:
         bucket = seq_bucket(seq_q, seq_k)
-        grid_n = lambda meta: (triton.cdiv(seq_k, meta["BLOCK_N"]), bh)  # noqa: E731
+        grid_n = lambda meta: (triton.cdiv(seq_k, meta["BLOCK_K"]), bh)  # noqa: E731
         if atomic_dq:
             tuner = _tuner("fused", backward, bucket)
             tuner[grid_n](*dkdv_args, **common, **fused)
             chosen = getattr(tuner, "best_config", None)  # this launch's (none when compiling ahead)
             return _dq_from(dq, q, bool(chosen and chosen.kwargs.get("DQ_T", False))), dk, dv
         _tuner("dkdv", backward, bucket)[grid_n](*dkdv_args, **common, **fused)
-        _tuner("dq", backward, bucket)[lambda meta: (triton.cdiv(seq_q, meta["BLOCK_M"]), bh)](
+        _tuner("dq", backward, bucket)[lambda meta: (triton.cdiv(seq_q, meta["BLOCK_Q"]), bh)](
             *dq_args, **common, LEAN=lean)
         return dq, dk, dv
-    tiles = dict(BLOCK_M=cfg.bwd_block_m, BLOCK_N=cfg.bwd_block_n, num_warps=cfg.bwd_num_warps,
+    tiles = dict(BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k, num_warps=cfg.bwd_num_warps,
                  num_stages=cfg.bwd_num_stages)
     if atomic_dq:
         fused["DQ_T"] = cfg.bwd_dq_transposed
-    _attn_bwd_dkdv_split[(triton.cdiv(seq_k, cfg.bwd_block_n), bh)](*dkdv_args, **common, **tiles, **fused)
+    _attn_bwd_dkdv_split[(triton.cdiv(seq_k, cfg.bwd_block_k), bh)](*dkdv_args, **common, **tiles, **fused)
     if atomic_dq:
         return _dq_from(dq, q, fused["DQ_T"]), dk, dv
-    _attn_bwd_dq_split[(triton.cdiv(seq_q, cfg.bwd_block_m), bh)](*dq_args, **common, **tiles, LEAN=lean)
+    _attn_bwd_dq_split[(triton.cdiv(seq_q, cfg.bwd_block_q), bh)](*dq_args, **common, **tiles, LEAN=lean)
     return dq, dk, dv
 
 

@@ -13,15 +13,15 @@ import ipywidgets as widgets
 import torch
 
 from . import viz
-from .softmax import online_softmax_steps
-from .tiled import trace_tiled_attention
+from ..softmax import online_softmax_steps
+from ..tiled import trace_tiled_attention
 
 
 class TileStepper(widgets.VBox):
     """Replay tiled attention tile by tile (notebook 03).
 
-    Sliders: ``block_q`` (query rows per block, BLOCK_M), ``block_k`` (keys per tile,
-    BLOCK_N) and ``step``; toggles: the loop order ("query" or "key") and causal masking.
+    Sliders: ``block_q`` (query rows per block, BLOCK_Q), ``block_k`` (keys per tile,
+    BLOCK_K) and ``step``; toggles: the loop order ("query" or "key") and causal masking.
     q, k, v: (batch, heads, seq, head_dim) or (seq, head_dim); the first batch/head is shown.
     """
 

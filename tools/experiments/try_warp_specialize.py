@@ -1,6 +1,6 @@
 """Ask Triton to warp-specialise rung 3's unmasked key loop and compile it for sm_90, no GPU needed.
 
-    python tools/try_warp_specialize.py [DIRECTORY_HOLDING_ANOTHER_TRITON]
+    python tools/experiments/try_warp_specialize.py [DIRECTORY_HOLDING_ANOTHER_TRITON]
 
 Builds a copy of ``forward_fast._attn_fwd_tma`` whose first key loop is
 ``tl.range(..., warp_specialize=True)`` and compiles it (bf16, head dim 128, causal) with three
@@ -17,20 +17,20 @@ import tempfile
 os.environ["TRITON_INTERPRET"] = "0"
 if len(sys.argv) > 1:
     sys.path.insert(0, sys.argv[1])
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import triton  # noqa: E402
 
-from flashlib.kernels import forward_fast  # noqa: E402
+from flashlib.ladder import forward as forward_fast  # noqa: E402
 from flashlib.kernels.compile import compile_and_inspect  # noqa: E402
-from flashlib.kernels.ladder import RungReport  # noqa: E402
+from flashlib.ladder.compile import RungReport  # noqa: E402
 
-LOOP = "for start_n in range(0, full_end, BLOCK_N):"
+LOOP = "for start_n in range(0, full_end, BLOCK_K):"
 source = inspect.getsource(forward_fast._attn_fwd_tma.fn)
 assert LOOP in source, "rung 3's unmasked loop changed: update this script"
-source = source.replace(LOOP, "for start_n in tl.range(0, full_end, BLOCK_N, warp_specialize=True):", 1)
+source = source.replace(LOOP, "for start_n in tl.range(0, full_end, BLOCK_K, warp_specialize=True):", 1)
 header = ("import triton\nimport triton.language as tl\n"
-          "from flashlib.kernels.forward_fast import _key_ranges, _fold_tile, _finish, _query_block\n")
+          "from flashlib.ladder.forward import _key_ranges, _fold_tile, _finish, _query_block\n")
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "ws_kernel.py")
     with open(path, "w") as f:
@@ -41,7 +41,7 @@ with tempfile.TemporaryDirectory() as tmp:
     print(f"Triton {triton.__version__}, sm_90, bf16, head dim 128, causal, warp_specialize=True on the unmasked loop")
     for bm, bn, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3)):
         report = RungReport(rung="tma+ws", capability=(9, 0), dtype="bfloat16", head_dim=128, causal=True)
-        constants = dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, INPUT_PRECISION="tf32",
+        constants = dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_Q=bm, BLOCK_K=bn, CAUSAL=True, INPUT_PRECISION="tf32",
                          LEAN=False, LAZY=False)
         try:
             ptx = compile_and_inspect(report, module._attn_fwd_tma, "bfloat16", constants,

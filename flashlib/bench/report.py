@@ -1,7 +1,7 @@
 """What a recorded GPU run says about the expectations in data/bench/LOG.md.
 
-    python tools/run_report.py                      # the newest run against the one before it
-    python tools/run_report.py RUN.json [--against OLDER.json]
+    python -m flashlib.bench.report                      # the newest run against the one before it
+    python -m flashlib.bench.report RUN.json [--against OLDER.json]
 
 Prints, from the JSON alone: what was measured (points, budget, compiling ahead, any kernel
 fault), the target ratios, each ladder step against the step before it in the same run, each
@@ -17,9 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from flashlib import perf  # noqa: E402
+from . import records
 
 # (method, the step it is measured against), as data/bench/LOG.md states the expectations
 STEPS = [("rung:autotuned", "rung:teaching"), ("rung:causal-split", "rung:autotuned"), ("rung:tma", "rung:causal-split"),
@@ -49,7 +47,7 @@ def comparison_lines(rows) -> list[str]:
 
 def report(run: dict, previous: dict | None = None) -> str:
     ladder = run.get("ladder") or {}
-    out = [perf.label(run), f"GPU tests: {(run.get('tests') or {}).get('summary', 'not run')}"]
+    out = [records.label(run), f"GPU tests: {(run.get('tests') or {}).get('summary', 'not run')}"]
     keys = {(p["d"], p["n"], p["dtype"], p["causal"], p["mode"]) for p in ladder.get("points", [])}
     out.append(f"grid points measured: {len(keys)}, skipped by the budget: {len(ladder.get('skipped', []))}")
     timeline = ladder.get("timeline") or []
@@ -66,19 +64,19 @@ def report(run: dict, previous: dict | None = None) -> str:
     for loss in ladder.get("devices_lost") or ([ladder["device_lost"]] if ladder.get("device_lost") else []):
         out.append(f"kernel fault: {loss['method']} at {loss['point']}: {loss['error']}")
     if ladder.get("target_ratios"):
-        from flashlib.perf_bench import format_ladder
+        from .gpu import format_ladder
 
         out += ["", "targets (d = 128, N >= 4k): best flashlib over best SDPA", format_ladder(run)]
     out += ["", "each step against the one before it, in this run (d = 128, bf16):"]
     for method, baseline in STEPS:
-        rows = perf.speedups(run, method, baseline, d=128, dtype="bfloat16")
+        rows = records.speedups(run, method, baseline, d=128, dtype="bfloat16")
         out.append(f"  {method} over {baseline}:" + ("" if rows else " not measured in this run"))
         out += comparison_lines(rows)
     if previous is not None:
-        out += ["", f"against the earlier run ({perf.label(previous)}), same method (d = 128, bf16):"]
-        methods = sorted({p["method"] for p in perf.ladder_points(run, d=128, dtype="bfloat16")})
+        out += ["", f"against the earlier run ({records.label(previous)}), same method (d = 128, bf16):"]
+        methods = sorted({p["method"] for p in records.ladder_points(run, d=128, dtype="bfloat16")})
         for method in methods:
-            rows = perf.speedups(run, method, method, against=previous, d=128, dtype="bfloat16")
+            rows = records.speedups(run, method, method, against=previous, d=128, dtype="bfloat16")
             if rows:
                 out.append(f"  {method}:")
                 out += comparison_lines(rows)
@@ -88,7 +86,7 @@ def report(run: dict, previous: dict | None = None) -> str:
         kept = {k: v for k, v in by_n[bucket].items() if k.startswith("bwd_")}
         for kernel, tile in sorted(kept.items()):
             extra = " dQ transposed" if tile.get("DQ_T") else ""
-            out.append(f"  N<={bucket:>5} {kernel:14s} BLOCK_M={tile['BLOCK_M']:3d} BLOCK_N={tile['BLOCK_N']:3d} "
+            out.append(f"  N<={bucket:>5} {kernel:14s} BLOCK_Q={tile['BLOCK_Q']:3d} BLOCK_K={tile['BLOCK_K']:3d} "
                        f"warps={tile['num_warps']} stages={tile['num_stages']}{extra}")
     if not by_n:
         out.append("  none recorded per bucket in this run")
@@ -100,7 +98,7 @@ def main(argv=None) -> int:
     parser.add_argument("run", nargs="?", help="a GPU run's JSON (default: the newest in data/bench/)")
     parser.add_argument("--against", help="an earlier run's JSON (default: the one before the run)")
     args = parser.parse_args(argv)
-    runs = [r for r in perf.load_runs("gpu") if r.get("ladder")]
+    runs = [r for r in records.load_runs("gpu") if r.get("ladder")]
     run = json.loads(Path(args.run).read_text()) if args.run else (runs[-1] if runs else None)
     if run is None:
         print("No GPU run with a ladder benchmark is recorded in data/bench/.")
@@ -108,7 +106,7 @@ def main(argv=None) -> int:
     if args.against:
         previous = json.loads(Path(args.against).read_text())
     else:
-        earlier = [r for r in runs if perf.provenance(r).get("date", "") < perf.provenance(run).get("date", "")]
+        earlier = [r for r in runs if records.provenance(r).get("date", "") < records.provenance(run).get("date", "")]
         previous = earlier[-1] if earlier else None
     print(report(run, previous))
     return 0

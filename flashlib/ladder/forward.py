@@ -32,18 +32,27 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_attention_inputs
-from ._mode import require_triton
-from .config import FlashConfig, default_config, head_dim_pad, seq_bucket
+from ..kernels._mode import interpreting, require_triton
+from ..kernels.config import LOG2E, FlashConfig, head_dim_pad, seq_bucket
 
 triton = require_triton()
 import triton.language as tl  # noqa: E402
 
-from .forward import LOG2E, _attn_fwd, _key_range_end, _visible  # noqa: E402
-from .op import FN, _capability, _flat, autotunes, check_kernel_inputs  # noqa: E402
+from ..kernels.function import capability, check_kernel_inputs, empty_result, flat, resolve_config  # noqa: E402
+from ..kernels.forward import _LOG2E, _attn_fwd, _key_range_end, _visible  # noqa: E402
+
+FN = "flashlib.ladder.attention"
+
+
+def autotunes(dtype: torch.dtype, config) -> bool:
+    """Whether a tuned path times its candidate tiles here: on a GPU (the interpreter cannot
+    time kernels), for 16-bit inputs (the candidates are sized for them; float32 doubles
+    every tile and would overflow shared memory), unless the caller fixed the tiles."""
+    return config is None and not interpreting() and dtype in (torch.float16, torch.bfloat16)
 
 # ----- rung 1: the teaching kernel, autotuned --------------------------------------------
 
-# (BLOCK_M, BLOCK_N, warps, stages) per padded head dim (16 and 32 use 64's), shared by every
+# (BLOCK_Q, BLOCK_K, warps, stages) per padded head dim (16 and 32 use 64's), shared by every
 # autotuned rung so that a rung's gain is its own change, not a change of tiles. Two H200
 # runs (data/bench/) kept only (128, 64, 8, 3) and (64, 64, 4, 3) out of eight candidates, for
 # every head dim, dtype and mask; the third candidate is a neighbour not yet measured: a deeper
@@ -66,7 +75,7 @@ def _autotune_bench(kernel_call, quantiles):
 
 
 def _config(bm, bn, w, s):
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+    return triton.Config({"BLOCK_Q": bm, "BLOCK_K": bn}, num_warps=w, num_stages=s)
 
 
 def _head_dim_tiles(configs, named_args, **kwargs):
@@ -99,12 +108,12 @@ def _launch_teaching(q, k, v, out, lse, causal, scale, cfg):
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), seq_q, k.shape[1], d)
     if cfg is None:  # on a GPU: let the autotuner pick the tiles
-        grid = lambda meta: (triton.cdiv(seq_q, meta["BLOCK_M"]), bh)  # noqa: E731
+        grid = lambda meta: (triton.cdiv(seq_q, meta["BLOCK_Q"]), bh)  # noqa: E731
         _tuner("autotuned", _attn_fwd, seq_bucket(seq_q, k.shape[1]))[grid](
             *args, HEAD_DIM_PAD=head_dim_pad(d), CAUSAL=causal, INPUT_PRECISION="tf32")
         return
-    _attn_fwd[(triton.cdiv(seq_q, cfg.block_m), bh)](
-        *args, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
+    _attn_fwd[(triton.cdiv(seq_q, cfg.block_q), bh)](
+        *args, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, CAUSAL=causal,
         INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
@@ -125,17 +134,17 @@ def autotuned_choice(q, causal: bool, rung: str = "autotuned", seq: int | None =
 # ----- rung 2: the causal split -----------------------------------------------------------
 
 @triton.jit
-def _key_ranges(start_m, SEQ_Q, SEQ_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+def _key_ranges(start_m, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr):
     """(full_end, hi): key tiles [0, full_end) are seen in full by every row of the query
     block and lie inside the keys, so they need no mask; [full_end, hi) need one; the rest
     is never seen (block skipping)."""
-    hi = _key_range_end(start_m, SEQ_Q, SEQ_K, BLOCK_M, CAUSAL)
+    hi = _key_range_end(start_m * BLOCK_Q, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
     if CAUSAL:
-        # the block's first row sees keys j <= start_m * BLOCK_M + SEQ_K - SEQ_Q
-        seen_by_all = tl.minimum(tl.maximum(start_m * BLOCK_M + (SEQ_K - SEQ_Q) + 1, 0), SEQ_K)
+        # the block's first row sees keys j <= start_m * BLOCK_Q + SEQ_K - SEQ_Q
+        seen_by_all = tl.minimum(tl.maximum(start_m * BLOCK_Q + (SEQ_K - SEQ_Q) + 1, 0), SEQ_K)
     else:
         seen_by_all = SEQ_K
-    full_end = (seen_by_all // BLOCK_N) * BLOCK_N
+    full_end = (seen_by_all // BLOCK_K) * BLOCK_K
     return full_end, hi
 
 
@@ -143,11 +152,11 @@ def _key_ranges(start_m, SEQ_Q, SEQ_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 def _fold_tile(acc, l_i, m_i, q, k, v, offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, LEAN: tl.constexpr,
                LAZY: tl.constexpr = False):
-    """One online-softmax step on a loaded tile: k, v (BLOCK_N, HEAD_DIM_PAD).
+    """One online-softmax step on a loaded tile: k, v (BLOCK_K, HEAD_DIM_PAD).
     LEAN (needs qk_scale > 0): s holds raw scores; the max is scaled once per row and the
     scale is applied inside exp2's argument, where it fuses with the subtraction.
     LAZY (unmasked tiles, with LEAN): see _lazy_fold."""
-    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N)
+    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # (BLOCK_Q, BLOCK_K)
     if not LEAN:
         s = s * qk_scale  # base 2
     if MASKED:
@@ -223,7 +232,7 @@ def _finish(acc, l_i, m_i):
     seen = l_i != 0  # only a row with no visible key has l_i == 0; NaN stays NaN
     l_safe = tl.where(seen, l_i, 1.0)
     out = acc / l_safe[:, None]
-    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) / 1.4426950408889634, float("-inf"))
+    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) / _LOG2E, float("-inf"))
     return out, lse
 
 
@@ -231,8 +240,8 @@ def _finish(acc, l_i, m_i):
 def _attn_fwd_split(Q, K, V, Out, Lse, qk_scale,
                     stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn, stride_oz, stride_om,
                     SEQ_Q, SEQ_K,
-                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                    BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                     LEAN: tl.constexpr, LAZY: tl.constexpr = False):
     """As forward._attn_fwd, with the key loop split into an unmasked and a masked part
     (LEAN: rung 4's fold and launch order, see _fold_tile and _query_block; LAZY: rung 5's
@@ -244,22 +253,22 @@ def _attn_fwd_split(Q, K, V, Out, Lse, qk_scale,
     V += off_z * stride_vz
     Out += off_z * stride_oz
     Lse += off_z * SEQ_Q
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = start_m * BLOCK_Q + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     q = _load_rows(Q, stride_qm, offs_m, offs_d, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, True)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
-    full_end, hi = _key_ranges(start_m, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
-    for start_n in range(0, full_end, BLOCK_N):  # off-diagonal, in bounds: no masks
-        offs_n = start_n + tl.arange(0, BLOCK_N)
+    m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
+    full_end, hi = _key_ranges(start_m, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
+    for start_n in range(0, full_end, BLOCK_K):  # off-diagonal, in bounds: no masks
+        offs_n = start_n + tl.arange(0, BLOCK_K)
         k = _load_rows(K, stride_kn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, False)
         v = _load_rows(V, stride_vn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, False)
         acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k, v, offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K,
                                    False, CAUSAL, INPUT_PRECISION, LEAN, LAZY)
-    for start_n in range(full_end, hi, BLOCK_N):  # the diagonal and the last, ragged tile
-        offs_n = start_n + tl.arange(0, BLOCK_N)
+    for start_n in range(full_end, hi, BLOCK_K):  # the diagonal and the last, ragged tile
+        offs_n = start_n + tl.arange(0, BLOCK_K)
         k = _load_rows(K, stride_kn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, True)
         v = _load_rows(V, stride_vn, offs_n, offs_d, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, True)
         acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k, v, offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K,
@@ -277,40 +286,40 @@ def _attn_fwd_split(Q, K, V, Out, Lse, qk_scale,
 def _attn_fwd_tma(Q, K, V, Out, Lse, qk_scale,
                   stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn, stride_oz, stride_om,
                   SEQ_Q, SEQ_K,
-                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                  BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                   LEAN: tl.constexpr, LAZY: tl.constexpr = False):
     """Rung 2 with every tile moved by a descriptor of one (batch, head)'s (seq, HEAD_DIM)
     matrix: rows past seq and columns past HEAD_DIM arrive as zeros, stores are clipped."""
     start_m = _query_block(CAUSAL, LEAN)
     off_z = tl.program_id(1).to(tl.int64)
     q_desc = tl.make_tensor_descriptor(Q + off_z * stride_qz, shape=[SEQ_Q, HEAD_DIM], strides=[stride_qm, 1],
-                                       block_shape=[BLOCK_M, HEAD_DIM_PAD])
+                                       block_shape=[BLOCK_Q, HEAD_DIM_PAD])
     k_desc = tl.make_tensor_descriptor(K + off_z * stride_kz, shape=[SEQ_K, HEAD_DIM], strides=[stride_kn, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM_PAD])
+                                       block_shape=[BLOCK_K, HEAD_DIM_PAD])
     v_desc = tl.make_tensor_descriptor(V + off_z * stride_vz, shape=[SEQ_K, HEAD_DIM], strides=[stride_vn, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM_PAD])
+                                       block_shape=[BLOCK_K, HEAD_DIM_PAD])
     o_desc = tl.make_tensor_descriptor(Out + off_z * stride_oz, shape=[SEQ_Q, HEAD_DIM], strides=[stride_om, 1],
-                                       block_shape=[BLOCK_M, HEAD_DIM_PAD])
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    q = q_desc.load([start_m * BLOCK_M, 0])
+                                       block_shape=[BLOCK_Q, HEAD_DIM_PAD])
+    offs_m = start_m * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    q = q_desc.load([start_m * BLOCK_Q, 0])
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
-    full_end, hi = _key_ranges(start_m, SEQ_Q, SEQ_K, BLOCK_M, BLOCK_N, CAUSAL)
-    for start_n in range(0, full_end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
+    m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
+    full_end, hi = _key_ranges(start_m, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
+    for start_n in range(0, full_end, BLOCK_K):
+        offs_n = start_n + tl.arange(0, BLOCK_K)
         acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k_desc.load([start_n, 0]), v_desc.load([start_n, 0]),
                                    offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K, False, CAUSAL, INPUT_PRECISION, LEAN,
                                    LAZY)
-    for start_n in range(full_end, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
+    for start_n in range(full_end, hi, BLOCK_K):
+        offs_n = start_n + tl.arange(0, BLOCK_K)
         acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k_desc.load([start_n, 0]), v_desc.load([start_n, 0]),
                                    offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K, True, CAUSAL, INPUT_PRECISION, LEAN)
 
     out, lse = _finish(acc, l_i, m_i)
-    o_desc.store([start_m * BLOCK_M, 0], out.to(Out.dtype.element_ty))
+    o_desc.store([start_m * BLOCK_Q, 0], out.to(Out.dtype.element_ty))
     Lse += off_z * SEQ_Q
     tl.store(Lse + offs_m, lse, mask=offs_m < SEQ_Q)
 
@@ -357,10 +366,10 @@ def _launch_split(kernel, q, k, v, out, lse, causal, scale, cfg, lean: bool = Fa
         name = "lazy-rescale" if lazy else "lean" if lean else "tma"
         name = name if kernel is _attn_fwd_tma else ("causal-split" if name == "tma" else name + "-split")
         tuned = _tuner(name, kernel, seq_bucket(seq_q, k.shape[1]))
-        tuned[lambda meta: (triton.cdiv(seq_q, meta["BLOCK_M"]), bh)](*args, **common, INPUT_PRECISION="tf32")
+        tuned[lambda meta: (triton.cdiv(seq_q, meta["BLOCK_Q"]), bh)](*args, **common, INPUT_PRECISION="tf32")
         return
-    kernel[(triton.cdiv(seq_q, cfg.block_m), bh)](
-        *args, **common, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+    kernel[(triton.cdiv(seq_q, cfg.block_q), bh)](
+        *args, **common, BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k,
         INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
@@ -384,18 +393,17 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: 
     if rung not in RUNGS:
         raise ValueError(f"forward: argument 'rung' must be one of {RUNGS}, got {rung!r}")
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale)
-    fixed = check_kernel_inputs(q, config)
+    check_kernel_inputs(FN, q)
+    fixed = resolve_config(FN, q, config)
     lead, seq_q = q.shape[:-2], q.shape[-2]
     if seq_q == 0 or k.shape[-2] == 0 or q.numel() == 0:
-        return torch.zeros_like(q), torch.full((*lead, seq_q), float("-inf"), dtype=torch.float32,
-                                               device=q.device)
-    qf, kf, vf = _flat(q), _flat(k), _flat(v)  # (B*H, seq, d)
+        return empty_result(q)
+    qf, kf, vf = flat(q), flat(k), flat(v)  # (B*H, seq, d)
     out = torch.empty_like(qf)
     lse = torch.empty(qf.shape[0], seq_q, dtype=torch.float32, device=q.device)
     tuned = None if autotunes(q.dtype, config) else fixed  # None: autotune
     if rung == "teaching":
-        cfg = fixed if config is not None else default_config(q.shape[-1], q.dtype, _capability(q.device))
-        _launch_teaching(qf, kf, vf, out, lse, causal, scale, cfg)
+        _launch_teaching(qf, kf, vf, out, lse, causal, scale, fixed)
     elif rung == "autotuned":
         _launch_teaching(qf, kf, vf, out, lse, causal, scale, tuned)
     elif rung == "causal-split":

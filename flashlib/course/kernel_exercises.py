@@ -86,14 +86,14 @@ def check_qk_scale(answer, head_dim: int = 64) -> bool:
                    hint="exp(x) = 2^(x · log2(e)), and log2(e) = 1 / ln(2); fold in scale = 1/sqrt(head_dim)")
 
 
-def check_causal_tiles(answer, seq: int = 1000, block_m: int = 128, block_n: int = 64) -> bool:
+def check_causal_tiles(answer, seq: int = 1000, block_q: int = 128, block_k: int = 64) -> bool:
     """Total key tiles all forward programs compute for causal attention, seq_q = seq_k = seq."""
     total = 0
-    for start in range(0, seq, block_m):
-        last_row = min(start + block_m, seq) - 1
-        total += last_row // block_n + 1  # tiles 0 .. the one holding the last row's diagonal key
+    for start in range(0, seq, block_q):
+        last_row = min(start + block_q, seq) - 1
+        total += last_row // block_k + 1  # tiles 0 .. the one holding the last row's diagonal key
     return _number(answer, total, kind="a whole number of tiles",
-                   hint="query block i sees keys up to its last row, (i + 1)·BLOCK_M - 1; count the key tiles "
+                   hint="query block i sees keys up to its last row, (i + 1)·BLOCK_Q - 1; count the key tiles "
                         "up to the one holding that key, and add over the blocks")
 
 

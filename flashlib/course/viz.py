@@ -22,11 +22,14 @@ import matplotlib
 import numpy as np
 import PIL.Image
 import torch
+from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
+
+from ..kernels.schedule import schedule
 
 CURRENT = "#f28e2b"
 DONE = "#4e79a7"
@@ -421,4 +424,53 @@ def memory_plot(ns, series: dict, title: str = "", xlabel: str = "sequence lengt
     ax.set_yscale("log", base=2)
     ax.legend(fontsize=7)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    return fig
+
+
+# ----- the kernel notebooks (05-07) ---------------------------------------------------
+
+def program_blocks(n: int, block: int):
+    """Which program handles each element of a length-n vector, and which lanes are masked."""
+    programs = -(-n // block)
+    fig = Figure(figsize=(8, 1.8), layout="constrained")
+    ax = fig.add_subplot()
+    for pid in range(programs):
+        start = pid * block
+        live = min(block, n - start)
+        ax.barh(0, live, left=start, color=colormaps["tab10"](pid % 10), edgecolor="white")
+        ax.text(start + live / 2, 0, f"program {pid}", ha="center", va="center", fontsize=8, color="white")
+        if live < block:
+            ax.barh(0, block - live, left=start + live, color=TODO, hatch="//", edgecolor="white")
+            ax.text(start + live + (block - live) / 2, 0, "masked", ha="center", va="center", fontsize=8)
+    ax.axvline(n, color="black", lw=1)
+    ax.set_yticks([])
+    ax.set_xlabel("element index")
+    ax.set_title(f"n = {n}, BLOCK = {block}: {programs} programs; lanes past n are masked off")
+    return fig
+
+
+def tile_schedule(seq_q: int, seq_k: int, block_q: int, block_k: int, causal: bool):
+    """The forward's grid of (query block, key tile): computed or skipped."""
+    grid = np.array(schedule(seq_q, seq_k, block_q, block_k, causal), dtype=float)
+    fig = Figure(figsize=(5, 4), layout="constrained")
+    ax = fig.add_subplot()
+    ax.imshow(grid, cmap=ListedColormap([TODO, DONE]),
+              vmin=0, vmax=1, aspect="auto")
+    ax.set_xlabel(f"key tile (BLOCK_K = {block_k})")
+    ax.set_ylabel(f"query block = program (BLOCK_Q = {block_q})")
+    done = int(grid.sum())
+    ax.set_title(f"{'causal' if causal else 'full'}: {done} of {grid.size} tiles computed")
+    return fig
+
+
+def loss_curves(curves: dict):
+    """Training loss per step, one line per attention implementation."""
+    fig = Figure(figsize=(6, 3.5), layout="constrained")
+    ax = fig.add_subplot()
+    for (name, losses), style in zip(curves.items(), ("-", "--", ":")):
+        ax.plot(range(1, len(losses) + 1), losses, style, lw=2, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy loss")
+    ax.legend()
+    ax.set_title("the same model trained with each attention")
     return fig

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "bench"
+DATA_DIR = Path(__file__).resolve().parent.parent.parent / "data" / "bench"
 CPU_SIZES = (1024, 2048, 4096, 8192, 16384)
 CPU_BLOCK = 512  # tiled block_q = block_k on CPU: large enough to amortise Python overhead
 
@@ -98,8 +98,8 @@ def _max_rss_bytes() -> int:
 
 def _run_point(method: str, n: int, d: int, repeats: int) -> dict:
     """One measurement, meant to run in a fresh process (see :func:`run_cpu_bench`)."""
-    from .dense import dense_attention
-    from .tiled import tiled_forward
+    from ..dense import dense_attention
+    from ..tiled import tiled_forward
 
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 1, n, d, generator=gen) for _ in range(3))  # (B, H, N, D)
@@ -130,7 +130,7 @@ def run_cpu_bench(sizes=CPU_SIZES, d: int = 64, repeats: int = 5, out_dir: Path 
     for n in sizes:
         for method in ("dense", "tiled"):
             log(f"  {method:5s} N={n:6d} ...", end="", flush=True)
-            cmd = [sys.executable, "-m", "flashlib.bench", "_point", method, str(n), str(d), str(repeats)]
+            cmd = [sys.executable, "-m", "flashlib.bench.cpu", "_point", method, str(n), str(d), str(repeats)]
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
             point = json.loads(done.stdout.strip().splitlines()[-1])
             points.append(point)

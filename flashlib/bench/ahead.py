@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ._mode import interpreting, require_triton
+from ..kernels._mode import interpreting, require_triton
 
 triton = require_triton()
 from triton.runtime.autotuner import Autotuner  # noqa: E402

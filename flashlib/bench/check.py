@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 SEQS = (1024, 2048, 4096, 8192, 16384)
 QUICK_SEQS = (1024, 4096, 16384)
 HEAD_DIMS = (64, 128)
@@ -196,7 +196,7 @@ def _cuda_measure(quick: bool):
     import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from .kernels import flash_attention
+    from .. import flash_attention
 
     backends = {"sdpa:flash": SDPBackend.FLASH_ATTENTION, "sdpa:efficient": SDPBackend.EFFICIENT_ATTENTION,
                 "sdpa:cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa:math": SDPBackend.MATH}
@@ -291,8 +291,8 @@ def main(argv=None, *, measure=None, log=print) -> int:
     if tests is not None and not args.skip_bench and ladder and measure is None and not args.no_precompile:
         # while the tests run on the GPU, the other cores compile what the ladder will launch
         try:
-            from .perf_bench import plan as ladder_plan
-            from .perf_bench import precompile
+            from .gpu import plan as ladder_plan
+            from .gpu import precompile
 
             report["precompile"] = precompile(ladder_plan(), log=log)
         except Exception as exc:  # the ladder then compiles as it goes, as without this step
@@ -315,7 +315,7 @@ def main(argv=None, *, measure=None, log=print) -> int:
         left = args.budget - (time.perf_counter() - start) - 10
         if left > 30:
             try:
-                from .perf_bench import continue_after_device_lost, format_ladder, run_ladder_bench
+                from .gpu import continue_after_device_lost, format_ladder, run_ladder_bench
 
                 def save(points):  # a run cut short still returns what it measured
                     write_report(dict(report, ladder_partial=points), args.out_dir, copy_to=os.environ.get("OUT"))
@@ -338,7 +338,7 @@ def _fresh_runner():
     """run_fresh for continue_after_device_lost: each fresh process writes its result as it
     goes under $OUT when set (so it comes back even if this process is stopped), else in a
     temporary folder."""
-    from .perf_bench import run_fresh_process
+    from .gpu import run_fresh_process
 
     out, count = os.environ.get("OUT"), [0]
 
@@ -352,7 +352,7 @@ def _fresh_runner():
 def _has_ladder() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("flashlib.perf_bench") is not None
+    return importlib.util.find_spec("flashlib.bench.gpu") is not None
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from .perf import attention_flops, tflops
+from ..roofline import attention_flops, tflops
 
 DS = (64, 128)
 NS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -156,31 +156,34 @@ def four_warp_backward(q):
     (2 pipeline stages at head dim 64, 1 above: more spills at 128)."""
     from dataclasses import replace
 
-    from .kernels.config import default_config, head_dim_pad
+    from ..kernels.config import default_config, head_dim_pad
 
     capability = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
     stages = 2 if head_dim_pad(q.shape[-1]) <= 64 else 1
-    return replace(default_config(q.shape[-1], q.dtype, capability), bwd_block_m=64, bwd_block_n=64,
+    return replace(default_config(q.shape[-1], q.dtype, capability), bwd_block_q=64, bwd_block_k=64,
                    bwd_num_warps=4, bwd_num_stages=stages)
 
 
 def _methods(mode: str):
     """{name: f(q, k, v, causal) -> out} for one pass."""
-    from .kernels import flash_attention
-    from .kernels.ladder import LADDER
+    from ..ladder import attention
+    from ..ladder.forward import forward
+    from ..ladder.rungs import LADDER
 
     methods = {}
     if mode == "fwd":
         for rung in LADDER:
-            methods[f"rung:{rung.name}"] = (lambda r: lambda q, k, v, c: r.forward(q, k, v, causal=c)[0])(rung)
+            methods[f"rung:{rung.name}"] = (lambda r: lambda q, k, v, c: forward(q, k, v, causal=c, rung=r)[0])(
+                rung.name)
     else:
-        methods["flashlib"] = lambda q, k, v, c: flash_attention(q, k, v, causal=c)
+        methods["flashlib"] = lambda q, k, v, c: attention(q, k, v, causal=c, forward="teaching",
+                                                           backward="teaching")
         # the same, with backward tiles that hold each score once on Hopper (the shipped 64 x 64
         # on 8 warps hold them twice: compile.exponentials_per_score), to time against it
-        methods["flashlib:4-warp-backward"] = lambda q, k, v, c: flash_attention(
-            q, k, v, causal=c, config=four_warp_backward(q))
+        methods["flashlib:4-warp-backward"] = lambda q, k, v, c: attention(
+            q, k, v, causal=c, forward="teaching", backward="teaching", config=four_warp_backward(q))
         for bwd, fwd in BACKWARD_PAIRS.items():
-            methods[f"flashlib:{bwd}"] = (lambda f, b: lambda q, k, v, c: flash_attention(
+            methods[f"flashlib:{bwd}"] = (lambda f, b: lambda q, k, v, c: attention(
                 q, k, v, causal=c, forward=f, backward=b))(fwd, bwd)
     for backend in SDPA_BACKENDS:
         methods[f"sdpa:{backend}"] = _sdpa(backend)
@@ -268,7 +271,7 @@ def precompile(grid, *, threads: int | None = None, device="cuda", tokens=16384,
     dtype, mask and pass, at the first point of the grid with them (every N of the grid
     binds the same arguments alike, multiples of 16, so the binaries are the same).
     Returns the counts and seconds for the JSON."""
-    from .kernels.ahead import compile_notes, recording
+    from .ahead import compile_notes, recording
 
     start = time.perf_counter()
     firsts = {}
@@ -509,7 +512,7 @@ def _point_key(p) -> tuple:
 
 
 def run_fresh_process(points, exclude, budget_s: float, *, out_path=None, python=None) -> dict | None:
-    """Run ``python -m flashlib.perf_bench`` on points without the methods in exclude, in a new
+    """Run ``python -m flashlib.bench.gpu`` on points without the methods in exclude, in a new
     process (a new CUDA context), and return its result; None if it wrote none. Its result file
     is written after every point, so a process stopped on time still returns what it measured
     (the points it never reached are returned as ``unreached``)."""
@@ -522,11 +525,11 @@ def run_fresh_process(points, exclude, budget_s: float, *, out_path=None, python
     points_file = work / "points.json"
     points_file.write_text(json.dumps(points))
     out_path = Path(out_path) if out_path is not None else work / "result.json"
-    cmd = [python or sys.executable, "-m", "flashlib.perf_bench", "--points", str(points_file),
+    cmd = [python or sys.executable, "-m", "flashlib.bench.gpu", "--points", str(points_file),
            "--budget", f"{max(budget_s, 1.0):.0f}", "--result", str(out_path), "--no-precompile", "--no-ceilings"]
     for name in exclude:
         cmd += ["--exclude", name]
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parent.parent.parent
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
     try:
         subprocess.run(cmd, env=env, timeout=budget_s + 30, check=False)
@@ -546,10 +549,10 @@ def autotuned_choices(ds, dtypes, causals, ns=NS) -> tuple[dict, dict]:
     """What the autotuners kept in this process, as ({"d=128 bfloat16 causal=True": {"tma":
     tiles, ..., "bwd_dkdv": tiles, "bwd_lean_dq": tiles}}, the same per sequence bucket:
     {"d=128 ...": {"16384": {...}}}). The first is the longest bucket's choice."""
-    from .kernels.backward_fast import autotuned_choices as backward_choices
-    from .kernels.config import seq_bucket
-    from .kernels.forward_fast import autotuned_choice
-    from .kernels.ladder import LADDER
+    from ..ladder.backward import autotuned_choices as backward_choices
+    from ..kernels.config import seq_bucket
+    from ..ladder.forward import autotuned_choice
+    from ..ladder.rungs import LADDER
 
     rungs = [rung.name for rung in LADDER if rung.name != "teaching"]
     by_n = {}
@@ -593,7 +596,7 @@ def format_ladder(result: dict) -> str:
 
 def write_result(result: dict, out_dir: Path | str | None = None) -> Path:
     """Write a standalone run as data/bench/gpu-ladder-<device>-<date>.json; returns the path."""
-    from .perf import BENCH_DIR
+    from .records import BENCH_DIR
 
     info = result["ladder"]["provenance"]
     slug = re.sub(r"[^a-z0-9]+", "-", info["device"].lower()).strip("-")
@@ -605,7 +608,7 @@ def write_result(result: dict, out_dir: Path | str | None = None) -> Path:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m flashlib.perf_bench",
+    parser = argparse.ArgumentParser(prog="python -m flashlib.bench.gpu",
                                      description="The ladder benchmark alone (the GPU check runs it too).")
     parser.add_argument("--budget", type=float, default=200.0, help="seconds for the whole run (default 200)")
     parser.add_argument("--out", default=None, help="directory for the JSON (default data/bench/)")

@@ -1,6 +1,6 @@
 """Issue the next tile's scores before this tile's softmax, and see whether the two overlap.
 
-    python tools/try_software_pipelining.py [DIRECTORY_HOLDING_ANOTHER_TRITON]
+    python tools/experiments/try_software_pipelining.py [DIRECTORY_HOLDING_ANOTHER_TRITON]
 
 FlashAttention-3 overlaps the exponentials of one tile with the tensor cores' work on the
 next. This script writes that order into rung 4's unmasked key loop (S for tile j + 1 is
@@ -19,25 +19,25 @@ import tempfile
 os.environ["TRITON_INTERPRET"] = "0"
 if len(sys.argv) > 1:
     sys.path.insert(0, sys.argv[1])
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from flashlib.kernels import forward_fast  # noqa: E402
+from flashlib.ladder import forward as forward_fast  # noqa: E402
 from flashlib.kernels.compile import _disassemble, _instructions, _signature  # noqa: E402
 
-OLD = """    for start_n in range(0, full_end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
+OLD = """    for start_n in range(0, full_end, BLOCK_K):
+        offs_n = start_n + tl.arange(0, BLOCK_K)
         acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k_desc.load([start_n, 0]), v_desc.load([start_n, 0]),
                                    offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K, False, CAUSAL, INPUT_PRECISION, LEAN,
                                    LAZY)
 """
 NEW = """    s_next = tl.dot(q, tl.trans(k_desc.load([0, 0])))
-    for start_n in range(0, full_end, BLOCK_N):
+    for start_n in range(0, full_end, BLOCK_K):
         s = s_next
-        s_next = tl.dot(q, tl.trans(k_desc.load([start_n + BLOCK_N, 0])))
+        s_next = tl.dot(q, tl.trans(k_desc.load([start_n + BLOCK_K, 0])))
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s * qk_scale - m_new[:, None])
@@ -64,7 +64,7 @@ def exp2_between_issue_and_wait(cubin: bytes) -> list[int]:
 source = inspect.getsource(forward_fast._attn_fwd_tma.fn)
 assert OLD in source, "rung 3/4's unmasked loop changed: update this script"
 header = ("import triton\nimport triton.language as tl\n"
-          "from flashlib.kernels.forward_fast import _key_ranges, _fold_tile, _finish, _query_block\n")
+          "from flashlib.ladder.forward import _key_ranges, _fold_tile, _finish, _query_block\n")
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "pipelined.py")
     with open(path, "w") as f:
@@ -72,7 +72,7 @@ with tempfile.TemporaryDirectory() as tmp:
     spec = importlib.util.spec_from_file_location("pipelined", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    constants = dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_M=64, BLOCK_N=64, CAUSAL=False, INPUT_PRECISION="tf32",
+    constants = dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_Q=64, BLOCK_K=64, CAUSAL=False, INPUT_PRECISION="tf32",
                      LEAN=True, LAZY=False)
     print(f"Triton {triton.__version__}, sm_90, bf16, head dim 128, 64 x 64 tiles, 4 warps, 3 stages")
     for name, fn in (("rung 4", forward_fast._attn_fwd_tma), ("rung 4, next S issued first", module._attn_fwd_tma)):

@@ -4,18 +4,11 @@ Each :class:`Rung` says what it changes, why that should help, which callable ru
 where it builds. Importing this module needs neither Triton nor a GPU (a notebook can show
 the table anywhere); a rung's kernels are imported when it is first run or compiled.
 
-``python -m flashlib.kernels.ladder`` compiles rungs for GPU targets in a subprocess, with
-the helpers of :mod:`flashlib.kernels.compile` (JSON specs in, JSON reports out).
+:mod:`flashlib.ladder.compile` compiles rungs for GPU targets (``python -m flashlib.ladder.compile``).
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from dataclasses import asdict, dataclass, field
-
-from .compile import TargetReport
+from dataclasses import dataclass
 
 # Compute capabilities the compile tests build for, and the Triton releases they build with:
 # 3.6.0 (torch 2.11, the GPU check's machine) and 3.7.1 (torch 2.13, pinned here).
@@ -40,12 +33,6 @@ class Rung:
     builds: tuple[tuple[str, tuple[int, int]], ...]
     falls_back: str = ""
 
-    def forward(self, q, k, v, causal: bool = False, scale: float | None = None, config=None):
-        """(out, lse) of this rung; q, k, v (batch, heads, seq, head_dim)."""
-        from . import forward_fast
-
-        return forward_fast.forward(q, k, v, causal=causal, scale=scale, rung=self.name, config=config)
-
     def supports(self, triton_version: str, capability) -> bool:
         return (triton_version, tuple(capability)) in self.builds
 
@@ -55,10 +42,10 @@ _EVERYWHERE = tuple((version, cc) for version in TRITON_VERSIONS for cc in TARGE
 LADDER = (
     Rung(0, "teaching",
          "the kernel of notebook 06 with the shipped tiles (flashlib.kernels.default_config)",
-         "the baseline: one fixed choice of BLOCK_M, BLOCK_N, warps and stages per head dim",
+         "the baseline: one fixed choice of BLOCK_Q, BLOCK_K, warps and stages per head dim",
          "forward._attn_fwd", _EVERYWHERE),
     Rung(1, "autotuned",
-         "same kernel; BLOCK_M, BLOCK_N, warps and pipeline stages timed on the GPU, fastest kept",
+         "same kernel; BLOCK_Q, BLOCK_K, warps and pipeline stages timed on the GPU, fastest kept",
          "the best tiles depend on the GPU, head dim, dtype and mask; measuring beats guessing",
          "forward._attn_fwd", _EVERYWHERE,
          "the CPU interpreter cannot autotune (no driver): it uses the fixed tiles"),
@@ -83,7 +70,7 @@ LADDER = (
     Rung(5, "lazy-rescale",
          "rung 4, and on unmasked tiles the output and denominator are rescaled only when some row's max "
          "has grown by more than 8 (base 2) since its last rescale",
-         "the rescale multiplies every output element (BLOCK_M x head_dim per tile); once a row's max "
+         "the rescale multiplies every output element (BLOCK_Q x head_dim per tile); once a row's max "
          "settles, most tiles need none, at the price of one block-wide max and a branch per tile",
          "forward_fast._attn_fwd_tma (LEAN=True, LAZY=True)", tuple((version, (9, 0)) for version in TRITON_VERSIONS),
          "as rung 4: without descriptors rung 2's kernel with the same changes; with scale <= 0 rung 3's fold"),
@@ -125,92 +112,3 @@ def table() -> list[dict]:
     """The ladder as rows for printing or a DataFrame."""
     return [dict(rung=r.number, name=r.name, change=r.change, why=r.why, kernel=r.kernel,
                  falls_back=r.falls_back or "-") for r in LADDER]
-
-
-# ----- compiling rungs for GPU targets ---------------------------------------------------
-
-@dataclass
-class RungReport(TargetReport):
-    """One rung's kernel compiled for one target."""
-
-    rung: str = field(default="", kw_only=True)
-
-
-def spec(rung_name: str, capability=(9, 0), dtype="float16", head_dim=64, causal=False, config=None,
-         sass: bool = False):
-    """A JSON-able description of one rung compilation; config: a FlashConfig or its dict;
-    sass: also count the machine instructions (RungReport.sass_ops)."""
-    rung(rung_name)
-    dtype = str(dtype).replace("torch.", "")
-    if dtype not in ("float16", "bfloat16", "float32"):
-        raise ValueError(f"ladder.spec: argument 'dtype' must be float16, bfloat16 or float32, got {dtype!r}")
-    if config is not None and not isinstance(config, dict):
-        config = asdict(config)
-    return dict(rung=rung_name, capability=tuple(capability), dtype=dtype, head_dim=int(head_dim),
-                causal=bool(causal), config=config, sass=bool(sass))
-
-
-def compile_rungs(specs, *, triton_path: str | None = None, timeout: float = 900) -> list[RungReport]:
-    """Compile every spec in a fresh Python with TRITON_INTERPRET=0; triton_path goes first
-    on its PYTHONPATH (another Triton release installed with ``pip install --target``)."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (triton_path, root, env.get("PYTHONPATH")) if p)
-    done = subprocess.run([sys.executable, "-m", "flashlib.kernels.ladder"], input=json.dumps(list(specs)),
-                          capture_output=True, text=True, env=env, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"compile_rungs: the compiler process failed:\n{done.stderr[-4000:]}")
-    return [RungReport(**{**r, "capability": tuple(r["capability"])}) for r in json.loads(done.stdout)]
-
-
-def _kernel_and_constants(s):
-    import torch
-
-    from . import forward, forward_fast
-    from .config import FlashConfig, default_config, head_dim_pad
-
-    cfg = (FlashConfig(**s["config"]) if s["config"]
-           else default_config(s["head_dim"], getattr(torch, s["dtype"]), tuple(s["capability"])))
-    constants = dict(HEAD_DIM_PAD=head_dim_pad(s["head_dim"]), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                     CAUSAL=s["causal"], INPUT_PRECISION=cfg.input_precision)
-    if s["rung"] in ("teaching", "autotuned"):
-        fn = forward._attn_fwd
-    else:
-        # what forward() launches: below sm_90 (no copy engine) rungs 3 and 4 run rung 2's kernel
-        tma = s["rung"] != "causal-split" and tuple(s["capability"]) >= (9, 0)
-        fn = forward_fast._attn_fwd_tma if tma else forward_fast._attn_fwd_split
-        constants.update(HEAD_DIM=s["head_dim"], LEAN=s["rung"] in ("lean", "lazy-rescale"),
-                         LAZY=s["rung"] == "lazy-rescale")
-    return fn, constants, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), cfg
-
-
-def _compile_one(s) -> dict:
-    import triton
-
-    from .compile import compile_and_inspect
-
-    report = RungReport(rung=s["rung"], capability=tuple(s["capability"]), dtype=s["dtype"],
-                        head_dim=s["head_dim"], causal=s["causal"], config=s["config"] or {},
-                        triton_version=triton.__version__)
-    try:
-        fn, constants, options, cfg = _kernel_and_constants(s)
-        report.config = asdict(cfg)
-        compile_and_inspect(report, fn, s["dtype"], constants, options, s["capability"], sass=s.get("sass", False))
-        report.ok = True
-    except Exception as exc:  # reported per spec, so one failure does not hide the others
-        report.error = f"{type(exc).__name__}: {exc}"[:2000]
-    out = asdict(report)
-    out["capability"] = list(out["capability"])
-    return out
-
-
-def main():
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("0", ""):
-        raise SystemExit("flashlib.kernels.ladder: run with TRITON_INTERPRET=0; interpreted kernels "
-                         "cannot be compiled")
-    specs = json.loads(sys.stdin.read())
-    json.dump([_compile_one(s) for s in specs], sys.stdout)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,150 @@
+"""Reading recorded benchmarks: the JSON files in ``data/bench/``.
+
+``cpu-<date>.json`` comes from ``python -m flashlib bench cpu``, ``gpu-<device>-<date>.json``
+from ``make gpu-check`` (its ladder benchmark under the key ``"ladder"``). Nothing here
+needs a GPU; every figure a notebook shows from a run comes through these functions, with
+the run's device and date (:func:`label`).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent.parent.parent / "data" / "bench"
+
+
+def load_runs(kind: str = "gpu", directory: Path | str | None = None) -> list[dict]:
+    """Every recorded run of one kind ("cpu" or "gpu"), oldest first; each gets a "file" key."""
+    if kind not in ("cpu", "gpu"):
+        raise ValueError(f"records: argument 'kind' must be 'cpu' or 'gpu', got {kind!r}")
+    directory = Path(directory) if directory is not None else BENCH_DIR
+    runs = []
+    for path in sorted(directory.glob(f"{kind}-*.json")):
+        run = json.loads(path.read_text())
+        run["file"] = path.name
+        runs.append(run)
+    return sorted(runs, key=lambda r: (provenance(r).get("date", ""), r["file"]))
+
+
+def latest(kind: str = "gpu", directory: Path | str | None = None, with_key: str | None = None) -> dict | None:
+    """The newest recorded run of that kind (holding ``with_key``, if given), or None."""
+    runs = [r for r in load_runs(kind, directory) if with_key is None or r.get(with_key)]
+    return runs[-1] if runs else None
+
+
+def provenance(run: dict) -> dict:
+    """Device, versions and date of a run, wherever its writer put them."""
+    info = dict(run.get("provenance", {}))
+    for key in ("device", "torch", "triton", "cuda", "date"):
+        if key not in info and key in run:
+            info[key] = run[key]
+    ladder = run.get("ladder") or {}
+    for key, value in ladder.get("provenance", {}).items():
+        info.setdefault(key, value)
+    return info
+
+
+def label(run: dict) -> str:
+    """One line naming where and when a run was measured, for every figure title."""
+    info = provenance(run)
+    where = info.get("device") or info.get("cpu") or "unknown device"
+    parts = [where, f"torch {info.get('torch', '?')}"]
+    if info.get("triton"):
+        parts.append(f"Triton {info['triton']}")
+    if info.get("cuda"):
+        parts.append(f"CUDA {info['cuda']}")
+    parts.append(info.get("date", "undated"))
+    return ", ".join(parts)
+
+
+def ladder_points(run: dict, **where) -> list[dict]:
+    """Points of a GPU run's ladder benchmark matching every key=value in ``where``. Rows a
+    run's errata mark ``invalid`` (not a measurement of what they name) are left out."""
+    points = (run.get("ladder") or {}).get("points", [])
+    return [p for p in points if not p.get("invalid") and all(p.get(k) == v for k, v in where.items())]
+
+
+def autotuned_tiles(run: dict, *, head_dim: int = 128, dtype: str = "bfloat16", causal: bool = False,
+                    n: int | None = None) -> dict[str, dict]:
+    """{kernel: tiles} the run's autotuners kept for this head dim, dtype and mask: for the
+    sequence bucket of n where the run recorded one per bucket, else (older runs, which tuned
+    once at the first N measured) the run's only choice."""
+    from ..kernels.config import seq_bucket
+
+    key = f"d={head_dim} {dtype} causal={causal}"
+    ladder = run.get("ladder") or {}
+    by_n = (ladder.get("autotuned_by_n") or {}).get(key)
+    if by_n and n is not None:
+        return by_n.get(str(seq_bucket(n, n)), {})
+    return (ladder.get("autotuned") or {}).get(key, {})
+
+
+def errata(run: dict) -> list[str]:
+    """What a run's file says, after the fact, about rows it holds that are not to be used."""
+    return [f"{e['rows']} ({e.get('count', '?')} rows): {e['problem']}; instead: {e.get('instead', '-')}"
+            for e in run.get("errata", [])]
+
+
+def series(points, method_key: str = "method", value: str = "tflops") -> dict[str, dict[int, float]]:
+    """{method: {n: value}} over the points that have the value."""
+    out: dict[str, dict[int, float]] = {}
+    for p in points:
+        if p.get(value) is not None:
+            out.setdefault(p[method_key], {})[p["n"]] = p[value]
+    return out
+
+
+def best_sdpa(points, n: int) -> tuple[str, float] | None:
+    """(backend, TFLOP/s) of the fastest SDPA backend at sequence length n, or None."""
+    rates = [(p["method"], p["tflops"]) for p in points
+             if p["n"] == n and p["method"].startswith("sdpa:") and p.get("tflops")]
+    return max(rates, key=lambda r: r[1]) if rates else None
+
+
+def ladder_gains(run: dict, *, head_dim: int = 128, n: int = 4096, dtype: str = "bfloat16",
+                 causal: bool = False) -> list[tuple[str, float]]:
+    """Forward TFLOP/s of every rung at one shape, in ladder order, for the bar chart."""
+    points = ladder_points(run, d=head_dim, n=n, dtype=dtype, causal=causal, mode="fwd")
+    rates = {p["method"]: p["tflops"] for p in points if p.get("tflops")}
+    from ..ladder.rungs import LADDER
+
+    return [(r.name, rates[f"rung:{r.name}"]) for r in LADDER if f"rung:{r.name}" in rates]
+
+
+def newest_run_with(methods, *, head_dim: int = 128, n: int = 4096, dtype: str = "bfloat16",
+                    causal: bool = False, mode: str = "fwd", directory: Path | str | None = None) -> dict | None:
+    """The newest recorded GPU run that measured (validly) every one of ``methods`` at this
+    shape, so that a table compares figures of one run; None if no run did."""
+    for run in reversed(load_runs("gpu", directory)):
+        got = rates_at(run, methods, head_dim=head_dim, n=n, dtype=dtype, causal=causal, mode=mode)
+        if len(got) == len(list(methods)):
+            return run
+    return None
+
+
+def rates_at(run: dict, methods, *, head_dim: int = 128, n: int = 4096, dtype: str = "bfloat16",
+             causal: bool = False, mode: str = "fwd") -> dict[str, float]:
+    """{method: TFLOP/s} at one shape for the methods asked for that the run measured (validly)."""
+    points = ladder_points(run, d=head_dim, n=n, dtype=dtype, causal=causal, mode=mode)
+    rates = {p["method"]: p["tflops"] for p in points if p.get("tflops")}
+    return {m: rates[m] for m in methods if m in rates}
+
+
+def speedups(run: dict, method: str, baseline: str, *, against: dict | None = None, **where) -> list[dict]:
+    """Where ``method`` and ``baseline`` were both timed (in ``run``, or ``baseline`` in the
+    run ``against``, an earlier one), per grid point matching ``where``: the baseline's
+    median time over the method's (above 1: the method is faster), with a ``range`` from the
+    20th/80th percentiles where both have them (a range that spans 1 says nothing)."""
+    def timed(points, name):
+        return {(p["d"], p["n"], p["dtype"], p["causal"], p["mode"]): p for p in points
+                if p["method"] == name and p.get("ms")}
+
+    ours = timed(ladder_points(run, **where), method)
+    theirs = timed(ladder_points(against if against is not None else run, **where), baseline)
+    out = []
+    for key in sorted(ours.keys() & theirs.keys()):
+        a, b = ours[key], theirs[key]
+        spread = all(k in p for p in (a, b) for k in ("ms_p20", "ms_p80"))
+        out.append(dict(zip(("d", "n", "dtype", "causal", "mode"), key), speedup=b["ms"] / a["ms"],
+                        range=[b["ms_p20"] / a["ms_p80"], b["ms_p80"] / a["ms_p20"]] if spread else None))
+    return out

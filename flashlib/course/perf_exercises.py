@@ -1,0 +1,87 @@
+"""Exercise checkers of notebook 08: FLOPs, intensity, the ridge point, the ladder's savings."""
+from __future__ import annotations
+
+from ..roofline import WGMMA_ROWS, backward_products
+from .exercises import _check_number
+
+FLOPS_EXERCISE = dict(batch=2, heads=16, n=4096, head_dim=128, causal=True)
+
+
+def check_attention_flops(answer) -> bool:
+    """FLOPs of a causal forward for batch 2, 16 heads, N = 4096, head dim 128."""
+    b, h, n, d = (FLOPS_EXERCISE[k] for k in ("batch", "heads", "n", "head_dim"))
+    expected = 2 * b * h * n * n * d  # two matmuls of 2·N·N·d FLOPs each, half the scores kept
+    return _check_number(
+        answer, expected, kind="a number (FLOPs)",
+        hint="Q Kᵀ and P V each cost 2·N·N·d FLOPs per head (a multiply and an add); causal keeps half.",
+        known_mistakes=[(4 * b * h * n * n * d, "causal attention computes only about half of the scores."),
+                        (b * h * n * n * d, "a multiply-add is two FLOPs, and there are two matmuls."),
+                        (2 * h * n * n * d, "every batch element has its own heads.")])
+
+
+INTENSITY_EXERCISE = dict(n=4096, head_dim=128, block_q=128, element_size=2)
+
+
+def check_intensity(answer) -> bool:
+    """FLOPs per HBM byte of one head's non-causal forward (FlashAttention-2 IO model)."""
+    n, d, block_q, size = INTENSITY_EXERCISE.values()
+    query_blocks = -(-n // block_q)
+    nbytes = (n * d + query_blocks * 2 * n * d + n * d + n) * size  # Q; K, V per block; O, lse
+    expected = 4 * n * n * d / nbytes
+    return _check_number(
+        answer, expected, kind="a number (FLOPs per byte)", rel=1e-3,
+        hint="FLOPs = 4·N²·d; bytes: Q read once, K and V read once per query block "
+             "(N / BLOCK_Q blocks), O and lse written once; 2 bytes an element.",
+        known_mistakes=[(4 * n * n * d / ((4 * n * d + n) * size), "K and V are read once per query block, "
+                         "not once in all.")])
+
+
+LEAN_EXERCISE = dict(n=4096, block_q=128, block_k=64, num_warps=8)
+
+
+def check_saved_multiplies(answer) -> bool:
+    """Multiplies one thread saves with rung 4 over one query block's non-causal key loop."""
+    n, block_q, block_k, warps = LEAN_EXERCISE.values()
+    threads = warps * 32
+    per_tile = block_q * block_k // threads  # scores of one tile each thread holds
+    expected = per_tile * (n // block_k)
+    return _check_number(
+        answer, expected, kind="a number (multiplies per thread)",
+        hint="One multiply per score; a tile's BLOCK_Q x BLOCK_K scores are shared by warps x 32 threads, "
+             "and the loop visits N / BLOCK_K key tiles.",
+        known_mistakes=[(per_tile, "that is one key tile; the loop visits N / BLOCK_K of them."),
+                        (block_q * n, "that is the whole query block: its scores are shared by all the threads."),
+                        (block_q * n // warps, "a warp is 32 threads: divide by threads, not by warps.")])
+
+
+SWAP_EXERCISE = dict(block_q=16, block_k=64, head_dim=128)
+
+
+def check_mma_sync_fraction(answer) -> bool:
+    """The fraction of one tile pair's matrix-multiply FLOPs whose product has fewer rows than
+    a warpgroup product needs (so runs on mma.sync), dQ not transposed, SWAP_EXERCISE's tiles."""
+    products = backward_products(**SWAP_EXERCISE)
+    flops = [2 * rows * cols * inner for _, rows, cols, inner in products]
+    short = sum(f for f, (_, rows, _, _) in zip(flops, products) if rows < WGMMA_ROWS)
+    return _check_number(
+        answer, short / sum(flops), kind="a fraction between 0 and 1", rel=1e-3,
+        hint="Write down the five products with their shapes (rows x inner times inner x columns); each costs "
+             "2 x rows x columns x inner FLOPs. Which of them has fewer than 64 rows?",
+        known_mistakes=[(1 / 4, "there are five products per tile pair, not four: dQ is one of them."),
+                        (1 / 7, "seven is the teaching backward's count; the fused one recomputes nothing."),
+                        (0.0, "one product has the query tile's 16 rows: which?")])
+
+
+def check_ridge(answer, run: dict | None) -> bool:
+    """The ridge point R / W, FLOPs per byte, of a recorded GPU run's measured ceilings."""
+    if run is None or not (run.get("ladder") or {}).get("ceilings"):
+        print("No GPU run with measured ceilings is recorded in data/bench/: nothing to check against yet.")
+        return False
+    ceilings = run["ladder"]["ceilings"]
+    rate, bandwidth = ceilings["bf16_matmul_tflops"] * 1e12, ceilings["copy_gbps"] * 1e9
+    return _check_number(
+        answer, rate / bandwidth, kind="a number (FLOPs per byte)", rel=1e-3,
+        hint="R is in TFLOP/s (1e12 FLOP/s), W in GB/s (1e9 bytes/s): convert both to units, then divide.",
+        known_mistakes=[(ceilings["bf16_matmul_tflops"] / ceilings["copy_gbps"],
+                         "TFLOP/s over GB/s leaves a factor 1000: convert to FLOP/s and bytes/s first."),
+                        (bandwidth / rate, "the ridge is FLOPs per byte: rate over bandwidth.")])

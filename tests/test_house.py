@@ -1,0 +1,181 @@
+"""The house rules of the package, read from its source (no imports of flashlib needed).
+
+- no import cycles between flashlib's modules, counting imports inside functions too;
+- no function longer than 70 lines;
+- no Triton kernel or helper that selects its code path with more than four compile-time
+  switches (``tl.constexpr`` parameters other than sizes: BLOCK_*, HEAD_DIM*);
+- the rooms stay in their order: reference modules import no room, kernels import no ladder,
+  bench or course, the ladder no bench or course, and nothing but bench imports bench.
+
+``python tests/test_house.py`` prints the facts (cycles, longest functions, most switches,
+lines per room) that these tests hold to.
+"""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "flashlib"
+SIZE_CONSTEXPRS = ("BLOCK", "HEAD_DIM")
+MAX_FUNCTION_LINES = 70
+MAX_SWITCHES = 4
+ROOMS = ("course", "kernels", "ladder", "bench")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def imports(name: str, path: Path, known) -> set[str]:
+    """flashlib modules that ``name`` imports anywhere in its source (functions included)."""
+    tree = ast.parse(path.read_text())
+    base = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("flashlib"))
+        elif isinstance(node, ast.ImportFrom):
+            target = node.module or ""
+            if node.level:
+                package = base
+                for _ in range(node.level - 1):
+                    package = package.rpartition(".")[0]
+                target = package + ("." + node.module if node.module else "")
+            if target.startswith("flashlib"):
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    found.add(sub if sub in known else target)
+    return {m for m in found if m in known and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {m: imports(m, p, mods) for m, p in mods.items()}
+
+
+def cycles(graph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def functions():
+    """(lines, 'path:line name', node) of every function in the package."""
+    out = []
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                where = f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"
+                out.append((node.end_lineno - node.lineno + 1, where, node))
+    return out
+
+
+def switches(fn: ast.FunctionDef) -> list[str]:
+    """The compile-time parameters of a Triton function that are not sizes."""
+    names = []
+    for arg in fn.args.args + fn.args.kwonlyargs:
+        if arg.annotation is not None and "constexpr" in ast.unparse(arg.annotation):
+            if not arg.arg.startswith(SIZE_CONSTEXPRS):
+                names.append(arg.arg)
+    return names
+
+
+def is_triton(fn: ast.FunctionDef) -> bool:
+    return any("jit" in ast.unparse(d) for d in fn.decorator_list)
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    if module == "flashlib.__main__":
+        return "command line"  # the entry point: it may start anything
+    return parts[1] if len(parts) > 1 and parts[1] in ROOMS else "top level"
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_no_function_longer_than_70_lines():
+    long = [(n, where) for n, where, _ in functions() if n > MAX_FUNCTION_LINES]
+    assert long == []
+
+
+def test_no_kernel_selects_its_code_path_with_more_than_four_switches():
+    many = [(where, switches(node)) for _, where, node in functions()
+            if is_triton(node) and len(switches(node)) > MAX_SWITCHES]
+    assert many == []
+
+
+# which rooms a room may import from: each builds only on the ones before it
+ALLOWED = {"top level": {"top level", "kernels", "ladder"},  # the public op (flashlib.op) dispatches to both
+           "kernels": {"top level", "kernels"},
+           "ladder": {"top level", "kernels", "ladder"},
+           "course": {"top level", "kernels", "ladder", "course"},
+           "bench": {"top level", "kernels", "ladder", "course", "bench"},
+           "command line": {"top level", "kernels", "ladder", "course", "bench"}}
+REFERENCE = {"flashlib.dense", "flashlib.softmax", "flashlib.tiled", "flashlib.backward", "flashlib.iomodel",
+             "flashlib.roofline", "flashlib._checks"}
+
+
+def test_rooms_import_only_the_rooms_they_build_on():
+    graph = import_graph()
+    wrong = [(m, i) for m, deps in graph.items() for i in deps if room(i) not in ALLOWED[room(m)]]
+    assert wrong == []
+
+
+def test_reference_modules_import_only_reference_modules():
+    graph = import_graph()
+    wrong = [(m, i) for m in REFERENCE for i in graph[m] if i not in REFERENCE]
+    assert wrong == []
+
+
+def facts() -> str:
+    lines = [f"import cycles: {len(cycles(import_graph()))}"]
+    funcs = sorted(functions(), key=lambda f: -f[0])
+    lines.append("longest functions: " + "; ".join(f"{n} lines {where}" for n, where, _ in funcs[:3]))
+    kernels = sorted(((len(switches(node)), where, switches(node)) for _, where, node in funcs if is_triton(node)),
+                     key=lambda k: -k[0])
+    lines.append("most code-path switches: " + "; ".join(f"{n} {where} {names}" for n, where, names in kernels[:3]))
+    per_room: dict[str, int] = {}
+    for m, path in modules().items():
+        per_room[room(m)] = per_room.get(room(m), 0) + len(path.read_text().splitlines())
+    lines.append("lines per room: " + ", ".join(f"{r} {n}" for r, n in sorted(per_room.items())))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(facts())
+    sys.exit(0)
