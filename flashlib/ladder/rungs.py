@@ -84,28 +84,47 @@ def rung(name: str) -> Rung:
     return BY_NAME[name]
 
 
-# The backward's steps, selected by flash_attention(..., backward=name); the forward of the
-# measured "flashlib:<name>" rows is rung 3's, rung 4's for "lean" and "bulk" (perf_bench.BACKWARD_PAIRS).
-BACKWARD_STEPS = (
-    dict(name="teaching", change="notebook 07's three kernels with the shipped tiles; every tile masked",
-         why="the baseline: P and dP recomputed twice (once for dK/dV, once for dQ), seven matmuls per tile pair"),
-    dict(name="tuned", change="interior tiles unmasked; dK/dV and dQ each autotuned, with a tall resident block "
-         "and a short streamed one", why="the two kernels want different shapes: 128 resident rows feed wgmma, "
-         "a short streamed block keeps the recomputed tiles small"),
-    dict(name="atomic", change="dQ added with float32 atomics from the dK/dV kernel: one kernel, five matmuls",
-         why="saves recomputing P and dP for dQ; costs atomic traffic, a float32 dQ buffer and bitwise "
-         "repeatability"),
-    dict(name="lean", change="tuned, with the streamed blocks (Q and dO for dK/dV, K and V for dQ) moved by tensor "
-         "descriptors on sm_90, and causal dQ blocks launched longest first",
-         why="the forward's rungs 3 and 4 for the backward: the copy engine frees threads and registers, and "
-         "the longest programs no longer end the launch alone"),
-    dict(name="bulk", change="atomic, with lean's descriptors for Q and dO, and each dQ tile added by one bulk "
-         "reduction of the copy engine (sm_90) instead of one atomic instruction per element; the autotuner may "
-         "build dQ transposed (K^T dS^T)",
-         why="five matmuls per tile pair instead of seven, as FlashAttention-3's backward; the copy engine "
-         "does the float32 additions in L2 while the warps go on; transposed, dQ's product has the head dim "
-         "as its long side, not the few query rows, and runs on wgmma like the other four"),
+@dataclass(frozen=True)
+class Backward:
+    """One backward of the ladder, selected by ``flashlib.ladder.attention(..., backward=name)``.
+
+    forward: the forward rung it is paired with in the benchmark's ``ladder:<name>`` rows.
+    """
+
+    name: str
+    change: str
+    why: str
+    kernels: str
+    forward: str
+
+
+BACKWARDS = (
+    Backward("teaching", "notebook 07's three kernels with the shipped tiles; every tile masked",
+             "the baseline: P and dP recomputed twice (once for dK/dV, once for dQ), seven matmuls per tile pair",
+             "kernels.backward: _attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dq", "teaching"),
+    Backward("tuned", "interior tiles unmasked; dK/dV and dQ each autotuned, with a tall resident block and a "
+             "short streamed one",
+             "the two kernels want different shapes: 128 resident rows feed wgmma, a short streamed block keeps "
+             "the recomputed tiles small",
+             "ladder.backward: _attn_bwd_dkdv_split, _attn_bwd_dq_split", "tma"),
+    Backward("atomic", "dQ added with float32 atomics from the dK/dV kernel: one kernel, five matmuls",
+             "saves recomputing P and dP for dQ; costs atomic traffic, a float32 dQ buffer and bitwise "
+             "repeatability",
+             "ladder.backward: _attn_bwd_dkdv_split (ATOMIC_DQ)", "tma"),
+    Backward("lean", "tuned, with the streamed blocks (Q and dO for dK/dV, K and V for dQ) moved by tensor "
+             "descriptors on sm_90, and causal dQ blocks launched longest first",
+             "the forward's rungs 3 and 4 for the backward: the copy engine frees threads and registers, and "
+             "the longest programs no longer end the launch alone",
+             "ladder.backward: _attn_bwd_dkdv_split (TMA), _attn_bwd_dq_split (TMA, LEAN)", "lean"),
+    Backward("bulk", "atomic, with lean's descriptors for Q and dO, and each dQ tile added by one bulk reduction "
+             "of the copy engine (sm_90) instead of one atomic instruction per element; the autotuner may build "
+             "dQ transposed (K^T dS^T)",
+             "five matmuls per tile pair instead of seven, as FlashAttention-3's backward; the copy engine does "
+             "the float32 additions in L2 while the warps go on; transposed, dQ's product has the head dim as "
+             "its long side, not the few query rows, and runs on wgmma like the other four",
+             "ladder.backward: _attn_bwd_dkdv_split (ATOMIC_DQ, TMA, BULK_DQ, DQ_T)", "lean"),
 )
+BACKWARD_BY_NAME = {b.name: b for b in BACKWARDS}
 
 
 def table() -> list[dict]:
