@@ -1,0 +1,140 @@
+"""The public op ``flashlib.flash_attention`` on a CPU: Triton's interpreter behind one custom op.
+
+Checked against float64 dense attention and PyTorch autograd (the lse's gradient too),
+inside ``torch.compile(fullgraph=True)`` and ``torch.export``, and for its errors.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("Triton ships Linux wheels only", allow_module_level=True)
+
+import flashlib  # noqa: E402
+from flashlib import causal_mask, flash_attention  # noqa: E402
+from flashlib.op import path_for  # noqa: E402
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests; tests/test_gpu.py covers CUDA")
+
+
+def _inputs(shape_q, seq_k, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    *lead, seq_q, d = shape_q
+    q = torch.randn(*lead, seq_q, d, generator=g, dtype=dtype)
+    k, v = (torch.randn(*lead, seq_k, d, generator=g, dtype=dtype) for _ in range(2))
+    return q, k, v
+
+
+def _loss(out, lse):
+    """Uses both outputs, so that the gradient flows through out and through lse."""
+    weights = torch.linspace(-1.0, 1.0, out.shape[-1], dtype=out.dtype)
+    finite = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    return (out * weights).square().sum() + 0.3 * finite.sum()
+
+
+def _reference(q, k, v, causal):
+    """out, lse and the gradients of _loss in float64, from scores written out densely."""
+    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(~causal_mask(q.shape[-2], k.shape[-2]), -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
+    out = p @ v
+    _loss(out, lse).backward()
+    return out.detach(), lse.detach(), q.grad, k.grad, v.grad
+
+
+def _ours(fn, q, k, v, causal):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out, lse = fn(q, k, v, causal)
+    _loss(out, lse).backward()
+    return out.detach(), lse.detach(), q.grad, k.grad, v.grad
+
+
+def _eager(q, k, v, causal):
+    return flash_attention(q, k, v, causal=causal, return_lse=True)
+
+
+CASES = [((2, 3, 17, 8), 17, True), ((1, 2, 9, 16), 23, True), ((1, 2, 23, 16), 9, True), ((3, 20, 40), 33, False)]
+
+
+@pytest.mark.parametrize("shape_q,seq_k,causal", CASES)
+def test_output_lse_and_gradients_match_float64(shape_q, seq_k, causal):
+    q, k, v = _inputs(shape_q, seq_k)
+    got, want = _ours(_eager, q, k, v, causal), _reference(q, k, v, causal)
+    for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+        assert g.shape == w.shape, name
+        torch.testing.assert_close(g.double(), w, atol=2e-5, rtol=1e-4, msg=name)
+
+
+def test_torch_compile_fullgraph_gives_the_eager_result_forward_and_backward():
+    q, k, v = _inputs((2, 3, 17, 8), 17, seed=1)
+    compiled = torch.compile(_eager, fullgraph=True)
+    eager, jit = _ours(_eager, q, k, v, True), _ours(compiled, q, k, v, True)
+    for name, e, c in zip(("out", "lse", "dq", "dk", "dv"), eager, jit):
+        torch.testing.assert_close(c, e, atol=1e-6, rtol=1e-6, msg=name)
+    want = _reference(q, k, v, True)
+    torch.testing.assert_close(jit[2].double(), want[2], atol=2e-5, rtol=1e-4)
+
+
+def test_torch_export_sees_one_op():
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            return flash_attention(q, k, v, causal=True)
+
+    q, k, v = _inputs((1, 2, 12, 16), 12, seed=2)
+    exported = torch.export.export(Attention(), (q, k, v))
+    calls = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    assert torch.ops.flashlib.flash_attention.default in calls
+    assert not any("softmax" in str(t) or "matmul" in str(t) for t in calls)
+    torch.testing.assert_close(exported.module()(q, k, v), flash_attention(q, k, v, causal=True))
+
+
+def test_the_op_is_registered_with_its_fake():
+    q, k, v = _inputs((2, 1, 5, 8), 7)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+        out, lse = torch.ops.flashlib.flash_attention(fq, fk, fv, False, 0.5)
+    assert out.shape == q.shape and lse.shape == q.shape[:-1] and lse.dtype == torch.float32
+
+
+def test_rows_that_see_no_key_give_zeros_and_zero_gradients():
+    q, k, v = _inputs((1, 1, 6, 8), 3, seed=3)  # bottom-right: the first 3 rows see no key
+    q.requires_grad_()
+    out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    assert torch.equal(out[..., :3, :], torch.zeros(1, 1, 3, 8)) and torch.isneginf(lse[..., :3]).all()
+    out.sum().backward()
+    assert torch.equal(q.grad[..., :3, :], torch.zeros(1, 1, 3, 8))
+
+
+def test_on_a_cpu_the_teaching_kernels_run():
+    x = torch.randn(1, 1, 4, 8)
+    assert path_for(x) == ("teaching", "teaching") and path_for(x.half()) == ("teaching", "teaching")
+
+
+def _message(*args, **kwargs):
+    with pytest.raises((TypeError, ValueError)) as info:
+        flash_attention(*args, **kwargs)
+    return str(info.value)
+
+
+def test_errors_name_the_public_function_the_argument_and_the_fix():
+    x = torch.randn(1, 1, 4, 8)
+    assert _message(x, x, torch.randn(1, 1, 4, 9)).startswith("flash_attention: argument 'v'")
+    assert "head_dim 300" in _message(*(torch.randn(1, 1, 4, 300),) * 3)
+    assert "tiled_attention for float64" in _message(*(x.double(),) * 3)
+    assert "bfloat16" in _message(*(x.bfloat16(),) * 3) and "interpreter" in _message(*(x.bfloat16(),) * 3)
+    assert "'scale'" in _message(x, x, x, scale=float("nan"))
+    with pytest.raises(TypeError, match="forward"):
+        flash_attention(x, x, x, forward="tma")  # rung choices live in flashlib.ladder.attention
+
+
+def test_the_package_exports_the_op():
+    assert flashlib.flash_attention is flash_attention
