@@ -3,10 +3,11 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from flashlib import dense_attention
-from flashlib.bench.cpu import peak_allocated_bytes, run_cpu_bench
+from flashlib.bench.cpu import peak_allocated_bytes
 
 
 def test_demo_prints_shape_table_and_passing_checks():
@@ -35,12 +36,27 @@ def test_peak_allocated_bytes_counts_exactly():
     assert peak_allocated_bytes(dense_attention, a, a, a) >= 2 * 256 * 256 * 4
 
 
-def test_cpu_bench_writes_json_with_provenance(tmp_path):
-    path = run_cpu_bench(sizes=(64, 256), repeats=1, out_dir=tmp_path, log=lambda *a, **k: None)
+def test_bench_cpu_command_writes_json_with_provenance(tmp_path, capsys):
+    """``python -m flashlib bench cpu``: one process per point, a JSON with provenance, a table."""
+    from flashlib.__main__ import main
+
+    assert main(["bench", "cpu", "--sizes", "256", "--out-dir", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("cpu-*.json")
+    printed = capsys.readouterr().out
+    assert f"wrote {path}" in printed and "tiled/dense" in printed
     data = json.loads(path.read_text())
     prov = data["provenance"]
     assert prov["torch"] == torch.__version__ and prov["date"] and prov["cpu"]
-    assert {(p["method"], p["n"]) for p in data["points"]} == {(m, n) for m in ("dense", "tiled") for n in (64, 256)}
+    assert {(p["method"], p["n"]) for p in data["points"]} == {("dense", 256), ("tiled", 256)}
     dense256 = next(p for p in data["points"] if p["method"] == "dense" and p["n"] == 256)
     assert dense256["peak_alloc_bytes"] >= 2 * 256 * 256 * 4
-    assert all(p["seconds"] > 0 for p in data["points"]) and len(data["ratios"]) == 2
+    assert all(p["seconds"] > 0 for p in data["points"]) and len(data["ratios"]) == 1
+
+
+def test_gpu_check_command_without_a_gpu_says_so(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("with CUDA the command would run the whole check")
+    from flashlib.__main__ import main
+
+    assert main(["gpu-check", "--skip-bench"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().out

@@ -1,13 +1,23 @@
 """Measurements: the CPU benchmark, the GPU ladder benchmark, the GPU check, recorded runs.
 
-    cpu       dense against tiled attention on this CPU (``python -m flashlib bench cpu``);
-              ``peak_allocated_bytes``, the notebooks' memory measurement
-    gpu       every rung of the ladder and every SDPA backend, side by side (``make gpu-check``)
-    check     the GPU check: GPU tests, then the ladder benchmark (``python -m flashlib gpu-check``)
-    ahead     compiling the benchmark's kernels on many cores before their first launch
-    records   reading the JSON files in data/bench/; plots: their figures
-    report    what a recorded run says against the expectations in data/bench/LOG.md
-              (``python -m flashlib.bench.report``)
+    cpu        dense against tiled attention on this CPU (``python -m flashlib bench cpu``);
+               ``peak_allocated_bytes``, the notebooks' memory measurement
+    gpu        the ladder benchmark: every rung, the public op, every paired backward and every
+               SDPA backend, side by side (``python -m flashlib.bench.gpu``), made of
+      methods    the methods it times, named from the ladder's table
+      point      measuring one grid point (timers, peak memory, a lost device)
+      grid       the grid, its priority order and the time budget
+      fresh      the points a kernel fault left, measured in fresh processes
+      results    target and memory ratios, autotuned tiles, its table and file
+    ahead      compiling the benchmark's kernels on many cores before their first launch
+    check      the GPU check: GPU tests and notebooks side by side, then the ladder benchmark
+               (``python -m flashlib gpu-check``, ``make gpu-check``); processes: its children
+    notebooks  the course's notebooks executed on this machine and judged as nbval judges them
+               (nbexec: one notebook in one process; nbcompare: nbval's rules)
+    records    reading the JSON files in data/bench/ under today's method names; plots: their figures
+    report     what a recorded run says against the expectations in data/bench/LOG.md
+               (``python -m flashlib.bench.report``)
+    ring       ring attention on CPU processes (``python -m flashlib.bench.ring``)
 
 Nothing in the reference modules, the kernels or the ladder imports this package.
 """

@@ -3,7 +3,8 @@
 ``cpu-<date>.json`` comes from ``python -m flashlib bench cpu``, ``gpu-<device>-<date>.json``
 from ``make gpu-check`` (its ladder benchmark under the key ``"ladder"``). Nothing here
 needs a GPU; every figure a notebook shows from a run comes through these functions, with
-the run's device and date (:func:`label`).
+the run's device and date (:func:`label`), and under today's method names whatever the run
+called them (:data:`RENAMED`).
 """
 from __future__ import annotations
 
@@ -13,16 +14,72 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent.parent.parent / "data" / "bench"
 
 
+# The method names of the ladder benchmark changed once: runs written before (no "vocabulary"
+# in their ladder) are read under today's names (flashlib.bench.methods), so that notebooks and
+# the report speak of one method by one name. Then, "flashlib" was the teaching forward with
+# the teaching backward; today it is the public op as shipped ("tma" forward, "tuned" backward).
+VOCABULARY = 2
+RENAMED = {
+    "flashlib": "ladder:teaching",                  # teaching forward + teaching backward
+    "flashlib:4-warp-backward": "ladder:teaching-4-warp",
+    "flashlib:tma": "ladder:tma+teaching",          # rung 3's forward + the teaching backward
+    "flashlib:tuned": "ladder:tuned",               # rung 3's forward + the tuned backward
+    "flashlib:atomic": "ladder:atomic",
+    "flashlib:lean": "ladder:lean",
+    "flashlib:bulk": "ladder:bulk",
+}
+# what the autotuners kept: the atomic backward's one kernel, and the block sizes by their
+# kernels' names (BLOCK_Q query rows, BLOCK_K key rows; BLOCK_M and BLOCK_N before)
+RENAMED_KERNELS = {"bwd_fused": "bwd_atomic_fused"}
+RENAMED_TILE_KEYS = {"BLOCK_M": "BLOCK_Q", "BLOCK_N": "BLOCK_K"}
+
+
+def _renamed_tiles(choices: dict) -> dict:
+    """{kernel: tiles} with today's kernel names and tile keys. The first runs kept one choice
+    per key, of the one autotuned kernel then, rung 1's: {key: tiles}, read as {key: {"autotuned": tiles}}."""
+    if "num_warps" in choices:
+        choices = {"autotuned": choices}
+    return {RENAMED_KERNELS.get(kernel, kernel): {RENAMED_TILE_KEYS.get(k, k): v for k, v in tiles.items()}
+            for kernel, tiles in choices.items()}
+
+
+def in_current_names(run: dict) -> dict:
+    """The run with every method, kernel and tile key under today's names (in place; returned).
+    A run that already uses them is left as it is."""
+    ladder = run.get("ladder")
+    if not ladder or ladder.get("vocabulary", 1) >= VOCABULARY:
+        return run
+    for row in [*ladder.get("points", []), *run.get("ladder_partial", []),
+                *([ladder["device_lost"]] if ladder.get("device_lost") else []), *ladder.get("devices_lost", [])]:
+        row["method"] = RENAMED.get(row.get("method"), row.get("method"))
+    for row in ladder.get("target_ratios") or []:
+        row["ours"] = RENAMED.get(row["ours"], row["ours"])
+    for row in ladder.get("memory_ratios") or []:
+        row.setdefault("method", RENAMED["flashlib"])  # then measured on the method named "flashlib"
+    config = ladder.get("config") or {}
+    config["excluded"] = [RENAMED.get(m, m) for m in config.get("excluded", [])]
+    if isinstance(ladder.get("autotuned"), dict) and "error" not in ladder["autotuned"]:
+        ladder["autotuned"] = {key: _renamed_tiles(c) for key, c in ladder["autotuned"].items()}
+    ladder["autotuned_by_n"] = {key: {bucket: _renamed_tiles(c) for bucket, c in buckets.items()}
+                                for key, buckets in (ladder.get("autotuned_by_n") or {}).items()}
+    ladder["vocabulary"], ladder["renamed_from_vocabulary"] = VOCABULARY, ladder.get("vocabulary", 1)
+    return run
+
+
+def load_run(path: Path | str) -> dict:
+    """One recorded run, under today's names (:func:`in_current_names`), with a "file" key."""
+    path = Path(path)
+    run = in_current_names(json.loads(path.read_text()))
+    run["file"] = path.name
+    return run
+
+
 def load_runs(kind: str = "gpu", directory: Path | str | None = None) -> list[dict]:
-    """Every recorded run of one kind ("cpu" or "gpu"), oldest first; each gets a "file" key."""
+    """Every recorded run of one kind ("cpu" or "gpu"), oldest first (:func:`load_run` each)."""
     if kind not in ("cpu", "gpu"):
         raise ValueError(f"records: argument 'kind' must be 'cpu' or 'gpu', got {kind!r}")
     directory = Path(directory) if directory is not None else BENCH_DIR
-    runs = []
-    for path in sorted(directory.glob(f"{kind}-*.json")):
-        run = json.loads(path.read_text())
-        run["file"] = path.name
-        runs.append(run)
+    runs = [load_run(path) for path in sorted(directory.glob(f"{kind}-*.json"))]
     return sorted(runs, key=lambda r: (provenance(r).get("date", ""), r["file"]))
 
 

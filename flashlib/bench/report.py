@@ -12,18 +12,22 @@ run kept one; a range that spans 1 says nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-from pathlib import Path
 
 from . import records
+from .methods import FOUR_WARP, PUBLIC_OP, pair_name, rung_name
 
-# (method, the step it is measured against), as data/bench/LOG.md states the expectations
-STEPS = [("rung:autotuned", "rung:teaching"), ("rung:causal-split", "rung:autotuned"), ("rung:tma", "rung:causal-split"),
-         ("rung:lean", "rung:tma"), ("rung:lazy-rescale", "rung:lean"),
-         ("flashlib:4-warp-backward", "flashlib"), ("flashlib:tuned", "flashlib"), ("flashlib:lean", "flashlib:tuned"),
-         ("flashlib:bulk", "flashlib:tuned"), ("flashlib:bulk", "flashlib:lean")]
+
+def steps() -> list[tuple[str, str]]:
+    """(method, the step it is measured against), from the ladder's table: each forward rung
+    over the rung before it, each backward (with its paired forward) over the backward before
+    it, the 4-warp teaching backward and the public op over the teaching path."""
+    from ..ladder.rungs import BACKWARDS, LADDER
+
+    forwards = [(rung_name(b.name), rung_name(a.name)) for a, b in zip(LADDER, LADDER[1:])]
+    backwards = [(pair_name(b.name), pair_name(a.name)) for a, b in zip(BACKWARDS, BACKWARDS[1:])]
+    return forwards + [(FOUR_WARP, pair_name("teaching")), *backwards, (PUBLIC_OP, pair_name("teaching"))]
 
 
 def _cell(r) -> str:
@@ -48,6 +52,9 @@ def comparison_lines(rows) -> list[str]:
 def report(run: dict, previous: dict | None = None) -> str:
     ladder = run.get("ladder") or {}
     out = [records.label(run), f"GPU tests: {(run.get('tests') or {}).get('summary', 'not run')}"]
+    notebooks = (run.get("notebooks") or {}).get("notebooks") or []
+    if notebooks:
+        out.append("notebooks: " + ", ".join(f"{e['notebook'].split('_')[0]} {e['status']}" for e in notebooks))
     keys = {(p["d"], p["n"], p["dtype"], p["causal"], p["mode"]) for p in ladder.get("points", [])}
     out.append(f"grid points measured: {len(keys)}, skipped by the budget: {len(ladder.get('skipped', []))}")
     timeline = ladder.get("timeline") or []
@@ -64,11 +71,11 @@ def report(run: dict, previous: dict | None = None) -> str:
     for loss in ladder.get("devices_lost") or ([ladder["device_lost"]] if ladder.get("device_lost") else []):
         out.append(f"kernel fault: {loss['method']} at {loss['point']}: {loss['error']}")
     if ladder.get("target_ratios"):
-        from .gpu import format_ladder
+        from .results import format_ladder
 
         out += ["", "targets (d = 128, N >= 4k): best flashlib over best SDPA", format_ladder(run)]
     out += ["", "each step against the one before it, in this run (d = 128, bf16):"]
-    for method, baseline in STEPS:
+    for method, baseline in steps():
         rows = records.speedups(run, method, baseline, d=128, dtype="bfloat16")
         out.append(f"  {method} over {baseline}:" + ("" if rows else " not measured in this run"))
         out += comparison_lines(rows)
@@ -80,17 +87,28 @@ def report(run: dict, previous: dict | None = None) -> str:
             if rows:
                 out.append(f"  {method}:")
                 out += comparison_lines(rows)
-    out += ["", "backward tiles the autotuners kept (d = 128, bf16, non-causal), by sequence bucket:"]
-    by_n = (ladder.get("autotuned_by_n") or {}).get("d=128 bfloat16 causal=False") or {}
+    return "\n".join(out + kept_tiles_lines(run))
+
+
+def _tile_line(label: str, kernel: str, tile: dict) -> str:
+    extra = " dQ transposed" if tile.get("DQ_T") else ""
+    return (f"  {label} {kernel:16s} BLOCK_Q={tile['BLOCK_Q']:3d} BLOCK_K={tile['BLOCK_K']:3d} "
+            f"warps={tile['num_warps']} stages={tile['num_stages']}{extra}")
+
+
+def kept_tiles_lines(run: dict) -> list[str]:
+    """The backward tiles the autotuners kept (d = 128, bf16, non-causal): per sequence bucket,
+    or the run's one choice where it kept one for every N."""
+    out = ["", "backward tiles the autotuners kept (d = 128, bf16, non-causal), by sequence bucket:"]
+    by_n = ((run.get("ladder") or {}).get("autotuned_by_n") or {}).get("d=128 bfloat16 causal=False") or {}
     for bucket in sorted(by_n, key=int):
-        kept = {k: v for k, v in by_n[bucket].items() if k.startswith("bwd_")}
-        for kernel, tile in sorted(kept.items()):
-            extra = " dQ transposed" if tile.get("DQ_T") else ""
-            out.append(f"  N<={bucket:>5} {kernel:14s} BLOCK_Q={tile['BLOCK_Q']:3d} BLOCK_K={tile['BLOCK_K']:3d} "
-                       f"warps={tile['num_warps']} stages={tile['num_stages']}{extra}")
+        out += [_tile_line(f"N<={bucket:>5}", kernel, tile) for kernel, tile in sorted(by_n[bucket].items())
+                if kernel.startswith("bwd_")]
     if not by_n:
-        out.append("  none recorded per bucket in this run")
-    return "\n".join(out)
+        kept = {k: t for k, t in records.autotuned_tiles(run).items() if k.startswith("bwd_")}
+        out.append("  one choice for every N in this run" if kept else "  none recorded in this run")
+        out += [_tile_line("every N ", kernel, tile) for kernel, tile in sorted(kept.items())]
+    return out
 
 
 def main(argv=None) -> int:
@@ -99,12 +117,12 @@ def main(argv=None) -> int:
     parser.add_argument("--against", help="an earlier run's JSON (default: the one before the run)")
     args = parser.parse_args(argv)
     runs = [r for r in records.load_runs("gpu") if r.get("ladder")]
-    run = json.loads(Path(args.run).read_text()) if args.run else (runs[-1] if runs else None)
+    run = records.load_run(args.run) if args.run else (runs[-1] if runs else None)
     if run is None:
         print("No GPU run with a ladder benchmark is recorded in data/bench/.")
         return 1
     if args.against:
-        previous = json.loads(Path(args.against).read_text())
+        previous = records.load_run(args.against)
     else:
         earlier = [r for r in runs if records.provenance(r).get("date", "") < records.provenance(run).get("date", "")]
         previous = earlier[-1] if earlier else None

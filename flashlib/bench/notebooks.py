@@ -1,0 +1,134 @@
+"""The course's notebooks executed on this machine, in course order, within a time budget.
+
+    python -m flashlib.bench.notebooks [NOTEBOOK ...] --result FILE [--budget S]
+                                       [--device-dependent compare|report]
+
+Each notebook runs in a fresh process (:mod:`flashlib.bench.nbexec`: a fresh namespace, as
+nbval's fresh kernel, and a crash or a lost GPU ends one notebook, not the run), with the
+environment ``tools/execute_notebooks.py`` writes the stored outputs in, and the repository
+on the path. FILE holds an entry per notebook (passed, or which cells failed or differed
+and how), rewritten after every cell; a notebook still running at its time limit is stopped
+and its entry says which cell was running, and notebooks the budget leaves out are listed
+as not run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .nbexec import write_entry
+from .processes import ROOT, with_root_on_path
+
+NOTEBOOK_DIR = ROOT / "notebooks"
+# as tools/execute_notebooks.py runs the notebooks whose outputs are stored (a test checks they agree)
+FIXED_ENV = {
+    "PYTHONHASHSEED": "0",
+    "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+    "OMP_NUM_THREADS": "1",  # same float summation order on every machine
+    "TQDM_DISABLE": "1",
+}
+NOTEBOOK_TIMEOUT_S = 180.0  # one notebook at most: a hung cell must not take the others' time
+MIN_START_S = 20.0          # below this left, a notebook is not started
+
+
+def course() -> list[Path]:
+    """The notebooks in course order (their file names are numbered)."""
+    return sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+
+
+def _child_env() -> dict:
+    env = with_root_on_path()
+    env.update(FIXED_ENV, IPYTHONDIR=tempfile.mkdtemp(prefix="flashlib-ipython-"))
+    return env
+
+
+def _close_entry(result_path: Path, name: str, order: int, note: str, seconds: float) -> None:
+    """After a notebook's process ended without finishing its entry: say why, for the cells too."""
+    results = json.loads(result_path.read_text()) if result_path.exists() else {"notebooks": []}
+    entry = next((e for e in results["notebooks"] if e.get("notebook") == name),
+                 dict(notebook=name, order=order, cells=[]))
+    if entry.get("status") not in ("running", None):
+        return
+    for cell in entry["cells"]:
+        if cell["status"] == "running":
+            cell.update(status="failed", error=note)
+    entry.update(status="failed", error=note, seconds=round(seconds, 1))
+    write_entry(result_path, entry)
+
+
+def run_one(path: Path, order: int, result_path: Path, timeout_s: float, device_dependent: str, python=None) -> None:
+    """One notebook in a fresh process, stopped after timeout_s."""
+    cmd = [python or sys.executable, "-m", "flashlib.bench.nbexec", str(path), "--result", str(result_path),
+           "--device-dependent", device_dependent, "--order", str(order)]
+    began = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, env=_child_env(), cwd=path.parent, timeout=timeout_s, check=False,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        note = f"the notebook's process ended with exit status {done.returncode}: {done.stdout[-500:]}"
+    except subprocess.TimeoutExpired:
+        note = f"stopped at the time limit of {timeout_s:.0f} s"
+    _close_entry(result_path, path.name, order, note, time.perf_counter() - began)
+
+
+def run_course(paths, result_path, *, budget_s: float, device_dependent: str = "compare",
+               clock=time.perf_counter, run=run_one, log=print) -> dict:
+    """Every notebook of paths in order, each within NOTEBOOK_TIMEOUT_S and all within budget_s;
+    returns the results (also in result_path)."""
+    result_path = Path(result_path)
+    start = clock()
+    for order, path in enumerate(paths):
+        left = budget_s - (clock() - start)
+        if left < MIN_START_S:
+            write_entry(result_path, dict(notebook=path.name, order=order, status="not run", cells=[],
+                                          error=f"the time budget ({budget_s:.0f} s) was spent"))
+            continue
+        log(f"notebook {path.name}")
+        run(path, order, result_path, min(NOTEBOOK_TIMEOUT_S, left), device_dependent)
+    results = json.loads(result_path.read_text()) if result_path.exists() else {"notebooks": []}
+    results["seconds"] = round(clock() - start, 1)
+    result_path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    return results
+
+
+def format_results(results: dict) -> str:
+    """One line per notebook, then one per cell that failed, differed or was not compared."""
+    lines = []
+    for entry in results.get("notebooks", []):
+        cells = entry.get("cells", [])
+        seconds = f", {entry['seconds']} s" if entry.get("seconds") is not None else ""
+        lines.append(f"{entry['notebook']}: {entry['status']} ({len(cells)} cells{seconds})"
+                     + (f": {entry['error']}" if entry.get("error") else ""))
+        for cell in cells:
+            if cell["status"] in ("failed", "differed", "not compared", "running"):
+                why = cell.get("error") or cell.get("difference") or cell.get("would_differ") or ""
+                lines.append(f"  Cell {cell['cell']} (cell {cell['index']}, {cell['line']!r}): {cell['status']}"
+                             + (f": {str(why)[:300]}" if why else ""))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashlib.bench.notebooks", description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="*", help="notebooks to run (default: all, in course order)")
+    parser.add_argument("--result", required=True, help="JSON file for the results (rewritten after every cell)")
+    parser.add_argument("--budget", type=float, default=600.0, help="seconds for all notebooks (default 600)")
+    parser.add_argument("--device-dependent", choices=("compare", "report"), default="compare",
+                        help="compare cells marked DEVICE_DEPENDENT_OUTPUT (as CI does), or only report them")
+    args = parser.parse_args(argv)
+    paths = [Path(p).resolve() for p in args.notebooks] or course()
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        parser.error(f"no such notebook: {', '.join(missing)}")
+    Path(args.result).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.result).unlink(missing_ok=True)  # results of an earlier run would read as this one's
+    results = run_course(paths, args.result, budget_s=args.budget, device_dependent=args.device_dependent)
+    print(format_results(results))
+    return 0 if all(e["status"] == "passed" for e in results["notebooks"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

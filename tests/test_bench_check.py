@@ -1,0 +1,185 @@
+"""The GPU check (flashlib.bench.check) without a GPU: arguments, provenance, child processes
+with time limits, and the order of its steps with the GPU work replaced by stand-ins."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+
+from flashlib.bench import check, fresh, gpu
+
+
+def _fake_provenance(device):
+    real = check.provenance
+
+    def provenance():
+        return dict(real(), device=device, capability=[9, 0] if device else None)
+    return provenance
+
+
+def test_arguments():
+    args = check.parse_args(["--budget", "60", "--skip-notebooks"])
+    assert args.budget == 60 and args.skip_notebooks and not args.skip_tests
+    assert check.parse_args([]).budget == check.BUDGET_S == 480
+    for bad in (["--budget", "-1"], ["--budget", "nan"], ["--sdpa-table"], ["--quick"]):
+        with pytest.raises(SystemExit):
+            check.parse_args(bad)
+
+
+def test_without_a_gpu_it_says_so(capsys, monkeypatch):
+    monkeypatch.setattr(check, "provenance", _fake_provenance(None))
+    assert check.main([]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().out
+
+
+def test_source_revision_names_the_code(tmp_path):
+    import shutil
+
+    here = check.source_revision()
+    assert len(here["source_sha256"]) == 64 and here == check.source_revision()
+    copy = tmp_path / "copy"
+    shutil.copytree(check.ROOT / "flashlib", copy / "flashlib", ignore=shutil.ignore_patterns("__pycache__"))
+    outside_git = check.source_revision(copy)
+    assert outside_git["source_sha256"] == here["source_sha256"] and outside_git["git_commit"] is None
+    (copy / "flashlib" / "demo.py").write_text((copy / "flashlib" / "demo.py").read_text() + "\n# changed\n")
+    assert check.source_revision(copy)["source_sha256"] != here["source_sha256"]
+
+
+def test_tests_run_beside_other_work_and_keep_their_output():
+    # 200 kB of output, more than a pipe holds, written while nobody reads it
+    loud = [sys.executable, "-c", "import sys; print('x' * 200_000); print('3 passed'); sys.exit(3)"]
+    started = check.start_tests(timeout_s=60, cmd=loud)
+    time.sleep(0.5)  # the caller is busy elsewhere meanwhile
+    result = check.finish_tests(started, log=lambda *_: None)
+    assert result["returncode"] == 3 and result["summary"] == "3 passed"
+    assert result["tail"].endswith("3 passed\n") and len(result["tail"]) == 6000
+
+
+def test_tests_past_their_time_are_stopped():
+    slow = [sys.executable, "-c", "import time; time.sleep(60)"]
+    started = check.start_tests(timeout_s=1.0, cmd=slow)
+    result = check.finish_tests(started, log=lambda *_: None)
+    assert result["returncode"] == -1 and "timed out after 1 s" in result["summary"]
+    assert result["seconds"] < 30
+    assert started["proc"].poll() is not None  # killed, not left running
+
+
+NOTEBOOKS = {"notebooks": [dict(notebook="01_dense_attention.ipynb", order=0, status="passed", cells=[]),
+                           dict(notebook="07_backward_kernels.ipynb", order=6, status="failed", cells=[
+                               dict(cell=5, index=10, line="losses = ...", status="failed",
+                                    error="ValueError: argument 'q' is on cpu")])]}
+
+
+def _stub_run(monkeypatch, events, tmp_path, precompile=None):
+    """check.main with its tests, notebooks, compiling and ladder replaced by notes of the calls;
+    each step writes the report, and $OUT gets its copy."""
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    monkeypatch.setattr(check, "provenance", _fake_provenance("Fake GPU 80GB HBM3"))
+    monkeypatch.setattr(check, "start_tests", lambda timeout_s: events.append(("tests start", timeout_s)) or {})
+    monkeypatch.setattr(check, "finish_tests", lambda started, log: events.append("tests end") or dict(
+        returncode=0, summary="1 passed", seconds=1.0, tail=""))
+    monkeypatch.setattr(check, "start_notebooks", lambda budget_s, path: events.append(
+        ("notebooks start", budget_s, path.name)) or {})
+    monkeypatch.setattr(check, "finish_notebooks", lambda started, log: events.append("notebooks end") or NOTEBOOKS)
+
+    def compile_ahead(plan, threads, log):
+        events.append(("compile ahead", len(plan)))
+        if precompile is not None:
+            raise precompile
+        return {"kernels": 3}
+
+    def ladder(budget_s, log, progress, compile_ahead):
+        events.append(("ladder", compile_ahead, round(budget_s)))
+        progress([{"method": "sdpa:cudnn"}])
+        return {"ladder": {"target_ratios": []}}
+
+    monkeypatch.setattr(gpu, "precompile", compile_ahead)
+    monkeypatch.setattr(gpu, "run_ladder_bench", ladder)
+
+
+def test_the_check_runs_tests_and_notebooks_beside_compiling_then_the_ladder(tmp_path, monkeypatch):
+    events, printed = [], []
+    _stub_run(monkeypatch, events, tmp_path)
+    assert check.main(["--out-dir", str(tmp_path / "a"), "--budget", "400"], log=printed.append) == 0
+    assert events[:5] == [("tests start", 200.0), ("notebooks start", 200.0, "notebooks.json"),
+                          ("compile ahead", len(gpu.plan())), "tests end", "notebooks end"]
+    (step, compiled, budget), = events[5:]
+    assert step == "ladder" and compiled is True and 370 <= budget <= 390
+    (path,) = (tmp_path / "a").glob("gpu-fake-gpu-80gb-hbm3-*.json")
+    report = json.loads(path.read_text())
+    assert report["precompile"] == {"kernels": 3} and report["tests"]["summary"] == "1 passed"
+    assert report["notebooks"] == NOTEBOOKS and "ladder_partial" not in report
+    assert (tmp_path / "out" / path.name).read_text() == path.read_text()
+    assert any(line.startswith("07_backward_kernels.ipynb: failed") for line in "\n".join(printed).splitlines())
+    assert "  Cell 5 (cell 10, 'losses = ...'): failed: ValueError: argument 'q' is on cpu" in "\n".join(printed)
+
+    events.clear()
+    assert check.main(["--out-dir", str(tmp_path / "b"), "--no-precompile", "--skip-notebooks"],
+                      log=lambda *_: None) == 0
+    assert [e if isinstance(e, str) else e[:2] for e in events] == [("tests start", 240.0), "tests end",
+                                                                    ("ladder", False)]
+
+
+def test_each_step_is_written_as_soon_as_it_ends(tmp_path, monkeypatch):
+    events, written = [], []
+    _stub_run(monkeypatch, events, tmp_path)
+    real = check.write_report
+    monkeypatch.setattr(check, "write_report", lambda report, out_dir, copy_to=None: written.append(
+        sorted(k for k in ("tests", "notebooks", "ladder_partial", "ladder", "elapsed_s") if k in report))
+        or real(report, out_dir, copy_to=copy_to))
+    check.main(["--out-dir", str(tmp_path)], log=lambda *_: None)
+    assert written == [["tests"], ["notebooks", "tests"], ["ladder_partial", "notebooks", "tests"],
+                       ["elapsed_s", "ladder", "notebooks", "tests"]]
+
+
+def test_a_failure_to_compile_ahead_is_recorded_and_the_ladder_still_runs(tmp_path, monkeypatch):
+    events = []
+    _stub_run(monkeypatch, events, tmp_path, precompile=RuntimeError("no threads today"))
+    assert check.main(["--out-dir", str(tmp_path)], log=lambda *_: None) == 0
+    assert events[-3:-1] == ["tests end", "notebooks end"] and events[-1][:2] == ("ladder", True)
+    (path,) = tmp_path.glob("*.json")
+    assert json.loads(path.read_text())["precompile"] == {"error": "RuntimeError: no threads today"}
+
+
+def test_failing_gpu_tests_set_the_exit_status(tmp_path, monkeypatch):
+    _stub_run(monkeypatch, [], tmp_path)
+    monkeypatch.setattr(check, "finish_tests", lambda started, log: dict(returncode=1, summary="1 failed",
+                                                                         seconds=1.0, tail=""))
+    assert check.main(["--out-dir", str(tmp_path), "--skip-bench", "--skip-notebooks"], log=lambda *_: None) == 1
+
+
+def test_a_lost_device_sends_the_points_left_to_a_fresh_process(tmp_path, monkeypatch):
+    events = []
+    _stub_run(monkeypatch, events, tmp_path)
+    point = dict(d=128, n=16384, dtype="bfloat16", causal=False, mode="fwd_bwd")
+    lost = dict(method="ladder:bulk", point=point, error="RuntimeError: illegal address", pending=[point])
+    monkeypatch.setattr(gpu, "run_ladder_bench", lambda **kw: {"ladder": dict(
+        points=[dict(point, method="ladder:bulk", error=lost["error"])], skipped=[], device_lost=lost,
+        target_ratios=[])})
+
+    def fresh_process(points, exclude, budget_s, out_path=None):
+        events.append(("fresh", len(points), list(exclude), out_path.name))
+        return {"ladder": dict(points=[dict(point, method="sdpa:cudnn", tflops=500.0)], skipped=[],
+                               device_lost=None)}
+
+    monkeypatch.setattr(fresh, "run_fresh_process", fresh_process)
+    printed = []
+    assert check.main(["--out-dir", str(tmp_path), "--no-precompile"], log=printed.append) == 0
+    assert events[-1] == ("fresh", 1, ["ladder:bulk"], "ladder-fresh-1.json")  # under $OUT
+    (path,) = tmp_path.glob("*.json")
+    ladder = json.loads(path.read_text())["ladder"]
+    assert [r["method"] for r in ladder["points"]] == ["ladder:bulk", "sdpa:cudnn"]
+    assert ladder["devices_lost"] == [{k: v for k, v in lost.items() if k != "pending"}]
+    assert any("ladder:bulk left the device unusable at d=128 N=16384" in line for line in printed)
+
+
+def test_notebook_results_come_back_from_the_job(tmp_path):
+    path = tmp_path / "notebooks.json"
+    script = f"import json; json.dump({NOTEBOOKS!r}, open({str(path)!r}, 'w')); print('done')"
+    started = check.processes.start([sys.executable, "-c", script], 60)
+    started["result_path"] = path
+    result = check.finish_notebooks(started, log=lambda *_: None)
+    assert result["notebooks"] == NOTEBOOKS["notebooks"]
+    assert result["job"]["returncode"] == 0 and result["job"]["summary"] == "done"
