@@ -47,9 +47,10 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m flashlib bench cpu
 
-# On a CUDA machine with its own torch and Triton: no venv, no installs.
+# On a CUDA machine with its own torch and Triton: no venv, no installs from an index (wheels
+# carried in .whl/ for the notebooks are unpacked into a temporary folder: tools/gpu_check.sh).
 gpu-check:
-	PYTHONPATH=. $(PYTHON) -m flashlib gpu-check $(GPU_CHECK_ARGS)
+	PYTHON=$(PYTHON) sh tools/gpu_check.sh $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -75,8 +75,10 @@ def _nbval_says(path: Path) -> dict[int, str]:
     return said
 
 
-def _runner_says(path: Path, result: Path, device_dependent="compare") -> dict:
+def _runner_says(path: Path, result: Path, device_dependent="compare", site=None) -> dict:
     env = dict(os.environ, **notebooks.FIXED_ENV)
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
     subprocess.run([sys.executable, "-m", "flashlib.bench.nbexec", str(path), "--result", str(result),
                     "--device-dependent", device_dependent], env=notebooks.with_root_on_path(env), timeout=300,
                    check=False, cwd=path.parent)
@@ -219,3 +221,7 @@ def test_wheels_carried_for_the_gpu_machine_install_and_serve_the_runner(tmp_pat
                           env=dict(os.environ, PYTHONPATH=str(target)))
     assert done.returncode == 0, done.stderr
     assert all(p.startswith(str(target)) for p in done.stdout.split())
+    path = planted_notebook(tmp_path / "planted.ipynb")
+    entry = _runner_says(path, tmp_path / "results.json", site=target)
+    assert {c["cell"]: c["status"] for c in entry["cells"] if c["status"] != "passed"} == {
+        8: "skipped", 9: "differed", 10: "failed", 13: "differed"}

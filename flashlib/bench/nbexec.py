@@ -222,8 +222,11 @@ def run_notebook(path, result_path, *, device_dependent: str = "compare", saniti
     write_entry(result_path, entry)
     began = time.perf_counter()
     try:
+        from IPython import __version__ as ipython_version
+
         sink: list = []
         shell = make_shell(sink)
+        entry["ipython"] = ipython_version
     except ImportError as exc:
         entry.update(status="not run", error=f"{type(exc).__name__}: {exc}; the notebooks need IPython and "
                      "ipywidgets (make gpu-check installs the wheels carried in .whl/)")
