@@ -66,6 +66,21 @@ def test_tests_past_their_time_are_stopped():
     assert started["proc"].poll() is not None  # killed, not left running
 
 
+def test_a_child_stopped_at_its_limit_takes_what_it_started_along(tmp_path):
+    pid_file = tmp_path / "grandchild"
+    parent = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+              f"time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    started = check.processes.start([sys.executable, "-c", parent], 2.0)
+    result = check.processes.finish(started, log=lambda *_: None)
+    assert result["returncode"] == -1
+    grandchild = int(pid_file.read_text())
+    try:  # killed: gone, or a zombie until something reaps it
+        with open(f"/proc/{grandchild}/stat") as stat:
+            assert stat.read().rsplit(")", 1)[1].split()[0] == "Z", "the grandchild outlived its parent's limit"
+    except FileNotFoundError:
+        pass
+
+
 NOTEBOOKS = {"notebooks": [dict(notebook="01_dense_attention.ipynb", order=0, status="passed", cells=[]),
                            dict(notebook="07_backward_kernels.ipynb", order=6, status="failed", cells=[
                                dict(cell=5, index=10, line="losses = ...", status="failed",

@@ -2,7 +2,6 @@
 without Jupyter, checked against nbval itself on a notebook with planted passes and failures."""
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flashlib.bench import nbcompare, nbexec, notebooks
+from flashlib.bench import nbcompare, nbexec, notebooks, processes
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -76,11 +75,11 @@ def _nbval_says(path: Path) -> dict[int, str]:
 
 
 def _runner_says(path: Path, result: Path, device_dependent="compare", site=None) -> dict:
-    env = dict(os.environ, **notebooks.FIXED_ENV)
+    env = dict(os.environ, **notebooks.fixed_env())
     if site is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
     subprocess.run([sys.executable, "-m", "flashlib.bench.nbexec", str(path), "--result", str(result),
-                    "--device-dependent", device_dependent], env=notebooks.with_root_on_path(env), timeout=300,
+                    "--device-dependent", device_dependent], env=processes.with_root_on_path(env), timeout=300,
                    check=False, cwd=path.parent)
     (entry,) = json.loads(result.read_text())["notebooks"]
     return entry
@@ -99,7 +98,10 @@ def test_the_runner_agrees_with_nbval_on_a_planted_notebook(tmp_path):
     assert by_cell[10]["error"] == "KeyError: 'missing'" and "KeyError" in by_cell[10]["traceback"]
     assert by_cell[6]["outputs"] and by_cell[6]["note"].startswith("output not compared")
     # where the machine differs from the one that stored the outputs: reported, not compared
-    again = _runner_says(path, tmp_path / "report.json", device_dependent="report")
+    # (through the course runner, as the GPU check runs it)
+    results = notebooks.run_course([path], tmp_path / "report.json", budget_s=300, device_dependent="report",
+                                   log=lambda *a: None)
+    (again,) = results["notebooks"]
     marked = {c["cell"]: c for c in again["cells"]}[13]
     assert marked["status"] == "not compared" and marked["outputs"] == "on this machine\n"
     assert marked["would_differ"].startswith("mismatch 'stdout'")
@@ -152,11 +154,13 @@ def test_a_notebook_is_read_as_nbformat_reads_it(tmp_path):
     assert [i for i, _ in nbcompare.code_cells(ours)] == list(range(1, len(PLANTED) + 1))
 
 
-def test_the_environment_is_the_one_the_stored_outputs_were_written_in():
-    tree = ast.parse((ROOT / "tools" / "execute_notebooks.py").read_text())
-    (fixed,) = [ast.literal_eval(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
-                and any(getattr(t, "id", None) == "FIXED_ENV" for t in node.targets)]
-    assert notebooks.FIXED_ENV == fixed
+def test_the_environment_is_the_one_the_stored_outputs_were_written_in(tmp_path):
+    fixed = notebooks.fixed_env()
+    assert fixed["PYTHONHASHSEED"] == "0" and fixed["OMP_NUM_THREADS"] == "1"
+    assert fixed["MPLBACKEND"] == "module://matplotlib_inline.backend_inline"
+    (tmp_path / "writer.py").write_text("ENV = {}\n")
+    with pytest.raises(ValueError, match="'writer'"):
+        notebooks.fixed_env(tmp_path / "writer.py")
 
 
 def test_the_course_runs_in_order_within_its_budget(tmp_path):

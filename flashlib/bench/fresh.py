@@ -9,14 +9,13 @@ without the next one if another faults, until none is pending or the time is spe
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from . import processes
 from .grid import point_key
-from .processes import with_root_on_path
 from .results import memory_ratios, target_ratios
 
 FRESH_MIN_S = 60  # below this a fresh process would spend its time starting and compiling
@@ -78,11 +77,12 @@ def continue_after_device_lost(result: dict, deadline: float, *, run_fresh=None,
     return result
 
 
-def run_fresh_process(points, exclude, budget_s: float, *, out_path=None, python=None) -> dict | None:
+def run_fresh_process(points, exclude, budget_s: float, *, out_path=None, python=None,
+                      log=print) -> dict | None:
     """Run ``python -m flashlib.bench.gpu`` on points without the methods in exclude, in a new
     process (a new CUDA context), and return its result; None if it wrote none. Its result file
     is written after every point, so a process stopped on time still returns what it measured
-    (the points it never reached are returned as ``unreached``)."""
+    (the points it never reached are returned as ``unreached``); its output's tail goes to log."""
     work = Path(tempfile.mkdtemp(prefix="flashlib-ladder-"))
     points_file = work / "points.json"
     points_file.write_text(json.dumps(points))
@@ -91,10 +91,7 @@ def run_fresh_process(points, exclude, budget_s: float, *, out_path=None, python
            "--budget", f"{max(budget_s, 1.0):.0f}", "--result", str(out_path), "--no-precompile", "--no-ceilings"]
     for name in exclude:
         cmd += ["--exclude", name]
-    try:
-        subprocess.run(cmd, env=with_root_on_path(), timeout=budget_s + 30, check=False)
-    except subprocess.TimeoutExpired:
-        pass
+    processes.finish(processes.start(cmd, budget_s + 30), log=log)
     if not out_path.exists():
         return None
     result = json.loads(out_path.read_text())

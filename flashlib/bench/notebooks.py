@@ -5,8 +5,8 @@
 
 Each notebook runs in a fresh process (:mod:`flashlib.bench.nbexec`: a fresh namespace, as
 nbval's fresh kernel, and a crash or a lost GPU ends one notebook, not the run), with the
-environment ``tools/execute_notebooks.py`` writes the stored outputs in, and the repository
-on the path. FILE holds an entry per notebook (passed, or which cells failed or differed
+environment ``tools/execute_notebooks.py`` writes the stored outputs in (:func:`fixed_env`),
+and the repository on the path. FILE holds an entry per notebook (passed, or which cells failed or differed
 and how), rewritten after every cell; a notebook still running at its time limit is stopped
 and its entry says which cell was running, and notebooks the budget leaves out are listed
 as not run.
@@ -14,24 +14,20 @@ as not run.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
-import subprocess
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from . import processes
 from .nbexec import write_entry
-from .processes import ROOT, with_root_on_path
+from .processes import ROOT
 
 NOTEBOOK_DIR = ROOT / "notebooks"
-# as tools/execute_notebooks.py runs the notebooks whose outputs are stored (a test checks they agree)
-FIXED_ENV = {
-    "PYTHONHASHSEED": "0",
-    "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-    "OMP_NUM_THREADS": "1",  # same float summation order on every machine
-    "TQDM_DISABLE": "1",
-}
+WRITER = ROOT / "tools" / "execute_notebooks.py"  # writes the stored outputs, in its FIXED_ENV
 NOTEBOOK_TIMEOUT_S = 180.0  # one notebook at most: a hung cell must not take the others' time
 MIN_START_S = 20.0          # below this left, a notebook is not started
 
@@ -41,10 +37,19 @@ def course() -> list[Path]:
     return sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 
 
+def fixed_env(writer=WRITER) -> dict:
+    """The environment variables the stored outputs were written with: the ``FIXED_ENV`` of
+    tools/execute_notebooks.py, read from its source (it imports Jupyter, which may be missing here)."""
+    tree = ast.parse(Path(writer).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "FIXED_ENV" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise ValueError(f"fixed_env: argument 'writer' ({writer}) assigns no FIXED_ENV; name the script that "
+                     "writes the stored outputs")
+
+
 def _child_env() -> dict:
-    env = with_root_on_path()
-    env.update(FIXED_ENV, IPYTHONDIR=tempfile.mkdtemp(prefix="flashlib-ipython-"))
-    return env
+    return dict(os.environ, **fixed_env(), IPYTHONDIR=tempfile.mkdtemp(prefix="flashlib-ipython-"))
 
 
 def _close_entry(result_path: Path, name: str, order: int, note: str, seconds: float) -> None:
@@ -65,14 +70,12 @@ def run_one(path: Path, order: int, result_path: Path, timeout_s: float, device_
     """One notebook in a fresh process, stopped after timeout_s."""
     cmd = [python or sys.executable, "-m", "flashlib.bench.nbexec", str(path), "--result", str(result_path),
            "--device-dependent", device_dependent, "--order", str(order)]
-    began = time.perf_counter()
-    try:
-        done = subprocess.run(cmd, env=_child_env(), cwd=path.parent, timeout=timeout_s, check=False,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        note = f"the notebook's process ended with exit status {done.returncode}: {done.stdout[-500:]}"
-    except subprocess.TimeoutExpired:
+    done = processes.finish(processes.start(cmd, timeout_s, env=_child_env(), cwd=path.parent), log=lambda *_: None)
+    if done["returncode"] == -1:
         note = f"stopped at the time limit of {timeout_s:.0f} s"
-    _close_entry(result_path, path.name, order, note, time.perf_counter() - began)
+    else:
+        note = f"the notebook's process ended with exit status {done['returncode']}: {done['tail'][-500:]}"
+    _close_entry(result_path, path.name, order, note, done["seconds"])
 
 
 def run_course(paths, result_path, *, budget_s: float, device_dependent: str = "compare",

@@ -7,6 +7,7 @@ checkout (the repository first on PYTHONPATH), with the machine's own packages.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -24,11 +25,22 @@ def with_root_on_path(env=None) -> dict:
 
 
 def start(cmd, timeout_s: float, *, env=None, cwd=ROOT) -> dict:
-    """Start cmd and return at once; :func:`finish` waits for it until timeout_s after its start."""
+    """Start cmd and return at once; :func:`finish` waits for it until timeout_s after its start.
+    The child leads a process group of its own, so that stopping it stops what it started too
+    (a notebook's compiler or worker processes, say), which would otherwise go on using the GPU."""
     output = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(cmd, stdout=output, stderr=subprocess.STDOUT, text=True,
-                            env=with_root_on_path(env), cwd=cwd)
+                            env=with_root_on_path(env), cwd=cwd, start_new_session=True)
     return dict(proc=proc, output=output, start=time.perf_counter(), timeout_s=timeout_s)
+
+
+def _stop(proc) -> None:
+    """Kill the child and every process of its group."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the group is gone already
+        pass
+    proc.wait()
 
 
 def finish(started: dict, log=print) -> dict:
@@ -39,8 +51,7 @@ def finish(started: dict, log=print) -> dict:
         proc.wait(timeout=max(0.0, started["timeout_s"] - (time.perf_counter() - started["start"])))
         code, note = proc.returncode, ""
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        _stop(proc)
         code, note = -1, f"\ntimed out after {started['timeout_s']:.0f} s"
     output.seek(0)
     out = output.read() + note
