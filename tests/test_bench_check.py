@@ -97,7 +97,7 @@ def _stub_run(monkeypatch, events, tmp_path, precompile=None):
         returncode=0, summary="1 passed", seconds=1.0, tail=""))
     monkeypatch.setattr(check, "start_notebooks", lambda budget_s, path: events.append(
         ("notebooks start", budget_s, path.name)) or {})
-    monkeypatch.setattr(check, "finish_notebooks", lambda started, log: events.append("notebooks end") or NOTEBOOKS)
+    monkeypatch.setattr(check, "finish_notebooks", lambda started: events.append("notebooks end") or NOTEBOOKS)
 
     def compile_ahead(plan, threads, log):
         events.append(("compile ahead", len(plan)))
@@ -195,6 +195,6 @@ def test_notebook_results_come_back_from_the_job(tmp_path):
     script = f"import json; json.dump({NOTEBOOKS!r}, open({str(path)!r}, 'w')); print('done')"
     started = check.processes.start([sys.executable, "-c", script], 60)
     started["result_path"] = path
-    result = check.finish_notebooks(started, log=lambda *_: None)
+    result = check.finish_notebooks(started)
     assert result["notebooks"] == NOTEBOOKS["notebooks"]
-    assert result["job"]["returncode"] == 0 and result["job"]["summary"] == "done"
+    assert result["job"]["returncode"] == 0 and result["job"]["summary"] == "done" == result["job"]["tail"].strip()

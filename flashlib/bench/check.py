@@ -44,6 +44,7 @@ ROOT = processes.ROOT
 BUDGET_S = 480.0
 BACKGROUND_SHARE = 0.5  # of the budget, for the tests and the notebooks side by side
 FINAL_WRITE_S = 10      # kept back from the ladder for writing the report
+NOTEBOOKS_MARGIN_S = 10  # between the notebooks' own budget and the time they are stopped at
 
 
 def parse_args(argv):
@@ -99,20 +100,23 @@ def notebooks_result_path() -> Path:
 
 
 def start_notebooks(budget_s: float, result_path: Path) -> dict:
-    """Start the notebooks in course order in a subprocess (``python -m flashlib.bench.notebooks``)."""
-    cmd = [sys.executable, "-m", "flashlib.bench.notebooks", "--budget", f"{budget_s:.0f}",
+    """Start the notebooks in course order in a subprocess (``python -m flashlib.bench.notebooks``),
+    to end within budget_s: the job keeps to a budget a little shorter (it stops its last
+    notebook itself), and is stopped at budget_s if it does not."""
+    cmd = [sys.executable, "-m", "flashlib.bench.notebooks", "--budget", f"{max(budget_s - NOTEBOOKS_MARGIN_S, 1):.0f}",
            "--result", str(result_path), "--device-dependent", "report"]
-    started = processes.start(cmd, budget_s + 30)
+    started = processes.start(cmd, budget_s)
     started["result_path"] = result_path
     return started
 
 
-def finish_notebooks(started: dict, log=print) -> dict:
-    """Wait for the notebooks; their per-notebook results (what they wrote, even if stopped)."""
-    job = processes.finish(started, log=log)
+def finish_notebooks(started: dict) -> dict:
+    """Wait for the notebooks; their per-notebook results (what they wrote, even if stopped). The
+    job's own output (the same results as text) is kept in ``job["tail"]``, not logged again."""
+    job = processes.finish(started, log=lambda *_: None)
     path = Path(started["result_path"])
     result = json.loads(path.read_text()) if path.exists() else {"notebooks": []}
-    result["job"] = {k: job[k] for k in ("returncode", "seconds", "summary")}
+    result["job"] = {k: job[k] for k in ("returncode", "seconds", "summary", "tail")}
     return result
 
 
@@ -182,7 +186,7 @@ def _background(args, report: dict, save, log) -> int:
     if notebooks is not None:
         from .notebooks import format_results
 
-        report["notebooks"] = finish_notebooks(notebooks, log=log)
+        report["notebooks"] = finish_notebooks(notebooks)
         log(format_results(report["notebooks"]))
         save(report)
     return status
