@@ -14,7 +14,8 @@ def main(argv=None) -> int:
     bench.add_argument("target", choices=["cpu", "widgets"])
     bench.add_argument("--sizes", type=int, nargs="+", help="sequence lengths (cpu; default 1k to 16k)")
     bench.add_argument("--out-dir", help="where to write the JSON (default data/bench/)")
-    sub.add_parser("gpu-check", help="GPU tests and benchmark (CUDA machine only)", add_help=False)
+    sub.add_parser("gpu-check", help="GPU tests, the notebooks and the ladder benchmark (CUDA machine only)",
+                   add_help=False)
     args, rest = parser.parse_known_args(argv)
 
     if args.command == "demo":

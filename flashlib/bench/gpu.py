@@ -26,7 +26,7 @@ import torch
 
 from .fresh import continue_after_device_lost, run_fresh_process  # noqa: F401  (the check's steps, here too)
 from .grid import CAUSALS, DS, DTYPES, MODES, NS, plan, run_plan
-from .methods import four_warp_backward, is_ours, methods, sdpa  # noqa: F401
+from .methods import PUBLIC_OP, four_warp_backward, is_ours, methods, sdpa  # noqa: F401
 from .point import REP_MS, WARMUP_MS, DeviceLost, device_usable, measure_ceilings, measure_point, shape
 from .records import VOCABULARY
 from .results import autotuned_choices, format_ladder, memory_ratios, target_ratios, write_result  # noqa: F401
@@ -40,7 +40,9 @@ __all__ = ["DeviceLost", "continue_after_device_lost", "format_ladder", "four_wa
 def _record_launches(p, device, tokens, hidden, noted_errors) -> None:
     """Call every flashlib method once at point p's shape, as the benchmark will (nothing runs
     under :func:`flashlib.bench.ahead.recording`: the launches are noted)."""
-    ours = {name: fn for name, fn in methods(p["mode"]).items() if is_ours(name)}
+    # the public op launches the kernels of the ladder row it runs (op.path_for: "tma" + "tuned"),
+    # recorded with that row
+    ours = {name: fn for name, fn in methods(p["mode"]).items() if is_ours(name) and name != PUBLIC_OP}
     batch, heads = shape(p["n"], p["d"], tokens, hidden)
     q, k, v, dout = (torch.empty(batch, heads, p["n"], p["d"], device=device, dtype=getattr(torch, p["dtype"]))
                      for _ in range(4))  # (B, H, N, D); never read: nothing runs
