@@ -1,7 +1,8 @@
 """``python -m flashlib gpu-check``: the GPU tests, the course's notebooks and the ladder benchmark.
 
 On a CUDA machine, with its own torch and Triton, in one command within a time budget
-(default 480 s, so that the whole check ends within 9 minutes on an H200). Nothing is
+(default 480 s: the GPU machine is lent for 15 minutes, its start included, and the check is
+to end within 9, installing and writing included). Nothing is
 installed here (``make gpu-check`` first unpacks the wheels carried in ``.whl/``, for the
 notebooks' IPython and ipywidgets, where the machine lacks them). In order, so that a run
 stopped at any point keeps what matters most:

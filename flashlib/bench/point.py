@@ -95,7 +95,8 @@ def math_fits(batch, heads, n, mode, device="cuda") -> bool:
     if torch.device(device).type != "cuda":
         return True
     free, _ = torch.cuda.mem_get_info()
-    # float32 N x N buffers alive at the peak (an H200 measured ~2.3 forward), with margin
+    # float32 N x N buffers alive at once: about 2.3 in a forward on an H200 (torch 2.11); 3 and 5
+    # leave a margin, and an out-of-memory error would only cost the point's time
     need = batch * heads * n * n * 4 * (3 if mode == "fwd" else 5)
     return need < 0.8 * free
 
