@@ -54,15 +54,15 @@ def memory_ratios(points, ns=(4096, 16384), method: str = PUBLIC_OP) -> list[dic
 
 
 def _choices_at(q, d, causal, n) -> dict:
-    """{kernel: tiles} every autotuned forward rung and backward kept for n's bucket."""
+    """{kernel: tiles} every autotuned forward rung and backward kept for n's bucket (the tuned
+    backward's kernels as bwd_<kernel>, as the first runs recorded them; the others' as
+    bwd_<backward>_<kernel>)."""
     from ..ladder.backward import autotuned_choices as backward_choices
     from ..ladder.forward import autotuned_choice
     from ..ladder.rungs import BACKWARDS, LADDER
 
-    found = {rung.name: autotuned_choice(q, causal, rung.name, seq=n) for rung in LADDER if rung.name != "teaching"}
-    for backward in BACKWARDS:
-        if backward.name == "teaching":  # shipped tiles, never tuned
-            continue
+    found = {rung.name: autotuned_choice(q, causal, rung.name, seq=n) for rung in LADDER}
+    for backward in BACKWARDS:  # a step on shipped tiles (the teaching ones) answers nothing
         prefix = "bwd_" if backward.name == "tuned" else f"bwd_{backward.name}_"
         found.update({prefix + k: t for k, t in backward_choices(d, q.dtype, causal, backward.name, seq=n).items()})
     return {k: t for k, t in found.items() if t}
