@@ -198,3 +198,22 @@ def test_notebook_results_come_back_from_the_job(tmp_path):
     result = check.finish_notebooks(started)
     assert result["notebooks"] == NOTEBOOKS["notebooks"]
     assert result["job"]["returncode"] == 0 and result["job"]["summary"] == "done" == result["job"]["tail"].strip()
+
+
+def test_notebooks_stopped_at_their_limit_say_what_ran_and_what_did_not(tmp_path):
+    from flashlib.bench import notebooks
+
+    path = tmp_path / "notebooks.json"
+    running = dict(notebook="01_dense_attention.ipynb", order=0, status="running",
+                   cells=[dict(cell=0, index=1, line="import torch", status="running")])
+    script = f"import json, time; json.dump({{'notebooks': [{running!r}]}}, open({str(path)!r}, 'w')); time.sleep(60)"
+    started = check.processes.start([sys.executable, "-c", script], 2.0)
+    started["result_path"] = path
+    result = check.finish_notebooks(started)
+    entries = {e["notebook"]: e for e in result["notebooks"]}
+    assert entries["01_dense_attention.ipynb"]["status"] == "failed"
+    assert entries["01_dense_attention.ipynb"]["cells"][0]["error"].startswith("the notebooks were stopped")
+    assert {name for name, e in entries.items() if e["status"] == "not run"} == \
+        {p.name for p in notebooks.course()} - {"01_dense_attention.ipynb"}
+    assert result["job"]["returncode"] == -1
+

@@ -114,9 +114,14 @@ def start_notebooks(budget_s: float, result_path: Path) -> dict:
 def finish_notebooks(started: dict) -> dict:
     """Wait for the notebooks; their per-notebook results (what they wrote, even if stopped). The
     job's own output (the same results as text) is kept in ``job["tail"]``, not logged again."""
+    from .notebooks import close_results, course
+
     job = processes.finish(started, log=lambda *_: None)
     path = Path(started["result_path"])
     result = json.loads(path.read_text()) if path.exists() else {"notebooks": []}
+    if job["returncode"] == -1:
+        result = close_results(result, course(), f"the notebooks were stopped at their time limit "
+                                                 f"({started['timeout_s']:.0f} s)")
     result["job"] = {k: job[k] for k in ("returncode", "seconds", "summary", "tail")}
     return result
 

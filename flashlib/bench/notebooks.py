@@ -52,6 +52,14 @@ def _child_env() -> dict:
     return dict(os.environ, **fixed_env(), IPYTHONDIR=tempfile.mkdtemp(prefix="flashlib-ipython-"))
 
 
+def _mark_stopped(entry: dict, note: str) -> None:
+    """A notebook whose process ended before it finished: it failed, as did the cell that ran."""
+    for cell in entry["cells"]:
+        if cell["status"] == "running":
+            cell.update(status="failed", error=note)
+    entry.update(status="failed", error=note)
+
+
 def _close_entry(result_path: Path, name: str, order: int, note: str, seconds: float) -> None:
     """After a notebook's process ended without finishing its entry: say why, for the cells too."""
     results = json.loads(result_path.read_text()) if result_path.exists() else {"notebooks": []}
@@ -59,11 +67,22 @@ def _close_entry(result_path: Path, name: str, order: int, note: str, seconds: f
                  dict(notebook=name, order=order, cells=[]))
     if entry.get("status") not in ("running", None):
         return
-    for cell in entry["cells"]:
-        if cell["status"] == "running":
-            cell.update(status="failed", error=note)
-    entry.update(status="failed", error=note, seconds=round(seconds, 1))
+    _mark_stopped(entry, note)
+    entry["seconds"] = round(seconds, 1)
     write_entry(result_path, entry)
+
+
+def close_results(results: dict, paths, note: str) -> dict:
+    """Results of a job that was stopped: an entry still running says note (so does its running
+    cell), and every notebook of paths without an entry is listed as not run."""
+    entries = {e["notebook"]: e for e in results.get("notebooks", [])}
+    for entry in entries.values():
+        if entry.get("status") == "running":
+            _mark_stopped(entry, note)
+    for order, path in enumerate(paths):
+        entries.setdefault(Path(path).name, dict(notebook=Path(path).name, order=order, status="not run", cells=[],
+                                                 error=note))
+    return dict(results, notebooks=sorted(entries.values(), key=lambda e: e.get("order", 0)))
 
 
 def run_one(path: Path, order: int, result_path: Path, timeout_s: float, device_dependent: str, python=None) -> None:
