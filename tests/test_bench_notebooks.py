@@ -220,7 +220,8 @@ def test_wheels_carried_for_the_gpu_machine_install_and_serve_the_runner(tmp_pat
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                     "--target", str(target), *map(str, wheels)], check=True, timeout=300)
-    probe = "import IPython, ipywidgets, matplotlib_inline, traitlets, comm; print(ipywidgets.__file__, IPython.__file__)"
+    probe = ("import IPython, ipywidgets, matplotlib_inline, traitlets, comm; "
+             "print(ipywidgets.__file__, IPython.__file__)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=str(target)))
     assert done.returncode == 0, done.stderr

@@ -15,7 +15,8 @@ from flashlib.course import viz
 from flashlib.ladder.rungs import BACKWARDS, LADDER
 from tests.bench_runs import gpu_run
 
-RECORDED = {stamp: records.BENCH_DIR / f"gpu-nvidia-h200-{stamp}.json" for stamp in ("2026-11-29T2353Z", "2026-11-30T0015Z")}
+RECORDED = {stamp: records.BENCH_DIR / f"gpu-nvidia-h200-{stamp}.json"
+            for stamp in ("2026-11-29T2353Z", "2026-11-30T0015Z")}
 
 
 def test_bad_kind_names_itself():

@@ -85,9 +85,9 @@ def close_results(results: dict, paths, note: str) -> dict:
     return dict(results, notebooks=sorted(entries.values(), key=lambda e: e.get("order", 0)))
 
 
-def run_one(path: Path, order: int, result_path: Path, timeout_s: float, device_dependent: str, python=None) -> None:
+def run_one(path: Path, order: int, result_path: Path, timeout_s: float, device_dependent: str) -> None:
     """One notebook in a fresh process, stopped after timeout_s."""
-    cmd = [python or sys.executable, "-m", "flashlib.bench.nbexec", str(path), "--result", str(result_path),
+    cmd = [sys.executable, "-m", "flashlib.bench.nbexec", str(path), "--result", str(result_path),
            "--device-dependent", device_dependent, "--order", str(order)]
     done = processes.finish(processes.start(cmd, timeout_s, env=_child_env(), cwd=path.parent), log=lambda *_: None)
     if done["returncode"] == -1:
