@@ -90,21 +90,14 @@ def test_the_runner_agrees_with_nbval_on_a_planted_notebook(tmp_path):
     path = planted_notebook(tmp_path / "planted.ipynb")
     expected = {i: verdict for i, (_, _, verdict) in enumerate(PLANTED)}
     assert _nbval_says(path) == expected
-    entry = _runner_says(path, tmp_path / "results.json")
+    # through the course runner, in the environment the stored outputs were written in
+    (entry,) = notebooks.run_course([path], tmp_path / "results.json", budget_s=300, log=lambda *a: None)["notebooks"]
     ours = {c["cell"]: {"differed": "failed"}.get(c["status"], c["status"]) for c in entry["cells"]}
     assert ours == expected and entry["status"] == "failed"
     by_cell = {c["cell"]: c for c in entry["cells"]}
     assert by_cell[9]["difference"] == "mismatch 'stdout': stored 'answer: 41\\n', now 'answer: 42\\n'"
     assert by_cell[10]["error"] == "KeyError: 'missing'" and "KeyError" in by_cell[10]["traceback"]
     assert by_cell[6]["outputs"] and by_cell[6]["note"].startswith("output not compared")
-    # where the machine differs from the one that stored the outputs: reported, not compared
-    # (through the course runner, as the GPU check runs it)
-    results = notebooks.run_course([path], tmp_path / "report.json", budget_s=300, device_dependent="report",
-                                   log=lambda *a: None)
-    (again,) = results["notebooks"]
-    marked = {c["cell"]: c for c in again["cells"]}[13]
-    assert marked["status"] == "not compared" and marked["outputs"] == "on this machine\n"
-    assert marked["would_differ"].startswith("mismatch 'stdout'")
 
 
 def test_markers_are_read_as_nbval_reads_them():
@@ -198,6 +191,18 @@ def test_a_notebook_stopped_while_a_cell_runs_says_which(tmp_path):
                                  "  Cell 1 (cell 3, 'train()'): failed: stopped at the time limit of 180 s"]
     notebooks._close_entry(path, "08_x.ipynb", 7, "the notebook's process ended with exit status 1", 2.0)
     assert json.loads(path.read_text())["notebooks"][1]["status"] == "failed"  # never wrote an entry itself
+
+
+def test_a_device_dependent_cell_is_reported_where_it_is_not_compared():
+    source, stored, _ = PLANTED[13]
+    cell = {"source": source, "execution_count": 14, "outputs": stored}
+    options = nbcompare.cell_options(cell)
+    now = [_stream("on this machine\n")]
+    assert nbexec.verdict(cell, options, now, ())["status"] == "differed"  # as nbval, in CI
+    marked = nbexec.verdict(cell, options, now, (), device_dependent="report")
+    assert marked["status"] == "not compared" and marked["outputs"] == "on this machine\n"
+    assert marked["would_differ"].startswith("mismatch 'stdout'")
+    assert nbexec.notebook_status([dict(marked), dict(status="passed"), dict(status="skipped")]) == "passed"
 
 
 def test_verdicts_say_what_nbval_would():
