@@ -37,15 +37,19 @@ def shifted_copy_batch(generator, batch: int = 8, seq: int = 24, vocab: int = 16
     return tokens, targets
 
 
-def train(attention, *, steps: int = 40, seed: int = 0, lr: float = 3e-2):
-    """Losses of ``steps`` Adam steps from a fixed initialisation and data stream."""
+def train(attention, *, steps: int = 40, seed: int = 0, lr: float = 3e-2, device="cpu"):
+    """Losses of ``steps`` Adam steps from a fixed initialisation and data stream.
+
+    device: where the model and its batches live; the kernels compiled for a GPU take CUDA
+    tensors, the interpreter CPU ones. The initialisation and the data are drawn on the CPU
+    either way, so every device starts from the same numbers."""
     torch.manual_seed(seed)
-    model = TinyAttentionModel(attention)
+    model = TinyAttentionModel(attention).to(device)
     optimiser = torch.optim.Adam(model.parameters(), lr=lr)
     data = torch.Generator().manual_seed(seed)
     losses = []
     for _ in range(steps):
-        tokens, targets = shifted_copy_batch(data)
+        tokens, targets = (t.to(device) for t in shifted_copy_batch(data))
         loss = nn.functional.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
         optimiser.zero_grad()
         loss.backward()
