@@ -391,3 +391,17 @@ def test_ladder_forward_with_the_teaching_backward_gradients(rung):
     torch.nn.functional.scaled_dot_product_attention(*ref, attn_mask=mask).backward(dout.double())
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_a_forward_backward_call_lets_the_peak_probe_clear_the_last_gradients_first():
+    """peak_bytes clears what the previous call left before its window (fn.clear): freed
+    inside the window, the gradients would lower the peak by their own size."""
+    from flashlib.bench import point
+
+    x = torch.randn(1, 1, 8, 4)
+    call = point._call(lambda q, k, v, causal: (q * k * v).sum(-1, keepdim=True).expand_as(q), x, x, x,
+                       dict(mode="fwd_bwd", causal=False))
+    call()
+    assert all(t.grad is not None for t in call.leaves)
+    call.clear()
+    assert all(t.grad is None for t in call.leaves)

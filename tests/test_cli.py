@@ -60,3 +60,24 @@ def test_gpu_check_command_without_a_gpu_says_so(capsys):
 
     assert main(["gpu-check", "--skip-bench"]) == 2
     assert "needs a CUDA device" in capsys.readouterr().out
+
+
+def test_a_training_step_peak_counts_its_gradients_even_after_an_earlier_step():
+    """A step that frees the gradients of an earlier step (as training loops do) must not
+    report a peak below the gradients it allocates itself: frees of memory allocated before
+    the measured call are not the call's savings."""
+    from flashlib import tiled_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 512, 64, generator=g, requires_grad=True) for _ in range(3))  # (B, H, N, D)
+    dout = torch.randn(1, 1, 512, 64, generator=g)
+
+    def step(attention):
+        q.grad = k.grad = v.grad = None  # the previous step's gradients, freed inside the window
+        attention(q, k, v).backward(dout)
+
+    grad_bytes = 3 * q.numel() * q.element_size()
+    for attention in (dense_attention, lambda a, b, c: tiled_attention(a, b, c, block_q=128, block_k=128)):
+        first, second = peak_allocated_bytes(step, attention), peak_allocated_bytes(step, attention)
+        assert first == second >= grad_bytes + q.numel() * 4  # the gradients and the output at least
+        assert sum(t.grad.numel() * 4 for t in (q, k, v)) == grad_bytes

@@ -29,23 +29,42 @@ CPU_BLOCK = 512  # tiled block_q = block_k on CPU: large enough to amortise Pyth
 
 
 def peak_allocated_bytes(fn, *args, **kwargs) -> int:
-    """Peak bytes torch allocates on the CPU while ``fn(*args, **kwargs)`` runs.
+    """Peak bytes held at once by what torch allocates on the CPU while ``fn(*args, **kwargs)`` runs.
 
-    Counts every allocation and free in order (torch.profiler memory events), so the
-    figure is exact and the same on every run, unlike the process's resident size.
-    Tensors alive before the call are not counted; the result is freed afterwards.
+    Every allocation and free of the call is read in order from the profiler (its
+    allocation events carry their addresses), so the figure is exact and the same on every
+    run, unlike the process's resident size. What was allocated before the call (its
+    inputs, gradients left from an earlier step) is not counted, and freeing it inside the
+    call does not lower the count: the peak is that of the memory the call itself holds,
+    everything it allocated and still holds at that moment, gradients included.
     """
     from torch.profiler import ProfilerActivity, profile
 
     with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn(*args, **kwargs)
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
+    held: dict[int, int] = {}  # address -> bytes, for blocks allocated inside the call
     current = peak = 0
-    for e in events:
-        current += e.nbytes()
+    for ptr, size in _allocations(prof):
+        if size > 0:
+            held[ptr] = size
+            current += size
+        elif ptr in held:  # a free of a block allocated before the call is not the call's saving
+            current -= held.pop(ptr)
         peak = max(peak, current)
     return peak
+
+
+def _allocations(prof):
+    """(address, bytes) of every allocation (+) and free (-) the profiler saw, in time order."""
+    from torch._C._profiler import _EventType
+
+    found, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            found.append((node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size))
+    return [(ptr, size) for _, ptr, size in sorted(found, key=lambda f: f[0])]
 
 
 @contextlib.contextmanager

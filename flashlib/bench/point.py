@@ -44,7 +44,13 @@ def bench_spread(fn, warmup: int = WARMUP_MS, rep: int = REP_MS) -> tuple[float,
 
 
 def peak_bytes(fn) -> int:
-    """Bytes allocated at the peak of one call, beyond what was allocated before it."""
+    """Bytes allocated at the peak of one call, beyond what was allocated before it: everything
+    the call allocates and holds at that moment, its gradients included. A call that frees
+    what an earlier call left (``fn.clear``: the gradients of the previous step) would free it
+    inside the window and lower the peak by that much, so it is cleared before the window."""
+    clear = getattr(fn, "clear", None)
+    if clear is not None:
+        clear()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -124,9 +130,14 @@ def _call(fn, q, k, v, p):
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
     dout = torch.randn_like(q)
 
+    def clear():
+        qg.grad = kg.grad = vg.grad = None
+
     def forward_backward():
-        qg.grad = kg.grad = vg.grad = None  # each call allocates its own gradients
+        clear()  # each call allocates its own gradients, as a training step does
         fn(qg, kg, vg, p["causal"]).backward(dout)
+    forward_backward.clear = clear  # for the peak probe: gradients left from a call are freed before it
+    forward_backward.leaves = (qg, kg, vg)
     return forward_backward
 
 

@@ -66,10 +66,32 @@ def in_current_names(run: dict) -> dict:
     return run
 
 
+def with_errata_applied(run: dict) -> dict:
+    """The run with the figures its errata withdraw set aside (in place; returned).
+
+    An erratum may name a field it withdraws (``"withdraws": {"field": "peak_bytes", "where":
+    {"mode": "fwd_bwd"}, "memory_ratios": true}``): each matching point keeps the figure as
+    ``<field>_withdrawn`` and gets None, so no table or plot shows it as a measurement.
+    Whole rows an erratum invalidates carry "invalid" in the file itself (:func:`ladder_points`)."""
+    ladder = run.get("ladder") or {}
+    for erratum in run.get("errata", []):
+        withdraws = erratum.get("withdraws")
+        if not withdraws:
+            continue
+        field, where = withdraws["field"], withdraws.get("where", {})
+        for point in ladder.get("points", []):
+            if point.get(field) is not None and all(point.get(k) == v for k, v in where.items()):
+                point[f"{field}_withdrawn"], point[field] = point[field], None
+        if withdraws.get("memory_ratios"):
+            ladder["memory_ratios_withdrawn"], ladder["memory_ratios"] = ladder.get("memory_ratios"), []
+    return run
+
+
 def load_run(path: Path | str) -> dict:
-    """One recorded run, under today's names (:func:`in_current_names`), with a "file" key."""
+    """One recorded run, under today's names (:func:`in_current_names`) and with its errata
+    applied (:func:`with_errata_applied`), with a "file" key."""
     path = Path(path)
-    run = in_current_names(json.loads(path.read_text()))
+    run = with_errata_applied(in_current_names(json.loads(path.read_text())))
     run["file"] = path.name
     return run
 
