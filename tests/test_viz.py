@@ -67,7 +67,7 @@ def test_step_figure_shows_the_current_tile_and_independent_statistics():
     view = viz.TileStepView()
     view.draw(trace, 1)  # rows 0:2 after keys 0:4
     assert view.current_box.get_bbox().bounds == (2, 0, 2, 2)
-    assert view.titles[0].get_text().startswith("step 1 of 8")
+    assert view.titles[0].get_text().startswith("step 1 of steps 0-8")
     assert viz.DISCARD_NOTE == view.fig._suptitle.get_text()
     # Reference: softmax over the first four keys only, in float64.
     s = (q[0, :2].double() @ k[0, :4].double().T) / 2.0
@@ -110,13 +110,42 @@ def test_fast_png_equals_a_full_render_and_changes_with_the_step():
     assert all(not np.array_equal(a, b) for a, b in zip(images, images[1:]))
 
 
-def test_trace_limits_hold_every_value():
+def test_trace_limits_hold_every_value_of_each_panel():
     q, k, v = example()
     trace = trace_tiled_attention(q, k, v, block_q=3, block_k=2, causal=True)
-    lo, hi = viz.trace_limits(trace)
+    limits = viz.trace_limits(trace)
     for s in trace.steps:
-        for t in (s.l, s.partial, s.m[torch.isfinite(s.m)]):
-            assert lo <= t.min().item() and t.max().item() <= hi
+        for name, t in (("l", s.l), ("out", s.partial), ("m", s.m[torch.isfinite(s.m)])):
+            lo, hi = limits[name]
+            assert lo <= t.min().item() and t.max().item() <= hi, name
+
+
+def test_the_distance_restarts_with_every_query_block():
+    """One line per query block: the partial outputs of a new block start far from the final
+    output again, so joining the last step of one block to the first of the next would draw a
+    convergence that does not happen."""
+    q, k, v = example()
+    for loop in ("query", "key"):
+        trace = trace_tiled_attention(q, k, v, block_q=2, block_k=2, loop=loop)
+        view = viz.TileStepView()
+        view.draw(trace, 0)
+        lines = [np.asarray(segment) for segment in view.distance_lines.get_segments()]
+        assert len(lines) == 3  # three query blocks
+        for line in lines:
+            rows = {trace.steps[int(x)].rows for x in line[:, 0]}
+            assert len(rows) == 1 and line[-1, 1] == 0.0  # one block each, exact at its last tile
+
+
+def test_many_output_entries_are_drawn_as_images_of_partial_and_final_output():
+    q, k, v = example(seq=64, dim=16, seed=1)
+    trace = trace_tiled_attention(q, k, v, block_q=16, block_k=16, causal=True)
+    view = viz.TileStepView()
+    view.draw(trace, 5)
+    now = trace.steps[5]
+    image = np.asarray(view.out_image.get_array())
+    assert view.out_image.get_visible() and not view.bars["partial"].get_visible()
+    np.testing.assert_allclose(image[:, :16], now.partial.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(image[:, 17:], trace.out[now.rows[0]:now.rows[1]].numpy(), rtol=1e-6)
 
 
 def test_bad_step_is_rejected_with_its_range():

@@ -147,47 +147,63 @@ def _bar_verts(x, heights, width=0.8):
                      np.stack([right, h], 1), np.stack([right, zero], 1)], 1)
 
 
-def trace_limits(trace, margin: float = 0.15) -> tuple[float, float]:
-    """One y range that holds m, l, partial and final output at every step of a trace."""
-    values = [_to_numpy(trace.out).ravel(), np.zeros(1)]
-    for s in trace.steps:
-        m = _to_numpy(s.m)
-        values += [_to_numpy(s.l), _to_numpy(s.partial).ravel(), m[np.isfinite(m)]]
-    flat = np.concatenate(values)
+def _padded(values, margin: float) -> tuple[float, float]:
+    flat = np.concatenate([np.zeros(1), *[np.ravel(v) for v in values]])
     lo, hi = float(flat.min()), float(flat.max())
     pad = margin * max(hi - lo, 1e-6)
     return lo - pad, hi + pad
+
+
+def trace_limits(trace, margin: float = 0.15) -> dict[str, tuple[float, float]]:
+    """One y range per panel ("m", "l", "out") that holds its values at every step of a
+    trace, so that a slider never rescales the axes under the reader's eyes."""
+    m = [_to_numpy(s.m) for s in trace.steps]
+    return {"m": _padded([x[np.isfinite(x)] for x in m], margin),
+            "l": _padded([_to_numpy(s.l) for s in trace.steps], margin),
+            "out": _padded([_to_numpy(trace.out)] + [_to_numpy(s.partial) for s in trace.steps], margin)}
+
+
+def _query_blocks(trace) -> dict[tuple[int, int], list[int]]:
+    """The steps of each query block, in schedule order."""
+    blocks: dict[tuple[int, int], list[int]] = {}
+    for i, s in enumerate(trace.steps):
+        blocks.setdefault(s.rows, []).append(i)
+    return blocks
 
 
 class TileStepView:
     """The figure of one tiled-attention step, built once and updated in place.
 
     Left: the score grid, each tile current / already accumulated / still to come (or
-    skipped by causal masking). Middle: m, l and the partial output of the current query
-    rows on one shared y scale, black ticks marking the final output. Right: the partial
-    output's distance from the final output, step by step, and the score elements held
-    versus the full matrix.
+    skipped by causal masking). Middle, one panel each: m and l of the current query rows,
+    and their partial output acc / l against the final output (bars with black ticks for a
+    few rows, two images side by side for many). Right: the partial output's distance from
+    the final output, one line per query block, and the score elements held versus the
+    full matrix.
 
     A slider move must redraw fast: :meth:`draw` updates the artists that change with the
     step and :meth:`png` paints only those over a cached picture of everything else.
     """
 
     def __init__(self, dpi: int = 72):
-        self.fig = Figure(figsize=(12.0, 4.4), dpi=dpi)
+        self.fig = Figure(figsize=(12.0, 4.8), dpi=dpi)
         self.canvas = FigureCanvasAgg(self.fig)
         self.fig.suptitle(DISCARD_NOTE, fontsize=9, y=0.985)
-        self.ax_grid = self.fig.add_axes((0.035, 0.25, 0.25, 0.62))
-        self.ax_bars = self.fig.add_axes((0.34, 0.14, 0.37, 0.73))
-        self.ax_err = self.fig.add_axes((0.77, 0.14, 0.215, 0.73))
+        self.ax_grid = self.fig.add_axes((0.035, 0.25, 0.25, 0.6))
+        self.ax_m = self.fig.add_axes((0.35, 0.71, 0.36, 0.14))
+        self.ax_l = self.fig.add_axes((0.35, 0.50, 0.36, 0.14))
+        self.ax_out = self.fig.add_axes((0.35, 0.10, 0.36, 0.30))
+        self.ax_err = self.fig.add_axes((0.78, 0.12, 0.205, 0.7))
         self._build_grid()
-        self._build_bars()
+        self._build_statistics()
+        self._build_output()
         self._build_distance()
         self._texts = []
         self._schedule = None
         self._ylim = None
         self._background = None
-        self.titles = [ax.text(0.5, 1.02, "", transform=ax.transAxes, ha="center", va="bottom",
-                               fontsize=10) for ax in (self.ax_grid, self.ax_bars, self.ax_err)]
+        self.titles = [ax.text(0.5, 1.03, "", transform=ax.transAxes, ha="center", va="bottom",
+                               fontsize=10) for ax in (self.ax_grid, self.ax_m, self.ax_err)]
 
     def _build_grid(self):
         ax = self.ax_grid
@@ -212,31 +228,44 @@ class TileStepView:
                            Patch(color=MASKED, label="masked entry")],
                   fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
 
-    def _build_bars(self):
-        ax = self.ax_bars
-        self.bars = {name: PolyCollection([], facecolors=color, edgecolors="none")
-                     for name, color in (("m", M_COLOR), ("l", L_COLOR), ("partial", PARTIAL_COLOR))}
-        for bars in self.bars.values():
-            ax.add_collection(bars)
+    def _build_statistics(self):
+        self.bars = {}
+        for name, ax, color, label in (("m", self.ax_m, M_COLOR, "m, running max"),
+                                       ("l", self.ax_l, L_COLOR, "l, denominator")):
+            self.bars[name] = PolyCollection([], facecolors=color, edgecolors="none")
+            ax.add_collection(self.bars[name])
+            ax.axhline(0.0, color="black", linewidth=0.6)
+            ax.set_ylabel(label, fontsize=8, color=color)
+            ax.tick_params(labelsize=7)
+            ax.set_xticks([])
+
+    def _build_output(self):
+        ax = self.ax_out
+        self.bars["partial"] = PolyCollection([], facecolors=PARTIAL_COLOR, edgecolors="none")
+        ax.add_collection(self.bars["partial"])
         self.final_ticks = LineCollection([], colors=FINAL_COLOR, linewidths=1.5)
         ax.add_collection(self.final_ticks)
-        self.zero_line = ax.axhline(0.0, color="black", linewidth=0.6)
+        self.out_zero = ax.axhline(0.0, color="black", linewidth=0.6)
+        # many rows: the partial output and the final output as two images, one colour scale
+        self.out_image = ax.imshow(np.zeros((1, 1)), cmap="coolwarm", interpolation="nearest",
+                                   aspect="auto", visible=False)
+        ax.tick_params(labelsize=7)
         ax.set_xticks([])
-        ax.set_ylabel("m, l and output on one shared scale")
-        ax.legend(handles=[Patch(color=M_COLOR, label="m (running max)"),
-                           Patch(color=L_COLOR, label="l (denominator)"),
-                           Patch(color=PARTIAL_COLOR, label="partial output acc / l"),
-                           Patch(color=FINAL_COLOR, label="final output")],
-                  fontsize=6, loc="upper right")
+        self.out_label = ax.set_ylabel("", fontsize=8, color=PARTIAL_COLOR)
 
     def _build_distance(self):
         ax = self.ax_err
-        (self.distance_line,) = ax.plot([], [], color=PARTIAL_COLOR, marker=".", linewidth=1)
+        self.distance_lines = LineCollection([], colors=PARTIAL_COLOR, linewidths=1)
+        ax.add_collection(self.distance_lines)
+        (self.distance_points,) = ax.plot([], [], ".", color=PARTIAL_COLOR)
         (self.distance_dot,) = ax.plot([], [], "o", color=CURRENT, markersize=8)
-        ax.set(xlabel="step", ylabel="max |partial - final| (current rows)")
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel("max |partial - final|, current rows", fontsize=8)
+        ax.tick_params(labelsize=7)
 
     def draw(self, trace, step: int = 0, ylim=None) -> Figure:
-        """Show ``step`` of ``trace`` (a :class:`flashlib.TiledTrace`); returns the figure."""
+        """Show ``step`` of ``trace`` (a :class:`flashlib.TiledTrace`); returns the figure.
+        ylim: the panels' y ranges as :func:`trace_limits` gives them (computed if None)."""
         if not trace.steps:
             raise ValueError("TileStepView.draw: the trace has no computed tiles")
         if (isinstance(step, bool) or not isinstance(step, (int, np.integer))
@@ -246,23 +275,24 @@ class TileStepView:
         for text in self._texts:
             text.remove()
         self._texts = []
-        ylim = tuple(ylim) if ylim is not None else trace_limits(trace)
+        ylim = dict(ylim) if ylim is not None else trace_limits(trace)
         if trace is not self._schedule or ylim != self._ylim:
             self._set_schedule(trace, ylim)
             self._schedule, self._ylim, self._background = trace, ylim, None
         self._draw_grid(trace, step)
-        self._draw_bars(trace, step)
+        self._draw_statistics(trace, step)
+        self._draw_output(trace, step)
         self._draw_distance(trace, step)
         return self.fig
 
     def _foreground(self):
         """Artists repainted on every step: those that change, and the static ones that
-        overlap them (spines, the zero line, the bars' legend), in full-render order."""
+        overlap them (spines, zero lines), in full-render order."""
         changing = [self.grid_image, self.skipped_hatch, self.tile_lines, self.current_box,
-                    *self.bars.values(), self.final_ticks, self.distance_dot, *self.titles,
-                    *self._texts]
-        overlapping = [self.zero_line, self.ax_bars.get_legend()]
-        for ax in (self.ax_grid, self.ax_bars, self.ax_err):
+                    *self.bars.values(), self.final_ticks, self.out_image, self.distance_dot,
+                    *self.titles, *self._texts]
+        overlapping = [*self.ax_m.lines, *self.ax_l.lines, self.out_zero]
+        for ax in (self.ax_grid, self.ax_m, self.ax_l, self.ax_out, self.ax_err):
             overlapping += list(ax.spines.values())
         return sorted(changing + overlapping, key=lambda artist: artist.get_zorder())
 
@@ -287,6 +317,11 @@ class TileStepView:
         image.save(buf, format="png", compress_level=1)
         return buf.getvalue()
 
+    def _few(self, trace) -> bool:
+        """Bars and numbers for a few output entries; images for many."""
+        rows = min(trace.block_q, trace.seq_q)
+        return rows * trace.out.shape[-1] <= MAX_TEXT
+
     def _set_schedule(self, trace, ylim):
         seq_q, seq_k = trace.seq_q, trace.seq_k
         self.grid_image.set_extent((0, seq_k, seq_q, 0))
@@ -300,12 +335,27 @@ class TileStepView:
         self.ax_grid.set_yticks(np.arange(seq_q) + 0.5 if small else [],
                                 labels=[str(i) for i in range(seq_q)] if small else [])
         distances = [s.distance for s in trace.steps]
-        self.distance_line.set_data(range(len(distances)), distances)
+        self.distance_lines.set_segments([[(i, distances[i]) for i in steps]
+                                          for steps in _query_blocks(trace).values()])
+        self.distance_points.set_data(range(len(distances)), distances)
         self.ax_err.set_xlim(-0.5, len(distances) - 0.5)
         self.ax_err.set_ylim(0.0, max(max(distances), 1e-6) * 1.15)
-        group = trace.steps[0].partial.shape[-1] + 3
-        self.ax_bars.set_xlim(-1, min(trace.block_q, trace.seq_q) * group - 1)
-        self.ax_bars.set_ylim(*ylim)
+        rows = min(trace.block_q, trace.seq_q)
+        for ax, name in ((self.ax_m, "m"), (self.ax_l, "l")):
+            ax.set_xlim(-0.6, rows - 0.4)
+            ax.set_ylim(*ylim[name])
+        few, dim = self._few(trace), trace.out.shape[-1]
+        for artist in (self.bars["partial"], self.final_ticks, self.out_zero):
+            artist.set_visible(few)
+        self.out_image.set_visible(not few)
+        if few:
+            self.ax_out.set_xlim(-1, rows * (dim + 1) - 1)
+            self.ax_out.set_ylim(*ylim["out"])
+            self.out_label.set_text("partial output acc / l\n(black ticks: final output)")
+        else:
+            bound = max(abs(ylim["out"][0]), abs(ylim["out"][1]))
+            self.out_image.set_clim(-bound, bound)
+            self.out_label.set_text("partial output acc / l (left)\nand final output (right)")
 
     def _draw_grid(self, trace, step):
         self.grid_image.set_data(tile_states(trace, step))
@@ -316,35 +366,46 @@ class TileStepView:
             for (i, j), s in np.ndenumerate(_to_numpy(now.scores)):
                 self._texts.append(self.ax_grid.text(c0 + j + 0.5, r0 + i + 0.5, fmt4(s),
                                                      ha="center", va="center", fontsize=7))
-        self.titles[0].set_text(f"step {step} of {len(trace.steps) - 1}: "
+        self.titles[0].set_text(f"step {step} of steps 0-{len(trace.steps) - 1}: "
                                 f"rows {r0}:{r1}, keys {c0}:{c1}")
 
-    def _draw_bars(self, trace, step):
+    def _draw_statistics(self, trace, step):
         now = trace.steps[step]
-        m, l, partial = _to_numpy(now.m), _to_numpy(now.l), _to_numpy(now.partial)
-        final = _to_numpy(trace.out[now.rows[0]:now.rows[1]])
-        n_rows, dim = partial.shape
-        group = dim + 3  # m, l, the dim output entries, one gap
-        base = np.arange(n_rows) * group
+        rows = np.arange(now.rows[1] - now.rows[0])
+        m = _to_numpy(now.m)
         m = np.where(np.isfinite(m), m, 0.0)  # a row that has seen only masked keys: m = -inf
-        px = (base[:, None] + 2 + np.arange(dim)[None, :]).ravel()
-        self.bars["m"].set_verts(_bar_verts(base, m))
-        self.bars["l"].set_verts(_bar_verts(base + 1, l))
-        self.bars["partial"].set_verts(_bar_verts(px, partial.ravel()))
-        self.final_ticks.set_segments([[(x - 0.4, y), (x + 0.4, y)] for x, y in zip(px, final.ravel())])
-        if (2 + dim) * n_rows <= MAX_TEXT:
-            for x, h in zip(np.concatenate([base, base + 1, px]),
-                            np.concatenate([m, l, partial.ravel()])):
-                self._texts.append(self.ax_bars.text(x, h, fmt4(h), ha="center", fontsize=6,
-                                                     va="bottom" if h >= 0 else "top"))
-        axis = self.ax_bars.get_xaxis_transform()
-        stride = -(-n_rows // 8)  # at most 8 row labels fit under the bars
-        for i in range(0, n_rows, stride):
-            label = f"row {now.rows[0] + i}" if stride == 1 else str(now.rows[0] + i)
-            self._texts.append(self.ax_bars.text(base[i] + (dim + 1) / 2, -0.015, label, fontsize=8,
-                                                 transform=axis, ha="center", va="top"))
+        for name, ax, values in (("m", self.ax_m, m), ("l", self.ax_l, _to_numpy(now.l))):
+            self.bars[name].set_verts(_bar_verts(rows, values))
+            if len(rows) <= 8:
+                for x, h in zip(rows, values):
+                    self._texts.append(ax.text(x, h, fmt4(h), ha="center", fontsize=7,
+                                               va="bottom" if h >= 0 else "top"))
         self.titles[1].set_text(f"rows {now.rows[0]}:{now.rows[1]} after folding in keys "
                                 f"{now.cols[0]}:{now.cols[1]}")
+
+    def _draw_output(self, trace, step):
+        now = trace.steps[step]
+        partial = _to_numpy(now.partial)
+        final = _to_numpy(trace.out[now.rows[0]:now.rows[1]])
+        n_rows, dim = partial.shape
+        if not self._few(trace):
+            gap = np.full((n_rows, 1), np.nan)
+            self.out_image.set_data(np.concatenate([partial, gap, final], axis=1))
+            r0 = now.rows[0]
+            self.out_image.set_extent((-0.5, 2 * dim + 0.5, r0 + n_rows - 0.5, r0 - 0.5))  # rows by their index
+            self.ax_out.set_xlim(-0.5, 2 * dim + 0.5)
+            self.ax_out.set_ylim(r0 + n_rows - 0.5, r0 - 0.5)
+            return
+        px = (np.arange(n_rows)[:, None] * (dim + 1) + np.arange(dim)[None, :]).ravel()
+        self.bars["partial"].set_verts(_bar_verts(px, partial.ravel()))
+        self.final_ticks.set_segments([[(x - 0.4, y), (x + 0.4, y)] for x, y in zip(px, final.ravel())])
+        for x, h in zip(px, partial.ravel()):
+            self._texts.append(self.ax_out.text(x, h, fmt4(h), ha="center", fontsize=6,
+                                                va="bottom" if h >= 0 else "top"))
+        axis = self.ax_out.get_xaxis_transform()
+        for i in range(n_rows):
+            self._texts.append(self.ax_out.text(i * (dim + 1) + (dim - 1) / 2, -0.02, f"row {now.rows[0] + i}",
+                                                fontsize=8, transform=axis, ha="center", va="top"))
 
     def _draw_distance(self, trace, step):
         now = trace.steps[step]
