@@ -286,18 +286,19 @@ def test_exercise_checkers_accept_right_answers_and_reject_wrong_ones(capsys):
 
     assert ex.check_program_count(8) and not ex.check_program_count(7) and not ex.check_program_count(None)
     assert ex.check_qk_scale(0.125 * 1.4426950408889634) and not ex.check_qk_scale(0.125)
-    # causal, N = 1000, 128 x 64 tiles: block i sees key tiles 0 .. ceil(min(128 (i+1), 1000) / 64) - 1
-    assert ex.check_causal_tiles(sum(-(-min(128 * (i + 1), 1000) // 64) for i in range(8)))
-    assert not ex.check_causal_tiles(8 * 16)
+    # causal, N = 1500, 128 x 64 tiles: block i sees key tiles 0 .. ceil(min(128 (i+1), 1500) / 64) - 1
+    assert ex.check_causal_tiles(sum(-(-min(128 * (i + 1), 1500) // 64) for i in range(12)))
+    assert not ex.check_causal_tiles(12 * 24)
     assert ex.check_natural_lse(lambda m2, l: torch.where(l > 0, m2 * math.log(2) + torch.log(l), -math.inf))
     assert not ex.check_natural_lse(lambda m2, l: m2 + torch.log(l))
-    assert ex.check_tensor_core_instruction("wgmma") and not ex.check_tensor_core_instruction("mma.sync")
+    assert ex.check_tensor_core_instruction("mma.sync") and not ex.check_tensor_core_instruction("wgmma")
+    assert ex.check_tensor_core_instruction("wgmma", rows=128) and not ex.check_tensor_core_instruction("mma", rows=64)
     assert ex.check_backward_matmuls(7) and ex.check_backward_flops_ratio(2.5) and not ex.check_backward_flops_ratio(2)
     assert ex.check_scale_launcher(lambda x, a: x * a)
     assert not ex.check_scale_launcher(lambda x, a: torch.cat([x[:256] * a, x[256:]]))
     assert not ex.check_scale_launcher(lambda x, a: 1 / 0)
     out = capsys.readouterr().out
-    assert out.count("PASS") == 8 and "NOT YET" in out
+    assert out.count("PASS") == 9 and "NOT YET" in out
 
 
 def test_tiny_model_trains_the_same_with_flash_and_dense_attention():

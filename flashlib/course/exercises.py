@@ -1,9 +1,10 @@
-"""Checkers for the notebooks' exercises.
+"""Checkers for the notebooks' exercises (01-04; kernel_exercises and perf_exercises use these helpers).
 
 Every checker takes the student's answer (a number, a tensor or a function), never
-raises, prints a clear pass or feedback saying what was expected and a hint, and
-returns True or False. Expected values are computed here from first principles
-(loops and definitions), not by calling the flashlib function the exercise is about.
+raises, prints a clear pass or feedback saying what was expected, and returns True or
+False. A hint comes with feedback on a wrong answer, not before a first try: the stored
+notebooks show only "no answer yet". Expected values are computed here from first
+principles (loops and definitions), not by calling the flashlib function the exercise is about.
 """
 from __future__ import annotations
 
@@ -26,9 +27,11 @@ def _failed(message: str, hint: str) -> bool:
     return False
 
 
-def _unanswered(answer, kind: str, hint: str) -> bool | None:
+def _unanswered(answer, kind: str, hint: str = "") -> bool | None:
+    """False (after saying what is expected) when there is no answer yet; the hint waits for a try."""
     if answer is None or answer is Ellipsis:
-        return _failed(f"no answer yet; expected {kind}.", hint)
+        print(f"{RETRY}: no answer yet; expected {kind}.")
+        return False
     return None
 
 
@@ -89,19 +92,24 @@ def _check_tensor(result, expected, name, hint, atol=1e-5, rtol=1e-4) -> str | N
 
 # ----- notebook 01: dense attention ------------------------------------------------------
 
-SCORE_BYTES = dict(batch=1, heads=8, n=4096, element_size=4)
+MEMORY_LIMIT = dict(heads=32, element_size=4, gib=80)
 
 
-def check_score_bytes(answer) -> bool:
-    """Bytes of the float32 score matrix S for batch 1, 8 heads and N = 4096 tokens."""
-    b, h, n, size = SCORE_BYTES.values()
-    expected = b * h * n * n * size
+def check_longest_sequence(answer) -> bool:
+    """The longest N whose float32 S and P (batch 1, 32 heads) fit together in 80 GiB."""
+    heads, size, gib = MEMORY_LIMIT.values()
+    budget = gib * 2**30
+    expected = math.isqrt(budget // (2 * heads * size))  # S and P: 2 matrices of N x N per head
+    while 2 * heads * size * (expected + 1) ** 2 <= budget:  # isqrt of the floor may be one short
+        expected += 1
     return _check_number(
-        answer, expected, kind="an int (bytes)", exact=True,
-        hint=f"S has shape (batch, heads, N, N) = ({b}, {h}, {n}, {n}); a float32 takes {size} bytes.",
-        known_mistakes=[(b * h * n * n, "that is the number of elements; multiply by the bytes per element."),
-                        (b * n * n * size, "that is one head; every head has its own S."),
-                        (b * h * n * size, "that is N elements per head; S is N x N.")])
+        answer, expected, kind="an int (tokens)", exact=True,
+        hint=f"S and P are both alive while softmax runs: 2 x {heads} heads x N x N x {size} bytes must stay "
+             f"at or below {gib} x 2^30 bytes; solve for N and round down.",
+        known_mistakes=[(math.isqrt(budget // (heads * size)), "S and P are alive at the same time: two N x N "
+                         "matrices per head, not one."),
+                        (math.isqrt(gib * 10**9 // (2 * heads * size)), "a GiB is 2^30 bytes, not 10^9."),
+                        (math.isqrt(budget // (2 * size)), "every head has its own S and P.")])
 
 
 CAUSAL_SHAPE = (3, 5)
@@ -130,11 +138,11 @@ def check_causal_mask(answer) -> bool:
     return _failed(f"{int((mask != expected).sum())} of {expected.numel()} entries differ.", hint)
 
 
-STANDARD_IO = dict(n=1024, d=64)
+STANDARD_IO = dict(n=2048, d=128)
 
 
 def check_standard_io(answer) -> bool:
-    """Elements standard attention reads plus writes in HBM for N = 1024, d = 64."""
+    """Elements standard attention reads plus writes in HBM for N = 2048, d = 128."""
     n, d = STANDARD_IO.values()
     expected = 4 * n * d + 4 * n * n  # Q, K, V read, O written; S and P each written then read
     return _check_number(
@@ -176,42 +184,23 @@ def check_online_state(answer) -> bool:
     return _failed(f"m is right, l = {_fmt(l)} is not (expected a number between 1 and {len(ONLINE_ROW)}).", hint)
 
 
-def check_rescale(answer) -> bool:
-    """Factor applied to the old l when the running max moves from 5 to 7."""
-    old, new = 5.0, 7.0
+NEW_MAXIMUM = dict(m=5.0, l=2.5, x=7.0)
+
+
+def check_new_denominator(answer) -> bool:
+    """l after the element x = 7 arrives at the state (m, l) = (5, 2.5)."""
+    m, l, x = NEW_MAXIMUM.values()
+    expected = l * math.exp(m - x) + 1.0  # old terms rescaled to the new max, plus x's own term e^0
     return _check_number(
-        answer, math.exp(old - new), kind="a number between 0 and 1",
-        hint="the old terms were exp(x - m_old); to express them as exp(x - m_new) multiply by exp(m_old - m_new).",
-        known_mistakes=[(math.exp(new - old), "that is the inverse: the max grew, so old terms shrink."),
-                        (old - new, "the factor is an exponential, not a difference.")])
-
-
-def check_merge(merge) -> bool:
-    """``merge(m_a, l_a, m_b, l_b) -> (m, l)``: combine two chunks' states exactly."""
-    hint = "m = max(m_a, m_b); rescale each l to the new max: l = l_a exp(m_a - m) + l_b exp(m_b - m)."
-    unanswered = _unanswered(merge, "a function merge(m_a, l_a, m_b, l_b) -> (m, l)", hint)
-    if unanswered is not None:
-        return unanswered
-    generator = torch.Generator().manual_seed(1)
-    for case in range(5):
-        x = (torch.randn(12, generator=generator, dtype=torch.float64) * 4).tolist()
-        cut = 2 + 2 * case
-        a, b = x[:cut], x[cut:]
-        states = [(max(c), sum(math.exp(v - max(c)) for v in c)) for c in (a, b)]
-        result, error = _call(merge, "merge", torch.tensor(states[0][0]), torch.tensor(states[0][1]),
-                              torch.tensor(states[1][0]), torch.tensor(states[1][1]))
-        if error:
-            return _failed(error + ".", hint)
-        try:
-            m, l = _float_pair(result)
-        except Exception:
-            return _failed(f"merge should return a pair (m, l); got {result!r}.", hint)
-        m_ref = max(x)
-        l_ref = sum(math.exp(v - m_ref) for v in x)
-        if not (math.isclose(m, m_ref, rel_tol=1e-6) and math.isclose(l, l_ref, rel_tol=1e-5)):
-            return _failed(f"chunks of {len(a)} and {len(b)} elements gave (m, l) = ({_fmt(m)}, {_fmt(l)}); "
-                           f"the whole row has ({_fmt(m_ref)}, {_fmt(l_ref)}).", hint)
-    return _passed("your merge matches the state of the whole row for 5 different splits.")
+        answer, expected, kind="a number",
+        hint="two things happen: the old terms, measured against m = 5, are re-expressed against the new "
+             "max 7 (multiply l by e^(5 - 7)); then x's own term, e^(x - 7), is added.",
+        known_mistakes=[(l * math.exp(m - x), "the old terms are rescaled, but x's own term e^(7 - 7) = 1 "
+                         "is missing."),
+                        (l + 1.0, "x's term is added, but the old terms still count against the old max 5: "
+                         "rescale them by e^(5 - 7)."),
+                        (l * math.exp(x - m) + 1.0, "the rescale goes the other way: the max grew, so the "
+                         "old terms shrink by e^(m_old - m_new).")])
 
 
 # ----- notebook 03: tiled attention ------------------------------------------------------
@@ -247,16 +236,21 @@ def check_causal_tiles(answer) -> bool:
                         (total - expected, "that is the number of skipped tiles.")])
 
 
-TILE_MEMORY = dict(seq=1024, block_q=64, block_k=64)
+KEY_MAJOR = dict(n=4096, block_k=128)
 
 
-def check_tile_fraction(answer) -> bool:
-    """Fraction of the full score matrix held at once with seq 1024 and 64 x 64 tiles."""
-    seq, bq, bk = TILE_MEMORY.values()
+def check_key_major_traffic(answer) -> bool:
+    """How many times more elements of O the key-major loop moves through HBM than the query-major one."""
+    n, block_k = KEY_MAJOR.values()
+    tiles = -(-n // block_k)
+    expected = 2 * tiles  # every key tile reads every row of O and writes it back; query-major writes O once
     return _check_number(
-        answer, (bq * bk) / (seq * seq), kind="a fraction between 0 and 1",
-        hint="one tile holds block_q x block_k scores; the full matrix holds N x N.",
-        known_mistakes=[(bq / seq, "that compares one side only; both sides shrink.")])
+        answer, expected, kind="a number (a ratio)",
+        hint="key-major: for each key tile, every query block reads its O (and m, l) from HBM and writes it "
+             "back. Query-major: O stays in fast memory and is written once. Count the trips of one row of O.",
+        known_mistakes=[(tiles, "each visit both reads O and writes it back: two trips per key tile."),
+                        (1, "the key-major loop cannot keep O in fast memory: it moves on to another query "
+                            "block after each tile.")])
 
 
 # ----- notebook 04: backward -------------------------------------------------------------
@@ -303,13 +297,29 @@ def check_probs_from_lse(probs) -> bool:
     return _passed("P recomputed from lse matches softmax(S), large logits included.")
 
 
-KEPT_RATIO = dict(n=4096)
+ATOMIC_GRADIENTS = ("dq", "dk", "dv")
 
 
-def check_kept_ratio(answer) -> bool:
-    """How many times more numbers standard backward keeps (P) than tiled backward (lse), per head."""
-    n = KEPT_RATIO["n"]
-    return _check_number(
-        answer, (n * n) / n, kind="a number (a ratio)",
-        hint="P is (N, N) per head; lse is (N,) per head.",
-        known_mistakes=[(n / (n * n), "that is the inverse ratio: P is the larger one.")])
+def check_atomics(answer) -> bool:
+    """Which of dq, dk, dv need atomic additions when every query block is its own GPU program
+    (the tiled backward's loops swapped: query blocks outside, key tiles inside)."""
+    hint = ("a program may write rows no other program writes without atomics. With one program per query "
+            "block, which gradients have rows indexed by queries, and which by keys?")
+    unanswered = _unanswered(answer, "a set of names such as {'dq'}", hint)
+    if unanswered is not None:
+        return unanswered
+    try:
+        names = {str(a).strip().lower().replace(" ", "") for a in ([answer] if isinstance(answer, str) else answer)}
+    except TypeError:
+        return _failed(f"expected a set of names from {ATOMIC_GRADIENTS}, got {answer!r}.", hint)
+    if not names <= set(ATOMIC_GRADIENTS):
+        return _failed(f"expected names from {ATOMIC_GRADIENTS}, got {sorted(names)}.", hint)
+    if names == {"dk", "dv"}:
+        return _passed("dk and dv: their rows belong to keys, which every query block's program visits; "
+                       "dq's rows belong to the program's own queries.")
+    if names == {"dq"}:
+        return _failed("that is the answer for the loop order the course uses (key tiles outside, as in "
+                       "FlashAttention-2's dK/dV kernel); here the loops are swapped.", hint)
+    if names == set(ATOMIC_GRADIENTS):
+        return _failed("dq's rows are the program's own queries: no other program writes them.", hint)
+    return _failed(f"{sorted(names)} is not it.", hint)

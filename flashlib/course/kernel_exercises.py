@@ -1,53 +1,35 @@
 """Checkers for the exercises of the kernel notebooks (05-07).
 
-Each checker takes the student's answer, never raises, prints PASS or NOT YET with a hint,
-and returns True or False. Expected values come from definitions, not from the code the
-exercise is about.
+Each checker takes the student's answer, never raises, prints PASS or NOT YET (with a hint
+once there is an answer to react to), and returns True or False. Expected values come from
+definitions, not from the code the exercise is about.
 """
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 
-PASS, RETRY = "PASS", "NOT YET"
-
-
-def _passed(message):
-    print(f"{PASS}: {message}")
-    return True
-
-
-def _failed(message, hint):
-    print(f"{RETRY}: {message}\n  hint: {hint}")
-    return False
-
-
-def _number(answer, expected, *, kind, hint, rel=1e-6):
-    if answer is None or answer is Ellipsis:
-        return _failed(f"no answer yet; expected {kind}.", hint)
-    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
-        answer = answer.item()
-    if isinstance(answer, bool) or not isinstance(answer, numbers.Real) or not math.isfinite(answer):
-        return _failed(f"expected {kind}, got {answer!r}.", hint)
-    if math.isclose(answer, expected, rel_tol=rel, abs_tol=0.0):
-        return _passed(f"{answer:g} is right.")
-    return _failed(f"{answer:g} is {'too large' if answer > expected else 'too small'}.", hint)
+from ..roofline import WGMMA_ROWS  # a Hopper warpgroup product (wgmma) covers at least 64 rows
+from .exercises import _check_number, _failed, _passed, _unanswered
 
 
 def check_program_count(answer, n: int = 1000, block: int = 128) -> bool:
     """How many programs does vector_add launch for n elements, BLOCK elements each?"""
-    return _number(answer, -(-n // block), kind="a whole number of programs",
-                   hint=f"every program covers BLOCK = {block} elements; the last one may be partly masked "
-                        "(round up, not down)")
+    return _check_number(answer, -(-n // block), kind="a whole number of programs", exact=True,
+                         hint=f"every program covers BLOCK = {block} elements; the last one may be partly "
+                              "masked (round up, not down)",
+                         known_mistakes=[(n // block, "the last, partly filled block needs a program too.")])
 
 
 def check_scale_launcher(scale, sizes=(1, 17, 256, 1000)) -> bool:
     """``scale(x, alpha)`` must return x * alpha for 1-D float32 CPU tensors of any length."""
+    hint = "launch a kernel over triton.cdiv(n, BLOCK) programs and mask offs < n"
+    unanswered = _unanswered(scale, "a function scale(x, alpha)")
+    if unanswered is not None:
+        return unanswered
     if not callable(scale):
-        return _failed(f"expected a function scale(x, alpha), got {scale!r}.",
-                       "launch a kernel over triton.cdiv(n, BLOCK) programs and mask offs < n")
+        return _failed(f"expected a function scale(x, alpha), got {scale!r}.", hint)
     generator = torch.Generator().manual_seed(0)
     for n in sizes:
         x = torch.randn(n, generator=generator)
@@ -67,39 +49,60 @@ def check_scale_launcher(scale, sizes=(1, 17, 256, 1000)) -> bool:
     return _passed(f"scale is right for n in {sizes}.")
 
 
-def check_tensor_core_instruction(answer) -> bool:
-    """Which PTX instruction family runs the matrix products on sm_90 (Hopper)?"""
-    hint = "search the PTX printed above for the instruction that contains 'mma'"
+
+
+
+def check_tensor_core_instruction(answer, rows: int = 16) -> bool:
+    """Which tensor-core instruction family runs a product of ``rows`` x 64 by 64 x 128 on sm_90?"""
+    hint = (f"a warpgroup (four warps) shares one wgmma product of at least {WGMMA_ROWS} rows; a product "
+            "with fewer rows cannot fill it")
+    unanswered = _unanswered(answer, "the instruction family's name, 'wgmma' or 'mma.sync'")
+    if unanswered is not None:
+        return unanswered
     if not isinstance(answer, str) or not answer.strip():
         return _failed("expected the instruction's name as a string.", hint)
     word = answer.strip().lower()
-    if word.startswith("wgmma"):
-        return _passed("wgmma: warpgroup matrix multiply-accumulate, asynchronous, Hopper's tensor cores.")
-    if word.startswith("mma"):
-        return _failed("mma.sync is Ampere's (sm_80) tensor-core instruction.", hint)
+    right = "wgmma" if rows >= WGMMA_ROWS else "mma"
+    if word.startswith(right) and not (right == "mma" and word.startswith("wgmma")):
+        return _passed(f"{'wgmma' if right == 'wgmma' else 'mma.sync'}: a {rows}-row product "
+                       f"{'fills' if rows >= WGMMA_ROWS else 'is too short for'} a warpgroup's {WGMMA_ROWS} rows.")
+    if word.startswith(("wgmma", "mma")):
+        return _failed(f"{answer!r} is the other family: compare the product's {rows} rows with the "
+                       f"{WGMMA_ROWS} a warpgroup needs.", hint)
     return _failed(f"{answer!r} is not a tensor-core instruction.", hint)
 
 
 def check_qk_scale(answer, head_dim: int = 64) -> bool:
     """The one multiplier the forward kernel applies to q kᵀ, for the default scale."""
-    return _number(answer, (1 / math.sqrt(head_dim)) / math.log(2), kind="a float",
-                   hint="exp(x) = 2^(x · log2(e)), and log2(e) = 1 / ln(2); fold in scale = 1/sqrt(head_dim)")
+    return _check_number(answer, (1 / math.sqrt(head_dim)) / math.log(2), kind="a float", rel=1e-6,
+                         hint="exp(x) = 2^(x · log2(e)), and log2(e) = 1 / ln(2); fold in scale = 1/sqrt(head_dim)",
+                         known_mistakes=[(1 / math.sqrt(head_dim), "that is the scale alone: the kernel's exp2 "
+                                          "needs it in base-2 units, times log2(e)."),
+                                         ((1 / math.sqrt(head_dim)) * math.log(2), "multiply by log2(e) = 1 / ln 2, "
+                                          "not by ln 2.")])
 
 
-def check_causal_tiles(answer, seq: int = 1000, block_q: int = 128, block_k: int = 64) -> bool:
+def check_causal_tiles(answer, seq: int = 1500, block_q: int = 128, block_k: int = 64) -> bool:
     """Total key tiles all forward programs compute for causal attention, seq_q = seq_k = seq."""
     total = 0
     for start in range(0, seq, block_q):
         last_row = min(start + block_q, seq) - 1
         total += last_row // block_k + 1  # tiles 0 .. the one holding the last row's diagonal key
-    return _number(answer, total, kind="a whole number of tiles",
-                   hint="query block i sees keys up to its last row, (i + 1)·BLOCK_Q - 1; count the key tiles "
-                        "up to the one holding that key, and add over the blocks")
+    full = -(-seq // block_q) * -(-seq // block_k)
+    return _check_number(answer, total, kind="a whole number of tiles", exact=True,
+                         hint="query block i sees keys up to its last row, (i + 1)·BLOCK_Q - 1; count the key "
+                              "tiles up to the one holding that key, and add over the blocks",
+                         known_mistakes=[(full, "that is every tile: causal programs stop at their diagonal."),
+                                         (full // 2, "half the grid is close but not it: count the diagonal "
+                                                     "tiles in full.")])
 
 
 def check_natural_lse(fn) -> bool:
     """``fn(m2, l)``: natural-log lse from the kernel's base-2 running max m2 and denominator l."""
     hint = "lse = ln(l) + m2 · ln(2): m2 is in base-2 units (scores times log2 e); -inf where l == 0"
+    unanswered = _unanswered(fn, "a function fn(m2, l)")
+    if unanswered is not None:
+        return unanswered
     if not callable(fn):
         return _failed(f"expected a function fn(m2, l), got {fn!r}.", hint)
     m2 = torch.tensor([0.0, 3.5, -2.0, 1000.0, float("-inf")], dtype=torch.float64)
@@ -120,11 +123,15 @@ def check_natural_lse(fn) -> bool:
 
 def check_backward_matmuls(answer) -> bool:
     """How many (tile x tile) matrix products per (query block, key tile) pair in both backward kernels?"""
-    return _number(answer, 7, kind="a whole number",
-                   hint="dK/dV kernel: S, dV, dP, dK; dQ kernel recomputes S and dP, then dQ")
+    return _check_number(answer, 7, kind="a whole number", exact=True,
+                         hint="dK/dV kernel: S, dV, dP, dK; dQ kernel recomputes S and dP, then dQ",
+                         known_mistakes=[(5, "five is what the math needs; the two kernels each recompute S "
+                                             "and dP.")])
 
 
 def check_backward_flops_ratio(answer) -> bool:
     """Backward FLOPs over forward FLOPs of attention (matmuls only), as benchmarks count them."""
-    return _number(answer, 2.5, kind="a ratio",
-                   hint="forward: 2 products (S, O); backward in principle: 5 (S again, dV, dP, dQ, dK)")
+    return _check_number(answer, 2.5, kind="a ratio", rel=1e-6,
+                         hint="forward: 2 products (S, O); backward in principle: 5 (S again, dV, dP, dQ, dK)",
+                         known_mistakes=[(3.5, "that is forward + backward over forward."),
+                                         (2.0, "count the backward's products again: S, dV, dP, dQ, dK.")])
