@@ -36,19 +36,19 @@ class StandInDriver:
 driver.set_active(StandInDriver())
 
 from flashlib.bench import gpu as perf_bench  # noqa: E402
-from flashlib.bench import ahead
-from flashlib.kernels import function as op
-from flashlib.ladder import backward as backward_fast
+from flashlib.bench import ahead  # noqa: E402
+from flashlib.bench.methods import is_ours, methods  # noqa: E402
+from flashlib.bench.point import measure_point  # noqa: E402
+from flashlib.ladder import autotune, function  # noqa: E402
+from flashlib.ladder import backward as backward_fast  # noqa: E402
 from flashlib.ladder import forward as forward_fast  # noqa: E402
-from flashlib.kernels.config import default_config  # noqa: E402
-from flashlib.kernels.function import flat as _flat  # noqa: E402
 
 
-def _checks(q, config):
-    return config or default_config(q.shape[-1], q.dtype, (9, 0))
+def _checks(fn, q):
+    """The kernels' input checks without the device check (CPU tensors stand in for the GPU's)."""
 
 
-forward_fast.check_kernel_inputs = op.check_kernel_inputs = _checks
+forward_fast.check_kernel_inputs = function.check_kernel_inputs = _checks
 
 
 def cache_sizes(kernels):
@@ -73,17 +73,16 @@ def bind_only(calls):
 
 
 def tuners_kept():
-    return sum(len(t.cache) for t in list(forward_fast._TUNERS.values()) + list(backward_fast._TUNERS.values()))
+    return sum(len(t.cache) for t in autotune.all_tuners())
 
 
 def direct(forward, backward, d, dtype):
     gen = torch.Generator().manual_seed(0)
     q, k, v, dout = (torch.randn(2, 2, 256, d, generator=gen).to(dtype) for _ in range(4))  # (B, H, N, D)
 
-    def run_all():  # the ladder's flashlib:<backward> row, minus autograd
+    def run_all():  # the ladder's ladder:<backward> row, minus autograd
         out, lse = forward_fast.forward(q, k, v, causal=True, rung=forward)
-        backward_fast.launch_backward(_flat(q), _flat(k), _flat(v), _flat(out), lse.reshape(-1, lse.shape[-1]),
-                                      _flat(dout), True, d ** -0.5, None, backward)
+        function.backward_pass(q, k, v, out, lse, dout, causal=True, scale=d ** -0.5, backward=backward)
 
     with ahead.recording() as notes:
         run_all()
@@ -111,9 +110,9 @@ def ladder(d, dtype):
     with bind_only(calls):
         for mode in ("fwd", "fwd_bwd"):
             p = dict(d=d, n=512, dtype=dtype, causal=True, mode=mode)
-            methods = {n: f for n, f in perf_bench._methods(mode).items() if not n.startswith("sdpa:")}
-            perf_bench._measure_point(p, methods, log=lambda *_: None, device="cpu", tokens=512, hidden=2 * d,
-                                      bench=lambda fn: 1.0, peak=lambda fn: 0)
+            ours = {n: f for n, f in methods(mode).items() if is_ours(n)}
+            measure_point(p, ours, log=lambda *_: None, device="cpu", tokens=512, hidden=2 * d,
+                          bench=lambda fn: 1.0, peak=lambda fn: 0)
     return dict(precompile=result, tuners_kept=tuners_kept(), sizes=sizes, after_real=cache_sizes(kernels),
                 real_calls=len(calls))
 

@@ -14,9 +14,8 @@ import sys
 
 import pytest
 
-from flashlib.ladder import backward as backward_fast
-from flashlib.ladder import forward as forward_fast
 from flashlib.kernels.config import head_dim_pad
+from flashlib.ladder import rungs
 from tests.triton_versions import triton36_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,18 +30,18 @@ def _probe(*args, triton_path=None):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _kernel_name(place):
+    return place.rpartition(".")[2]
+
+
 def _expected(forward, backward, d):
-    """(kernel, tiles) the path launches, from the candidate tables."""
+    """(kernel, tiles) the path launches on sm_90, from the rung table."""
     d_pad = head_dim_pad(d)
-    out = [("_attn_fwd_tma", list(t)) for t in forward_fast.forward_tiles(d_pad)]
-    out.append(("_attn_bwd_preprocess", [64, None, None, None]))
-    if backward in ("atomic", "bulk"):
-        tables = [("_attn_bwd_dkdv_split", backward_fast.candidate_table("fused", backward))]
-    else:
-        tables = [("_attn_bwd_dkdv_split", backward_fast.candidate_table("dkdv", backward)),
-                  ("_attn_bwd_dq_split", backward_fast.candidate_table("dq", backward))]
-    for name, table in tables:
-        out += [(name, list(t)) for t in backward_fast.tiles_for(table, d_pad)]
+    rung, chosen = rungs.rung(forward), rungs.backward(backward)
+    out = [(_kernel_name(rung.kernel), list(t)) for t in rungs.candidates(rung.tiles, d_pad)]
+    out.append((_kernel_name(chosen.kernels["preprocess"]), [64, None, None, None]))
+    for role, table in chosen.tiles.items():
+        out += [(_kernel_name(chosen.kernels[role]), list(t)) for t in rungs.candidates(table, d_pad)]
     return out
 
 

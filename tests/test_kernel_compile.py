@@ -161,7 +161,7 @@ def test_compile_time_arguments_take_their_defaults_or_fail_loudly():
         "from flashlib.kernels.compile import _with_defaults\n"
         "given = dict(HEAD_DIM=64, HEAD_DIM_PAD=64, BLOCK_Q=64, BLOCK_K=64, CAUSAL=True, INPUT_PRECISION='tf32')\n"
         "full = _with_defaults(bf._attn_bwd_dq_split, given)\n"
-        "assert full['TMA'] is False and full['LEAN'] is False and full['BLOCK_Q'] == 64, full\n"
+        "assert full['TMA'] is False and full['LONGEST_FIRST'] is False and full['BLOCK_Q'] == 64, full\n"
         "given.pop('CAUSAL')\n"
         "try:\n"
         "    _with_defaults(bf._attn_bwd_dq_split, given)\n"

@@ -111,13 +111,19 @@ def test_tma_eligibility_follows_16_byte_rows():
 
 
 def test_autotune_candidates_follow_the_head_dim():
+    """Each autotuned rung times the candidates of its table row for the launch's padded head dim."""
+    from flashlib.ladder import autotune
     from flashlib.ladder import forward as ff
 
-    tuner = ff._tuner("autotuned", ff._attn_fwd, 4096)
-    for pad, table in ((16, 64), (64, 64), (128, 128), (256, 256)):
-        got = tuner.early_config_prune(tuner.configs, {}, HEAD_DIM_PAD=pad)
-        assert [(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages) for c in got] == \
-            list(ff.FORWARD_TILES[table])
+    for r in ladder.LADDER:
+        if not r.tiles:
+            continue
+        kernel, _, variant = ff.variant(r, descriptors=True)
+        tuner = autotune.tuner(kernel, variant, 4096, r.tiles)
+        for pad, table in ((16, 64), (64, 64), (128, 128), (256, 256)):
+            got = tuner.early_config_prune(tuner.configs, {}, HEAD_DIM_PAD=pad)
+            assert [(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages) for c in got] == \
+                list(r.tiles[table]), (r.name, pad)
 
 
 def test_sequence_buckets():
@@ -129,16 +135,21 @@ def test_sequence_buckets():
 
 
 def test_autotuners_keep_one_choice_per_bucket_and_report_it():
-    """Each (rung, bucket) has its own autotuner over one kernel; autotuned_choice finds what
+    """Each (variant, bucket) has its own autotuner over one kernel; autotuned_choice finds what
     the one for q's length kept (filed by hand here, as the autotuner does on a GPU)."""
+    from flashlib.ladder import autotune
     from flashlib.ladder import forward as ff
 
-    assert ff._tuner("tma", ff._attn_fwd_tma, 4096) is ff._tuner("tma", ff._attn_fwd_tma, 4096)
-    assert ff._tuner("tma", ff._attn_fwd_tma, 4096) is not ff._tuner("tma", ff._attn_fwd_tma, 8192)
+    def tuner_of(name, bucket):
+        kernel, _, variant = ff.variant(ladder.rung(name), descriptors=True)
+        return autotune.tuner(kernel, variant, bucket, ladder.rung(name).tiles)
+
+    assert tuner_of("tma", 4096) is tuner_of("tma", 4096) and tuner_of("tma", 4096) is not tuner_of("tma", 8192)
+    assert tuner_of("tma", 4096) is not tuner_of("lean", 4096)  # one kernel, another fold
     q = torch.empty(1, 1, 3000, 128, dtype=torch.bfloat16)
-    tuner = ff._tuner("lean", ff._attn_fwd_tma, 4096)
+    tuner = tuner_of("lean", 4096)
     assert ff.autotuned_choice(q, True, "lean") is None
-    key = (128, 128, True, "tf32", "torch.bfloat16", "torch.bfloat16", "torch.bfloat16", "torch.bfloat16",
+    key = (128, True, "tf32", "torch.bfloat16", "torch.bfloat16", "torch.bfloat16", "torch.bfloat16",
            "torch.float32")
     config = tuner.configs[1]
     tuner.cache[key] = config
@@ -214,7 +225,12 @@ def _check_declarations(reports, version):
             assert rep.wgmma_ops > 0, label
         else:
             assert rep.mma_sync_ops > 0, label
-        assert (rep.bulk_copy_ops > 0) == (rep.rung in ("tma", "lean", "lazy-rescale")), label
+        assert (rep.bulk_copy_ops > 0) == _descriptors(rep), label
+
+
+def _descriptors(rep) -> bool:
+    """Whether the rung's kernel moves its tiles by descriptors on the report's target."""
+    return ladder.rung(rep.rung).kernel == ladder.TMA_FORWARD and rep.capability >= (9, 0)
 
 
 def test_rungs_compile_with_pinned_triton():
@@ -232,9 +248,8 @@ def test_rungs_compile_with_triton_36():
 
 
 def _candidate_configs(d):
-    from flashlib.ladder.forward import forward_tiles
-
-    return [FlashConfig(block_q=bm, block_k=bn, num_warps=w, num_stages=s) for bm, bn, w, s in forward_tiles(d)]
+    return [FlashConfig(block_q=bm, block_k=bn, num_warps=w, num_stages=s)
+            for bm, bn, w, s in ladder.candidates(ladder.FORWARD_TILES, d)]
 
 
 def test_autotune_candidates_compile_for_hopper():
@@ -282,24 +297,25 @@ def test_fast_rung_autotune_candidates_compile_for_hopper(which, fast_rung_repor
             assert rep.mma_sync_ops > 0 and rep.bulk_copy_ops == 0, label
             continue
         assert rep.spill_stores == 0, label
-        assert rep.wgmma_ops > 0 and (rep.bulk_copy_ops > 0) == (rep.rung in ("tma", "lean", "lazy-rescale")), label
+        assert rep.wgmma_ops > 0 and (rep.bulk_copy_ops > 0) == _descriptors(rep), label
         assert exponentials_per_score(rep.mma_loop, rep.config["block_q"], rep.config["block_k"],
                                       rep.config["num_warps"]) < 2, (label, rep.mma_loop["ops"].get("MUFU"))
 
 
-@pytest.mark.parametrize("name,kernel", [("teaching", "teaching"), ("autotuned", "teaching"),
-                                         ("causal-split", "split"), ("tma", "split"), ("lean", "split"),
-                                         ("lazy-rescale", "split")])
+@pytest.mark.parametrize("name,kernel", [("teaching", "_attn_fwd"), ("autotuned", "_attn_fwd"),
+                                         ("causal-split", "_attn_fwd_split"), ("tma", "_attn_fwd_tma"),
+                                         ("lean", "_attn_fwd_tma"), ("lazy-rescale", "_attn_fwd_tma")])
 def test_each_rung_launches_exactly_one_forward_kernel(name, kernel, monkeypatch):
     """A rung that launched a second kernel after its own would still return the right
-    answer, and the benchmark would time both: count the launches."""
+    answer, and the benchmark would time both: count every kernel launch."""
     from flashlib.ladder import forward as ff
 
     launched = []
-    real_teaching, real_split = ff._launch_teaching, ff._launch_split
-    monkeypatch.setattr(ff, "_launch_teaching", lambda *a: (launched.append("teaching"), real_teaching(*a))[1])
-    monkeypatch.setattr(ff, "_launch_split", lambda *a: (launched.append("split"), real_split(*a))[1])
-    q = torch.randn(1, 1, 20, 16)
+    launcher = type(ff._attn_fwd_tma)
+    real = launcher.run
+    monkeypatch.setattr(launcher, "run", lambda self, *a, **kw: (launched.append(self.fn.__name__),
+                                                                 real(self, *a, **kw))[1])
+    q = torch.randn(1, 1, 20, 16)  # rows of 64 bytes: descriptors can move them
     ff.forward(q, q, q, causal=True, rung=name, config=SMALL)
     assert launched == [kernel]
 
@@ -307,7 +323,7 @@ def test_each_rung_launches_exactly_one_forward_kernel(name, kernel, monkeypatch
 def _machine_code(*names, causal=False):
     cfg = FlashConfig(block_q=64, block_k=64, num_warps=4, num_stages=3)  # 128 threads, 32 scores each
     reports = ladder_compile.compile_rungs([ladder_compile.spec(name, (9, 0), "bfloat16", 128, causal, cfg, sass=True)
-                                    for name in names])
+                                            for name in names])
     assert all(rep.ok for rep in reports), [rep.error for rep in reports]
     return [rep.mma_loop for rep in reports]
 

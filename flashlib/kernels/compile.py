@@ -32,19 +32,16 @@ def expected_tensor_core_op(kernel: str, capability, config) -> str | None:
     forward and in dQ, BLOCK_K in dK/dV) is >= 64, and falls back to FMA on sm_75.
     """
     capability = tuple(capability)
-    kernel = kernel.removesuffix("_tuned").removesuffix("_lean").removesuffix("_bulk")
-    if kernel not in ("forward", "bwd_dkdv", "bwd_dq", "bwd_fused") or capability < (8, 0):
+    if kernel not in ("forward", "bwd_dkdv", "bwd_dq") or capability < (8, 0):
         return None
     if capability >= (9, 0):
         cfg = config if isinstance(config, dict) else asdict(config)
-        rows = {"forward": cfg["block_q"], "bwd_dq": cfg["bwd_block_q"], "bwd_dkdv": cfg["bwd_block_k"],
-                "bwd_fused": cfg["bwd_block_k"]}[kernel]
+        rows = {"forward": cfg["block_q"], "bwd_dq": cfg["bwd_block_q"], "bwd_dkdv": cfg["bwd_block_k"]}[kernel]
         return "wgmma.mma_async" if rows >= 64 else "mma.sync"
     return "mma.sync"
 
 
-KERNELS = ("forward", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "bwd_dkdv_tuned", "bwd_dq_tuned", "bwd_fused_tuned",
-           "bwd_dkdv_lean", "bwd_dq_lean", "bwd_fused_bulk", "softmax", "vector_add")
+KERNELS = ("forward", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "softmax", "vector_add")
 _DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
@@ -137,9 +134,10 @@ def _with_defaults(fn, constexprs: dict) -> dict:
     return out
 
 
-def _signature(fn, dtype: str, constexprs: dict):
-    """Argument types as the JIT would infer them; pointer and stride args 16-byte aligned."""
-    float_ptrs = {"Lse", "Delta"} | ({"DQ"} if constexprs.get("ATOMIC_DQ") else set())  # atomics add in fp32
+def _signature(fn, dtype: str, constexprs: dict, float32=()):
+    """Argument types as the JIT would infer them; pointer and stride args 16-byte aligned.
+    float32: pointer arguments that hold float32 whatever the dtype (besides Lse and Delta)."""
+    float_ptrs = {"Lse", "Delta", *float32}
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
@@ -179,22 +177,7 @@ def _kernel_and_constants(s):
     if s["kernel"] == "bwd_preprocess":
         return (backward._attn_bwd_preprocess, dict(HEAD_DIM_PAD=d_pad, BLOCK_Q=cfg.bwd_block_q),
                 dict(num_warps=4, num_stages=1), cfg)
-    if s["kernel"].endswith(("_tuned", "_lean", "_bulk")):
-        from ..ladder import backward as backward_fast
-
-        # as launch_backward runs "lean" and "bulk": descriptors (and bulk reductions) from sm_90 on
-        tma = s["kernel"].endswith(("_lean", "_bulk")) and tuple(s["capability"]) >= (9, 0)
-        common.update(HEAD_DIM=s["head_dim"], TMA=tma)
-        if s["kernel"].startswith("bwd_dq"):
-            fn = backward_fast._attn_bwd_dq_split
-            common["LEAN"] = s["kernel"].endswith("_lean")
-        else:  # the dK/dV kernel, alone or adding dQ with atomics
-            fn = backward_fast._attn_bwd_dkdv_split
-            common["ATOMIC_DQ"] = s["kernel"] in ("bwd_fused_tuned", "bwd_fused_bulk")
-            common["BULK_DQ"] = s["kernel"] == "bwd_fused_bulk" and tma
-            common["DQ_T"] = common["ATOMIC_DQ"] and cfg.bwd_dq_transposed
-    else:
-        fn = backward._attn_bwd_dkdv if s["kernel"] == "bwd_dkdv" else backward._attn_bwd_dq
+    fn = backward._attn_bwd_dkdv if s["kernel"] == "bwd_dkdv" else backward._attn_bwd_dq
     return (fn, dict(common, BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k),
             dict(num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages), cfg)
 
@@ -310,16 +293,16 @@ def exponentials_per_score(mma_loop: dict, rows: int, cols: int, warps: int) -> 
 
 
 def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, capability,
-                        sass: bool = False) -> str:
+                        sass: bool = False, float32=()) -> str:
     """Compile ``fn`` for a CUDA target without a GPU; fill the report's shared memory,
     registers, spills and tensor-core instruction counts (and, with sass, the count of every
-    machine instruction); return the PTX."""
+    machine instruction); return the PTX. float32: pointer arguments holding float32."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     constants = _with_defaults(fn, constants)
-    signature, attrs = _signature(fn, dtype, constants)
+    signature, attrs = _signature(fn, dtype, constants, float32)
     cc = capability[0] * 10 + capability[1]
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
                               target=GPUTarget("cuda", cc, 32), options=options)

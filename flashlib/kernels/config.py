@@ -25,7 +25,7 @@ class FlashConfig:
     "tf32" (tensor cores, ~1e-3 relative error) or "ieee" (exact float32 on CUDA cores: for
     checking, not speed; the shipped tiles are sized for tensor cores and spill registers in
     this mode). 16-bit inputs always use tensor cores; the CPU interpreter computes in float32.
-    bwd_dq_transposed: in the backwards that add dQ from the dK/dV kernel ("atomic", "bulk"),
+    bwd_dq_transposed: in the ladder's backward that adds dQ from the dK/dV kernel ("bulk"),
     compute each dQ tile transposed (K^T dS^T, whose long side is the head dim rather than the
     few query rows) into a transposed float32 dQ; the other backwards have no such tile.
     """

@@ -1,10 +1,15 @@
 """The optimisation ladder: faster forwards and backwards, one change per rung (notebook 08).
 
-:mod:`flashlib.ladder.rungs` is the table of rungs (names, what each changes and why, its
-kernels and tiles); importing it needs neither Triton nor a GPU. :func:`attention` runs any
-forward rung with any backward, for the benchmark and for readers who want to compare them;
-``flashlib.flash_attention`` runs the fastest measured combination without asking.
-The kernels are imported on first use.
+    rungs      the table: every forward rung and backward, what each changes and why, its
+               kernels and its candidate tiles (imports neither Triton nor a GPU)
+    forward    the forward kernels and their folds; backward, the backward kernels
+    autotune   the one autotuner both use: the table's candidates, one choice per length bucket
+    function   any forward with any backward behind one autograd Function
+    compile    every kernel of the table compiled for GPU targets without a GPU
+
+:func:`attention` runs any forward rung with any backward, for the benchmark and for readers
+who want to compare them; ``flashlib.flash_attention`` runs the fastest measured combination
+without asking. The kernels are imported on first use.
 """
 from __future__ import annotations
 

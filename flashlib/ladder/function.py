@@ -6,19 +6,21 @@ import torch
 from .._checks import check_attention_inputs
 from ..kernels import function as teaching
 from ..kernels.function import check_kernel_inputs, flat, resolve_config
-from .backward import BACKWARDS as FAST_BACKWARDS
+from .autotune import autotunes
 from .backward import launch_backward
-from .forward import FN, RUNGS, autotunes
+from .forward import FN, RUNGS
 from .forward import forward as rung_forward
+from .rungs import BACKWARD_BY_NAME
+from .rungs import backward as backward_named
 
-BACKWARDS = ("teaching", *FAST_BACKWARDS)
+BACKWARDS = tuple(BACKWARD_BY_NAME)
 
 
 def backward_pass(q, k, v, out, lse, dout, *, causal: bool, scale: float, backward: str = "tuned",
                   config=None, dlse=None):
     """(dq, dk, dv) of one backward of the ladder from the forward's out and lse (no autograd).
     config None: tiles autotuned on a GPU for 16-bit inputs, the shipped ones elsewhere."""
-    if backward == "teaching":
+    if not backward_named(backward).tiles:  # the teaching kernels, with the shipped tiles
         return teaching.backward(q, k, v, out, lse, dout, causal=causal, scale=scale, config=config, dlse=dlse)
     if out.numel() == 0 or k.shape[-2] == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)

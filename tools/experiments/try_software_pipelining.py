@@ -25,24 +25,24 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from flashlib.ladder import forward as forward_fast  # noqa: E402
 from flashlib.kernels.compile import _disassemble, _instructions, _signature  # noqa: E402
+from flashlib.ladder import forward as ladder_forward  # noqa: E402
+from flashlib.ladder.rungs import rung  # noqa: E402
 
-OLD = """    for start_n in range(0, full_end, BLOCK_K):
-        offs_n = start_n + tl.arange(0, BLOCK_K)
-        acc, l_i, m_i = _fold_tile(acc, l_i, m_i, q, k_desc.load([start_n, 0]), v_desc.load([start_n, 0]),
-                                   offs_m, offs_n, qk_scale, SEQ_Q, SEQ_K, False, CAUSAL, INPUT_PRECISION, LEAN,
-                                   LAZY)
+OLD = """    for k0 in range(0, k_full, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        m_i, l_i, acc = FOLD(m_i, l_i, acc, q_blk, k_desc.load([k0, 0]), v_desc.load([k0, 0]), offs_q, offs_k,
+                             qk_scale, SEQ_Q, SEQ_K, False, CAUSAL, INPUT_PRECISION)
 """
-NEW = """    s_next = tl.dot(q, tl.trans(k_desc.load([0, 0])))
-    for start_n in range(0, full_end, BLOCK_K):
+NEW = """    s_next = tl.dot(q_blk, tl.trans(k_desc.load([0, 0])))
+    for k0 in range(0, k_full, BLOCK_K):
         s = s_next
-        s_next = tl.dot(q, tl.trans(k_desc.load([start_n + BLOCK_K, 0])))
+        s_next = tl.dot(q_blk, tl.trans(k_desc.load([k0 + BLOCK_K, 0])))
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s * qk_scale - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(V.dtype.element_ty), v_desc.load([start_n, 0]))
+        acc = acc * alpha[:, None] + tl.dot(p.to(V.dtype.element_ty), v_desc.load([k0, 0]))
         m_i = m_new
 """
 
@@ -61,10 +61,11 @@ def exp2_between_issue_and_wait(cubin: bytes) -> list[int]:
     return counts
 
 
-source = inspect.getsource(forward_fast._attn_fwd_tma.fn)
+source = inspect.getsource(ladder_forward._attn_fwd_tma.fn)
 assert OLD in source, "rung 3/4's unmasked loop changed: update this script"
 header = ("import triton\nimport triton.language as tl\n"
-          "from flashlib.ladder.forward import _key_ranges, _fold_tile, _finish, _query_block\n")
+          "from flashlib.kernels.forward import _finish\n"
+          "from flashlib.ladder.forward import _key_ranges, _query_block\n")
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "pipelined.py")
     with open(path, "w") as f:
@@ -72,10 +73,11 @@ with tempfile.TemporaryDirectory() as tmp:
     spec = importlib.util.spec_from_file_location("pipelined", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    kernel, options, _ = ladder_forward.variant(rung("lean"), descriptors=True)
     constants = dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_Q=64, BLOCK_K=64, CAUSAL=False, INPUT_PRECISION="tf32",
-                     LEAN=True, LAZY=False)
+                     **options)
     print(f"Triton {triton.__version__}, sm_90, bf16, head dim 128, 64 x 64 tiles, 4 warps, 3 stages")
-    for name, fn in (("rung 4", forward_fast._attn_fwd_tma), ("rung 4, next S issued first", module._attn_fwd_tma)):
+    for name, fn in (("rung 4", kernel), ("rung 4, next S issued first", module._attn_fwd_tma)):
         signature, attrs = _signature(fn, "bfloat16", constants)
         compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
                                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=3))

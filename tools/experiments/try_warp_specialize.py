@@ -2,7 +2,7 @@
 
     python tools/experiments/try_warp_specialize.py [DIRECTORY_HOLDING_ANOTHER_TRITON]
 
-Builds a copy of ``forward_fast._attn_fwd_tma`` whose first key loop is
+Builds a copy of ``flashlib.ladder.forward._attn_fwd_tma`` whose first key loop is
 ``tl.range(..., warp_specialize=True)`` and compiles it (bf16, head dim 128, causal) with three
 tile choices, printing registers, spills, shared memory, wgmma count and whether the PTX
 holds ``setmaxnreg`` (the register hand-off between producer and consumer warps that warp
@@ -21,16 +21,18 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import triton  # noqa: E402
 
-from flashlib.ladder import forward as forward_fast  # noqa: E402
 from flashlib.kernels.compile import compile_and_inspect  # noqa: E402
+from flashlib.ladder import forward as ladder_forward  # noqa: E402
 from flashlib.ladder.compile import RungReport  # noqa: E402
+from flashlib.ladder.rungs import rung  # noqa: E402
 
-LOOP = "for start_n in range(0, full_end, BLOCK_K):"
-source = inspect.getsource(forward_fast._attn_fwd_tma.fn)
+LOOP = "for k0 in range(0, k_full, BLOCK_K):"
+source = inspect.getsource(ladder_forward._attn_fwd_tma.fn)
 assert LOOP in source, "rung 3's unmasked loop changed: update this script"
-source = source.replace(LOOP, "for start_n in tl.range(0, full_end, BLOCK_K, warp_specialize=True):", 1)
+source = source.replace(LOOP, "for k0 in tl.range(0, k_full, BLOCK_K, warp_specialize=True):", 1)
 header = ("import triton\nimport triton.language as tl\n"
-          "from flashlib.ladder.forward import _key_ranges, _fold_tile, _finish, _query_block\n")
+          "from flashlib.kernels.forward import _finish\n"
+          "from flashlib.ladder.forward import _key_ranges, _query_block\n")
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "ws_kernel.py")
     with open(path, "w") as f:
@@ -42,7 +44,7 @@ with tempfile.TemporaryDirectory() as tmp:
     for bm, bn, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3)):
         report = RungReport(rung="tma+ws", capability=(9, 0), dtype="bfloat16", head_dim=128, causal=True)
         constants = dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_Q=bm, BLOCK_K=bn, CAUSAL=True, INPUT_PRECISION="tf32",
-                         LEAN=False, LAZY=False)
+                         **ladder_forward.variant(rung("tma"), descriptors=True)[1])
         try:
             ptx = compile_and_inspect(report, module._attn_fwd_tma, "bfloat16", constants,
                                       dict(num_warps=warps, num_stages=stages), (9, 0))

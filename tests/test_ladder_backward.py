@@ -1,7 +1,8 @@
-"""The tuned backwards (``flash_attention(..., backward="tuned" | "atomic" | "lean" | "bulk")``):
-exact in the interpreter, every autotune candidate compiled for Hopper with both Triton
-releases. The interpreter has no bulk reductions: there "bulk" adds dQ with per-element
-atomics, and its bulk reduction is checked compiled (here) and on a GPU (tests/test_gpu.py)."""
+"""The ladder's backwards (``flashlib.ladder.attention(..., backward="tuned" | "lean" | "bulk")``):
+exact in the interpreter, every autotune candidate of the rung table compiled for Hopper with
+both Triton releases. The interpreter has no bulk reductions: there "bulk" adds dQ with
+per-element atomics, and its bulk reduction is checked compiled (here) and on a GPU
+(tests/test_gpu.py)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -19,16 +20,19 @@ if not triton_installed():  # importing triton here first would keep its interpr
     pytest.skip("Triton ships Linux wheels only", allow_module_level=True)
 
 from flashlib.kernels import FlashConfig  # noqa: E402
+from flashlib.kernels.compile import SHARED_LIMIT, exponentials_per_score  # noqa: E402
 from flashlib.ladder import attention as flash_attention  # noqa: E402
-from flashlib.kernels.compile import SHARED_LIMIT, compile_kernels, exponentials_per_score, spec  # noqa: E402
+from flashlib.ladder import rungs  # noqa: E402
+from flashlib.ladder.compile import compile_rungs, spec  # noqa: E402
 
 
 def _tiles(bm, bn, dq_t=False):
     return FlashConfig(block_q=16, block_k=16, bwd_block_q=bm, bwd_block_k=bn, bwd_dq_transposed=dq_t)
 
 
-# "bulk:T": "bulk" with dQ built transposed (FlashConfig.bwd_dq_transposed)
-BACKWARDS = ["tuned", "atomic", "lean", "bulk", "bulk:T"]
+# every backward of the table but the teaching one (tests/test_kernels.py); "bulk:T": "bulk" with
+# dQ built transposed (FlashConfig.bwd_dq_transposed)
+BACKWARDS = [b.name for b in rungs.BACKWARDS if b.tiles] + ["bulk:T"]
 
 
 def _grads(fn, q, k, v, dout):
@@ -102,14 +106,15 @@ def test_gradient_of_a_sum_arrives_expanded(backward):
 
 
 def test_half_precision_tuned_backwards_match_teaching_backward():
-    """float16 inputs (float32 math in the interpreter): all five backwards agree, and the
-    atomic paths hand back dq in the input dtype."""
+    """float16 inputs (float32 math in the interpreter): every backward agrees with the
+    teaching one, and the fused path hands back dq in the input dtype."""
     gen = torch.Generator().manual_seed(9)
     q, k, v, dout = (torch.randn(1, 2, 45, 32, generator=gen).half() for _ in range(4))
     cfg = _tiles(16, 32)
+    names = [b.name for b in rungs.BACKWARDS]
     grads = {b: _grads(lambda a, b_, c, b=b: flash_attention(a, b_, c, causal=True, config=cfg, backward=b),
-                       q, k, v, dout) for b in ("teaching", "tuned", "atomic", "lean", "bulk")}
-    for b in ("tuned", "atomic", "lean", "bulk"):
+                       q, k, v, dout) for b in names}
+    for b in names[1:]:
         for g, t in zip(grads[b], grads["teaching"]):
             assert g.dtype == torch.float16
             torch.testing.assert_close(g, t, atol=2e-3, rtol=2e-3)
@@ -122,25 +127,29 @@ def test_bad_backward_is_named():
 
 
 def test_pruner_gives_each_head_dim_its_candidates():
+    """Each autotuned kernel of each backward times the candidates its table row lists for
+    the launch's padded head dim, in one autotuner per (kernel, backward, bucket)."""
+    from flashlib.ladder import autotune
     from flashlib.ladder import backward as bf
 
-    for name, backward, table in (("dkdv", "tuned", bf.DKDV_TILES), ("dq", "tuned", bf.DQ_TILES),
-                                  ("fused", "atomic", bf.FUSED_TILES), ("fused", "bulk", bf.BULK_TILES),
-                                  ("dkdv", "lean", bf.LEAN_DKDV_TILES), ("dq", "lean", bf.DQ_TILES)):
-        kernel = bf._tuner(name, backward, 4096)
-        other = "tuned" if backward != "tuned" else "lean"
-        assert kernel is bf._tuner(name, backward, 4096) and kernel is not bf._tuner(name, other, 4096)
-        for pad, want in ((16, 64), (64, 64), (128, 128), (256, 256)):
-            got = kernel.early_config_prune(kernel.configs, {}, HEAD_DIM_PAD=pad)
-            assert [(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages)
-                    + ((c.kwargs["DQ_T"],) if "DQ_T" in c.kwargs else ()) for c in got] == list(table[want])
+    for b in rungs.BACKWARDS:
+        for role, table in b.tiles.items():
+            kernel, _ = bf.variant(b, role, descriptors=True)
+            tuner = autotune.tuner(kernel, (role, b.name), 4096, table)
+            assert tuner is autotune.tuner(kernel, (role, b.name), 4096, table)
+            assert tuner is not autotune.tuner(kernel, (role, b.name), 8192, table)
+            for pad, want in ((16, 64), (64, 64), (128, 128), (256, 256)):
+                got = tuner.early_config_prune(tuner.configs, {}, HEAD_DIM_PAD=pad)
+                assert [(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages)
+                        + ((c.kwargs["DQ_T"],) if "DQ_T" in c.kwargs else ()) for c in got] == list(table[want])
 
 
 def test_autotuned_choices_are_kept_per_backward_and_bucket():
+    from flashlib.ladder import autotune
     from flashlib.ladder import backward as bf
 
-    tuner = bf._tuner("dq", "lean", 8192)
-    key = (128, True, "tf32", True, True, *["torch.bfloat16"] * 5, "torch.float32", "torch.float32")
+    tuner = autotune.tuner(bf._attn_bwd_dq_split, ("dq", "lean"), 8192, rungs.DQ_TILES)
+    key = (128, True, "tf32", True, *["torch.bfloat16"] * 5, "torch.float32", "torch.float32")
     config = tuner.configs[0]
     tuner.cache[key] = config
     try:
@@ -154,19 +163,19 @@ def test_autotuned_choices_are_kept_per_backward_and_bucket():
 
 
 def _candidate_specs():
-    from flashlib.ladder import backward as bf
-
+    """Every candidate of every autotuned backward kernel, causal, for sm_90 (with the machine
+    code) and sm_80; the fused kernel is sm_90's only (elsewhere "bulk" runs lean's kernels)."""
     specs = []
-    for kernel, table in (("bwd_dkdv_tuned", bf.DKDV_TILES), ("bwd_dq_tuned", bf.DQ_TILES),
-                          ("bwd_fused_tuned", bf.FUSED_TILES), ("bwd_dkdv_lean", bf.LEAN_DKDV_TILES),
-                          ("bwd_dq_lean", bf.DQ_TILES), ("bwd_fused_bulk", bf.BULK_TILES)):
-        for d, tiles in table.items():
-            for bm, bn, w, s, *dq_t in tiles:
-                cfg = FlashConfig(bwd_block_q=bm, bwd_block_k=bn, bwd_num_warps=w, bwd_num_stages=s,
-                                  bwd_dq_transposed=bool(dq_t and dq_t[0]))
-                specs += [spec(kernel, cc, "bfloat16", d, True, cfg, sass=cc == (9, 0)) for cc in ((9, 0), (8, 0))]
+    for b in rungs.BACKWARDS:
+        for role, table in b.tiles.items():
+            for d, tiles in table.items():
+                for bm, bn, w, s, *dq_t in tiles:
+                    cfg = FlashConfig(bwd_block_q=bm, bwd_block_k=bn, bwd_num_warps=w, bwd_num_stages=s,
+                                      bwd_dq_transposed=bool(dq_t and dq_t[0]))
+                    name = f"bwd_{role}_{b.name}"
+                    specs += [spec(name, cc, "bfloat16", d, True, cfg, sass=cc == (9, 0))
+                              for cc in ((9, 0), (8, 0)) if role != "fused" or cc == (9, 0)]
     return specs
-
 
 
 def _check_candidates(reports, version):
@@ -174,18 +183,21 @@ def _check_candidates(reports, version):
     64 rows. sm_80 (A100): they build within its shared memory and use its tensor cores; a few
     spill some bytes there, which only makes them slower, and the autotuner times them."""
     assert reports and all(r.triton_version == version for r in reports)
+    from flashlib.ladder.compile import KERNELS
+
     for r in reports:
-        label = (r.kernel, r.capability, r.head_dim, r.config["bwd_block_q"], r.config["bwd_block_k"], version)
+        label = (r.rung, r.capability, r.head_dim, r.config["bwd_block_q"], r.config["bwd_block_k"], version)
         assert r.ok, (label, r.error)
         assert r.shared <= SHARED_LIMIT[r.capability], label
         if r.capability == (8, 0):
             assert r.mma_sync_ops > 0 and r.bulk_copy_ops == r.bulk_reduce_ops == 0, label
             continue
         assert r.spill_stores == 0 and r.spill_loads == 0, label
-        # TMA only in "lean" and "bulk", only on sm_90; bulk reductions only in "bulk"
-        assert (r.bulk_copy_ops > 0) == r.kernel.endswith(("_lean", "_bulk")), label
-        assert (r.bulk_reduce_ops > 0) == r.kernel.endswith("_bulk"), label
-        rows = r.config["bwd_block_q"] if r.kernel.startswith("bwd_dq") else r.config["bwd_block_k"]
+        backward, role = KERNELS[r.rung]
+        # TMA copies where the table says descriptors, only on sm_90; bulk reductions in the fused kernel
+        assert (r.bulk_copy_ops > 0) == rungs.backward(backward).descriptors, label
+        assert (r.bulk_reduce_ops > 0) == (role == "fused"), label
+        rows = r.config["bwd_block_q"] if role == "dq" else r.config["bwd_block_k"]
         assert (r.wgmma_ops > 0) == (rows >= 64), label  # Hopper's tensor cores need 64-row tiles
         if r.config["bwd_dq_transposed"]:  # every product on wgmma, dQ's too
             assert r.mma_sync_ops == 0, label
@@ -198,7 +210,7 @@ def _check_candidates(reports, version):
 @pytest.fixture(scope="module")
 def candidate_reports():
     """{"pinned" / "3.6": reports}: both Triton versions compile the candidates side by side."""
-    return side_by_side(compile_kernels, _candidate_specs())
+    return side_by_side(compile_rungs, _candidate_specs())
 
 
 def test_autotune_candidates_compile_for_hopper_with_pinned_triton(candidate_reports):
@@ -214,7 +226,7 @@ def test_autotune_candidates_compile_for_hopper_with_triton_36(candidate_reports
 
 
 def test_only_16_bit_inputs_on_a_gpu_without_a_config_autotune(monkeypatch):
-    from flashlib.ladder import forward as op
+    from flashlib.ladder import autotune as op
 
     assert not op.autotunes(torch.float16, None)  # the interpreter cannot time kernels
     monkeypatch.setattr(op, "interpreting", lambda: False)  # as on a GPU
@@ -223,26 +235,26 @@ def test_only_16_bit_inputs_on_a_gpu_without_a_config_autotune(monkeypatch):
     assert not op.autotunes(torch.bfloat16, FlashConfig())  # the caller fixed the tiles
 
 
-@pytest.mark.parametrize("fused,alone", [("bwd_fused_bulk", "bwd_dkdv_lean"), ("bwd_fused_tuned", "bwd_dkdv_tuned")])
-def test_atomic_dq_tiles_are_added_without_a_multiply(fused, alone):
-    """With dQ added from the dK/dV loop, dS is scaled in the loop by an FMA where dp - delta
-    was a subtraction (delta arrives scaled), so the dq tile needs no multiply per element:
-    read from the machine code for sm_90 (bf16, d 128, 32 x 128 tiles, 8 warps; one trip of
-    the query loop), the loop spends exactly the multiplies of the dK/dV loop without dQ."""
+def test_fused_dq_tiles_are_added_without_a_multiply():
+    """The fused kernel scales dS in the loop by an FMA where dp - delta was a subtraction
+    (delta arrives scaled), so the dq tile needs no multiply per element: read from the
+    machine code for sm_90 (bf16, d 128, 32 x 128 tiles, 8 warps; one trip of the query loop),
+    the loop spends exactly the multiplies of lean's dK/dV loop, and adds its dq tile by one
+    bulk reduction."""
     cfg = FlashConfig(bwd_block_q=32, bwd_block_k=128, bwd_num_warps=8, bwd_num_stages=2)
-    with_dq, without = compile_kernels([spec(k, (9, 0), "bfloat16", 128, False, cfg, sass=True) for k in (fused, alone)])
+    with_dq, without = compile_rungs([spec(k, (9, 0), "bfloat16", 128, False, cfg, sass=True)
+                                      for k in ("bwd_fused_bulk", "bwd_dkdv_lean")])
     assert with_dq.ok and without.ok, (with_dq.error, without.error)
     ops, base = with_dq.mma_loop["ops"], without.mma_loop["ops"]
     assert ops["FMUL"] == base["FMUL"] > 0, (ops["FMUL"], base["FMUL"])
     assert ops["HGMMA"] == base["HGMMA"] > 0
-    # and the dq tile does leave: one bulk reduction, or vector atomics
-    assert ops.get("UTMAREDG", 0) == 1 if fused.endswith("bulk") else ops.get("REDG", 0) > 0
+    assert ops.get("UTMAREDG", 0) == 1 and ops.get("REDG", 0) == 0
 
 
-@pytest.mark.parametrize("backward,transposed", [("bulk", True), ("atomic", True), ("bulk", False), ("tuned", True)])
+@pytest.mark.parametrize("backward,transposed", [("bulk", True), ("bulk", False), ("tuned", True)])
 def test_dq_is_read_back_from_the_layout_it_was_built_in(backward, transposed, monkeypatch):
-    """bwd_dq_transposed takes the transposed path in the backwards that add dQ from the dK/dV
-    kernel (and dq comes back in q's layout); the two-kernel backwards have no such tile."""
+    """bwd_dq_transposed takes the transposed path in the fused backward (and dq comes back
+    in q's layout); the two-kernel backwards have no such tile."""
     from flashlib.ladder import backward as bf
 
     seen = []
@@ -257,14 +269,32 @@ def test_dq_is_read_back_from_the_layout_it_was_built_in(backward, transposed, m
     assert q.grad.shape == q.shape and q.grad.is_contiguous()
 
 
+def test_bulk_without_descriptors_runs_lean(monkeypatch):
+    """Rows that are not multiples of 16 bytes (head dim 20 in float16) cannot be moved by
+    descriptors: "bulk" then runs lean's two kernels, as its table row says."""
+    from flashlib.ladder import backward as bf
+
+    launched = []
+    real = bf._launch
+    monkeypatch.setattr(bf, "_launch", lambda chosen, role, *a: launched.append((chosen.name, role)) or
+                        real(chosen, role, *a))
+    gen = torch.Generator().manual_seed(8)
+    for d, want in ((20, [("lean", "dkdv"), ("lean", "dq")]), (24, [("bulk", "fused")])):
+        q, k, v = (torch.randn(1, 1, 19, d, generator=gen).half().requires_grad_() for _ in range(3))
+        launched.clear()
+        flash_attention(q, k, v, causal=True, config=_tiles(16, 16), backward="bulk").sum().backward()
+        assert launched == want, d
+    assert "lean" in rungs.backward("bulk").falls_back
+
+
 def test_transposed_dq_puts_every_product_on_wgmma():
     """Machine code for sm_90 (bf16, d 128, 16 x 64 query-by-key tiles, 4 warps, one trip of the
     query loop): dQ = dS K on 16 query rows runs on mma.sync, its transpose on wgmma, with the
     same multiplies (none per dQ element) and one bulk reduction per tile either way."""
     tiles = dict(bwd_block_q=16, bwd_block_k=64, bwd_num_warps=4, bwd_num_stages=3)
-    plain, transposed = compile_kernels([spec("bwd_fused_bulk", (9, 0), "bfloat16", 128, False,
-                                              FlashConfig(**tiles, bwd_dq_transposed=t), sass=True)
-                                         for t in (False, True)])
+    plain, transposed = compile_rungs([spec("bwd_fused_bulk", (9, 0), "bfloat16", 128, False,
+                                            FlashConfig(**tiles, bwd_dq_transposed=t), sass=True)
+                                       for t in (False, True)])
     assert plain.ok and transposed.ok, (plain.error, transposed.error)
     a, b = plain.mma_loop["ops"], transposed.mma_loop["ops"]
     assert a.get("HMMA", 0) > 0 and b.get("HMMA", 0) == 0 and b["HGMMA"] > a["HGMMA"], (a, b)
@@ -277,14 +307,16 @@ def test_four_warp_teaching_backward_holds_each_score_once_without_spills():
     perf_bench.four_warp_backward gives, built for sm_90 (bf16, both masks, pinned Triton):
     no spills, each score's exponential once; the shipped 64 x 64 on 8 warps holds them twice."""
     from flashlib.bench.gpu import four_warp_backward
+    from flashlib.kernels.compile import compile_kernels
+    from flashlib.kernels.compile import spec as kernel_spec
 
     specs, shipped = [], []
     for d in (64, 128):
         cfg = four_warp_backward(torch.empty(1, 1, 16, d, dtype=torch.bfloat16))
         assert (cfg.bwd_block_q, cfg.bwd_block_k, cfg.bwd_num_warps) == (64, 64, 4)
-        specs += [spec(k, (9, 0), "bfloat16", d, c, cfg, sass=True) for k in ("bwd_dkdv", "bwd_dq") for c in (False, True)]
+        specs += [kernel_spec(k, (9, 0), "bfloat16", d, c, cfg, sass=True) for k in ("bwd_dkdv", "bwd_dq") for c in (False, True)]
         hopper = FlashConfig(**{**cfg.__dict__, "bwd_num_warps": 8, "bwd_num_stages": 2})  # the shipped tiles
-        shipped.append(spec("bwd_dkdv", (9, 0), "bfloat16", d, False, hopper, sass=True))
+        shipped.append(kernel_spec("bwd_dkdv", (9, 0), "bfloat16", d, False, hopper, sass=True))
     for r in compile_kernels(specs):
         c = r.config
         assert r.ok and r.spill_stores == 0, (r.kernel, r.head_dim, r.causal, r.error)
