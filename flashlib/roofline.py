@@ -43,18 +43,29 @@ def tflops(flops: float, milliseconds: float) -> float:
     return flops / (milliseconds * 1e-3) / 1e12
 
 
+BYTE_COUNTS = ("standard", "flash2", "minimum")
+
+
 def attention_bytes(batch: int, heads: int, n: int, head_dim: int, *, element_size: int = 2,
                     block_q: int = 128, method: str = "flash2") -> int:
-    """HBM bytes of one forward by the IO model: "flash2" (query blocks outer, the kernels'
-    order) or "standard" (S and P written and read back), for every (batch, head)."""
+    """HBM bytes of one forward, for every (batch, head), counted three ways:
+
+    "standard"  S and P written and read back (notebook 01's table);
+    "flash2"    the IO model of the kernels' order: Q once, K and V once per query block of
+                ``block_q`` rows, O and the log-sum-exp once; every re-read counted as HBM traffic;
+    "minimum"   every input read once and every output written once: what no kernel can go
+                below, and what a cache that keeps K and V between query blocks approaches.
+    """
     _positive_int("batch", batch)
     _positive_int("heads", heads)
     if method == "flash2":
         per_head = iomodel.flash2_attention_io(n, head_dim, block_q, element_size).bytes
     elif method == "standard":
         per_head = iomodel.standard_attention_io(n, head_dim, element_size).bytes
+    elif method == "minimum":
+        per_head = (4 * n * head_dim + n) * element_size  # Q, K, V read; O and lse written
     else:
-        raise ValueError(f"roofline: argument 'method' must be 'flash2' or 'standard', got {method!r}")
+        raise ValueError(f"roofline: argument 'method' must be one of {BYTE_COUNTS}, got {method!r}")
     return batch * heads * per_head
 
 

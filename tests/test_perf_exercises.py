@@ -46,3 +46,10 @@ def test_ridge_checker(capsys):
     assert not perf_exercises.check_ridge(4000e9 / 700e12, run)
     assert not perf_exercises.check_ridge(175.0, None)
     assert "nothing to check" in capsys.readouterr().out
+
+
+def test_minimum_intensity(capsys):
+    n, d = 4096, 128
+    assert perf_exercises.check_minimum_intensity(4 * n * n * d / ((4 * n * d + n) * 2))
+    assert not perf_exercises.check_minimum_intensity(4 * n * n * d / (4 * n * d * 2))
+    assert "log-sum-exp" in capsys.readouterr().out

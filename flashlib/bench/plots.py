@@ -7,6 +7,16 @@ from ..course import viz
 from ..roofline import arithmetic_intensity, tflops
 from .records import label
 
+# lines that lie on top of each other stay visible: markers and dashes differ as well as colours
+_LINE_STYLES = [dict(marker=m, linestyle=ls, markersize=5, markerfacecolor="none" if i % 2 else None)
+                for i, (m, ls) in enumerate(zip("osD^v<>xP+" * 2, ["-", "--", "-.", ":"] * 5))]
+
+
+def _legend_outside(ax, fontsize=7):
+    """The legend right of the axes, never over the data."""
+    ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
 _LINE_COLORS = [viz.CURRENT, viz.DONE, viz.L_COLOR, viz.M_COLOR, viz.PARTIAL_COLOR, viz.MASKED,
                 viz.FINAL_COLOR, "#e15759", "#b07aa1"]
 
@@ -14,15 +24,15 @@ _LINE_COLORS = [viz.CURRENT, viz.DONE, viz.L_COLOR, viz.M_COLOR, viz.PARTIAL_COL
 def rate_plot(by_method: dict[str, dict[int, float]], title: str = "", ceiling: float | None = None,
               ylabel: str = "TFLOP/s") -> Figure:
     """A rate against N, one line per method; an optional dashed ceiling (measured matmul rate)."""
-    fig, (ax,) = viz._new_figure(6.4, 3.8)
-    for (name, values), color in zip(sorted(by_method.items()), _LINE_COLORS * 3):
+    fig, (ax,) = viz._new_figure(8.4, 3.8)
+    for (name, values), color, style in zip(sorted(by_method.items()), _LINE_COLORS * 3, _LINE_STYLES):
         ns = sorted(values)
-        ax.plot(ns, [values[n] for n in ns], marker="o", color=color, label=name)
+        ax.plot(ns, [values[n] for n in ns], color=color, label=name, **style)
     if ceiling:
         ax.axhline(ceiling, color=viz.FINAL_COLOR, linestyle="--", linewidth=1,
                    label=f"measured bf16 matmul {viz.fmt4(ceiling)}")
     ax.set_xscale("log", base=2)
-    ax.legend(fontsize=7)
+    _legend_outside(ax)
     ax.set(title=title, xlabel="sequence length N", ylabel=ylabel)
     return fig
 
@@ -44,7 +54,7 @@ def grouped_bar_chart(groups: dict[str, dict[str, float]], title: str = "", ylab
     a series lacks gets no bar (and no invented value)."""
     categories = list(dict.fromkeys(c for values in groups.values() for c in values))
     width = 0.8 / max(1, len(groups))
-    fig, (ax,) = viz._new_figure(max(4.5, 1.2 * len(categories) + 2), 3.8)
+    fig, (ax,) = viz._new_figure(max(4.5, 1.2 * len(categories) + 2) + 2.5, 3.8)
     for i, ((series_name, values), color) in enumerate(zip(groups.items(), _LINE_COLORS * 3)):
         xs = [c + (i - (len(groups) - 1) / 2) * width for c, cat in enumerate(categories) if cat in values]
         ys = [values[cat] for cat in categories if cat in values]
@@ -53,7 +63,7 @@ def grouped_bar_chart(groups: dict[str, dict[str, float]], title: str = "", ylab
             ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), viz.fmt4(value),
                     ha="center", va="bottom", fontsize=6)
     ax.set_xticks(range(len(categories)), labels=categories, fontsize=7)
-    ax.legend(fontsize=7)
+    _legend_outside(ax)
     ax.set(title=title, ylabel=ylabel)
     return fig
 
@@ -65,7 +75,7 @@ def roofline_plot(points, peak_tflops: float, bandwidth_gbps: float, title: str 
     """
     import numpy as np
 
-    fig, (ax,) = viz._new_figure(6.0, 3.8)
+    fig, (ax,) = viz._new_figure(8.6, 3.8)
     intensities = [arithmetic_intensity(p["flops"], p["bytes"]) for p in points]
     ridge = peak_tflops * 1e12 / (bandwidth_gbps * 1e9)  # where the two roofs meet
     lo, hi = min(intensities + [ridge]) / 8, max(intensities + [ridge]) * 8
@@ -76,7 +86,7 @@ def roofline_plot(points, peak_tflops: float, bandwidth_gbps: float, title: str 
         ax.plot([i], [tflops(p["flops"], p["ms"])], marker="o", color=color, linestyle="", label=p["label"])
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.legend(fontsize=6)
+    _legend_outside(ax, fontsize=6)
     ax.set(title=title, xlabel="arithmetic intensity (FLOPs per HBM byte)", ylabel="TFLOP/s")
     return fig
 

@@ -36,6 +36,23 @@ def check_intensity(answer) -> bool:
                          "not once in all.")])
 
 
+MINIMUM_EXERCISE = dict(n=4096, head_dim=128, element_size=2)
+
+
+def check_minimum_intensity(answer) -> bool:
+    """FLOPs per byte of one head's non-causal forward if Q, K, V are read once and O written once."""
+    n, d, size = MINIMUM_EXERCISE.values()
+    nbytes = (4 * n * d + n) * size  # Q, K, V read once; O and lse written once
+    expected = 4 * n * n * d / nbytes
+    return _check_number(
+        answer, expected, kind="a number (FLOPs per byte)", rel=1e-3,
+        hint="FLOPs = 4·N²·d as before; bytes: Q, K and V read once, O and the log-sum-exp (one number per row) "
+             "written once, 2 bytes an element.",
+        known_mistakes=[(4 * n * n * d / (4 * n * d * size), "almost: the log-sum-exp is written too, one number "
+                         "per row."),
+                        (4 * n * n * d / (3 * n * d * size), "O is written as well as Q, K, V read.")])
+
+
 LEAN_EXERCISE = dict(n=4096, block_q=128, block_k=64, num_warps=8)
 
 

@@ -478,12 +478,19 @@ def error_curve(labels, errors, title: str = "", ylabel: str = "max |error|",
 def memory_plot(ns, series: dict, title: str = "", xlabel: str = "sequence length N",
                 ylabel: str = "bytes") -> Figure:
     """Memory (or traffic) against N on log-log axes, one line per named series."""
-    fig, (ax,) = _new_figure(5.6, 3.6)
-    for (name, values), color in zip(series.items(), [CURRENT, DONE, L_COLOR, M_COLOR, MASKED]):
-        ax.plot(list(ns), [float(v) for v in values], marker="o", color=color, label=name)
+    outside = len(series) > 3  # many lines: the legend goes right of the axes, off the data
+    fig, (ax,) = _new_figure(8.0 if outside else 5.6, 3.6)
+    colors = [CURRENT, DONE, L_COLOR, M_COLOR, MASKED, PARTIAL_COLOR, FINAL_COLOR, "#e15759"]
+    for i, ((name, values), color) in enumerate(zip(series.items(), colors)):
+        # lines that coincide stay visible: each has its own marker and dash as well as its colour
+        ax.plot(list(ns), [float(v) for v in values], marker="osD^v<>x"[i], linestyle=["-", "--", "-.", ":"][i % 4],
+                markerfacecolor="none" if i % 2 else color, color=color, label=name)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
-    ax.legend(fontsize=7)
+    if outside:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    else:
+        ax.legend(fontsize=7)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     return fig
 
