@@ -1,0 +1,137 @@
+"""check, hint and solution: what a notebook calls.
+
+``check(name, fn)`` runs the lab's checker and prints its verdict; ``hint(name)`` prints the
+next of three hints; ``solution(name)`` prints a worked solution, whose text
+``solution_source(name)`` returns. Unknown names raise a ValueError that lists the labs.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass
+from importlib import resources
+
+from ..course.exercises import PASS, RETRY
+from .catalog import LABS, MISTAKES, Lab
+from .common import Report
+
+
+@dataclass(frozen=True)
+class LabResult:
+    """A checker's verdict: ``bool(result)`` is ``result.passed``; ``message`` is what was printed.
+
+    ``mistake`` is the key (in :data:`flashlib.labs.MISTAKES`) of the known mistake recognised,
+    ``case`` the 1-based number of the first case that failed.
+    """
+
+    name: str
+    passed: bool
+    message: str
+    mistake: str | None = None
+    case: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __repr__(self) -> str:
+        return f"LabResult({self.name!r}, passed={self.passed}, mistake={self.mistake!r})"
+
+
+def lab(name, fn: str = "labs.check") -> Lab:
+    """The lab called ``name``, or a ValueError naming it and the labs there are."""
+    if not isinstance(name, str) or name not in LABS:
+        raise ValueError(f"{fn}: argument 'name' is {name!r}, which is not a lab; the labs are "
+                         f"{', '.join(LABS)}")
+    return LABS[name]
+
+
+def _checker(name: str):
+    if name == "online_softmax":
+        from .softmax_labs import check_online_softmax
+        return check_online_softmax
+    if name == "merge_states":
+        from .softmax_labs import check_merge_states
+        return check_merge_states
+    if name == "tiled_forward":
+        from .tiled_labs import check_tiled_forward
+        return check_tiled_forward
+    if name == "tiled_backward":
+        from .tiled_labs import check_tiled_backward
+        return check_tiled_backward
+    from . import kernel_labs  # needs Triton: imported only for the kernel labs
+
+    return kernel_labs.check_attn_fwd_inner if name == "attn_fwd_inner" else kernel_labs.check_attn_bwd_dkdv_inner
+
+
+def is_stub(fn) -> bool:
+    """Whether ``fn``'s body is only a docstring and ``...`` or ``pass``: nothing written yet."""
+    try:
+        source = textwrap.dedent(inspect.getsource(getattr(fn, "fn", fn)))
+        node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef))
+    except (OSError, TypeError, SyntaxError, StopIteration):
+        return False
+    body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+    return all(isinstance(s, ast.Pass) or isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+               and s.value.value is Ellipsis for s in body)
+
+
+def _message(spec: Lab, report: Report) -> str:
+    if report.problem is None:
+        return f"{PASS}: {spec.name} is right in all {report.cases} cases: {', '.join(spec.tries)}."
+    problem = report.problem
+    lines = [f"{RETRY}: {spec.name}, case {report.failed} of {report.cases} ({report.case}): {problem.what}"]
+    if problem.mistake is not None:
+        title, why = MISTAKES[problem.mistake]
+        lines.append(f"  mistake: {title} — {problem.why or why}")
+    lines.append(f'  labs.hint("{spec.name}") gives a hint; labs.solution("{spec.name}") a worked solution.')
+    return "\n".join(lines)
+
+
+def check(name: str, fn) -> LabResult:
+    """Run the learner's ``fn`` over lab ``name``'s cases; print and return the verdict."""
+    spec = lab(name)
+    if fn is None or fn is Ellipsis or is_stub(fn):
+        result = LabResult(name, False, f"{RETRY}: no answer yet; expected a function {spec.signature}.")
+    elif not callable(fn):
+        result = LabResult(name, False, f"{RETRY}: expected a function {spec.signature}; got "
+                                        f"{type(fn).__name__} {fn!r:.60}.")
+    else:
+        report = _checker(name)(fn)
+        result = LabResult(name, report.problem is None, _message(spec, report),
+                           None if report.problem is None else report.problem.mistake, report.failed)
+    print(result.message)
+    return result
+
+
+_HINTS_GIVEN: dict[str, int] = {}
+
+
+def hint(name: str) -> None:
+    """Print the next hint of lab ``name`` (three levels), then say there are no more."""
+    spec = lab(name, "labs.hint")
+    level = _HINTS_GIVEN.get(name, 0) + 1
+    if level > len(spec.hints):
+        print(f'No more hints for {name}: labs.solution("{name}") shows a worked solution.')
+        return
+    _HINTS_GIVEN[name] = level
+    print(f"hint {level} of {len(spec.hints)} for {name}: {spec.hints[level - 1]}")
+
+
+def reset_hints(name: str | None = None) -> None:
+    """Start the hints of lab ``name`` (of every lab when None) again from the first."""
+    if name is None:
+        _HINTS_GIVEN.clear()
+    else:
+        _HINTS_GIVEN.pop(lab(name, "labs.reset_hints").name, None)
+
+
+def solution_source(name: str) -> str:
+    """The source of lab ``name``'s worked solution: its imports and the function, ready for a cell."""
+    spec = lab(name, "labs.solution_source")
+    return resources.files("flashlib.labs.solutions").joinpath(f"{spec.name}.py").read_text(encoding="utf-8")
+
+
+def solution(name: str) -> None:
+    """Print lab ``name``'s worked solution."""
+    print(solution_source(name).rstrip())

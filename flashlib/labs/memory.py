@@ -1,0 +1,128 @@
+"""Guard regions around a Triton lab's tensors, and a watch on every address its kernel touches.
+
+Each tensor a lab's kernel gets is placed inside a larger buffer: ``guard_rows`` rows of a
+sentinel above and below every (batch * head) slice, and ``pad`` columns of it to the right of
+every row, so that a tile loaded without its mask reads the sentinel (NaN for inputs) instead of
+a neighbour's data, and a store without its mask lands where it can be seen.
+
+In Triton's interpreter every ``tl.load`` and ``tl.store`` goes through two methods of its
+builder; :class:`AccessWatch` wraps them while a lab runs and checks each address whose mask is
+on against the tensors: the first one outside them (in a guard, or in no tensor at all) stops
+the kernel before it is read, and is reported by tensor and side. Compiled on a GPU there is no
+such hook; the guards' sentinel still shows a load or store that strayed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Guarded:
+    """``view``, the tensor the kernel gets, (z, rows[, cols]), lives inside ``buffer`` with its guards."""
+
+    name: str
+    buffer: torch.Tensor
+    view: torch.Tensor
+    guard_rows: int
+
+    def _position(self, index):
+        """(row, column) inside the tensor of buffer element(s) ``index``; rows < 0 are above it."""
+        cols = self.buffer.shape[2] if self.buffer.dim() == 3 else 1
+        return index // cols % self.buffer.shape[1] - self.guard_rows, index % cols
+
+    def first_outside(self, index: np.ndarray) -> str | None:
+        """Where the first of the buffer elements ``index`` that is not in the tensor lies, or None."""
+        row, col = self._position(index)
+        outside = (row < 0) | (row >= self.view.shape[1])
+        if self.buffer.dim() == 3:
+            outside |= col >= self.view.shape[2]
+        if not outside.any():
+            return None
+        row, col = int(row[outside][0]), int(col[outside][0])
+        if row < 0:
+            return f"above its first row (row {row})"
+        if row >= self.view.shape[1]:
+            return f"past its last row (row {row} >= {self.view.shape[1]})"
+        return f"past its last column (column {col} >= HEAD_DIM = {self.view.shape[2]})"
+
+    def guards_intact(self, fill: float) -> bool:
+        """Whether every guard element still holds ``fill`` (a store outside the tensor changes one)."""
+        outside = torch.ones_like(self.buffer, dtype=torch.bool)
+        rows = slice(self.guard_rows, self.guard_rows + self.view.shape[1])
+        if self.buffer.dim() == 3:
+            outside[:, rows, :self.view.shape[2]] = False
+        else:
+            outside[:, rows] = False
+        kept = self.buffer[outside]
+        return bool(kept.isnan().all() if fill != fill else (kept == fill).all())
+
+
+def guarded(name: str, t: torch.Tensor, guard_rows: int, pad: int, fill: float = float("nan")) -> Guarded:
+    """``t`` (z, rows, cols) or (z, rows) copied into a buffer with guards of ``fill`` around it."""
+    if t.dim() == 3:
+        z, rows, cols = t.shape
+        buffer = torch.full((z, rows + 2 * guard_rows, cols + pad), fill, dtype=t.dtype, device=t.device)
+        view = buffer[:, guard_rows:guard_rows + rows, :cols]
+    else:
+        z, rows = t.shape
+        buffer = torch.full((z, rows + 2 * guard_rows), fill, dtype=t.dtype, device=t.device)
+        view = buffer[:, guard_rows:guard_rows + rows]
+    view.copy_(t)
+    return Guarded(name, buffer, view, guard_rows)
+
+
+class OutOfBounds(Exception):
+    """Raised inside the interpreted kernel at the first access outside every tensor."""
+
+
+class AccessWatch:
+    """While active, checks every masked-on address of every tl.load and tl.store (interpreter only)."""
+
+    def __init__(self, tensors):
+        self.tensors = list(tensors)
+        self.violation: tuple[str, str, str] | None = None  # (load or store, tensor name, side)
+        self._saved = None
+
+    def __enter__(self):
+        from triton.runtime import interpreter
+
+        builder = interpreter.InterpreterBuilder
+        self._saved = (builder, builder.create_masked_load, builder.create_masked_store)
+        load, store = self._saved[1:]
+        watch = self
+
+        def create_masked_load(self, ptrs, mask, *args):
+            watch.check("load", ptrs.data, mask.data)
+            return load(self, ptrs, mask, *args)
+
+        def create_masked_store(self, ptrs, value, mask, *args):
+            watch.check("store", ptrs.data, mask.data)
+            return store(self, ptrs, value, mask, *args)
+
+        builder.create_masked_load, builder.create_masked_store = create_masked_load, create_masked_store
+        return self
+
+    def __exit__(self, *exc):
+        builder, builder.create_masked_load, builder.create_masked_store = self._saved
+        return False
+
+    def check(self, op: str, addresses, mask) -> None:
+        addresses = np.broadcast_to(np.asarray(addresses), np.shape(mask))[np.asarray(mask, dtype=bool)]
+        addresses = addresses.astype(np.int64).ravel()
+        known = np.zeros(addresses.shape, dtype=bool)
+        for t in self.tensors:
+            base, size = t.buffer.data_ptr(), t.buffer.element_size()
+            inside = (addresses >= base) & (addresses < base + t.buffer.numel() * size)
+            known |= inside
+            side = t.first_outside((addresses[inside] - base) // size)
+            if side is not None:
+                self._stop(op, t.name, side)
+        if not known.all():
+            self._stop(op, "no tensor", "at an address outside every tensor the kernel was given")
+
+    def _stop(self, op, name, side):
+        self.violation = (op, name, side)
+        raise OutOfBounds(f"{op} {name} {side}")

@@ -1,0 +1,75 @@
+"""What a checker watches while the learner's function runs: the tensors it creates, the blocks it reads.
+
+``TensorWatch`` is a ``TorchDispatchMode``: every PyTorch operation inside it passes through
+``__torch_dispatch__``, so the shape of every tensor created (views included) is seen, whatever
+function created it. That is how a checker knows a full (seq_q, seq_k) score matrix was held.
+``Stream`` hands out the blocks of a row one at a time and wipes each block once the next is
+asked for, as a buffer that is reused would: a solution that keeps blocks around sees NaN.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+class TensorWatch(TorchDispatchMode):
+    """Records (shape, dtype) of every tensor an operation returns, and the names of the operations."""
+
+    def __init__(self):
+        super().__init__()
+        self.created: list[tuple[tuple[int, ...], torch.dtype]] = []
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        self.ops.add(func.__name__)
+        for t in tree_leaves(result):
+            if isinstance(t, torch.Tensor):
+                self.created.append((tuple(t.shape), t.dtype))
+        return result
+
+    def full_matrix(self, rows: int, cols: int):
+        """The first floating tensor created whose last two dims are (rows, cols) or (cols, rows)."""
+        for shape, dtype in self.created:
+            if len(shape) >= 2 and dtype.is_floating_point and set(shape[-2:]) == {rows, cols} \
+                    and (rows != cols or shape[-2:] == (rows, cols)):
+                return shape
+        return None
+
+    def full_width(self, width: int):
+        """The first floating tensor created whose last dim is ``width`` (a whole row of blocks)."""
+        for shape, dtype in self.created:
+            if shape and dtype.is_floating_point and shape[-1] == width:
+                return shape
+        return None
+
+    def fused_attention(self) -> bool:
+        """Whether PyTorch's own fused attention (scaled_dot_product_attention) was called."""
+        return any("scaled_dot_product" in op for op in self.ops)
+
+
+class Stream:
+    """An iterator over blocks that can be read once, left to right.
+
+    Once block j + 1 is asked for, block j is filled with NaN (``wipe=True``): its memory is
+    reused. ``reads_after_end`` counts the times the learner asked for more after the last block.
+    """
+
+    def __init__(self, blocks, *, wipe: bool = True):
+        self._blocks = [b.clone() for b in blocks]
+        self._next = 0
+        self._wipe = wipe
+        self.reads_after_end = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._wipe and self._next > 0:
+            self._blocks[self._next - 1].fill_(float("nan"))
+        if self._next == len(self._blocks):
+            self.reads_after_end += 1
+            raise StopIteration
+        self._next += 1
+        return self._blocks[self._next - 1]
