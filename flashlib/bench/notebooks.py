@@ -33,8 +33,8 @@ MIN_START_S = 20.0          # below this left, a notebook is not started
 
 
 def course() -> list[Path]:
-    """The notebooks in course order (their file names are numbered)."""
-    return sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+    """The notebooks in course order: the numbered ones, then the appendices (A_...)."""
+    return sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")) + sorted(NOTEBOOK_DIR.glob("A_*.ipynb"))
 
 
 def fixed_env(writer=WRITER) -> dict:
