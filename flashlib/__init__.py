@@ -1,10 +1,12 @@
 """flashlib: FlashAttention, tile by tile.
 
 The reference algorithms of notebooks 01-04 (plain PyTorch, any device, differentiable)
-import without Triton; ``flash_attention``, the public fused op (:mod:`flashlib.op`), is
-imported on first use. The rooms of the package:
+import without Triton; ``flash_attention``, the public fused op (:mod:`flashlib.op`), and
+``decode_attention``, split-KV decoding over a KV cache (:mod:`flashlib.decode`), are imported on
+first use. The rooms of the package:
 
     flashlib.dense, softmax, tiled, backward, iomodel, roofline   the reference algorithms
+    flashlib.decode      decoding with a KV cache: its reference and the public decode_attention
     flashlib.course      figures, widgets and exercise checkers of the notebooks
     flashlib.kernels     the Triton kernels notebooks 05-07 teach
     flashlib.ladder      the faster rungs of notebook 08, forward and backward
@@ -25,7 +27,7 @@ __all__ = [
     "online_softmax_steps", "safe_softmax", "softmax_state",
     "TiledTrace", "TileStep", "tiled_attention", "tiled_forward", "trace_tiled_attention",
     "TiledAttentionFunction", "tiled_backward",
-    "flash_attention",
+    "flash_attention", "decode_attention", "decode_reference",
 ]
 
 
@@ -38,4 +40,9 @@ def __getattr__(name):
         from .op import flash_attention
 
         return flash_attention
+    if name in ("decode_attention", "decode_reference"):
+        # KV-cache decoding (notebook 10); decode_attention imports its kernels when called
+        from . import decode
+
+        return getattr(decode, name)
     raise AttributeError(f"module 'flashlib' has no attribute {name!r}")

@@ -105,6 +105,10 @@ def _stub_run(monkeypatch, events, tmp_path, precompile=None):
 
     monkeypatch.setattr(gpu, "precompile", compile_ahead)
     monkeypatch.setattr(gpu, "run_ladder_bench", ladder)
+    monkeypatch.setattr(check, "start_decode", lambda budget_s, path: events.append(
+        ("decode start", round(budget_s), path.name)) or {})
+    monkeypatch.setattr(check, "finish_decode", lambda started, log: events.append("decode end") or dict(
+        points=[{"method": "flashlib"}], targets=[]))
 
 
 def test_the_check_runs_tests_and_notebooks_beside_compiling_then_the_ladder(tmp_path, monkeypatch):
@@ -113,12 +117,16 @@ def test_the_check_runs_tests_and_notebooks_beside_compiling_then_the_ladder(tmp
     assert check.main(["--out-dir", str(tmp_path / "a"), "--budget", "400"], log=printed.append) == 0
     assert events[:5] == [("tests start", 200.0), ("notebooks start", 200.0, "notebooks.json"),
                           ("compile ahead", len(gpu.plan())), "tests end", "notebooks end"]
-    (step, compiled, budget), = events[5:]
-    assert step == "ladder" and compiled is True and 370 <= budget <= 390
+    (step, compiled, budget), decode_start, decode_end = events[5:]
+    # the ladder leaves the decoding benchmark its share; the decoding benchmark gets what is left
+    assert step == "ladder" and compiled is True and 325 <= budget <= 345
+    assert decode_start[0] == "decode start" and 370 <= decode_start[1] <= 390 and decode_start[2] == "decode.json"
+    assert decode_end == "decode end"
     (path,) = (tmp_path / "a").glob("gpu-fake-gpu-80gb-hbm3-*.json")
     report = json.loads(path.read_text())
     assert report["precompile"] == {"kernels": 3} and report["tests"]["summary"] == "1 passed"
     assert report["notebooks"] == NOTEBOOKS and "ladder_partial" not in report
+    assert report["decode"] == dict(points=[{"method": "flashlib"}], targets=[])
     assert (tmp_path / "out" / path.name).read_text() == path.read_text()
     assert any(line.startswith("07_backward_kernels.ipynb: failed") for line in "\n".join(printed).splitlines())
     assert "  Cell 5 (cell 10, 'losses = ...'): failed: ValueError: argument 'q' is on cpu" in "\n".join(printed)
@@ -127,7 +135,14 @@ def test_the_check_runs_tests_and_notebooks_beside_compiling_then_the_ladder(tmp
     assert check.main(["--out-dir", str(tmp_path / "b"), "--no-precompile", "--skip-notebooks"],
                       log=lambda *_: None) == 0
     assert [e if isinstance(e, str) else e[:2] for e in events] == [("tests start", 240.0), "tests end",
-                                                                    ("ladder", False)]
+                                                                    ("ladder", False), ("decode start", 470),
+                                                                    "decode end"]
+
+    events.clear()
+    assert check.main(["--out-dir", str(tmp_path / "c"), "--skip-notebooks", "--skip-decode"],
+                      log=lambda *_: None) == 0
+    ladder_budget = next(e[2] for e in events if isinstance(e, tuple) and e[0] == "ladder")
+    assert 460 <= ladder_budget <= 470 and "decode end" not in events  # no share kept back
 
 
 def test_each_step_is_written_as_soon_as_it_ends(tmp_path, monkeypatch):
@@ -135,17 +150,17 @@ def test_each_step_is_written_as_soon_as_it_ends(tmp_path, monkeypatch):
     _stub_run(monkeypatch, events, tmp_path)
     real = check.write_report
     monkeypatch.setattr(check, "write_report", lambda report, out_dir, copy_to=None: written.append(
-        sorted(k for k in ("tests", "notebooks", "ladder_partial", "ladder", "elapsed_s") if k in report))
+        sorted(k for k in ("tests", "notebooks", "ladder_partial", "ladder", "decode", "elapsed_s") if k in report))
         or real(report, out_dir, copy_to=copy_to))
     check.main(["--out-dir", str(tmp_path)], log=lambda *_: None)
     assert written == [["tests"], ["notebooks", "tests"], ["ladder_partial", "notebooks", "tests"],
-                       ["elapsed_s", "ladder", "notebooks", "tests"]]
+                       ["decode", "ladder", "notebooks", "tests"], ["decode", "elapsed_s", "ladder", "notebooks", "tests"]]
 
 
 def test_a_failure_to_compile_ahead_is_recorded_and_the_ladder_still_runs(tmp_path, monkeypatch):
     events = []
     _stub_run(monkeypatch, events, tmp_path, precompile=RuntimeError("no threads today"))
-    assert check.main(["--out-dir", str(tmp_path)], log=lambda *_: None) == 0
+    assert check.main(["--out-dir", str(tmp_path), "--skip-decode"], log=lambda *_: None) == 0
     assert events[-3:-1] == ["tests end", "notebooks end"] and events[-1][:2] == ("ladder", True)
     (path,) = tmp_path.glob("*.json")
     assert json.loads(path.read_text())["precompile"] == {"error": "RuntimeError: no threads today"}
@@ -175,7 +190,9 @@ def test_a_lost_device_sends_the_points_left_to_a_fresh_process(tmp_path, monkey
     monkeypatch.setattr(fresh, "run_fresh_process", fresh_process)
     printed = []
     assert check.main(["--out-dir", str(tmp_path), "--no-precompile"], log=printed.append) == 0
-    assert events[-1] == ("fresh", 1, ["ladder:bulk"], "ladder-fresh-1.json")  # under $OUT
+    # under $OUT; then the decoding benchmark, in a process of its own, starts on a fresh device too
+    assert events[-3] == ("fresh", 1, ["ladder:bulk"], "ladder-fresh-1.json")
+    assert events[-2][0] == "decode start" and events[-1] == "decode end"
     (path,) = tmp_path.glob("*.json")
     ladder = json.loads(path.read_text())["ladder"]
     assert [r["method"] for r in ladder["points"]] == ["ladder:bulk", "sdpa:cudnn"]
@@ -210,3 +227,40 @@ def test_notebooks_stopped_at_their_limit_say_what_ran_and_what_did_not(tmp_path
         {p.name for p in notebooks.course()} - {"01_dense_attention.ipynb"}
     assert result["job"]["returncode"] == -1
 
+
+
+def test_the_decoding_benchmark_gets_what_the_ladder_left_or_is_left_out(tmp_path, monkeypatch):
+    events = []
+    _stub_run(monkeypatch, events, tmp_path)
+    clock = [0.0]
+    monkeypatch.setattr(check.time, "perf_counter", lambda: clock[0])
+
+    def slow_ladder(budget_s, log, progress, compile_ahead):  # overruns its budget by 40 s
+        clock[0] += budget_s + 40
+        return {"ladder": {"target_ratios": []}}
+
+    monkeypatch.setattr(gpu, "run_ladder_bench", slow_ladder)
+    assert check.main(["--out-dir", str(tmp_path), "--skip-notebooks", "--skip-tests", "--no-precompile"],
+                      log=lambda *_: None) == 0
+    (path,) = tmp_path.glob("*.json")
+    report = json.loads(path.read_text())
+    assert "decode" not in report and report["decode_error"] == "no time left for the decoding benchmark (5 s)"
+    assert not any(isinstance(e, tuple) and e[0] == "decode start" for e in events)
+
+
+def test_the_decoding_benchmark_runs_in_its_own_process_and_its_result_comes_back(tmp_path):
+    path = tmp_path / "decode.json"
+    started = check.start_decode(30.0, path)
+    assert started["proc"].args[-4:] == ["--budget", "22", "--result", str(path)]  # its margin kept
+    check.processes.finish(started, log=lambda *_: None)  # here it says there is no CUDA device
+
+    script = f"import json; json.dump({{'decode': {{'targets': [1]}}}}, open({str(path)!r}, 'w')); print('ok')"
+    child = check.processes.start([sys.executable, "-c", script], 60)
+    child["result_path"] = path
+    result = check.finish_decode(child, log=lambda *_: None)
+    assert result["targets"] == [1] and result["job"]["returncode"] == 0 and result["job"]["summary"] == "ok"
+
+    child = check.processes.start([sys.executable, "-c", f"open({str(path)!r}, 'w').write('{{\"dec')"], 60)
+    child["result_path"] = path
+    result = check.finish_decode(child, log=lambda *_: None)
+    assert result["error"].startswith("unreadable result") and result["job"]["returncode"] == 0

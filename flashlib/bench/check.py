@@ -15,14 +15,21 @@ stopped at any point keeps what matters most:
    and in this process, on the other cores, compiling every kernel the ladder will launch
    (:func:`flashlib.bench.gpu.precompile`; ``--no-precompile`` leaves it out).
    Neither subprocess is timed: the benchmark waits for both.
-2. The ladder benchmark (:mod:`flashlib.bench.gpu`) with the time left, alone on the GPU:
-   every rung, the public op, every paired backward and every SDPA backend, the targets
-   (d = 128, N >= 4k) first; after a kernel fault the points left run in fresh processes.
+2. The ladder benchmark (:mod:`flashlib.bench.gpu`) with the time left but the decoding
+   benchmark's share, alone on the GPU: every rung, the public op, every paired backward and
+   every SDPA backend, the targets (d = 128, N >= 4k) first; after a kernel fault the points
+   left run in fresh processes.
+3. The decoding benchmark (:mod:`flashlib.bench.decode`) with the time left (at least
+   DECODE_SHARE_S when the ladder keeps to its budget), in a process of its own (its kernels
+   have not run on a GPU before: a fault there must not cost what the ladder measured):
+   split-KV decoding against every SDPA backend, contiguous and paged caches, 4k to 128k keys,
+   the targets (L >= 16k) first, then its sweeps.
 
 Writes ``data/bench/gpu-<device>-<date>.json`` (device, versions, source revision, every
 figure; a copy under $OUT when that is set) when the tests end, when the notebooks end,
-after every grid point and at the end; the notebooks also write ``notebooks.json`` (under
-$OUT when set) after every cell. Every figure in them was measured in this run.
+after every grid point, after the decoding benchmark and at the end; the notebooks also write
+``notebooks.json`` and the decoding benchmark ``decode.json`` (under $OUT when set) as they go.
+Every figure in them was measured in this run.
 """
 from __future__ import annotations
 
@@ -46,6 +53,11 @@ BUDGET_S = 480.0
 BACKGROUND_SHARE = 0.5  # of the budget, for the tests and the notebooks side by side
 FINAL_WRITE_S = 10      # kept back from the ladder for writing the report
 NOTEBOOKS_MARGIN_S = 10  # between the notebooks' own budget and the time they are stopped at
+# kept back from the ladder for the decoding benchmark: its 24 points take about 15 s on an H200
+# by its own estimate (no run yet), its start and compiling about 15 s more; the sweeps use the rest
+DECODE_SHARE_S = 45
+DECODE_MARGIN_S = 8     # between the decoding benchmark's own budget and the time it is stopped at
+MIN_DECODE_S = 20       # below this left, the decoding benchmark is not started
 
 
 def parse_args(argv):
@@ -55,6 +67,7 @@ def parse_args(argv):
     p.add_argument("--skip-tests", action="store_true", help="leave out tests/test_gpu.py")
     p.add_argument("--skip-notebooks", action="store_true", help="leave out the notebooks")
     p.add_argument("--skip-bench", action="store_true", help="leave out the ladder benchmark")
+    p.add_argument("--skip-decode", action="store_true", help="leave out the decoding benchmark")
     p.add_argument("--no-precompile", action="store_true",
                    help="do not compile the ladder's kernels on the other cores while the tests run")
     p.add_argument("--out-dir", default=str(ROOT / "data" / "bench"), help="where the JSON goes")
@@ -200,7 +213,7 @@ def _background(args, report: dict, save, log) -> int:
 
 def _ladder(args, report: dict, start: float, save, log) -> None:
     """Step 2: the ladder benchmark with the time left; fresh processes after a kernel fault."""
-    left = args.budget - (time.perf_counter() - start) - FINAL_WRITE_S
+    left = args.budget - (time.perf_counter() - start) - FINAL_WRITE_S - (0 if args.skip_decode else DECODE_SHARE_S)
     if left <= 30:
         report["ladder_error"] = f"no time left for the ladder benchmark ({left:.0f} s)"
         return
@@ -219,6 +232,45 @@ def _ladder(args, report: dict, start: float, save, log) -> None:
         log(format_ladder(report))
     except Exception as exc:  # the parts above are already measured: keep them
         report["ladder_error"] = f"{type(exc).__name__}: {exc}"
+
+
+def decode_result_path() -> Path:
+    """Where the decoding benchmark writes its result as it goes: under $OUT when set, else in a
+    temporary folder."""
+    out = os.environ.get("OUT")
+    return Path(out) / "decode.json" if out else Path(tempfile.mkdtemp(prefix="flashlib-decode-")) / "decode.json"
+
+
+def start_decode(budget_s: float, result_path: Path) -> dict:
+    """Start the decoding benchmark in its own process, to end within budget_s (it keeps to a
+    budget a little shorter, and is stopped at budget_s if it does not)."""
+    cmd = [sys.executable, "-m", "flashlib.bench.decode", "--budget", f"{max(budget_s - DECODE_MARGIN_S, 1):.0f}",
+           "--result", str(result_path)]
+    started = processes.start(cmd, budget_s)
+    started["result_path"] = result_path
+    return started
+
+
+def finish_decode(started: dict, log=print) -> dict:
+    """Wait for the decoding benchmark; its result (what it wrote, even if stopped) with its job."""
+    job = processes.finish(started, log=log)
+    path = Path(started["result_path"])
+    try:
+        result = json.loads(path.read_text()).get("decode", {}) if path.exists() else {}
+    except ValueError as exc:  # stopped while writing: what it measured before is in the job's output
+        result = {"error": f"unreadable result ({exc})"}
+    result["job"] = {k: job[k] for k in ("returncode", "seconds", "summary")}
+    return result
+
+
+def _decode(args, report: dict, start: float, save, log) -> None:
+    """Step 3: the decoding benchmark with the time left."""
+    left = args.budget - (time.perf_counter() - start) - FINAL_WRITE_S
+    if left < MIN_DECODE_S:
+        report["decode_error"] = f"no time left for the decoding benchmark ({left:.0f} s)"
+        return
+    report["decode"] = finish_decode(start_decode(left, decode_result_path()), log=log)
+    save(report)
 
 
 def main(argv=None, *, log=print) -> int:
@@ -241,6 +293,8 @@ def main(argv=None, *, log=print) -> int:
     status = _background(args, report, save, log)
     if not args.skip_bench:
         _ladder(args, report, start, save, log)
+    if not args.skip_decode:
+        _decode(args, report, start, save, log)
     report["elapsed_s"] = round(time.perf_counter() - start, 1)
     log(f"wrote {save(report)} ({report['elapsed_s']} s)")
     return status

@@ -1,0 +1,337 @@
+"""The decoding benchmark: flashlib's split-KV kernels against every SDPA backend, and the bandwidth.
+
+    python -m flashlib.bench.decode [--budget S] [--result FILE]
+
+Points: batch 1 and 8, 32 query heads, 8 kv heads, head_dim 128, bfloat16, one new token, every
+sequence's cache full at L = 4k ... 128k keys, contiguous and paged (16-position pages scattered by
+a shuffled block table, as :func:`flashlib.decode.paged_cache` makes them). Methods:
+
+    flashlib        the two kernels of :mod:`flashlib.kernels.decode` (``decode_forward``, with
+                    the split rule's num_splits; the inputs are checked once before timing, as
+                    ``decode_attention`` does at every call)
+    sdpa:<backend>  torch's scaled_dot_product_attention forced to one backend, on the contiguous
+                    cache, with ``enable_gqa=True`` where the backend accepts it, else on K and V
+                    expanded to the 32 query heads beforehand (the expansion is not timed; the
+                    row's ``gqa`` says which)
+
+SDPA cannot read pages: a paged point is compared with SDPA on the contiguous cache holding the
+same keys, so the gather SDPA would need first is not counted against it. Timed with
+``triton.testing.do_bench`` (medians and 20th/80th percentiles; L2 flushed before each call).
+Bytes: the K and V the step must read, 2 · batch · kv_heads · L · head_dim · 2. The copy
+bandwidth is measured at the start of the same run (:func:`flashlib.bench.point.measure_ceilings`).
+Targets at L >= 16k: flashlib at least as fast as the best SDPA backend, and its K and V bytes
+over its time at least 70 % of the copy bandwidth. Points run targets first; the sweeps (split
+counts, tiles, page sizes) fill what is left of the budget.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from .methods import SDPA_BACKENDS
+from .grid import run_plan
+from .point import DeviceLost, bench_spread, device_usable, error_text, measure_ceilings
+
+BATCHES = (1, 8)
+LENGTHS = (4096, 8192, 16384, 32768, 65536, 131072)
+LAYOUTS = ("contiguous", "paged")
+Q_HEADS, KV_HEADS, HEAD_DIM, PAGE_SIZE = 32, 8, 128, 16
+TARGET_LENGTH, SPEEDUP_TARGET, BANDWIDTH_TARGET = 16384, 1.0, 0.7
+OURS = "flashlib"
+SPLIT_SWEEP = (1, 8, 16, 32, 64, 128)
+TILE_SWEEP = ((32, 4, 3), (64, 4, 2), (64, 4, 4), (128, 4, 2), (128, 8, 3))  # (BLOCK_K, warps, stages)
+PAGE_SWEEP = (16, 64, 256)
+
+
+def plan(batches=BATCHES, lengths=LENGTHS, layouts=LAYOUTS) -> list[dict]:
+    """Every point once: the targets (L >= 16k) first, longest first; then the shorter caches."""
+    points = [dict(batch=b, length=n, layout=layout) for n in lengths for b in batches for layout in layouts]
+    return sorted(points, key=lambda p: (p["length"] < TARGET_LENGTH, -p["length"], p["batch"],
+                                         p["layout"] != "contiguous"))
+
+
+def kv_bytes(batch: int, kv_heads: int, length: int, head_dim: int, element_size: int = 2) -> int:
+    """Bytes of K and V one decoding step reads: every cached key and value once."""
+    return 2 * batch * kv_heads * length * head_dim * element_size
+
+
+class Inputs:
+    """One point's tensors: q (B, Hq, 1, d), the contiguous cache (B, Hkv, L, d), lengths (B,) int32,
+    and, for a paged point, the same keys in pages with their block table."""
+
+    def __init__(self, p, *, q_heads, kv_heads, head_dim, page_size, dtype, device, seed=0):
+        g = torch.Generator(device=device).manual_seed(seed)
+        shape = (p["batch"], kv_heads, p["length"], head_dim)
+        self.q = torch.randn(p["batch"], q_heads, 1, head_dim, generator=g, device=device, dtype=dtype)
+        self.k, self.v = (torch.randn(shape, generator=g, device=device, dtype=dtype) for _ in range(2))
+        self.lengths = torch.full((p["batch"],), p["length"], dtype=torch.int32, device=device)
+        self.pages = None
+        if p["layout"] == "paged":
+            self.paginate(page_size, seed)
+
+    def paginate(self, page_size, seed=0):
+        from ..decode import paged_cache
+
+        self.pages = paged_cache(self.k, self.v, page_size, generator=torch.Generator().manual_seed(seed))
+
+
+def ours_call(x: Inputs, *, num_splits=None, config=None):
+    """f() -> out running flashlib's kernels on x (paged when x holds pages); the inputs checked once."""
+    from ..decode import check_decode_inputs, check_decode_values
+    from ..kernels.decode import decode_forward
+
+    k, v, table = x.pages if x.pages is not None else (x.k, x.v, None)
+    args = check_decode_inputs(OURS, x.q, k, v, x.lengths, scale=None, softcap=None, window=None,
+                               block_table=table, num_splits=num_splits)
+    check_decode_values(OURS, x.lengths, table, x.q.shape[2], args, k.shape[0])
+    return lambda: decode_forward(x.q, k, v, x.lengths, block_table=table, scale=args.scale, num_splits=num_splits,
+                                  config=config)[0]
+
+
+def sdpa_call(backend: str, x: Inputs):
+    """(f() -> out, how GQA was given): one SDPA backend on the contiguous cache."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    which = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[backend]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def native():
+        with sdpa_kernel([which]):
+            return sdpa(x.q, x.k, x.v, enable_gqa=True)
+    try:
+        native()
+        return native, "enable_gqa"
+    except (RuntimeError, TypeError):  # the backend (or this torch) takes no grouped heads
+        group = x.q.shape[1] // x.k.shape[1]
+        k, v = (t.repeat_interleave(group, dim=1) for t in (x.k, x.v))  # (B, Hq, L, d), not timed
+
+        def expanded():
+            with sdpa_kernel([which]):
+                return sdpa(x.q, k, v)
+        return expanded, "expanded"
+
+
+def _timed(row, call, reference, bench):
+    out = call()
+    if reference is not None:
+        row["max_abs_err_vs_sdpa"] = float((out.float() - reference).abs().max())
+    median, low, high = bench(call)
+    gbps = row["bytes"] / (median * 1e-3) / 1e9
+    row.update(ms=float(median), ms_p20=float(low), ms_p80=float(high), gbps=gbps)
+
+
+def measure_point(p, x: Inputs, sdpa_rows, bench, log, device) -> list[dict]:
+    """flashlib at point p, and (once per batch and length, on the contiguous cache) every SDPA backend."""
+    base = dict(p, q_heads=x.q.shape[1], kv_heads=x.k.shape[1], head_dim=x.k.shape[-1], new_tokens=1,
+                dtype=str(x.q.dtype).replace("torch.", ""),
+                bytes=kv_bytes(p["batch"], x.k.shape[1], p["length"], x.k.shape[-1], x.k.element_size()))
+    rows, reference = [], None
+    key = (p["batch"], p["length"])
+    if key not in sdpa_rows:
+        sdpa_rows[key] = []
+        for backend in SDPA_BACKENDS:
+            row = dict(base, layout="contiguous", method=f"sdpa:{backend}")
+            try:
+                call, row["gqa"] = sdpa_call(backend, x)
+                _timed(row, call, None, bench)
+                reference = call().float() if reference is None else reference
+            except Exception as exc:  # an unsupported backend is a result, not a crash
+                row["error"] = error_text(exc)
+            sdpa_rows[key].append(row)
+        rows.extend(sdpa_rows[key])
+    row = dict(base, method=OURS)
+    try:
+        from ..kernels.decode import default_num_splits
+
+        k, _, table = x.pages if x.pages is not None else (x.k, x.v, None)
+        row["num_splits"] = default_num_splits(x.q, k, table)
+        _timed(row, ours_call(x), reference if reference is not None else _first_reference(x), bench)
+    except Exception as exc:  # a result row; a fault that leaves the device unusable ends the run
+        row["error"] = error_text(exc)
+        if not device_usable(device):
+            raise DeviceLost(OURS, p, row) from exc
+    rows.append(row)
+    best = best_sdpa(sdpa_rows[key])
+    log(f"  B={p['batch']} L={p['length']:6d} {p['layout']:10s} flashlib "
+        + (f"{row['ms'] * 1e3:7.1f} us {row['gbps']:5.0f} GB/s" if "ms" in row else row.get("error", "?"))
+        + (f"; best SDPA {best['method']} {best['ms'] * 1e3:.1f} us" if best else ""))
+    return rows
+
+
+def _first_reference(x: Inputs):
+    """The first SDPA backend's output that runs here (float32), to check flashlib's against."""
+    for backend in SDPA_BACKENDS:
+        try:
+            return sdpa_call(backend, x)[0]().float()
+        except Exception:  # noqa: BLE001 - any backend that fails is simply not the reference
+            continue
+    return None
+
+
+def best_sdpa(rows):
+    timed = [r for r in rows if r["method"].startswith("sdpa:") and r.get("ms")]
+    return min(timed, key=lambda r: r["ms"]) if timed else None
+
+
+def targets(rows, copy_gbps) -> list[dict]:
+    """Per point at L >= 16k: flashlib's speed-up over the best SDPA backend at the same batch and
+    length, its fraction of the copy bandwidth, and whether each target is met."""
+    out = []
+    for r in rows:
+        if r["method"] != OURS or r["length"] < TARGET_LENGTH or not r.get("ms"):
+            continue
+        same = [s for s in rows if s["batch"] == r["batch"] and s["length"] == r["length"]]
+        best = best_sdpa(same)
+        speedup = best["ms"] / r["ms"] if best else None
+        fraction = r["gbps"] / copy_gbps if copy_gbps else None
+        out.append(dict(batch=r["batch"], length=r["length"], layout=r["layout"], sdpa=best and best["method"],
+                        speedup=speedup, speedup_range=[best["ms_p20"] / r["ms_p80"], best["ms_p80"] / r["ms_p20"]]
+                        if best else None, speedup_met=speedup is not None and speedup >= SPEEDUP_TARGET,
+                        bandwidth_fraction=fraction,
+                        bandwidth_met=fraction is not None and fraction >= BANDWIDTH_TARGET))
+    return out
+
+
+# ----- the sweeps: what the split rule and the shipped tiles are chosen from ---------------------
+
+def sweep_items(batch: int = 1, length: int = 65536) -> list[dict]:
+    """One point's variations, each timed once: split counts (contiguous), page sizes, tiles (both
+    layouts); at batch 1 and 64k keys, where splitting matters most."""
+    items = [dict(sweep="splits", batch=batch, length=length, layout="contiguous", num_splits=s)
+             for s in SPLIT_SWEEP]
+    items += [dict(sweep="pages", batch=batch, length=length, layout="paged", page_size=ps) for ps in PAGE_SWEEP]
+    # last: each tile compiles its own kernels
+    items += [dict(sweep="tiles", batch=batch, length=length, layout=layout, block_k=bk, num_warps=w, num_stages=st)
+              for layout in LAYOUTS for bk, w, st in TILE_SWEEP]
+    return items
+
+
+def run_sweeps(items, make_inputs, bench, budget_s, log, clock=time.perf_counter) -> tuple[list, list]:
+    """(rows, skipped): each item starts only if the longest so far would still end in budget_s."""
+    from ..kernels.decode import DecodeConfig
+
+    start, longest, rows, skipped, inputs = clock(), 0.0, [], [], {}
+    for item in items:
+        began = clock()
+        if began - start + longest > budget_s:
+            skipped.append(item)
+            continue
+        key = (item["batch"], item["length"], item["layout"], item.get("page_size", PAGE_SIZE))
+        if key not in inputs:
+            inputs.clear()  # one point's tensors at a time: 64k keys at batch 8 are 2 GB each
+            inputs[key] = make_inputs(dict(item), item.get("page_size", PAGE_SIZE))
+        x = inputs[key]
+        row = dict(item, method=OURS, bytes=kv_bytes(item["batch"], x.k.shape[1], item["length"], x.k.shape[-1],
+                                                      x.k.element_size()))
+        config = DecodeConfig(item["block_k"], item["num_warps"], item["num_stages"]) if "block_k" in item else None
+        try:
+            _timed(row, ours_call(x, num_splits=item.get("num_splits"), config=config), None, bench)
+        except Exception as exc:  # an item that does not compile or fit is a result too
+            row["error"] = error_text(exc)
+        rows.append(row)
+        longest = max(longest, clock() - began)
+        log(f"  sweep {item['sweep']}: " + ", ".join(f"{k}={item[k]}" for k in item if k not in
+                                                       ("sweep", "batch", "length"))
+            + (f": {row['ms'] * 1e3:.1f} us" if "ms" in row else f": {row.get('error')}"))
+    return rows, skipped
+
+
+# ----- the run ------------------------------------------------------------------------------
+
+def provenance(device) -> dict:
+    from importlib.metadata import version
+
+    gpu = torch.device(device).type == "cuda"
+    return {"device": torch.cuda.get_device_name() if gpu else str(device),
+            "capability": list(torch.cuda.get_device_capability()) if gpu else None,
+            "torch": torch.__version__, "triton": version("triton"), "cuda": torch.version.cuda,
+            "date": time.strftime("%Y-%m-%d", time.gmtime())}
+
+
+def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, lengths=LENGTHS, layouts=LAYOUTS,
+                     q_heads=Q_HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, page_size=PAGE_SIZE,
+                     dtype=torch.bfloat16, sweeps=True, bench=None, ceilings=None, log=print,
+                     progress=None) -> dict:
+    """Measure the points, then the sweeps, within ``budget_s``; returns {"decode": {...}} for the JSON.
+    bench(fn) -> (median, 20th, 80th percentile) ms and ceilings ({"copy_gbps": ...}) default to the
+    GPU's timers and a measurement now; a test passes stand-ins and runs it through the interpreter."""
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("run_decode_bench: no CUDA device; the decoding benchmark runs on a GPU")
+    start, bench = time.perf_counter(), bench or bench_spread
+    info = provenance(device)
+    log(f"decoding benchmark on {info['device']} (budget {budget_s:.0f} s)")
+    ceilings = ceilings or measure_ceilings(device)
+    log(f"  copy bandwidth {ceilings['copy_gbps']:.0f} GB/s")
+    shapes = dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, device=device)
+
+    def make_inputs(p, pages=page_size):
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+        return Inputs(p, page_size=pages, **shapes)
+
+    sdpa_rows, lost, timeline = {}, [], []
+    measure = lambda p: measure_point(p, make_inputs(p), sdpa_rows, bench, log, device)  # noqa: E731
+    rows, skipped = run_plan(plan(batches, lengths, layouts), measure, budget_s - (time.perf_counter() - start),
+                             progress=progress, timeline=timeline, lost=lost)
+    sweep_rows, sweep_skipped = [], []
+    if sweeps and not lost:
+        left = budget_s - (time.perf_counter() - start)
+        length = 65536 if 65536 in lengths else max(lengths)
+        sweep_rows, sweep_skipped = run_sweeps(sweep_items(batches[0], length), make_inputs, bench, left, log)
+    return {"decode": {
+        "provenance": info,
+        "config": {"q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": str(dtype).replace("torch.", ""),
+                   "new_tokens": 1, "page_size": page_size, "budget_s": budget_s,
+                   "timing": "triton.testing.do_bench median ms (ms_p20, ms_p80: 20th and 80th percentiles)",
+                   "bytes": "K and V read: 2 * batch * kv_heads * length * head_dim * element size",
+                   "sdpa": "on the contiguous cache, enable_gqa=True or K/V expanded beforehand (row 'gqa'); "
+                           "paged points compare with SDPA on the contiguous cache (no gather timed)"},
+        "ceilings": ceilings, "points": rows, "skipped": skipped, "timeline": timeline,
+        "targets": targets(rows, ceilings.get("copy_gbps")), "sweeps": sweep_rows, "sweeps_skipped": sweep_skipped,
+        "device_lost": {k: v for k, v in lost[0].items() if k != "pending"} if lost else None,
+        "elapsed_s": round(time.perf_counter() - start, 1)}}
+
+
+def format_targets(result: dict) -> str:
+    """The targets as lines of text, for the log."""
+    lines = [f"decoding targets (L >= {TARGET_LENGTH}): speed-up over the best SDPA >= {SPEEDUP_TARGET}, "
+             f"bandwidth >= {BANDWIDTH_TARGET:.0%} of copy"]
+    for t in result["decode"]["targets"]:
+        speedup = f"{t['speedup']:.2f}x {t['sdpa']}" if t["speedup"] is not None else "no SDPA"
+        lines.append(f"  B={t['batch']} L={t['length']:6d} {t['layout']:10s} {speedup} "
+                     f"({'met' if t['speedup_met'] else 'not met'}); bandwidth {t['bandwidth_fraction']:.0%} "
+                     f"({'met' if t['bandwidth_met'] else 'not met'})")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m flashlib.bench.decode", description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=45.0, help="seconds for the whole run (default 45)")
+    parser.add_argument("--result", default=None, help="write the JSON here, after every point and at the end "
+                                                       "(default data/bench/decode-<device>-<time>.json)")
+    parser.add_argument("--no-sweeps", action="store_true", help="measure the points only")
+    args = parser.parse_args(argv)
+    if args.result is None:
+        from .results import device_slug
+
+        name = device_slug(torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
+        args.result = str(Path(__file__).resolve().parent.parent.parent / "data" / "bench" /
+                          f"decode-{name}-{time.strftime('%Y-%m-%dT%H%MZ', time.gmtime())}.json")
+    path = Path(args.result)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save_partial(rows):  # a run stopped at its limit still leaves what it measured
+        path.write_text(json.dumps({"decode": {"points": rows, "partial": True}}, default=str) + "\n")
+    result = run_decode_bench(args.budget, sweeps=not args.no_sweeps, progress=save_partial)
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(format_targets(result))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

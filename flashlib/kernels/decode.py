@@ -1,0 +1,331 @@
+"""Split-KV decoding (Flash-Decoding) in two kernels, in the words of notebook 06's forward.
+
+Decoding has a few query rows per sequence and a long cache. FlashAttention-2's schedule (one
+program per query block) would launch batch x kv_heads programs, 8 for one sequence of a model
+with 8 kv heads, on a GPU with 132 multiprocessors. So the cache is cut into chunks as well:
+
+    stage 1, ``_decode_split``   grid (num_splits, batch * kv_heads, row blocks): each program
+        streams its chunk of one sequence's cache past its query rows, keeping (m_i, l_i, acc)
+        as ``_attn_fwd`` does, and writes a partial output and its log-sum-exp (float32);
+    stage 2, ``_decode_merge``   grid (batch * kv_heads, row blocks): folds the splits'
+        partials into the output with notebook 02's merge (each partial is a state whose
+        max is its lse and whose denominator is 1).
+
+Grouped-query attention: the q_heads // kv_heads query heads that share a kv head, and their
+new tokens, are stacked into the rows of one query block, (batch * kv_heads, group * new_tokens,
+head_dim), so every cached key and value is read once per kv head, not once per query head.
+Row r is the query of new token r % new_tokens.
+
+Where a position's key lives is a compile-time function argument, ``KEY_ROWS``: returning, for
+each position of a tile, its block of the cache and its row in that block. ``_contiguous_rows``:
+block b (the sequence), row j; ``_paged_rows``: block table[b, j // PAGE_SIZE], row j % PAGE_SIZE.
+The rest of the kernel is the same for both caches.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ._mode import interpreting
+from .config import LOG2E, head_dim_pad
+from .forward import _LOG2E, _finish, _finite, _load_rows, _online_update, triton
+
+import triton.language as tl  # noqa: E402  (after forward: it chose the interpreter mode)
+
+MAX_BLOCK_Q = 64
+# The split rule (choose_num_splits): about two programs per streaming multiprocessor, each
+# reading at least MIN_KEYS_PER_SPLIT keys (shorter chunks spend more on their partial output
+# and its merge than they save), and never more than MAX_SPLITS partial outputs to merge.
+MIN_KEYS_PER_SPLIT = 256
+MAX_SPLITS = 64
+PROGRAMS_PER_SM = 2
+
+
+# ----- stage 1: one chunk of the cache per program -----------------------------------------------
+
+@triton.jit
+def _contiguous_rows(Table, stride_table, off_b, offs_k, valid, PAGE_SIZE):
+    """Contiguous cache (batch, kv_heads, capacity, d): position j of sequence b is row j of block b."""
+    return tl.zeros_like(offs_k).to(tl.int64) + off_b, offs_k
+
+
+@triton.jit
+def _paged_rows(Table, stride_table, off_b, offs_k, valid, PAGE_SIZE):
+    """Paged cache (num_pages, kv_heads, PAGE_SIZE, d): position j of sequence b is row j % PAGE_SIZE
+    of page Table[b, j // PAGE_SIZE]."""
+    page = tl.load(Table + off_b * stride_table + offs_k // PAGE_SIZE, mask=valid, other=0)
+    return page.to(tl.int64), offs_k % PAGE_SIZE  # int64: pages x their size can pass 2^31 elements
+
+
+@triton.jit
+def _load_cache_rows(Ptr, stride_block, stride_row, blocks, rows, valid, offs_d, HEAD_DIM):
+    """A (BLOCK_K, HEAD_DIM_PAD) tile gathered row by row; invalid rows and the pad read as 0."""
+    ptrs = Ptr + blocks[:, None] * stride_block + rows[:, None] * stride_row + offs_d[None, :]
+    return tl.load(ptrs, mask=valid[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+
+
+@triton.jit
+def _split_range(split, NUM_SPLITS, seqlen, offset, window_left, BLOCK_K: tl.constexpr):
+    """[k_lo, k_hi) of this split: the keys any row can see, [first, seqlen), cut into NUM_SPLITS
+    chunks of whole tiles (flashlib.decode.split_bounds with block = BLOCK_K)."""
+    first = tl.where(window_left >= 0, tl.maximum(offset - window_left, 0), 0) // BLOCK_K * BLOCK_K
+    chunk = tl.cdiv(tl.cdiv(seqlen - first, NUM_SPLITS), BLOCK_K) * BLOCK_K
+    k_lo = tl.minimum(first + split * chunk, seqlen)
+    return k_lo, tl.minimum(k_lo + chunk, seqlen)
+
+
+@triton.jit
+def _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, offset, window_left):
+    """(BLOCK_Q, BLOCK_K) pairs that exist and may attend: a key of this split at or before the
+    row's own position (offset + its token), and inside its window."""
+    pos = offset + offs_r % NEW_TOKENS  # (BLOCK_Q,) cache position of each row's token
+    first = tl.where(window_left >= 0, pos - window_left, 0)
+    keys = offs_k[None, :]
+    return (offs_r[:, None] < ROWS) & (keys < k_hi) & (keys <= pos[:, None]) & (keys >= first[:, None])
+
+
+@triton.jit
+def _decode_scores(q_blk, k_tile, qk_scale, softcap, visible, SOFTCAP: tl.constexpr,
+                   INPUT_PRECISION: tl.constexpr):
+    """(BLOCK_Q, BLOCK_K) scores in base-2 units, soft-capped if SOFTCAP; hidden pairs -inf."""
+    s = tl.dot(q_blk, tl.trans(k_tile), input_precision=INPUT_PRECISION)
+    if SOFTCAP:
+        # softcap * tanh(scale * s / softcap), with tanh(y) = 1 - 2 / (e^(2y) + 1): exact at
+        # both ends (e^(2y) = inf gives 1, 0 gives -1) where a quotient of exponentials is NaN
+        e2y = tl.math.exp2(s * (2.0 * qk_scale / softcap))  # qk_scale = scale * log2(e)
+        s = (softcap * _LOG2E) * (1.0 - 2.0 / (e2y + 1.0))
+    else:
+        s = s * qk_scale
+    return tl.where(visible, s, float("-inf"))
+
+
+@triton.jit
+def _decode_inner(m_i, l_i, acc, q_blk, K, V, Table, stride_table, off_b, stride_kb, stride_kn,
+                  stride_vb, stride_vn, offs_r, offs_d, k_lo, k_hi, ROWS, NEW_TOKENS, offset, window_left,
+                  qk_scale, softcap, HEAD_DIM, PAGE_SIZE, BLOCK_K: tl.constexpr, KEY_ROWS: tl.constexpr,
+                  SOFTCAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Fold every key/value tile of [k_lo, k_hi) into (m_i, l_i, acc); q_blk stays in registers."""
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        valid = offs_k < k_hi
+        blocks, rows = KEY_ROWS(Table, stride_table, off_b, offs_k, valid, PAGE_SIZE)
+        k_tile = _load_cache_rows(K, stride_kb, stride_kn, blocks, rows, valid, offs_d, HEAD_DIM)
+        v_tile = _load_cache_rows(V, stride_vb, stride_vn, blocks, rows, valid, offs_d, HEAD_DIM)
+        visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, offset, window_left)
+        s = _decode_scores(q_blk, k_tile, qk_scale, softcap, visible, SOFTCAP, INPUT_PRECISION)
+        m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _decode_split(Q, K, V, Partial, PartialLse, SeqLens, Table, qk_scale, softcap, window_left,
+                  stride_qz, stride_qr, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                  stride_table, stride_pz, stride_pr, KV_HEADS, NUM_SPLITS, ROWS, NEW_TOKENS, HEAD_DIM, PAGE_SIZE,
+                  HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                  KEY_ROWS: tl.constexpr, SOFTCAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Q: (batch * kv_heads, ROWS, HEAD_DIM), a kv head's query heads and new tokens stacked;
+    K, V: caches (blocks, kv_heads, rows per block, HEAD_DIM); Partial: (batch * kv_heads *
+    NUM_SPLITS, ROWS, HEAD_DIM) float32, PartialLse: (batch * kv_heads * NUM_SPLITS, ROWS) float32."""
+    split = tl.program_id(0)
+    off_z = tl.program_id(1)  # batch * KV_HEADS + kv head
+    q0 = tl.program_id(2) * BLOCK_Q
+    off_b = off_z // KV_HEADS
+    seqlen = tl.load(SeqLens + off_b)
+    offset = seqlen - NEW_TOKENS  # cache position of the first new token
+    k_lo, k_hi = _split_range(split, NUM_SPLITS, seqlen, offset, window_left, BLOCK_K)
+    Q += off_z.to(tl.int64) * stride_qz
+    K += (off_z % KV_HEADS).to(tl.int64) * stride_kh
+    V += (off_z % KV_HEADS).to(tl.int64) * stride_vh
+    offs_r = q0 + tl.arange(0, BLOCK_Q)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    q_blk = _load_rows(Q, stride_qr, offs_r, offs_d, ROWS, HEAD_DIM)
+
+    m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
+    m_i, l_i, acc = _decode_inner(m_i, l_i, acc, q_blk, K, V, Table, stride_table, off_b, stride_kb, stride_kn,
+                                  stride_vb, stride_vn, offs_r, offs_d, k_lo, k_hi, ROWS, NEW_TOKENS, offset,
+                                  window_left, qk_scale, softcap, HEAD_DIM, PAGE_SIZE, BLOCK_K, KEY_ROWS,
+                                  SOFTCAP, INPUT_PRECISION)
+
+    out, lse = _finish(m_i, l_i, acc)  # an empty chunk: out = 0, lse = -inf, a weight of 0 in the merge
+    part = (off_z * NUM_SPLITS + split).to(tl.int64)
+    o_mask = (offs_r[:, None] < ROWS) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(Partial + part * stride_pz + offs_r[:, None] * stride_pr + offs_d[None, :], out, mask=o_mask)
+    tl.store(PartialLse + part * ROWS + offs_r, lse, mask=offs_r < ROWS)
+
+
+# ----- stage 2: the merge ---------------------------------------------------------------------
+
+@triton.jit
+def _merge_partial(m_i, l_i, acc, lse_s, out_s):
+    """Fold one split's normalised output and lse into the running (m_i, l_i, acc): a state whose
+    max is lse_s (in base 2) and whose denominator is 1, notebook 02's merge."""
+    m_s = lse_s * _LOG2E
+    m_new = tl.maximum(m_i, m_s)
+    shift = _finite(m_new)
+    alpha = tl.math.exp2(m_i - shift)
+    weight = tl.math.exp2(m_s - shift)  # 0 for an empty split (lse = -inf)
+    return m_new, alpha * l_i + weight, alpha[:, None] * acc + weight[:, None] * out_s
+
+
+@triton.jit
+def _decode_merge(Partial, PartialLse, Out, Lse, stride_pz, stride_pr, stride_oz, stride_or,
+                  NUM_SPLITS, ROWS, HEAD_DIM, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr):
+    """Out: (batch * kv_heads, ROWS, HEAD_DIM) in q's dtype; Lse: (batch * kv_heads, ROWS) float32."""
+    off_z = tl.program_id(0)
+    offs_r = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
+    for split in range(0, NUM_SPLITS):
+        part = (off_z * NUM_SPLITS + split).to(tl.int64)
+        lse_s = tl.load(PartialLse + part * ROWS + offs_r, mask=offs_r < ROWS, other=float("-inf"))
+        out_s = _load_rows(Partial + part * stride_pz, stride_pr, offs_r, offs_d, ROWS, HEAD_DIM)
+        m_i, l_i, acc = _merge_partial(m_i, l_i, acc, lse_s, out_s)
+    out, lse = _finish(m_i, l_i, acc)
+    Out += off_z.to(tl.int64) * stride_oz
+    o_mask = (offs_r[:, None] < ROWS) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(Out + offs_r[:, None] * stride_or + offs_d[None, :], out.to(Out.dtype.element_ty), mask=o_mask)
+    tl.store(Lse + off_z.to(tl.int64) * ROWS + offs_r, lse, mask=offs_r < ROWS)
+
+
+# ----- the launcher ---------------------------------------------------------------------------
+
+class DecodeConfig(NamedTuple):
+    """Stage 1's launch: BLOCK_K keys per tile, warps, pipeline stages (stage 2 uses 4 warps, 1 stage)."""
+
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def decode_config(head_dim: int, dtype: torch.dtype, capability=None) -> DecodeConfig:
+    """The shipped tiles: about 32 KB of K and V per tile (memory-bound: bytes in flight are what
+    count), three stages from sm_80 on (96 KB of shared memory at most), two on sm_75 (64 KB)."""
+    if capability is None:  # the interpreter: tiles small enough that short test caches span several
+        return DecodeConfig(32, 4, 1)
+    per_tile = 128 if head_dim_pad(head_dim) <= 64 else 64 if head_dim_pad(head_dim) <= 128 else 32
+    if dtype == torch.float32:
+        per_tile //= 2
+    if tuple(capability) < (8, 0):
+        return DecodeConfig(max(16, per_tile // 2), 4, 2)
+    return DecodeConfig(per_tile, 4, 3)
+
+
+def choose_num_splits(programs: int, keys: int, sm_count: int | None) -> int:
+    """The number of splits ``num_splits=None`` picks.
+
+    programs: the programs one split launches (batch x kv_heads x query row blocks); keys: the
+    longest span a query can see (the cache's capacity, or the window's); sm_count: the GPU's
+    streaming multiprocessors, None for Triton's CPU interpreter (which runs programs one at a
+    time, so splitting gains nothing there: 1). On a GPU, enough splits for about
+    PROGRAMS_PER_SM programs per multiprocessor, no more than keys / MIN_KEYS_PER_SPLIT, at most
+    MAX_SPLITS:
+
+        num_splits = clamp(min(ceil(2 * sm_count / programs), ceil(keys / 256)), 1, 64)
+
+    e.g. an H200 (132 multiprocessors), 8 kv heads, one query row block, 64k keys: batch 1
+    gives 33 splits (264 programs), batch 8 gives 5 (320 programs).
+    """
+    if sm_count is None or programs < 1:
+        return 1
+    wanted = -(-PROGRAMS_PER_SM * sm_count // programs)
+    return max(1, min(wanted, -(-keys // MIN_KEYS_PER_SPLIT), MAX_SPLITS))
+
+
+def default_num_splits(q, k_cache, block_table=None, window_left: int = -1) -> int:
+    """What ``num_splits=None`` gives for these inputs (:func:`choose_num_splits`): the programs of
+    one split, batch x kv_heads x row blocks, and the longest span a query can see, the cache's
+    capacity (no lengths are read on the host) or the window's."""
+    batch, q_heads, new_tokens, _ = q.shape
+    kv_heads = k_cache.shape[1]
+    rows = q_heads // kv_heads * new_tokens
+    keys = k_cache.shape[2] * (block_table.shape[1] if block_table is not None else 1)
+    if window_left >= 0:
+        keys = min(keys, window_left + new_tokens)
+    programs = batch * kv_heads * -(-rows // row_block(rows))
+    return choose_num_splits(programs, keys, sm_count(q.device))
+
+
+def row_block(rows: int) -> int:
+    """BLOCK_Q for ``rows`` stacked query rows: a power of two, >= 16 (tl.dot's minimum), <= 64."""
+    return min(MAX_BLOCK_Q, max(16, 1 << max(rows - 1, 0).bit_length()))
+
+
+_SM_COUNTS: dict = {}
+
+
+def sm_count(device: torch.device):
+    """Streaming multiprocessors of a CUDA device (cached); None for the interpreter's CPU tensors."""
+    if device.type != "cuda" or interpreting():
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNTS:
+        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNTS[index]
+
+
+def _contiguous_last_dim(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_lse, scale, softcap,
+                  window_left, new_tokens, num_splits, block_q, cfg, input_precision):
+    """Stage 1 on q_rows (batch * kv_heads, rows, d); fills partial and partial_lse."""
+    bz, rows, d = q_rows.shape
+    kv_heads = k_cache.shape[1]
+    paged = block_table is not None
+    table = block_table if paged else cache_seqlens  # not read by _contiguous_rows
+    grid = (num_splits, bz, triton.cdiv(rows, block_q))
+    _decode_split[grid](
+        q_rows, k_cache, v_cache, partial, partial_lse, cache_seqlens, table, scale * LOG2E, softcap, window_left,
+        q_rows.stride(0), q_rows.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), table.stride(0) if paged else 0,
+        partial.stride(0), partial.stride(1), kv_heads, num_splits, rows, new_tokens, d, k_cache.shape[2],
+        HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
+        KEY_ROWS=_paged_rows if paged else _contiguous_rows, SOFTCAP=softcap > 0,
+        INPUT_PRECISION=input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _launch_merge(partial, partial_lse, out, lse, num_splits, block_q):
+    bz, rows, d = out.shape
+    _decode_merge[(bz, triton.cdiv(rows, block_q))](
+        partial, partial_lse, out, lse, partial.stride(0), partial.stride(1), out.stride(0), out.stride(1),
+        num_splits, rows, d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, num_warps=4, num_stages=1)
+
+
+def decode_forward(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale: float, softcap: float = 0.0,
+                   window_left: int = -1, num_splits: int | None = None, config: DecodeConfig | None = None,
+                   input_precision: str = "tf32"):
+    """Both stages, on inputs :func:`flashlib.decode_attention` has checked (nothing here reads the
+    lengths or the block table on the host, so the call can be captured in a CUDA graph).
+
+    Returns out (batch, q_heads, new_tokens, d) in q's dtype and lse (batch, q_heads, new_tokens)
+    float32. config: stage 1's tiles (default :func:`decode_config`); input_precision: how a
+    float32 ``tl.dot`` multiplies on a GPU ("tf32" or "ieee")."""
+    batch, q_heads, new_tokens, d = q.shape
+    kv_heads = k_cache.shape[1]
+    rows = q_heads // kv_heads * new_tokens
+    if q.numel() == 0:
+        return torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
+    # (B, Hq, Nnew, d) -> (B * Hkv, group * Nnew, d): the query heads of a kv head, stacked
+    q_rows = _contiguous_last_dim(q.reshape(batch * kv_heads, rows, d))
+    k_cache, v_cache = _contiguous_last_dim(k_cache), _contiguous_last_dim(v_cache)
+    if block_table is not None and block_table.stride(-1) != 1:
+        block_table = block_table.contiguous()
+    capability = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
+    cfg = config or decode_config(d, q.dtype, capability)
+    block_q = row_block(rows)
+    if num_splits is None:
+        num_splits = default_num_splits(q, k_cache, block_table, window_left)
+    partial = torch.empty(batch * kv_heads * num_splits, rows, d, dtype=torch.float32, device=q.device)
+    partial_lse = torch.empty(batch * kv_heads * num_splits, rows, dtype=torch.float32, device=q.device)
+    _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_lse, scale, softcap,
+                  window_left, new_tokens, num_splits, block_q, cfg, input_precision)
+    out = torch.empty_like(q_rows)
+    lse = torch.empty(batch * kv_heads, rows, dtype=torch.float32, device=q.device)
+    _launch_merge(partial, partial_lse, out, lse, num_splits, block_q)
+    return out.reshape(q.shape), lse.reshape(q.shape[:-1])

@@ -1,0 +1,98 @@
+"""Compile the decoding kernels (flashlib.kernels.decode) for GPU targets on a machine without one.
+
+``python -m tests.decode_compile`` reads JSON specs on stdin and writes one report per spec:
+registers, spills, shared memory and tensor-core instructions, as flashlib.kernels.compile
+reads them for the attention kernels. :func:`compile_decode` starts it with TRITON_INTERPRET=0
+(and another Triton release first on the path, for 3.6.0); tests/test_decode.py asks.
+The signature is written here: the decoding kernels take int32 pointers (lengths, block table)
+and a float soft-cap, which the attention kernels' naming rules do not type.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+_POINTERS = {"Partial": "*fp32", "PartialLse": "*fp32", "Lse": "*fp32", "SeqLens": "*i32", "Table": "*i32"}
+
+
+def spec(kernel: str, capability, dtype: str, head_dim: int, *, paged: bool = False, softcap: bool = False,
+         rows: int = 4):
+    """kernel "split" (stage 1) or "merge" (stage 2); rows: stacked query rows (group x new tokens)."""
+    return dict(kernel=kernel, capability=list(capability), dtype=dtype, head_dim=head_dim, paged=paged,
+                softcap=softcap, rows=rows)
+
+
+def compile_decode(specs, *, triton_path: str | None = None, timeout: float = 600) -> list[dict]:
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (triton_path, ROOT, env.get("PYTHONPATH")) if p)
+    done = subprocess.run([sys.executable, "-m", "tests.decode_compile"], input=json.dumps(list(specs)),
+                          capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"compile_decode: the compiler process failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout)
+
+
+def _signature(fn, dtype: str, constants: dict):
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constants:
+            signature[name] = "constexpr"
+        elif name in _POINTERS or name in ("Q", "K", "V", "Out"):
+            signature[name] = _POINTERS.get(name, f"*{_TYPES[dtype]}")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in ("qk_scale", "softcap"):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+            if name.startswith("stride") or name == "HEAD_DIM":  # as the JIT sees multiples of 16
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return signature, attrs
+
+
+def _kernel(s):
+    import torch
+
+    from flashlib.kernels import decode
+    from flashlib.kernels.config import head_dim_pad
+
+    d_pad, block_q = head_dim_pad(s["head_dim"]), decode.row_block(s["rows"])
+    if s["kernel"] == "merge":
+        return decode._decode_merge, dict(HEAD_DIM_PAD=d_pad, BLOCK_Q=block_q), dict(num_warps=4, num_stages=1)
+    cfg = decode.decode_config(s["head_dim"], getattr(torch, s["dtype"]), tuple(s["capability"]))
+    constants = dict(HEAD_DIM_PAD=d_pad, BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
+                     KEY_ROWS=decode._paged_rows if s["paged"] else decode._contiguous_rows,
+                     SOFTCAP=s["softcap"], INPUT_PRECISION="tf32")
+    return decode._decode_split, constants, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _compile_one(s) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from flashlib.kernels.compile import _ptxas_info, _ptxas_path
+
+    report = dict(s, triton_version=triton.__version__, ok=False, error="")
+    try:
+        fn, constants, options = _kernel(s)
+        signature, attrs = _signature(fn, s["dtype"], constants)
+        cc = s["capability"][0] * 10 + s["capability"][1]
+        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
+                                  target=GPUTarget("cuda", cc, 32), options=options)
+        ptx = compiled.asm["ptx"]
+        registers, stores, loads = _ptxas_info(ptx, _ptxas_path())
+        report.update(ok=True, shared=int(compiled.metadata.shared), registers=registers, spill_stores=stores,
+                      spill_loads=loads, mma_sync_ops=ptx.count("mma.sync"), wgmma_ops=ptx.count("wgmma.mma_async"))
+    except Exception as exc:  # reported per spec, so one failure does not hide the others
+        report["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+    return report
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("0", ""):
+        raise SystemExit("tests.decode_compile: run with TRITON_INTERPRET=0; interpreted kernels cannot be compiled")
+    json.dump([_compile_one(s) for s in json.loads(sys.stdin.read())], sys.stdout)

@@ -1,0 +1,293 @@
+"""flashlib.decode and flashlib.kernels.decode: decoding with a KV cache.
+
+The plain-PyTorch reference against explicit loops in float64; the split-KV kernels, through
+Triton's CPU interpreter, against the reference in float64 (batch, ragged cache_seqlens, 1-4 new
+tokens, split counts from 1 to more than the cache has tiles, paged caches with shuffled block
+tables, GQA, windows, soft-capping); the split rule; the errors; greedy generation with a growing
+cache; and both kernels compiled for sm_80 and sm_90 with the pinned Triton and 3.6.0.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import flashlib
+from flashlib import decode
+from flashlib.kernels.compile import SHARED_LIMIT
+
+if importlib.util.find_spec("triton") is None:  # the kernels need Triton (Linux only)
+    pytest.skip("Triton ships Linux wheels only", allow_module_level=True)
+
+from flashlib.kernels import decode as kernels  # noqa: E402
+from tests.decode_compile import compile_decode, spec  # noqa: E402
+from tests.triton_versions import side_by_side, triton36_dir  # noqa: E402
+
+F64 = torch.float64
+
+
+def loop_decode(q, k, v, seqlens, *, scale=None, softcap=0.0, window_left=-1):
+    """Float64, one (sequence, query head, new token) at a time, from the definitions; contiguous
+    caches (batch, kv_heads, capacity, d)."""
+    batch, q_heads, new_tokens, d = q.shape
+    group = q_heads // k.shape[1]
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    out = torch.zeros(q.shape, dtype=F64)
+    for b in range(batch):
+        for h in range(q_heads):
+            for i in range(new_tokens):
+                pos = int(seqlens[b]) - new_tokens + i
+                keys = [j for j in range(pos + 1) if window_left < 0 or j >= pos - window_left]
+                s = torch.stack([(q[b, h, i].double() * k[b, h // group, j].double()).sum() * scale for j in keys])
+                if softcap:
+                    s = softcap * torch.tanh(s / softcap)
+                p = torch.softmax(s, 0)
+                out[b, h, i] = (p[:, None] * v[b, h // group, keys].double()).sum(0)
+    return out
+
+
+def case(batch=2, q_heads=4, kv_heads=2, new_tokens=2, head_dim=16, capacity=40, seed=0, dtype=torch.float32,
+         lengths=None):
+    """q (B, Hq, Nnew, d), caches (B, Hkv, capacity, d), ragged lengths (B,) int32."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, q_heads, new_tokens, head_dim, generator=g, dtype=dtype)
+    k, v = (torch.randn(batch, kv_heads, capacity, head_dim, generator=g, dtype=dtype) for _ in range(2))
+    if lengths is None:
+        lengths = torch.randint(new_tokens, capacity + 1, (batch,), generator=g)
+    return q, k, v, torch.as_tensor(lengths, dtype=torch.int32)
+
+
+def as64(*tensors):
+    return [t.double() for t in tensors]
+
+
+# ----- the reference ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options", [{}, dict(window=(5, 0)), dict(softcap=2.5), dict(window=(0, -1), softcap=30.0),
+                                     dict(scale=0.3, window=(3, 7))])
+@pytest.mark.parametrize("num_splits", [1, 3, 50])
+def test_reference_is_attention_over_the_visible_cache(options, num_splits):
+    q, k, v, lengths = case(batch=3, q_heads=6, kv_heads=2, new_tokens=3, capacity=30, dtype=F64)
+    got = decode.decode_reference(q, k, v, lengths, num_splits=num_splits, **options)
+    window_left = options.get("window", (-1, -1))[0]
+    want = loop_decode(q, k, v, lengths, scale=options.get("scale"), softcap=options.get("softcap", 0.0),
+                       window_left=window_left)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_partials_cover_the_visible_keys_once_and_merge_to_the_whole():
+    q, k, v, lengths = case(batch=1, new_tokens=1, capacity=40, lengths=[37], dtype=F64)
+    (parts,) = decode.decode_partials(q, k, v, lengths, num_splits=4)
+    assert [(start, stop) for start, stop, _, _ in parts] == [(0, 10), (10, 20), (20, 30), (30, 37)]
+    out, lse = decode.decode_reference(q, k, v, lengths, return_lse=True)
+    weights = torch.stack([torch.exp(part_lse - lse[0]) for _, _, _, part_lse in parts])  # shares of the sum
+    torch.testing.assert_close(weights.sum(0), torch.ones_like(lse[0]), rtol=0, atol=1e-12)
+
+
+@given(seqlen=st.integers(0, 300), new_tokens=st.integers(0, 4), num_splits=st.integers(1, 40),
+       window_left=st.integers(-1, 50), block=st.sampled_from([1, 16, 32]))
+def test_split_bounds_cut_the_visible_span_into_whole_tiles(seqlen, new_tokens, num_splits, window_left, block):
+    new_tokens = min(new_tokens, seqlen)
+    bounds = decode.split_bounds(seqlen, new_tokens, num_splits, window_left=window_left, block=block)
+    first = 0 if window_left < 0 else max(seqlen - new_tokens - window_left, 0) // block * block
+    assert len(bounds) == num_splits and bounds[0][0] == first and bounds[-1][1] == seqlen
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))  # contiguous, disjoint, in order
+    assert all(start % block == 0 or start == seqlen for start, _ in bounds)
+
+
+def test_a_paged_cache_holds_the_same_keys():
+    _, k, v, _ = case(batch=3, capacity=37)
+    k_pages, v_pages, table = decode.paged_cache(k, v, 8, spare_pages=4, generator=torch.Generator().manual_seed(1))
+    assert k_pages.shape == (3 * 5 + 4, 2, 8, 16) and table.shape == (3, 5) and table.dtype == torch.int32
+    assert sorted(table.flatten().tolist()) != list(range(15))  # scattered, not in order
+    torch.testing.assert_close(decode.gather_cache(k_pages, table, 37), k, rtol=0, atol=0)
+    torch.testing.assert_close(decode.gather_cache(v_pages, table, 20), v[:, :, :20], rtol=0, atol=0)
+
+
+def test_cache_bytes():
+    # 32 layers, 8 kv heads of 128, bf16: 128 KiB per token
+    assert decode.kv_cache_bytes(layers=32, batch=1, kv_heads=8, tokens=1, head_dim=128) == 128 * 1024
+
+
+# ----- the kernels against float64 ----------------------------------------------------------------
+
+def run_kernels(q, k, v, lengths, *, table=None, num_splits=None, block_k=16, **options):
+    scale = options.get("scale") or 1 / math.sqrt(q.shape[-1])
+    return kernels.decode_forward(q, k, v, lengths, block_table=table, scale=scale,
+                                  softcap=options.get("softcap") or 0.0,
+                                  window_left=options.get("window", (-1, -1))[0], num_splits=num_splits,
+                                  config=kernels.DecodeConfig(block_k, 4, 1))
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_every_split_count_gives_the_same_output(paged):
+    # 70 keys in tiles of 16: 5 tiles; 1 to 9 splits, the last ones more splits than tiles
+    q, k, v, lengths = case(batch=3, q_heads=4, kv_heads=1, new_tokens=4, capacity=70, lengths=[70, 4, 41])
+    want, want_lse = decode.decode_reference(*as64(q, k, v), lengths, return_lse=True)
+    table = None
+    if paged:
+        k, v, table = decode.paged_cache(k, v, 8, spare_pages=5, generator=torch.Generator().manual_seed(0))
+    for num_splits in (1, 2, 3, 5, 9):
+        out, lse = run_kernels(q, k, v, lengths, table=table, num_splits=num_splits)
+        torch.testing.assert_close(out.double(), want, rtol=0, atol=2e-6)
+        torch.testing.assert_close(lse.double(), want_lse, rtol=0, atol=2e-6)
+
+
+@settings(max_examples=max(4, settings.default.max_examples // 3))
+@given(batch=st.integers(1, 3), kv_heads=st.integers(1, 2), group=st.sampled_from([1, 2, 4]),
+       new_tokens=st.integers(1, 4), head_dim=st.sampled_from([8, 16, 40]), capacity=st.integers(4, 90),
+       num_splits=st.integers(1, 9), page_size=st.sampled_from([None, 1, 5, 16]), block_k=st.sampled_from([16, 32]),
+       window_left=st.sampled_from([-1, 0, 3, 20]), softcap=st.sampled_from([0.0, 1.5]), seed=st.integers(0, 99))
+def test_kernels_match_float64(batch, kv_heads, group, new_tokens, head_dim, capacity, num_splits, page_size,
+                               block_k, window_left, softcap, seed):
+    new_tokens = min(new_tokens, capacity)
+    q, k, v, lengths = case(batch, kv_heads * group, kv_heads, new_tokens, head_dim, capacity, seed)
+    options = dict(window=(window_left, 0), softcap=softcap)
+    want = decode.decode_reference(*as64(q, k, v), lengths, **options)
+    table = None
+    if page_size is not None:
+        k, v, table = decode.paged_cache(k, v, page_size, spare_pages=2, generator=torch.Generator().manual_seed(seed))
+    out, _ = run_kernels(q, k, v, lengths, table=table, num_splits=num_splits, block_k=block_k, **options)
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=5e-6)
+
+
+def test_the_public_function_in_float16_within_rounding():
+    q, k, v, lengths = case(batch=2, q_heads=8, kv_heads=2, new_tokens=1, head_dim=64, capacity=100)
+    want = decode.decode_reference(*as64(q, k, v), lengths)
+    got = flashlib.decode_attention(q.half(), k.half(), v.half(), lengths, num_splits=4)
+    assert got.dtype == torch.float16
+    # float16 rounding of the inputs and output: about 1e-3 of the values
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=4e-3)
+    k_pages, v_pages, table = decode.paged_cache(k.half(), v.half(), 16, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(flashlib.decode_attention(q.half(), k_pages, v_pages, lengths, block_table=table), got,
+                               rtol=0, atol=1e-3)
+
+
+def test_nothing_to_do_gives_empty_outputs():
+    q, k, v, _ = case(batch=2, new_tokens=1)
+    empty = q[:, :, :0]  # no new tokens
+    assert flashlib.decode_attention(empty, k, v, torch.tensor([0, 5], dtype=torch.int32)).shape == empty.shape
+    assert flashlib.decode_attention(q[:0], k[:0], v[:0], torch.zeros(0, dtype=torch.int32)).shape == (0, 4, 1, 16)
+
+
+# ----- the split rule -----------------------------------------------------------------------------
+
+def test_the_split_rule():
+    h200 = 132
+    assert kernels.choose_num_splits(1 * 8, 65536, h200) == 33  # two programs per multiprocessor
+    assert kernels.choose_num_splits(8 * 8, 65536, h200) == 5
+    assert kernels.choose_num_splits(8, 1024, h200) == 4  # at least 256 keys per split
+    assert kernels.choose_num_splits(1, 10 ** 6, h200) == kernels.MAX_SPLITS
+    assert kernels.choose_num_splits(300, 65536, h200) == 1  # enough programs already
+    assert kernels.choose_num_splits(8, 65536, None) == 1  # the interpreter runs programs one by one
+    q, k, _, _ = case()
+    assert kernels.default_num_splits(q, k) == 1  # CPU tensors: the interpreter
+
+
+# ----- errors -------------------------------------------------------------------------------------
+
+def _bad(name):
+    q, k, v, lengths = case(batch=2, q_heads=4, kv_heads=2, new_tokens=2, capacity=10, lengths=[5, 10])
+    k_pages, v_pages, table = decode.paged_cache(k, v, 4, generator=torch.Generator().manual_seed(0))
+    paged = dict(k_cache=k_pages, v_cache=v_pages, block_table=table)
+    calls = {
+        "short": (dict(cache_seqlens=torch.tensor([1, 10], dtype=torch.int32)), ValueError, "cache_seqlens"),
+        "long": (dict(cache_seqlens=torch.tensor([5, 11], dtype=torch.int32)), ValueError, "cache_seqlens"),
+        "long paged": (dict(paged, cache_seqlens=torch.tensor([13, 5], dtype=torch.int32)), ValueError, "cache_seqlens"),
+        "page out of range": (dict(paged, block_table=table.index_fill(1, torch.tensor([1]), 99)), ValueError,
+                              "block_table"),
+        "negative page": (dict(paged, block_table=table.index_fill(1, torch.tensor([0]), -1)), ValueError, "block_table"),
+        "table dtype": (dict(paged, block_table=table.long()), TypeError, "block_table"),
+        "lengths dtype": (dict(cache_seqlens=lengths.long()), TypeError, "cache_seqlens"),
+        "lengths shape": (dict(cache_seqlens=lengths[:1]), ValueError, "cache_seqlens"),
+        "heads": (dict(q=torch.randn(2, 3, 2, 16)), ValueError, "heads"),
+        "head_dim": (dict(k_cache=k[..., :8], v_cache=v[..., :8]), ValueError, "head_dim"),
+        "cache dtype": (dict(k_cache=k.half()), TypeError, "k_cache"),
+        "caches differ": (dict(v_cache=v[:, :, :8]), ValueError, "v_cache"),
+        "batch": (dict(k_cache=k[:1], v_cache=v[:1]), ValueError, "k_cache"),
+        "rank": (dict(q=q[0]), ValueError, "'q'"),
+        "float64": (dict(q=q.double(), k_cache=k.double(), v_cache=v.double()), TypeError, "float64"),
+        "integer q": (dict(q=q.long(), k_cache=k.long(), v_cache=v.long()), TypeError, "'q'"),
+        "window": (dict(window=(-2, 0)), ValueError, "window"),
+        "window type": (dict(window=5), TypeError, "window"),
+        "softcap": (dict(softcap=-1.0), ValueError, "softcap"),
+        "splits": (dict(num_splits=0), ValueError, "num_splits"),
+        "splits type": (dict(num_splits=2.0), TypeError, "num_splits"),
+        "scale": (dict(scale=float("nan")), TypeError, "scale"),
+    }
+    kwargs, error, word = calls[name]
+    args = dict(q=q, k_cache=k, v_cache=v, cache_seqlens=lengths)
+    args.update(kwargs)
+    return args, error, word
+
+
+@pytest.mark.parametrize("name", ["short", "long", "long paged", "page out of range", "negative page", "table dtype",
+                                  "lengths dtype", "lengths shape", "heads", "head_dim", "cache dtype",
+                                  "caches differ", "batch", "rank", "float64", "integer q", "window", "window type",
+                                  "softcap", "splits", "splits type", "scale"])
+def test_bad_input_names_the_argument(name):
+    args, error, word = _bad(name)
+    with pytest.raises(error, match=word):
+        flashlib.decode_attention(args.pop("q"), args.pop("k_cache"), args.pop("v_cache"), args.pop("cache_seqlens"),
+                                  **args)
+
+
+def test_inference_only():
+    q, k, v, lengths = case()
+    with pytest.raises(ValueError, match="'q' requires grad.*no_grad"):
+        flashlib.decode_attention(q.requires_grad_(), k, v, lengths)
+    with torch.no_grad():
+        flashlib.decode_attention(q, k, v, lengths)
+
+
+def test_the_package_exports_it():
+    assert flashlib.decode_attention is decode.decode_attention
+    assert flashlib.decode_reference is decode.decode_reference
+    assert {"decode_attention", "decode_reference"} <= set(flashlib.__all__)
+
+
+# ----- generation with a growing cache ----------------------------------------------------------
+
+def test_greedy_generation_with_a_cache_gives_the_same_tokens():
+    from flashlib.course.training import generate, generate_cached, train_model
+
+    model, _ = train_model(flashlib.dense_attention, steps=30, seed=0)
+    prompt = torch.randint(1, 16, (2, 5), generator=torch.Generator().manual_seed(3))
+    without = generate(model, prompt, 12)
+    assert without.shape == (2, 17)
+    assert torch.equal(generate_cached(model, prompt, 12, flashlib.decode_attention), without)
+    assert torch.equal(generate_cached(model, prompt, 12, flashlib.decode_reference), without)
+    with pytest.raises(ValueError, match="positions"):
+        generate_cached(model, prompt, 20, flashlib.decode_reference)
+
+
+# ----- compiled for GPU targets -------------------------------------------------------------------
+
+SPECS = [spec("split", (9, 0), "bfloat16", 128), spec("split", (9, 0), "bfloat16", 128, paged=True),
+         spec("split", (8, 0), "float16", 64, paged=True, softcap=True, rows=8),
+         spec("split", (8, 0), "float32", 128), spec("merge", (9, 0), "bfloat16", 128),
+         spec("merge", (8, 0), "float16", 64, rows=8)]
+
+
+@pytest.fixture(scope="module")
+def reports():
+    return side_by_side(compile_decode, SPECS)
+
+
+@pytest.mark.parametrize("version", ["pinned", "3.6"])
+def test_kernels_compile_for_sm80_and_sm90(reports, version):
+    if version not in reports:
+        triton36_dir()  # skips (locally) or fails (CI) with the reason
+    for s, r in zip(SPECS, reports[version]):
+        assert r["ok"], (s, r["error"])
+        assert (r["spill_stores"], r["spill_loads"]) == (0, 0), (s, r["registers"])
+        assert r["shared"] <= SHARED_LIMIT[tuple(s["capability"])]
+        if s["kernel"] == "split":  # 16 stacked query rows: mma.sync, too few rows for wgmma
+            assert r["mma_sync_ops"] > 0 and r["wgmma_ops"] == 0, s
+    want = "3.6.0" if version == "3.6" else importlib.metadata.version("triton")
+    assert {r["triton_version"] for r in reports[version]} == {want}
