@@ -1,0 +1,95 @@
+"""The decoding benchmark (flashlib.bench.decode) without a GPU: its plan, bytes and targets, and a
+whole run on tiny shapes through Triton's interpreter with stand-in timers."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from flashlib.bench import decode as bench
+
+
+def stand_in(ms=1.0):
+    def timer(fn):
+        fn()  # the call runs once, as it would be timed
+        return ms, 0.9 * ms, 1.1 * ms
+    return timer
+
+
+TINY = dict(device="cpu", batches=(1, 2), lengths=(24, 40), q_heads=4, kv_heads=2, head_dim=16, page_size=8,
+            dtype=torch.float32, ceilings={"copy_gbps": 100.0}, log=lambda *_: None)
+
+
+def test_the_plan_measures_the_targets_first():
+    points = bench.plan()
+    assert len(points) == 2 * 6 * 2
+    lengths = [p["length"] for p in points]
+    assert lengths[:8] == [131072] * 4 + [65536] * 4 and all(n >= 16384 for n in lengths[:16])
+    assert points[0] == dict(batch=1, length=131072, layout="contiguous")  # SDPA is timed at contiguous points
+    assert bench.kv_bytes(1, 8, 16384, 128) == 2 * 8 * 16384 * 128 * 2  # K and V, bf16
+
+
+def test_targets_compare_with_the_best_sdpa_and_the_copy_bandwidth():
+    common = dict(batch=1, length=16384, ms_p20=0.9, ms_p80=1.1)
+    rows = [dict(common, method="sdpa:flash", layout="contiguous", ms=2.0),
+            dict(common, method="sdpa:cudnn", layout="contiguous", ms=1.5),
+            dict(common, method="flashlib", layout="contiguous", ms=1.0, gbps=3000.0),
+            dict(common, method="flashlib", layout="paged", ms=2.0, gbps=1500.0),
+            dict(common, method="flashlib", layout="paged", length=8192, ms=1.0, gbps=1.0)]  # below 16k: no target
+    got = bench.targets(rows, copy_gbps=4000.0)
+    assert [(t["layout"], t["sdpa"], t["speedup"], t["speedup_met"], t["bandwidth_fraction"], t["bandwidth_met"])
+            for t in got] == [("contiguous", "sdpa:cudnn", 1.5, True, 0.75, True),
+                              ("paged", "sdpa:cudnn", 0.75, False, 0.375, False)]
+    assert got[0]["speedup_range"] == pytest.approx([0.9 / 1.1, 1.1 / 0.9])
+    assert "0.75x sdpa:cudnn (not met)" in bench.format_targets({"decode": {"targets": got}})
+
+
+def test_a_run_on_tiny_shapes_through_the_interpreter():
+    result = bench.run_decode_bench(60, bench=stand_in(), sweeps=False, **TINY)["decode"]
+    points = result["points"]
+    ours = [p for p in points if p["method"] == "flashlib"]
+    assert [(p["batch"], p["length"], p["layout"]) for p in ours] == [
+        (1, 40, "contiguous"), (1, 40, "paged"), (2, 40, "contiguous"), (2, 40, "paged"),
+        (1, 24, "contiguous"), (1, 24, "paged"), (2, 24, "contiguous"), (2, 24, "paged")]
+    assert all(p["max_abs_err_vs_sdpa"] < 1e-5 and p["num_splits"] == 1 for p in ours)  # the interpreter's rule
+    assert ours[2]["bytes"] == 2 * 2 * 2 * 40 * 16 * 4 and ours[2]["gbps"] == pytest.approx(ours[2]["bytes"] / 1e6)
+    sdpa = [p for p in points if p["method"].startswith("sdpa:")]
+    assert len(sdpa) == 4 * 4 and {p["layout"] for p in sdpa} == {"contiguous"}  # once per batch and length
+    assert any(p.get("gqa") == "enable_gqa" and "ms" in p for p in sdpa)
+    assert result["ceilings"] == {"copy_gbps": 100.0} and result["skipped"] == [] and result["device_lost"] is None
+    json.dumps(result)  # the check writes it as JSON
+
+
+def test_the_sweeps_fill_what_the_budget_leaves():
+    every = bench.sweep_items(1, 40)
+    assert [i["sweep"] for i in every] == ["splits"] * 6 + ["pages"] * 3 + ["tiles"] * 10  # tiles last: they compile
+    # a few of each (the interpreter runs 128 splits' programs one by one)
+    items = [i for i in every if i.get("num_splits", 1) <= 8 and i.get("page_size", 16) == 16
+             and i.get("block_k", 32) == 32]
+    inputs = lambda p, page_size: bench.Inputs(p, page_size=page_size, q_heads=4, kv_heads=2, head_dim=16,  # noqa: E731
+                                               dtype=torch.float32, device="cpu")
+    rows, skipped = bench.run_sweeps(items, inputs, stand_in(), 60, log=lambda *_: None)
+    assert skipped == [] and all("ms" in r for r in rows) and rows[0]["num_splits"] == 1
+    clock = iter(range(0, 1000, 5))  # every reading 5 s later: the second item starts at 15 s, the third at 25
+    rows, skipped = bench.run_sweeps(items, inputs, stand_in(), 22, log=lambda *_: None, clock=lambda: next(clock))
+    assert len(rows) == 2 and len(skipped) == len(items) - 2
+
+
+def test_a_fault_that_loses_the_device_ends_the_run(monkeypatch):
+    def broken(x, **_):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(bench, "ours_call", broken)
+    monkeypatch.setattr(bench, "device_usable", lambda device: False)
+    result = bench.run_decode_bench(60, bench=stand_in(), **TINY)["decode"]
+    assert result["device_lost"]["method"] == "flashlib" and "illegal memory" in result["device_lost"]["error"]
+    assert len([p for p in result["points"] if p["method"] == "flashlib"]) == 1 and result["sweeps"] == []
+
+
+def test_main_writes_the_json(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "run_decode_bench", lambda budget, sweeps, progress: (
+        progress([{"method": "flashlib"}]) or {"decode": {"targets": [], "budget": budget, "sweeps": sweeps}}))
+    bench.main(["--budget", "30", "--result", str(tmp_path / "d.json"), "--no-sweeps"])
+    assert json.loads((tmp_path / "d.json").read_text()) == {"decode": {"targets": [], "budget": 30.0, "sweeps": False}}
+    assert "wrote" in capsys.readouterr().out
