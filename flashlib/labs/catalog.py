@@ -96,7 +96,7 @@ LABS = {lab.name: lab for lab in (
          "`l = sum(exp(x - m))`, both of shape `(rows,)`. A row of only `-inf` gives `m = -inf`, `l = 0`, "
          "no NaN.",
          ("blocks of different widths", "rows whose max comes in a later block",
-          "rows of large negative numbers", "rows that start with, or are all, -inf",
+          "rows of large negative numbers", "rows that begin with -inf or are all -inf",
           "a block wiped once the next one is read"),
          ("no_rescale", "max_starts_at_zero", "nan_empty_rows", "read_after_next", "read_twice", "full_matrix"),
          ("Keep two tensors of shape (rows,) between blocks: the running max m (start: -inf) and the "
@@ -120,7 +120,7 @@ LABS = {lab.name: lab for lab in (
          "is aligned bottom-right. Loop over query blocks of `block_q` rows and, inside, over key tiles of "
          "`block_k` rows, carrying `m_i`, `l_i` and `acc`; return the output and `lse` `(batch, heads, seq_q)`. "
          "Rows that see no key give zeros and `lse = -inf`. Hold one tile of scores at a time.",
-         ("uneven last tiles", "seq_q < seq_k and seq_q > seq_k", "causal, with rows that see no key",
+         ("uneven last tiles", "seq_q < seq_k and seq_q > seq_k", "causal rows that see no key",
           "scores in the hundreds", "no (seq_q, seq_k) tensor created"),
          ("full_matrix", "nan_empty_rows", "top_left_causal", "dropped_last_tile", "unscaled_scores",
           "max_starts_at_zero", "no_rescale"),
@@ -138,7 +138,7 @@ LABS = {lab.name: lab for lab in (
          "recompute `p = exp(s - lse)` per tile, then `dv += pᵀ dO`, `dp = dO vᵀ`, `ds = p ∘ (dp - delta)` with "
          "`delta = rowsum(dO ∘ O)`, `dq += ds k · scale`, `dk += dsᵀ q · scale`. Same conventions and cases as "
          "the forward.",
-         ("uneven last tiles", "seq_q < seq_k and seq_q > seq_k", "causal, with rows that see no key",
+         ("uneven last tiles", "seq_q < seq_k and seq_q > seq_k", "causal rows that see no key",
           "scores in the hundreds", "no (seq_q, seq_k) tensor created"),
          ("full_matrix", "nan_empty_rows", "no_delta", "unscaled_gradient", "top_left_causal",
           "dropped_last_tile"),
@@ -155,8 +155,10 @@ LABS = {lab.name: lab for lab in (
          "Write, as a `@triton.jit` function, the loop of the forward kernel over the key/value tiles before "
          "`k_end`: load each tile, score it in base-2 units (`qk_scale` already holds `scale · log2 e`), mask "
          "it, and fold it into `m_i`, `l_i`, `acc`. The checker launches it inside the course's forward kernel "
-         "through Triton's interpreter and watches every address it loads.",
-         ("uneven lengths", "causal, with rows that see no key", "a head dim that is not a power of two",
+         "through Triton's interpreter and watches every address it loads. The signature is that of the teaching "
+         "kernel's `_attn_fwd_inner` (`flashlib/kernels/forward.py`): write the body without its helpers "
+         "`_score_tile` and `_online_update`.",
+         ("uneven lengths", "causal rows that see no key", "a head dim that is not a power of two",
           "scores in the hundreds", "loads outside K and V"),
          ("masked_loads_missing", "nothing_done", "nan_empty_rows", "top_left_causal", "causal_mask_missing",
           "dropped_last_tile", "natural_exp_base2", "no_rescale"),
@@ -176,8 +178,9 @@ LABS = {lab.name: lab for lab in (
          "`q_start` on: load each block of q and dO with its rows of `Lse` (natural log) and `Delta`, recompute "
          "the transposed probabilities in base 2, and accumulate `dv` and `dk` for this program's key tile (the "
          "kernel multiplies dk by the scale after the loop). The checker launches it inside the course's "
-         "dK/dV kernel through Triton's interpreter and watches every address it loads.",
-         ("uneven lengths", "causal, with rows that see no key", "a head dim that is not a power of two",
+         "dK/dV kernel through Triton's interpreter and watches every address it loads. The signature is that of "
+         "the teaching kernel's `_attn_bwd_dkdv_inner` (`flashlib/kernels/backward.py`).",
+         ("uneven lengths", "causal rows that see no key", "a head dim that is not a power of two",
           "scores in the hundreds", "loads outside Q, dO, Lse and Delta"),
          ("masked_loads_missing", "nothing_done", "natural_exp_base2", "no_delta", "top_left_causal",
           "causal_mask_missing", "dropped_last_tile"),

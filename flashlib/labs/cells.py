@@ -1,0 +1,86 @@
+"""The notebook cells of each lab: a markdown cell with the task, and a code cell with the stub.
+
+Both cells start with a marker naming the lab (``<!-- LAB: name -->`` and ``# LAB: name``), so
+that ``tools/insert_lab_cells.py`` can put them at the end of their notebook (before the summary)
+or replace them there, and the notebook test can find the stub and put the worked solution in
+its place. The stub is made from the solution: its imports, its signature and docstring, and
+``...`` for a body; it ends by calling ``labs.check``.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import linecache
+
+from .catalog import LABS
+from .core import lab, solution_source
+
+MARKER = "# LAB: "
+MARKDOWN_MARKER = "<!-- LAB: {name} -->"
+
+
+def markdown_cell(name: str) -> str:
+    spec = lab(name, "labs.cells.markdown_cell")
+    return "\n".join([
+        MARKDOWN_MARKER.format(name=name),
+        f"## Lab: {spec.title}",
+        "",
+        spec.task,
+        "",
+        "```python",
+        spec.signature,
+        "```",
+        "",
+        f"The checker tries {', '.join(spec.tries)}, and names the mistake when it recognises one. "
+        f'`labs.hint("{name}")` gives a hint (three, one at a time); `labs.solution("{name}")` shows a worked '
+        "solution.",
+    ])
+
+
+def _parts(source: str):
+    """(imports, the function with its decorators, the function's head down to its docstring) of a solution."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    imports = [ast.get_source_segment(source, n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
+    start = min([d.lineno for d in fn.decorator_list] + [fn.lineno]) - 1
+    head = lines[start:fn.body[0].end_lineno]  # decorators, def and the docstring
+    return imports, "\n".join(lines[start:fn.end_lineno]), "\n".join(head)
+
+
+def code_cell(name: str, *, solved: bool = False) -> str:
+    """The lab's code cell: the stub, or with ``solved`` the worked solution, then the check."""
+    spec = lab(name, "labs.cells.code_cell")
+    imports, function, head = _parts(solution_source(name))
+    body = function if solved else head + "\n    ...  # your code here"
+    third_party = [i for i in imports if "flashlib" not in i]
+    ours = [i for i in imports if "flashlib" in i] + ["from flashlib import labs"]
+    return "\n".join([MARKER + spec.name, *third_party, "", *sorted(ours), "", "", body, "", "",
+                      f'passed = labs.check("{name}", {name})'])
+
+
+def lab_names(notebook: str) -> list[str]:
+    """The labs at the end of ``notebook`` (its file name without .ipynb), in order."""
+    return [spec.name for spec in LABS.values() if spec.notebook == notebook]
+
+
+def marked(source: str) -> str | None:
+    """The lab a cell belongs to, read from its marker, or None."""
+    first = source.lstrip().split("\n", 1)[0].strip()
+    if first.startswith(MARKER):
+        return first[len(MARKER):].strip()
+    if first.startswith("<!-- LAB: ") and first.endswith("-->"):
+        return first[len("<!-- LAB: "):-len("-->")].strip()
+    return None
+
+
+def run_cell(source: str, name: str = "lab") -> str:
+    """Run a cell's code here as a notebook kernel would (its source findable, as IPython makes it) and
+    return what it printed."""
+    filename = f"<lab-cell-{name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(source, filename, "exec"), {"__name__": "__main__"})
+    return out.getvalue()

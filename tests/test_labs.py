@@ -1,0 +1,297 @@
+"""flashlib.labs: every worked solution passes, every known mistake is named, the notebooks run their labs.
+
+Mistaken code is written as small edits of the worked solutions (each edit must find its text,
+so a changed solution fails here loudly rather than testing nothing).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from flashlib import labs
+from flashlib.labs import cells
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+CHECKER_SECONDS = 20
+
+
+def load(source: str, name: str, tmp_path: Path):
+    """The function ``name`` defined by ``source``, imported from a file (Triton reads a kernel's source)."""
+    path = tmp_path / f"lab_{name}_{abs(hash(source))}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def edited(name: str, tmp_path: Path, *edits):
+    source = labs.solution_source(name)
+    for old, new in edits:
+        assert old in source, f"the solution of {name} no longer contains {old!r}"
+        source = source.replace(old, new)
+    return load(source, name, tmp_path)
+
+
+@pytest.mark.parametrize("name", list(labs.LABS))
+def test_every_worked_solution_passes_its_checker_in_time(name, tmp_path, capsys):
+    solution = load(labs.solution_source(name), name, tmp_path)
+    start = time.perf_counter()
+    result = labs.check(name, solution)
+    seconds = time.perf_counter() - start
+    printed = capsys.readouterr().out
+    assert result and result.passed and result.mistake is None, result.message
+    assert printed.strip() == result.message and result.message.startswith("PASS")
+    assert seconds < CHECKER_SECONDS
+
+
+def test_the_teaching_kernels_loops_pass_the_kernel_labs(capsys):
+    """The harness calls the learner's loop exactly as the teaching kernels call theirs."""
+    from flashlib.kernels import backward, forward
+
+    assert labs.check("attn_fwd_inner", forward._attn_fwd_inner)
+    assert labs.check("attn_bwd_dkdv_inner", backward._attn_bwd_dkdv_inner)
+
+
+ONLINE = [
+    ("no_rescale", [("l = l * torch.exp(m - shift) + ", "l = l + ")]),
+    ("max_starts_at_zero", [('torch.tensor(float("-inf"))', "torch.tensor(0.0)")]),
+    ("nan_empty_rows", [('shift = torch.where(m_new == float("-inf"), 0.0, m_new)', "shift = m_new")]),
+]
+MERGE = [
+    ("no_rescale", [("l_a * torch.exp(m_a - shift) + l_b * torch.exp(m_b - shift)", "l_a + l_b")]),
+    ("inverted_rescale", [("torch.exp(m_a - shift)", "torch.exp(shift - m_a)"),
+                          ("torch.exp(m_b - shift)", "torch.exp(shift - m_b)")]),
+    ("nan_empty_rows", [('shift = torch.where(m == float("-inf"), 0.0, m)', "shift = m")]),
+    ("overflow", [("l_a * torch.exp(m_a - shift) + l_b * torch.exp(m_b - shift)",
+                   "(l_a * torch.exp(m_a) + l_b * torch.exp(m_b)) * torch.exp(-m)")]),
+]
+FORWARD = [
+    ("no_rescale", [("l_i = alpha * l_i + ", "l_i = l_i + ")]),
+    ("no_rescale", [("acc = alpha[..., None] * acc + ", "acc = acc + ")]),
+    ("max_starts_at_zero", [('m_i = q.new_full(q_blk.shape[:-1], float("-inf"))', "m_i = q.new_zeros(q_blk.shape[:-1])")]),
+    ("nan_empty_rows", [('shift = torch.where(m_new == float("-inf"), 0.0, m_new)', "shift = m_new")]),
+    ("top_left_causal", [("offs_k > offs_q + seq_k - seq_q", "offs_k > offs_q"),
+                         ("k_end = min(q1 + seq_k - seq_q, seq_k) if causal else seq_k", "k_end = seq_k")]),
+    ("dropped_last_tile", [("range(0, k_end, block_k)", "range(0, k_end // block_k * block_k, block_k)")]),
+    ("dropped_last_tile", [("range(0, seq_q, block_q)", "range(0, seq_q // block_q * block_q, block_q)")]),
+    ("full_matrix", [("s = q_blk @ k[..., k0:k1, :].transpose(-2, -1) * scale",
+                      "s = (q @ k.transpose(-2, -1) * scale)[..., q0:q1, k0:k1]")]),
+    ("unscaled_scores", [("scale = q.shape[-2], k.shape[-2], 1.0 / math.sqrt(q.shape[-1])",
+                          "scale = q.shape[-2], k.shape[-2], 1.0")]),
+]
+BACKWARD = [
+    ("no_delta", [("ds = p * (dp - delta[..., q0:q1, None])", "ds = p * dp")]),
+    ("unscaled_gradient", [("dq[..., q0:q1, :] += ds @ k_tile * scale", "dq[..., q0:q1, :] += ds @ k_tile")]),
+    ("unscaled_gradient", [("dk[..., k0:k1, :] += ds.transpose(-2, -1) @ q_blk * scale",
+                            "dk[..., k0:k1, :] += ds.transpose(-2, -1) @ q_blk")]),
+    ("nan_empty_rows", [('lse = torch.where(lse == float("-inf"), float("inf"), lse)', "pass")]),
+    ("top_left_causal", [("offs_k > offs_q + seq_k - seq_q", "offs_k > offs_q")]),
+    ("dropped_last_tile", [("range(0, seq_k, block_k)", "range(0, seq_k // block_k * block_k, block_k)")]),
+    ("dropped_last_tile", [("range(0, seq_q, block_q)", "range(0, seq_q // block_q * block_q, block_q)")]),
+    ("full_matrix", [("p = torch.exp(s - lse[..., q0:q1, None])",
+                      "p = torch.exp(q @ k.transpose(-2, -1) * scale - lse[..., None])[..., q0:q1, k0:k1]")]),
+]
+KERNEL_FORWARD = [
+    ("masked_loads_missing", [("mask=kv_mask, other=0.0)\n        v_tile", ")\n        v_tile")]),
+    ("masked_loads_missing", [("kv_mask = (offs_k[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)",
+                               "kv_mask = (offs_k[:, None] < SEQ_K) & (offs_d[None, :] < 32)")]),
+    ("nothing_done", [("range(0, k_end, BLOCK_K)", "range(0, 0, BLOCK_K)")]),
+    ("no_rescale", [("l_i = alpha * l_i + ", "l_i = l_i + ")]),
+    ("no_rescale", [("acc = alpha[:, None] * acc + ", "acc = acc + ")]),
+    ("nan_empty_rows", [('shift = tl.where(m_new == float("-inf"), 0.0, m_new)', "shift = m_new")]),
+    ("top_left_causal", [("offs_k[None, :] <= offs_q[:, None] + (SEQ_K - SEQ_Q)", "offs_k[None, :] <= offs_q[:, None]")]),
+    ("causal_mask_missing", [("visible = visible & (offs_k[None, :] <= offs_q[:, None] + (SEQ_K - SEQ_Q))",
+                              "visible = visible")]),
+    ("dropped_last_tile", [("range(0, k_end, BLOCK_K)", "range(0, k_end // BLOCK_K * BLOCK_K, BLOCK_K)")]),
+    ("natural_exp_base2", [("tl.math.exp2(m_i - shift)", "tl.exp(m_i - shift)"),
+                           ("tl.math.exp2(s - shift[:, None])", "tl.exp(s - shift[:, None])")]),
+    ("natural_exp_base2", [("tl.math.exp2(m_i - shift)", "tl.exp(m_i - shift)")]),
+]
+KERNEL_DKDV = [
+    ("masked_loads_missing", [("q_blk = tl.load(Q + offs_q[:, None] * stride_qm + offs_d[None, :], mask=qd_mask, "
+                               "other=0.0)", "q_blk = tl.load(Q + offs_q[:, None] * stride_qm + offs_d[None, :])")]),
+    ("masked_loads_missing", [('lse = tl.load(Lse + offs_q, mask=in_rows, other=float("inf"))',
+                               "lse = tl.load(Lse + offs_q)")]),
+    ("masked_loads_missing", [("delta = tl.load(Delta + offs_q, mask=in_rows, other=0.0)",
+                               "delta = tl.load(Delta + offs_q)")]),
+    ("nothing_done", [("range(q_start, SEQ_Q, BLOCK_Q)", "range(q_start, q_start, BLOCK_Q)")]),
+    ("no_delta", [("ds_t = p_t * (dp_t - delta[None, :])", "ds_t = p_t * dp_t")]),
+    ("natural_exp_base2", [("lse * _LOG2E)", "lse)")]),
+    ("natural_exp_base2", [("p_t = tl.math.exp2(s_t - lse[None, :])", "p_t = tl.exp(s_t - lse[None, :])")]),
+    ("top_left_causal", [("offs_k[:, None] <= offs_q[None, :] + (SEQ_K - SEQ_Q)", "offs_k[:, None] <= offs_q[None, :]")]),
+    ("causal_mask_missing", [("visible = visible & (offs_k[:, None] <= offs_q[None, :] + (SEQ_K - SEQ_Q))",
+                              "visible = visible")]),
+    ("dropped_last_tile", [("range(q_start, SEQ_Q, BLOCK_Q)", "range(q_start, SEQ_Q // BLOCK_Q * BLOCK_Q, BLOCK_Q)")]),
+]
+MISTAKEN = [(lab, mistake, edits) for lab, table in (
+    ("online_softmax", ONLINE), ("merge_states", MERGE), ("tiled_forward", FORWARD), ("tiled_backward", BACKWARD),
+    ("attn_fwd_inner", KERNEL_FORWARD), ("attn_bwd_dkdv_inner", KERNEL_DKDV)) for mistake, edits in table]
+
+
+@pytest.mark.parametrize("name, mistake, edits", MISTAKEN,
+                         ids=[f"{lab}-{mistake}-{i}" for i, (lab, mistake, _) in enumerate(MISTAKEN)])
+def test_a_known_mistake_is_named(name, mistake, edits, tmp_path, capsys):
+    result = labs.check(name, edited(name, tmp_path, *edits))
+    assert not result and result.mistake == mistake, result.message
+    title = labs.MISTAKES[mistake][0]
+    assert f"mistake: {title}" in capsys.readouterr().out
+    assert result.message.startswith(f"NOT YET: {name}, case {result.case} of ")
+
+
+def kept_blocks(blocks):
+    blocks = list(blocks)  # every block kept: read again after the next one came
+    m = torch.stack([b.amax(dim=-1) for b in blocks]).amax(dim=0)
+    return m, sum(torch.exp(b - m[:, None]).sum(dim=-1) for b in blocks)
+
+
+def two_passes(blocks):
+    m = torch.tensor(float("-inf"))
+    for b in blocks:
+        m = torch.maximum(m, b.amax(dim=-1))
+    l = torch.zeros_like(m)
+    for b in blocks:  # finds nothing: the iterator is spent
+        l = l + torch.exp(b - m[:, None]).sum(dim=-1)
+    return m, l
+
+
+def whole_row(blocks):
+    x = torch.cat(list(blocks), dim=-1)  # (rows, width): the whole row at once
+    m = x.amax(dim=-1)
+    return m, torch.exp(x - m[:, None]).sum(dim=-1)
+
+
+@pytest.mark.parametrize("fn, mistake", [(kept_blocks, "read_after_next"), (two_passes, "read_twice"),
+                                         (whole_row, "full_matrix")])
+def test_online_softmax_must_stream(fn, mistake, capsys):
+    result = labs.check("online_softmax", fn)
+    assert not result and result.mistake == mistake, result.message
+
+
+def test_a_stray_load_is_named_by_tensor_and_side(tmp_path, capsys):
+    past_rows = edited("attn_fwd_inner", tmp_path, ("mask=kv_mask, other=0.0)\n        v_tile", ")\n        v_tile"))
+    assert "a tl.load read K past its last row (row 45 >= 45)" in labs.check("attn_fwd_inner", past_rows).message
+    past_columns = edited("attn_fwd_inner", tmp_path, ("(offs_d[None, :] < HEAD_DIM)", "(offs_d[None, :] < 32)"))
+    message = labs.check("attn_fwd_inner", past_columns).message
+    assert "HEAD_DIM=24" in message and "past its last column (column 24 >= HEAD_DIM = 24)" in message
+    above = edited("attn_bwd_dkdv_inner", tmp_path, ("delta = tl.load(Delta + offs_q, mask=in_rows, other=0.0)",
+                                                     "delta = tl.load(Delta + offs_q - 1, mask=in_rows, other=0.0)"))
+    assert "a tl.load read Delta above its first row (row -1)" in labs.check("attn_bwd_dkdv_inner", above).message
+
+
+def raises(*args):
+    raise RuntimeError("not finished")
+
+
+@pytest.mark.parametrize("name", list(labs.LABS))
+@pytest.mark.parametrize("answer", [42, "text", raises, lambda *a: (None, None), lambda *a: torch.zeros(3)])
+def test_anything_wrong_gives_feedback_not_an_exception(name, answer, capsys):
+    result = labs.check(name, answer)
+    assert not result and result.message.startswith("NOT YET") and capsys.readouterr().out.startswith("NOT YET")
+
+
+def test_feedback_says_what_a_raising_function_raised(capsys):
+    assert "raised RuntimeError: not finished" in labs.check("tiled_forward", raises).message
+    assert "expected a @triton.jit function; got function" in labs.check("attn_fwd_inner", raises).message
+
+
+@pytest.mark.parametrize("name", list(labs.LABS))
+def test_the_stub_cell_stores_no_answer_yet_and_the_solved_cell_passes(name):
+    stub = cells.code_cell(name)
+    assert cells.marked(stub) == name and stub.rstrip().endswith(f'passed = labs.check("{name}", {name})')
+    assert cells.run_cell(stub, name).startswith("NOT YET: no answer yet; expected a function")
+    assert cells.run_cell(cells.code_cell(name, solved=True), name).startswith(f"PASS: {name}")
+    assert cells.marked(cells.markdown_cell(name)) == name
+
+
+def test_hints_come_one_level_at_a_time_per_lab(capsys):
+    labs.reset_hints()
+    for level in (1, 2, 3):
+        labs.hint("tiled_forward")
+        assert capsys.readouterr().out.startswith(f"hint {level} of 3 for tiled_forward: ")
+    labs.hint("tiled_forward")
+    assert capsys.readouterr().out.startswith("No more hints for tiled_forward")
+    labs.hint("merge_states")
+    assert capsys.readouterr().out.startswith("hint 1 of 3 for merge_states")
+    labs.reset_hints("tiled_forward")
+    labs.hint("tiled_forward")
+    assert capsys.readouterr().out.startswith("hint 1 of 3 for tiled_forward")
+    labs.reset_hints()
+
+
+def test_solution_prints_its_source(capsys):
+    labs.solution("merge_states")
+    assert capsys.readouterr().out.strip() == labs.solution_source("merge_states").strip()
+
+
+@pytest.mark.parametrize("call", [labs.check, labs.hint, labs.solution, labs.solution_source])
+def test_an_unknown_lab_is_a_value_error_naming_it_and_the_labs(call):
+    args = ("flash_forward", None) if call is labs.check else ("flash_forward",)
+    with pytest.raises(ValueError, match="'flash_forward', which is not a lab; the labs are online_softmax, "
+                                         "merge_states, tiled_forward"):
+        call(*args)
+
+
+def test_result_is_its_verdict():
+    result = labs.LabResult("tiled_forward", False, "NOT YET: ...", "no_rescale", 1)
+    assert not result and repr(result) == "LabResult('tiled_forward', passed=False, mistake='no_rescale')"
+
+
+def test_insert_lab_cells_puts_them_before_the_summary_and_twice_changes_nothing(tmp_path):
+    sys.path.insert(0, str(ROOT / "tools"))
+    import insert_lab_cells
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 02", id="a"),
+                                         nbformat.v4.new_code_cell("x = 1", id="b"),
+                                         nbformat.v4.new_markdown_cell("## Summary\n\n- done", id="c")])
+    path = tmp_path / "02_online_softmax.ipynb"
+    nbformat.write(nb, path)
+    insert_lab_cells.insert(path)
+    once = path.read_text()
+    insert_lab_cells.insert(path)
+    assert path.read_text() == once
+    sources = ["".join(c["source"]) for c in json.loads(once)["cells"]]
+    assert [cells.marked(s) for s in sources] == [None, None, "online_softmax", "online_softmax", "merge_states",
+                                                  "merge_states", None]
+    stub = json.loads(once)["cells"][3]
+    assert "".join(stub["outputs"][0]["text"]).startswith("NOT YET: no answer yet")
+    assert stub["execution_count"] is not None  # nbval refuses stored outputs of a cell never run
+
+
+def _solved(notebook: str, tmp_path: Path) -> tuple[Path, list[str]]:
+    """A copy of the notebook with every lab stub replaced by its solution and the cells after the last lab
+    dropped (nothing after them depends on them)."""
+    nb = nbformat.read(NOTEBOOKS / f"{notebook}.ipynb", as_version=4)
+    names = cells.lab_names(notebook)
+    where = {cells.marked(c.source): i for i, c in enumerate(nb.cells) if c.cell_type == "code"}
+    missing = [n for n in names if n not in where]
+    assert not missing, f"{notebook} has no lab cell for {missing}: run python tools/insert_lab_cells.py"
+    for name in names:
+        nb.cells[where[name]].source = cells.code_cell(name, solved=True)
+    nb.cells = nb.cells[:max(where[n] for n in names) + 1]
+    path = tmp_path / f"{notebook}.ipynb"
+    nbformat.write(nb, path)
+    return path, names
+
+
+@pytest.mark.parametrize("notebook", sorted({spec.notebook for spec in labs.LABS.values()}))
+def test_each_notebook_runs_its_labs_with_the_solutions(notebook, tmp_path):
+    sys.path.insert(0, str(ROOT / "tools"))
+    import execute_notebooks
+
+    path, names = _solved(notebook, tmp_path)
+    execute_notebooks.execute(path)
+    executed = nbformat.read(path, as_version=4)
+    for cell in executed.cells:
+        name = cells.marked(cell.source) if cell.cell_type == "code" else None
+        if name is not None:
+            text = "".join(o.get("text", "") for o in cell.outputs)
+            assert text.startswith(f"PASS: {name}"), f"{notebook}, lab {name}:\n{text}"
