@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,6 +20,8 @@ import torch
 from flashlib import labs
 from flashlib.labs import cells
 
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton ships Linux wheels only")
+LAB_NAMES = [pytest.param(name, marks=needs_triton if spec.triton else ()) for name, spec in labs.LABS.items()]
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 CHECKER_SECONDS = 20
@@ -41,7 +45,7 @@ def edited(name: str, tmp_path: Path, *edits):
     return load(source, name, tmp_path)
 
 
-@pytest.mark.parametrize("name", list(labs.LABS))
+@pytest.mark.parametrize("name", LAB_NAMES)
 def test_every_worked_solution_passes_its_checker_in_time(name, tmp_path, capsys):
     solution = load(labs.solution_source(name), name, tmp_path)
     start = time.perf_counter()
@@ -53,6 +57,7 @@ def test_every_worked_solution_passes_its_checker_in_time(name, tmp_path, capsys
     assert seconds < CHECKER_SECONDS
 
 
+@needs_triton
 def test_the_teaching_kernels_loops_pass_the_kernel_labs(capsys):
     """The harness calls the learner's loop exactly as the teaching kernels call theirs."""
     from flashlib.kernels import backward, forward
@@ -104,6 +109,8 @@ KERNEL_FORWARD = [
     ("masked_loads_missing", [("mask=kv_mask, other=0.0)\n        v_tile", ")\n        v_tile")]),
     ("masked_loads_missing", [("kv_mask = (offs_k[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)",
                                "kv_mask = (offs_k[:, None] < SEQ_K) & (offs_d[None, :] < 32)")]),
+    ("store_outside", [("        v_tile = tl.load(", "        tl.store(K + offs_k[:, None] * stride_kn + offs_d[None, :], "
+                        "k_tile)\n        v_tile = tl.load(")]),
     ("nothing_done", [("range(0, k_end, BLOCK_K)", "range(0, 0, BLOCK_K)")]),
     ("no_rescale", [("l_i = alpha * l_i + ", "l_i = l_i + ")]),
     ("no_rescale", [("acc = alpha[:, None] * acc + ", "acc = acc + ")]),
@@ -123,6 +130,7 @@ KERNEL_DKDV = [
                                "lse = tl.load(Lse + offs_q)")]),
     ("masked_loads_missing", [("delta = tl.load(Delta + offs_q, mask=in_rows, other=0.0)",
                                "delta = tl.load(Delta + offs_q)")]),
+    ("store_outside", [("        delta = tl.load(", "        tl.store(Delta + offs_q, lse)\n        delta = tl.load(")]),
     ("nothing_done", [("range(q_start, SEQ_Q, BLOCK_Q)", "range(q_start, q_start, BLOCK_Q)")]),
     ("no_delta", [("ds_t = p_t * (dp_t - delta[None, :])", "ds_t = p_t * dp_t")]),
     ("natural_exp_base2", [("lse * _LOG2E)", "lse)")]),
@@ -132,19 +140,32 @@ KERNEL_DKDV = [
                               "visible = visible")]),
     ("dropped_last_tile", [("range(q_start, SEQ_Q, BLOCK_Q)", "range(q_start, SEQ_Q // BLOCK_Q * BLOCK_Q, BLOCK_Q)")]),
 ]
-MISTAKEN = [(lab, mistake, edits) for lab, table in (
+MISTAKEN = [pytest.param(lab, mistake, edits, marks=needs_triton if labs.LABS[lab].triton else (),
+                         id=f"{lab}-{mistake}-{i}")
+            for i, (lab, mistake, edits) in enumerate((lab, mistake, edits) for lab, table in (
     ("online_softmax", ONLINE), ("merge_states", MERGE), ("tiled_forward", FORWARD), ("tiled_backward", BACKWARD),
-    ("attn_fwd_inner", KERNEL_FORWARD), ("attn_bwd_dkdv_inner", KERNEL_DKDV)) for mistake, edits in table]
+    ("attn_fwd_inner", KERNEL_FORWARD), ("attn_bwd_dkdv_inner", KERNEL_DKDV)) for mistake, edits in table)]
 
 
-@pytest.mark.parametrize("name, mistake, edits", MISTAKEN,
-                         ids=[f"{lab}-{mistake}-{i}" for i, (lab, mistake, _) in enumerate(MISTAKEN)])
+@pytest.mark.parametrize("name, mistake, edits", MISTAKEN)
 def test_a_known_mistake_is_named(name, mistake, edits, tmp_path, capsys):
     result = labs.check(name, edited(name, tmp_path, *edits))
     assert not result and result.mistake == mistake, result.message
     title = labs.MISTAKES[mistake][0]
     assert f"mistake: {title}" in capsys.readouterr().out
     assert result.message.startswith(f"NOT YET: {name}, case {result.case} of ")
+
+
+STREAMING = {"online_softmax": {"read_after_next", "read_twice", "full_matrix"}}
+
+
+def test_every_mistake_a_lab_claims_to_name_is_tested():
+    tested = {}
+    for param in MISTAKEN:
+        tested.setdefault(param.values[0], set()).add(param.values[1])
+    for name, keys in STREAMING.items():
+        tested[name] |= keys
+    assert {name: set(spec.mistakes) for name, spec in labs.LABS.items()} == tested
 
 
 def kept_blocks(blocks):
@@ -176,6 +197,7 @@ def test_online_softmax_must_stream(fn, mistake, capsys):
     assert not result and result.mistake == mistake, result.message
 
 
+@needs_triton
 def test_a_stray_load_is_named_by_tensor_and_side(tmp_path, capsys):
     past_rows = edited("attn_fwd_inner", tmp_path, ("mask=kv_mask, other=0.0)\n        v_tile", ")\n        v_tile"))
     assert "a tl.load read K past its last row (row 45 >= 45)" in labs.check("attn_fwd_inner", past_rows).message
@@ -187,11 +209,56 @@ def test_a_stray_load_is_named_by_tensor_and_side(tmp_path, capsys):
     assert "a tl.load read Delta above its first row (row -1)" in labs.check("attn_bwd_dkdv_inner", above).message
 
 
+COMPILE = """
+from flashlib.kernels.compile import CompileReport, compile_and_inspect
+from flashlib.kernels.config import head_dim_pad
+from flashlib.labs import harness
+from flashlib.labs.kernel_labs import CASES
+from flashlib.labs.solutions.attn_bwd_dkdv_inner import attn_bwd_dkdv_inner
+from flashlib.labs.solutions.attn_fwd_inner import attn_fwd_inner
+
+for capability in ((7, 5), (9, 0)):
+    for case in CASES:
+        for kernel, inner in ((harness.lab_attn_fwd, attn_fwd_inner), (harness.lab_attn_bwd_dkdv, attn_bwd_dkdv_inner)):
+            report = CompileReport(kernel=kernel.__name__, capability=capability, dtype="float32",
+                                   head_dim=case.head_dim, causal=case.causal, config={}, triton_version="")
+            constants = dict(HEAD_DIM_PAD=head_dim_pad(case.head_dim), BLOCK_Q=case.block_q, BLOCK_K=case.block_k,
+                             CAUSAL=case.causal, INPUT_PRECISION="ieee", INNER=inner)
+            compile_and_inspect(report, kernel, "float32", constants, {}, capability)
+"""
+
+
+@needs_triton
+def test_the_kernel_labs_compile_for_gpus_as_a_gpu_runtime_would_launch_them():
+    """On a GPU the checker compiles the harness with the learner's loop: the solutions, for a T4 and an H100."""
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_guard_shows_a_store_outside_its_tensor():
+    from flashlib.labs.memory import guarded
+
+    out = guarded("Out", torch.zeros(2, 5, 3), guard_rows=4, pad=2)
+    assert out.guards_intact(float("nan")) and out.view.shape == (2, 5, 3) and (out.view == 0).all()
+    out.buffer[1, 4 + 5, 0] = 1.0  # the row just past the last
+    assert not out.guards_intact(float("nan"))
+
+
+def fused(q, k, v, block_q, block_k, causal):
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    return out, out.sum(dim=-1)
+
+
+def test_pytorchs_fused_attention_is_not_a_tiled_forward(capsys):
+    assert "scaled_dot_product_attention was called" in labs.check("tiled_forward", fused).message
+
+
 def raises(*args):
     raise RuntimeError("not finished")
 
 
-@pytest.mark.parametrize("name", list(labs.LABS))
+@pytest.mark.parametrize("name", LAB_NAMES)
 @pytest.mark.parametrize("answer", [42, "text", raises, lambda *a: (None, None), lambda *a: torch.zeros(3)])
 def test_anything_wrong_gives_feedback_not_an_exception(name, answer, capsys):
     result = labs.check(name, answer)
@@ -200,10 +267,14 @@ def test_anything_wrong_gives_feedback_not_an_exception(name, answer, capsys):
 
 def test_feedback_says_what_a_raising_function_raised(capsys):
     assert "raised RuntimeError: not finished" in labs.check("tiled_forward", raises).message
+
+
+@needs_triton
+def test_a_kernel_lab_asks_for_a_triton_function(capsys):
     assert "expected a @triton.jit function; got function" in labs.check("attn_fwd_inner", raises).message
 
 
-@pytest.mark.parametrize("name", list(labs.LABS))
+@pytest.mark.parametrize("name", LAB_NAMES)
 def test_the_stub_cell_stores_no_answer_yet_and_the_solved_cell_passes(name):
     stub = cells.code_cell(name)
     assert cells.marked(stub) == name and stub.rstrip().endswith(f'passed = labs.check("{name}", {name})')

@@ -84,12 +84,8 @@ MISTAKES = {
 }
 
 
-def _lab(*args, **kwargs) -> Lab:
-    return Lab(*args, **kwargs)
-
-
 LABS = {lab.name: lab for lab in (
-    _lab("online_softmax", "02_online_softmax", "Online softmax over a stream of blocks",
+    Lab("online_softmax", "02_online_softmax", "Online softmax over a stream of blocks",
          "online_softmax(blocks) -> (m, l)",
          "`blocks` is an iterator of `(rows, b_j)` tensors: the columns of one matrix, left to right, "
          "widths that may differ. Read each block once and return each row's max `m` and "
@@ -105,7 +101,7 @@ LABS = {lab.name: lab for lab in (
           "max it is l * exp(m - m_new). Add the block's own exp(b - m_new).sum(dim=-1).",
           "Where m_new is still -inf (only -inf seen so far) exp(m - m_new) is NaN: subtract "
           "torch.where(m_new == -inf, 0, m_new) instead of m_new.")),
-    _lab("merge_states", "02_online_softmax", "Merge two partial states",
+    Lab("merge_states", "02_online_softmax", "Merge two partial states",
          "merge_states(m_a, l_a, m_b, l_b) -> (m, l)",
          "Two chunks of the same rows have states `(m_a, l_a)` and `(m_b, l_b)` (tensors of one shape). "
          "Return the state `(m, l)` of their concatenation. An empty state `(-inf, 0)` merges without NaN.",
@@ -114,7 +110,7 @@ LABS = {lab.name: lab for lab in (
          ("The merged max is the larger of the two maxima; each l must then be expressed relative to it.",
           "l = l_a * exp(m_a - m) + l_b * exp(m_b - m): both exponents are <= 0, nothing overflows.",
           "When both maxima are -inf, m - m is NaN: shift by torch.where(m == -inf, 0, m) instead of m.")),
-    _lab("tiled_forward", "03_tiled_attention", "The tiled forward pass",
+    Lab("tiled_forward", "03_tiled_attention", "The tiled forward pass",
          "tiled_forward(q, k, v, block_q, block_k, causal) -> (out, lse)",
          "q is `(batch, heads, seq_q, d)`, k and v `(batch, heads, seq_k, d)`; the scale is `1/sqrt(d)`; causal "
          "is aligned bottom-right. Loop over query blocks of `block_q` rows and, inside, over key tiles of "
@@ -132,7 +128,7 @@ LABS = {lab.name: lab for lab in (
           "Causal: build the tile's mask from indices, key j visible to query i when j <= i + seq_k - seq_q, and "
           "fill s with -inf outside it. Shift by 0 where m_new is -inf, and give rows with l_i == 0 out = 0, "
           "lse = -inf.")),
-    _lab("tiled_backward", "04_backward", "The tiled backward pass",
+    Lab("tiled_backward", "04_backward", "The tiled backward pass",
          "tiled_backward(q, k, v, out, lse, dout, block_q, block_k, causal) -> (dq, dk, dv)",
          "From the forward's `out` and `lse` (never from a stored P), compute the gradients tile by tile: "
          "recompute `p = exp(s - lse)` per tile, then `dv += pᵀ dO`, `dp = dO vᵀ`, `ds = p ∘ (dp - delta)` with "
@@ -149,7 +145,7 @@ LABS = {lab.name: lab for lab in (
           "ds = p * (dp - delta_blk[..., None]).",
           "dq += ds @ k_tile * scale and dk_j += ds.transpose(-2, -1) @ q_blk * scale. Rows with lse = -inf saw "
           "no key: replace their lse by +inf so that p = exp(-inf - inf) = 0.")),
-    _lab("attn_fwd_inner", "06_fused_forward", "The kernel's loop over key tiles",
+    Lab("attn_fwd_inner", "06_fused_forward", "The kernel's loop over key tiles",
          "attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end, qk_scale, "
          "SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_K, CAUSAL, INPUT_PRECISION) -> (m_i, l_i, acc)",
          "Write, as a `@triton.jit` function, the loop of the forward kernel over the key/value tiles before "
@@ -160,8 +156,8 @@ LABS = {lab.name: lab for lab in (
          "`_score_tile` and `_online_update`.",
          ("uneven lengths", "causal rows that see no key", "a head dim that is not a power of two",
           "scores in the hundreds", "loads outside K and V"),
-         ("masked_loads_missing", "nothing_done", "nan_empty_rows", "top_left_causal", "causal_mask_missing",
-          "dropped_last_tile", "natural_exp_base2", "no_rescale"),
+         ("masked_loads_missing", "store_outside", "nothing_done", "nan_empty_rows", "top_left_causal",
+          "causal_mask_missing", "dropped_last_tile", "natural_exp_base2", "no_rescale"),
          ("for k0 in range(0, k_end, BLOCK_K): offs_k = k0 + tl.arange(0, BLOCK_K); load K and V rows offs_k "
           "with a mask on rows < SEQ_K and columns offs_d < HEAD_DIM, other=0.0.",
           "s = tl.dot(q_blk, tl.trans(k_tile), input_precision=INPUT_PRECISION) * qk_scale, then "
@@ -171,7 +167,7 @@ LABS = {lab.name: lab for lab in (
           "alpha = tl.math.exp2(m_i - shift); p = tl.math.exp2(s - shift[:, None]); l_i = alpha * l_i + "
           "tl.sum(p, 1); acc = alpha[:, None] * acc + tl.dot(p, v_tile); m_i = m_new."),
          triton=True),
-    _lab("attn_bwd_dkdv_inner", "07_backward_kernels", "The dK/dV kernel's loop over query blocks",
+    Lab("attn_bwd_dkdv_inner", "07_backward_kernels", "The dK/dV kernel's loop over query blocks",
          "attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d, "
          "q_start, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_Q, CAUSAL, INPUT_PRECISION) -> (dk, dv)",
          "Write, as a `@triton.jit` function, the loop of the dK/dV kernel over the query blocks from "
@@ -182,8 +178,8 @@ LABS = {lab.name: lab for lab in (
          "the teaching kernel's `_attn_bwd_dkdv_inner` (`flashlib/kernels/backward.py`).",
          ("uneven lengths", "causal rows that see no key", "a head dim that is not a power of two",
           "scores in the hundreds", "loads outside Q, dO, Lse and Delta"),
-         ("masked_loads_missing", "nothing_done", "natural_exp_base2", "no_delta", "top_left_causal",
-          "causal_mask_missing", "dropped_last_tile"),
+         ("masked_loads_missing", "store_outside", "nothing_done", "natural_exp_base2", "no_delta",
+          "top_left_causal", "causal_mask_missing", "dropped_last_tile"),
          ("for q0 in range(q_start, SEQ_Q, BLOCK_Q): offs_q = q0 + tl.arange(0, BLOCK_Q); load q and dO rows "
           "with a mask (rows < SEQ_Q, columns < HEAD_DIM), and Lse, Delta with mask offs_q < SEQ_Q.",
           "Keys are this program's rows, so work transposed: s_t = tl.dot(k_tile, tl.trans(q_blk)) * qk_scale "

@@ -23,7 +23,8 @@ CASES = (
 def _held(run, case: Case) -> Problem | None:
     held = run.watch.full_matrix(case.seq_q, case.seq_k)
     if held is not None:
-        return Problem(f"a tensor of shape {held} was created during the call.", "full_matrix")
+        return Problem(f"a tensor of shape {held} was created during the call: (seq_q, seq_k) = "
+                       f"({case.seq_q}, {case.seq_k}), the whole score matrix.", "full_matrix")
     if run.watch.fused_attention():
         return Problem("PyTorch's scaled_dot_product_attention was called: this lab asks for the tiles written out.")
     return None
