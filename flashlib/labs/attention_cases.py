@@ -139,9 +139,9 @@ def forward_problem(case: Case, q, k, v, got, *, kernel: bool = False) -> Proble
         return Problem("out is 0 and lse -inf in every row.", "nothing_done",
                        "the loop returned (m_i, l_i, acc) as it found them: fold every key tile into them.")
     if empty.any() and not (bad & ~empty).any():
-        finite = torch.isfinite(got[0]).all() and not got[1].isnan().any()
-        return Problem(what, "nan_empty_rows", None if not finite else
-                       "rows that see no key must give out = 0 and lse = -inf (l = 0 at the end).")
+        if torch.isfinite(got[0]).all() and not got[1].isnan().any():
+            return Problem(what + " Rows that see no key must give out = 0 and lse = -inf (their l_i ends at 0).")
+        return Problem(what, "nan_empty_rows")
     for key, why, model in forward_models(case, q, k, v, kernel=kernel):
         if _matches(got, model):
             return Problem(what, key, why)
@@ -154,7 +154,8 @@ def _row_pattern(case, q, k, got, bads, want, what, kernel) -> Problem:
     if case.seq_q % case.block_q and not (bad & ~last).any():
         return Problem(what, "dropped_last_tile", "the last, shorter query block was left out. " + _DROPPED)
     s = reference.scores(q, k, case.scale, case.mask())
-    negative = s.amax(dim=-1) < -100  # exp(s - 0) is 0 in float32 for every score of these rows
+    # exp(s - 0) is 0 in float32 for every score of these rows (rows that see no key aside)
+    negative = (s.amax(dim=-1) < -100) & case.mask().any(dim=-1)
     if negative.any() and not (bad & ~negative).any():
         return Problem(what, "max_starts_at_zero",
                        "rows whose scores are all far below 0 come out empty: with m_i starting at 0 instead of "
@@ -183,9 +184,11 @@ def backward_models(case: Case, q, k, v, out, lse, dout, *, kernel: bool):
         return reference.gradients(p, q, k, v, out, dout, case.scale, **flags)
 
     models = [("no_delta", None, grads(delta=False))]
-    if not kernel:
-        models += [("unscaled_gradient", "dq was not multiplied by the scale (dq = dS k · scale).", grads(scale_dq=False)),
-                   ("unscaled_gradient", "dk was not multiplied by the scale (dk = dSᵀ q · scale).", grads(scale_dk=False)),
+    if not kernel:  # the kernel multiplies dk by the scale itself, after the learner's loop
+        models += [("unscaled_gradient", "dq was not multiplied by the scale (dq = dS k · scale).",
+                    grads(scale_dq=False)),
+                   ("unscaled_gradient", "dk was not multiplied by the scale (dk = dSᵀ q · scale).",
+                    grads(scale_dk=False)),
                    ("unscaled_gradient", None, grads(scale_dq=False, scale_dk=False))]
     if case.causal and case.seq_q != case.seq_k:
         models.append(("top_left_causal", None, grads(case.mask(top_left=True))))

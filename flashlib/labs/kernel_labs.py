@@ -73,7 +73,7 @@ def _launch(launch, tensors: dict, outputs) -> Problem | None:
             if op == "load":
                 return Problem(f"a tl.load read {name} {side}.", "masked_loads_missing")
             return Problem(f"a tl.store wrote {name} {side}.", "store_outside")
-        return Problem(error_text(error))
+        return Problem(f"the kernel raised {error_text(error)}")
     for name in outputs:
         if not tensors[name].guards_intact(NAN):
             return Problem(f"something was stored outside {name}.", "store_outside")
