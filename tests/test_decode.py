@@ -291,3 +291,68 @@ def test_kernels_compile_for_sm80_and_sm90(reports, version):
             assert r["mma_sync_ops"] > 0 and r["wgmma_ops"] == 0, s
     want = "3.6.0" if version == "3.6" else importlib.metadata.version("triton")
     assert {r["triton_version"] for r in reports[version]} == {want}
+
+
+# ----- notebook 10's figures, slider and checkers ----------------------------------------------
+
+def test_the_split_kv_picture_merges_to_attention_over_every_key():
+    from flashlib.course import inference
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(8, generator=g, dtype=F64)
+    k, v = (torch.randn(40, 8, generator=g, dtype=F64) for _ in range(2))
+    for num_splits in (1, 3, 8):
+        parts, merged, full = inference.split_kv_parts(q, k, v, 37, num_splits)
+        assert len(parts) == num_splits and parts[-1][1] == 37
+        torch.testing.assert_close(merged, full, rtol=0, atol=1e-12)
+    stepper = inference.SplitKVStepper(q, k, v, 37, num_splits=2, max_splits=6)
+    before = stepper.image.value
+    stepper.num_splits.value = 5  # the slider redraws
+    assert stepper.image.value != before and repr(stepper) == "SplitKVStepper(seqlen=37, num_splits=5 of 1..6)"
+
+
+def test_the_figures_draw():
+    from flashlib.course import inference
+
+    k = torch.zeros(3, 1, 12, 2)
+    _, _, table = decode.paged_cache(k, k, 4, spare_pages=3, generator=torch.Generator().manual_seed(0))
+    table[1, 2] = -1
+    figures = [inference.paged_cache_figure(table, [11, 5, 8], 12, 4), inference.prediction_figure(4000.0, "a GPU"),
+               inference.occupancy_figure()]
+    row = dict(batch=1, kv_heads=8, head_dim=128, ms=0.02)
+    result = {"points": [dict(row, method=m, layout=lay, length=n) for n in (4096, 8192)
+                         for m, lay in (("flashlib", "contiguous"), ("flashlib", "paged"), ("sdpa:flash", "contiguous"))]}
+    figures.append(inference.measured_figure(result, 4000.0))
+    assert all(len(f.axes) >= 1 for f in figures)
+    assert inference.step_seconds(batch=1, kv_heads=8, length=4096, head_dim=128, gbps=1.0) == 2 * 8 * 4096 * 128 * 2 / 1e9
+
+
+def test_the_checkers_name_the_usual_mistakes():
+    from flashlib.course import inference
+
+    assert repr(inference.check_step_time(None)) == "NOT YET: no answer yet; expected a number of microseconds."
+    right = 2 * 4 * 8 * 100_000 * 128 * 2 / 3000e9 * 1e6
+    assert inference.check_step_time(right) and not inference.check_step_time(right / 2)
+    assert "values" in inference.check_step_time(right / 2).message
+    assert inference.check_cache_gib(10) and "kv" in inference.check_cache_gib(80).message
+    assert "GB" in inference.check_cache_gib(10 * 2 ** 30 / 1e9).message
+
+    def split_kv(q, k, v, num_splits, shift=True, average=False):
+        size = -(-k.shape[0] // num_splits)
+        outs, lses = [], []
+        for a in range(0, k.shape[0], size):
+            s = k[a:a + size] @ q / math.sqrt(q.shape[0])
+            outs.append(torch.softmax(s, 0) @ v[a:a + size])
+            lses.append(torch.logsumexp(s, 0))
+        outs, lses = torch.stack(outs), torch.stack(lses)
+        if average:
+            return outs.mean(0)
+        weights = torch.exp(lses - torch.logsumexp(lses, 0)) if shift else torch.exp(lses) / torch.exp(lses).sum()
+        return (weights[:, None] * outs).sum(0)
+
+    assert inference.check_split_kv(split_kv)
+    assert "averages" in inference.check_split_kv(lambda *a: split_kv(*a, average=True)).message
+    assert "overflows" in inference.check_split_kv(lambda *a: split_kv(*a, shift=False)).message
+    assert "raised" in inference.check_split_kv(lambda *a: 1 / 0).message
+    assert inference.check_gather(lambda pages, table, n: pages[table.long()].reshape(-1, pages.shape[-1])[:n])
+    assert "order memory" in inference.check_gather(lambda pages, table, n: pages.reshape(-1, pages.shape[-1])[:n]).message

@@ -121,7 +121,8 @@ def generate_cached(model: TinyAttentionModel, prompt, steps: int, decode):
     cache = empty_cache(model, prompt.shape[0])
     logits = forward_cached(model, prompt, cache, decode)
     tokens = [prompt]
-    for _ in range(steps):
+    for step in range(steps):
         tokens.append(logits[:, -1].argmax(-1, keepdim=True))  # (B, 1)
-        logits = forward_cached(model, tokens[-1], cache, decode)
+        if step + 1 < steps:  # the last token needs no logits of its own
+            logits = forward_cached(model, tokens[-1], cache, decode)
     return torch.cat(tokens, dim=1)
