@@ -32,15 +32,19 @@ def test_the_plan_measures_the_targets_first():
 
 def test_targets_compare_with_the_best_sdpa_and_the_copy_bandwidth():
     common = dict(batch=1, length=16384, ms_p20=0.9, ms_p80=1.1)
+    ours = dict(common, method="flashlib", max_abs_err_vs_sdpa=0.004)
     rows = [dict(common, method="sdpa:flash", layout="contiguous", ms=2.0),
             dict(common, method="sdpa:cudnn", layout="contiguous", ms=1.5),
-            dict(common, method="flashlib", layout="contiguous", ms=1.0, gbps=3000.0),
-            dict(common, method="flashlib", layout="paged", ms=2.0, gbps=1500.0),
-            dict(common, method="flashlib", layout="paged", length=8192, ms=1.0, gbps=1.0)]  # below 16k: no target
+            dict(ours, layout="contiguous", ms=1.0, gbps=3000.0),
+            dict(ours, layout="paged", ms=2.0, gbps=1500.0),
+            dict(ours, layout="paged", length=8192, ms=1.0, gbps=1.0),  # below 16k: no target
+            dict(ours, batch=8, layout="contiguous", ms=0.1, gbps=4000.0, max_abs_err_vs_sdpa=0.5)]
     got = bench.targets(rows, copy_gbps=4000.0)
     assert [(t["layout"], t["sdpa"], t["speedup"], t["speedup_met"], t["bandwidth_fraction"], t["bandwidth_met"])
             for t in got] == [("contiguous", "sdpa:cudnn", 1.5, True, 0.75, True),
-                              ("paged", "sdpa:cudnn", 0.75, False, 0.375, False)]
+                              ("paged", "sdpa:cudnn", 0.75, False, 0.375, False),
+                              ("contiguous", None, None, False, 1.0, False)]  # fast but wrong: no target met
+    assert [t["correct"] for t in got] == [True, True, False]
     assert got[0]["speedup_range"] == pytest.approx([0.9 / 1.1, 1.1 / 0.9])
     assert "0.75x sdpa:cudnn (not met)" in bench.format_targets({"decode": {"targets": got}})
 

@@ -270,7 +270,8 @@ def test_greedy_generation_with_a_cache_gives_the_same_tokens():
 
 SPECS = [spec("split", (9, 0), "bfloat16", 128), spec("split", (9, 0), "bfloat16", 128, paged=True),
          spec("split", (8, 0), "float16", 64, paged=True, softcap=True, rows=8),
-         spec("split", (8, 0), "float32", 128), spec("merge", (9, 0), "bfloat16", 128),
+         spec("split", (8, 0), "float32", 128), spec("split", (9, 0), "bfloat16", 256, paged=True, rows=16),
+         spec("merge", (9, 0), "bfloat16", 128),
          spec("merge", (8, 0), "float16", 64, rows=8)]
 
 
@@ -356,3 +357,17 @@ def test_the_checkers_name_the_usual_mistakes():
     assert "raised" in inference.check_split_kv(lambda *a: 1 / 0).message
     assert inference.check_gather(lambda pages, table, n: pages[table.long()].reshape(-1, pages.shape[-1])[:n])
     assert "order memory" in inference.check_gather(lambda pages, table, n: pages.reshape(-1, pages.shape[-1])[:n]).message
+
+
+def test_without_triton_the_reference_runs_and_the_kernels_say_how_to_run():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['triton'] = None\n"
+            "import torch, flashlib\n"
+            "q, k = torch.randn(1, 2, 1, 4), torch.randn(1, 1, 6, 4)\n"
+            "lengths = torch.tensor([6], dtype=torch.int32)\n"
+            "print(tuple(flashlib.decode_reference(q, k, k, lengths, num_splits=2).shape))\n"
+            "try:\n    flashlib.decode_attention(q, k, k, lengths)\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert out.startswith("(1, 2, 1, 4)") and "Linux" in out, out
