@@ -162,12 +162,22 @@ def _row_pattern(case, q, k, got, bads, want, what, kernel) -> Problem:
                        "-inf, exp(s - 0) underflows to 0 for every key. Start m_i at -inf.")
     moved = reference.max_moves(s, reference.tile_widths(case.seq_k, case.block_k))
     if not (bad & ~moved).any():
-        which = "l_i" if bad_lse.any() else "acc"
-        extra = " (and check that alpha uses exp2, like p: the max is in base-2 units)" if kernel else ""
-        return Problem(what, "no_rescale", f"{which} was not rescaled when the row max grew: rows whose max is in a "
-                       f"later key tile come out wrong, the others right. Multiply it by alpha = exp(m_old - m_new)"
-                       f"{extra}.")
+        return Problem(what, "no_rescale", _no_rescale_why(got[1], want[1], bad_lse, kernel))
     return Problem(what)
+
+
+def _no_rescale_why(lse, lse_want, bad_lse, kernel: bool) -> str:
+    if not bad_lse.any():
+        seen = "acc was not rescaled when the row max grew: rows whose max is in a later key tile come out wrong " \
+               "(their lse is right), the others right"
+    elif (lse[bad_lse] > lse_want[bad_lse]).all():
+        seen = "the running sum l_i was not rescaled when the row max grew: rows whose max is in a later key tile " \
+               "come out too large (lse too large), the others right"
+    else:
+        seen = "l_i was not rescaled rightly when the row max grew: rows whose max is in a later key tile come out " \
+               "wrong, the others right"
+    extra = " (and check that alpha uses exp2, like p: the max is in base-2 units)" if kernel else ""
+    return f"{seen}. Multiply what was accumulated by alpha = exp(m_old - m_new){extra}."
 
 
 def expected_backward(case: Case, q, k, v, dout):
