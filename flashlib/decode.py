@@ -361,8 +361,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
             sequence's last used page are not read.
         num_splits: how many chunks each sequence's keys are cut into, each read by its own
             program and merged by a second kernel; None chooses by
-            :func:`flashlib.kernels.decode.choose_num_splits` (1 in the CPU interpreter). Every value >= 1 gives the same
-            output up to rounding.
+            :func:`flashlib.kernels.decode.choose_num_splits` (1 in the CPU interpreter). Every
+            value >= 1 gives the same output up to rounding.
 
     Returns the output (batch, q_heads, new_tokens, head_dim) in q's dtype. Inference only: an
     input that requires grad while grad mode is on is an error. float16, bfloat16 (a GPU of compute

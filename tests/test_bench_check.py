@@ -154,7 +154,8 @@ def test_each_step_is_written_as_soon_as_it_ends(tmp_path, monkeypatch):
         or real(report, out_dir, copy_to=copy_to))
     check.main(["--out-dir", str(tmp_path)], log=lambda *_: None)
     assert written == [["tests"], ["notebooks", "tests"], ["ladder_partial", "notebooks", "tests"],
-                       ["decode", "ladder", "notebooks", "tests"], ["decode", "elapsed_s", "ladder", "notebooks", "tests"]]
+                       ["decode", "ladder", "notebooks", "tests"],
+                       ["decode", "elapsed_s", "ladder", "notebooks", "tests"]]
 
 
 def test_a_failure_to_compile_ahead_is_recorded_and_the_ladder_still_runs(tmp_path, monkeypatch):

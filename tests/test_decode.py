@@ -198,10 +198,12 @@ def _bad(name):
     calls = {
         "short": (dict(cache_seqlens=torch.tensor([1, 10], dtype=torch.int32)), ValueError, "cache_seqlens"),
         "long": (dict(cache_seqlens=torch.tensor([5, 11], dtype=torch.int32)), ValueError, "cache_seqlens"),
-        "long paged": (dict(paged, cache_seqlens=torch.tensor([13, 5], dtype=torch.int32)), ValueError, "cache_seqlens"),
+        "long paged": (dict(paged, cache_seqlens=torch.tensor([13, 5], dtype=torch.int32)), ValueError,
+                       "cache_seqlens"),
         "page out of range": (dict(paged, block_table=table.index_fill(1, torch.tensor([1]), 99)), ValueError,
                               "block_table"),
-        "negative page": (dict(paged, block_table=table.index_fill(1, torch.tensor([0]), -1)), ValueError, "block_table"),
+        "negative page": (dict(paged, block_table=table.index_fill(1, torch.tensor([0]), -1)), ValueError,
+                          "block_table"),
         "table dtype": (dict(paged, block_table=table.long()), TypeError, "block_table"),
         "lengths dtype": (dict(cache_seqlens=lengths.long()), TypeError, "cache_seqlens"),
         "lengths shape": (dict(cache_seqlens=lengths[:1]), ValueError, "cache_seqlens"),
@@ -321,11 +323,12 @@ def test_the_figures_draw():
     figures = [inference.paged_cache_figure(table, [11, 5, 8], 12, 4), inference.prediction_figure(4000.0, "a GPU"),
                inference.occupancy_figure()]
     row = dict(batch=1, kv_heads=8, head_dim=128, ms=0.02)
-    result = {"points": [dict(row, method=m, layout=lay, length=n) for n in (4096, 8192)
-                         for m, lay in (("flashlib", "contiguous"), ("flashlib", "paged"), ("sdpa:flash", "contiguous"))]}
+    methods = (("flashlib", "contiguous"), ("flashlib", "paged"), ("sdpa:flash", "contiguous"))
+    result = {"points": [dict(row, method=m, layout=lay, length=n) for n in (4096, 8192) for m, lay in methods]}
     figures.append(inference.measured_figure(result, 4000.0))
     assert all(len(f.axes) >= 1 for f in figures)
-    assert inference.step_seconds(batch=1, kv_heads=8, length=4096, head_dim=128, gbps=1.0) == 2 * 8 * 4096 * 128 * 2 / 1e9
+    seconds = inference.step_seconds(batch=1, kv_heads=8, length=4096, head_dim=128, gbps=1.0)
+    assert seconds == 2 * 8 * 4096 * 128 * 2 / 1e9
 
 
 def test_the_checkers_name_the_usual_mistakes():
@@ -356,7 +359,8 @@ def test_the_checkers_name_the_usual_mistakes():
     assert "overflows" in inference.check_split_kv(lambda *a: split_kv(*a, shift=False)).message
     assert "raised" in inference.check_split_kv(lambda *a: 1 / 0).message
     assert inference.check_gather(lambda pages, table, n: pages[table.long()].reshape(-1, pages.shape[-1])[:n])
-    assert "order memory" in inference.check_gather(lambda pages, table, n: pages.reshape(-1, pages.shape[-1])[:n]).message
+    in_storage_order = inference.check_gather(lambda pages, table, n: pages.reshape(-1, pages.shape[-1])[:n])
+    assert "order memory" in in_storage_order.message
 
 
 def test_without_triton_the_reference_runs_and_the_kernels_say_how_to_run():

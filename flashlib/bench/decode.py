@@ -60,7 +60,10 @@ def plan(batches=BATCHES, lengths=LENGTHS, layouts=LAYOUTS) -> list[dict]:
 
 def kv_bytes(batch: int, kv_heads: int, length: int, head_dim: int, element_size: int = 2) -> int:
     """Bytes of K and V one decoding step reads: every cached key and value once."""
-    return 2 * batch * kv_heads * length * head_dim * element_size
+    from ..decode import kv_cache_bytes
+
+    return kv_cache_bytes(layers=1, batch=batch, kv_heads=kv_heads, tokens=length, head_dim=head_dim,
+                          element_size=element_size)
 
 
 class Inputs:
@@ -292,8 +295,9 @@ def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, 
         sweep_rows, sweep_skipped = run_sweeps(sweep_items(batches[0], length), make_inputs, bench, left, log)
     return {"decode": {
         "provenance": info,
-        "config": {"q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": str(dtype).replace("torch.", ""),
-                   "new_tokens": 1, "page_size": page_size, "budget_s": budget_s,
+        "config": {"q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim,
+                   "dtype": str(dtype).replace("torch.", ""), "new_tokens": 1, "page_size": page_size,
+                   "budget_s": budget_s,
                    "timing": "triton.testing.do_bench median ms (ms_p20, ms_p80: 20th and 80th percentiles)",
                    "bytes": "K and V read: 2 * batch * kv_heads * length * head_dim * element size",
                    "sdpa": "on the contiguous cache, enable_gqa=True or K/V expanded beforehand (row 'gqa'); "

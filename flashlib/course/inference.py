@@ -88,8 +88,9 @@ def measured_figure(result: dict, gbps: float) -> Figure:
             if series:
                 ax.plot(*zip(*series), label=f"{method} ({layout})" if layout else "fastest SDPA backend", **style)
         lengths, p0 = sorted({p["length"] for p in rows}), rows[0]
-        ax.plot(lengths, [1e6 * step_seconds(batch=batch, kv_heads=p0["kv_heads"], length=n, head_dim=p0["head_dim"],
-                                             gbps=gbps) for n in lengths], color="black", label="bytes / copy bandwidth")
+        predicted = [1e6 * step_seconds(batch=batch, kv_heads=p0["kv_heads"], length=n, head_dim=p0["head_dim"],
+                                        gbps=gbps) for n in lengths]
+        ax.plot(lengths, predicted, color="black", label="bytes / copy bandwidth")
         ax.set(xscale="log", yscale="log", xlabel="cached positions L", ylabel="microseconds", title=f"batch {batch}")
         ax.legend(fontsize=6)
     return fig
