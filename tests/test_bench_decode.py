@@ -34,8 +34,8 @@ def test_targets_compare_with_the_best_sdpa_and_the_copy_bandwidth():
     common = dict(batch=1, length=16384, ms_p20=0.9, ms_p80=1.1)
     ours = dict(common, method="flashlib", max_abs_err_vs_sdpa=0.004)
     rows = [dict(common, method="sdpa:flash", layout="contiguous", ms=2.0),
-            dict(common, method="sdpa:cudnn", layout="contiguous", ms=1.5),
-            dict(ours, layout="contiguous", ms=1.0, gbps=3000.0),
+            dict(common, method="sdpa:cudnn", layout="contiguous", ms=1.5, ms_graph=1.2),
+            dict(ours, layout="contiguous", ms=1.0, gbps=3000.0, ms_graph=0.8, gbps_graph=3600.0),
             dict(ours, layout="paged", ms=2.0, gbps=1500.0),
             dict(ours, layout="paged", length=8192, ms=1.0, gbps=1.0),  # below 16k: no target
             dict(ours, batch=8, layout="contiguous", ms=0.1, gbps=4000.0, max_abs_err_vs_sdpa=0.5)]
@@ -45,12 +45,20 @@ def test_targets_compare_with_the_best_sdpa_and_the_copy_bandwidth():
                               ("paged", "sdpa:cudnn", 0.75, False, 0.375, False),
                               ("contiguous", None, None, False, 1.0, False)]  # fast but wrong: no target met
     assert [t["correct"] for t in got] == [True, True, False]
+    assert got[0]["speedup_graph"] == pytest.approx(1.5) and got[0]["bandwidth_fraction_graph"] == 0.9
+    assert got[1]["speedup_graph"] is None  # no graph time for that row
     assert got[0]["speedup_range"] == pytest.approx([0.9 / 1.1, 1.1 / 0.9])
-    assert "0.75x sdpa:cudnn (not met)" in bench.format_targets({"decode": {"targets": got}})
+    text = bench.format_targets({"decode": {"targets": got}})
+    assert "0.75x sdpa:cudnn (not met)" in text and "from graphs 1.50x, bandwidth 90%" in text
 
 
 def test_a_run_on_tiny_shapes_through_the_interpreter():
-    result = bench.run_decode_bench(60, bench=stand_in(), sweeps=False, **TINY)["decode"]
+    replays = []
+
+    def graph(call):  # stands in for a CUDA graph: replaying is calling
+        replays.append(call)
+        return call
+    result = bench.run_decode_bench(60, bench=stand_in(), sweeps=False, graph=graph, **TINY)["decode"]
     points = result["points"]
     ours = [p for p in points if p["method"] == "flashlib"]
     assert [(p["batch"], p["length"], p["layout"]) for p in ours] == [
@@ -61,6 +69,9 @@ def test_a_run_on_tiny_shapes_through_the_interpreter():
     sdpa = [p for p in points if p["method"].startswith("sdpa:")]
     assert len(sdpa) == 4 * 4 and {p["layout"] for p in sdpa} == {"contiguous"}  # once per batch and length
     assert any(p.get("gqa") == "enable_gqa" and "ms" in p for p in sdpa)
+    # flashlib at every point and the fastest SDPA backend once per batch and length, from graphs too
+    assert len(replays) == 8 + 4 and all("ms_graph" in p for p in ours)
+    assert sum("ms_graph" in p for p in sdpa) == 4
     assert result["ceilings"] == {"copy_gbps": 100.0} and result["skipped"] == [] and result["device_lost"] is None
     json.dumps(result)  # the check writes it as JSON
 

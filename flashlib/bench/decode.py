@@ -16,11 +16,14 @@ a shuffled block table, as :func:`flashlib.decode.paged_cache` makes them). Meth
 
 SDPA cannot read pages: a paged point is compared with SDPA on the contiguous cache holding the
 same keys, so the gather SDPA would need first is not counted against it. Timed with
-``triton.testing.do_bench`` (medians and 20th/80th percentiles; L2 flushed before each call).
+``triton.testing.do_bench`` (medians and 20th/80th percentiles; L2 flushed before each call) as
+a caller runs them, and, for flashlib and the fastest SDPA backend, replayed from a CUDA graph
+(``ms_graph``: a step of a few microseconds is otherwise partly the launches' Python).
 Bytes: the K and V the step must read, 2 · batch · kv_heads · L · head_dim · 2. The copy
 bandwidth is measured at the start of the same run (:func:`flashlib.bench.point.measure_ceilings`).
-Targets at L >= 16k: flashlib at least as fast as the best SDPA backend, and its K and V bytes
-over its time at least 70 % of the copy bandwidth. Points run targets first; the sweeps (split
+Targets at L >= 16k, on the times as called: flashlib at least as fast as the best SDPA backend,
+and its K and V bytes over its time at least 70 % of the copy bandwidth (the graph times' ratios
+are written beside them). Points run targets first; the sweeps (split
 counts, tiles, page sizes) fill what is left of the budget.
 """
 from __future__ import annotations
@@ -132,24 +135,62 @@ def _timed(row, call, reference, bench):
     row.update(ms=float(median), ms_p20=float(low), ms_p80=float(high), gbps=gbps)
 
 
-def measure_point(p, x: Inputs, sdpa_rows, bench, log, device) -> list[dict]:
-    """flashlib at point p, and (once per batch and length, on the contiguous cache) every SDPA backend."""
+def graphed(call):
+    """call() captured once in a CUDA graph: replaying it launches the same kernels with no Python
+    between them, so that a step of a few microseconds is timed as the GPU runs it, not as fast as
+    Python launches it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # warm-up on a side stream, as capturing requires
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph.replay
+
+
+def _timed_graph(row, call, bench, graph):
+    """Also the median time of call replayed from a graph (ms_graph, gbps_graph), where it captures."""
+    if graph is None:
+        return
+    try:
+        median = float(bench(graph(call))[0])
+        row.update(ms_graph=median, gbps_graph=row["bytes"] / (median * 1e-3) / 1e9)
+    except Exception as exc:  # a method that cannot be captured keeps its eager time
+        row["graph_error"] = error_text(exc)
+
+
+def _sdpa_rows(base, x: Inputs, bench, graph):
+    """Every SDPA backend on the contiguous cache (the fastest also replayed from a graph), and the
+    first one's output in float32, to check flashlib's against."""
+    rows, calls, reference = [], {}, None
+    for backend in SDPA_BACKENDS:
+        row = dict(base, layout="contiguous", method=f"sdpa:{backend}")
+        try:
+            call, row["gqa"] = sdpa_call(backend, x)
+            _timed(row, call, None, bench)
+            calls[row["method"]] = call
+            reference = call().float() if reference is None else reference
+        except Exception as exc:  # an unsupported backend is a result, not a crash
+            row["error"] = error_text(exc)
+        rows.append(row)
+    best = best_sdpa(rows)
+    if best is not None:
+        _timed_graph(best, calls[best["method"]], bench, graph)
+    return rows, reference
+
+
+def measure_point(p, x: Inputs, sdpa_rows, bench, log, device, graph=None) -> list[dict]:
+    """flashlib at point p, and (once per batch and length, on the contiguous cache) every SDPA backend;
+    flashlib and the fastest SDPA backend also from a CUDA graph when ``graph`` (:func:`graphed`) is given."""
     base = dict(p, q_heads=x.q.shape[1], kv_heads=x.k.shape[1], head_dim=x.k.shape[-1], new_tokens=1,
                 dtype=str(x.q.dtype).replace("torch.", ""),
                 bytes=kv_bytes(p["batch"], x.k.shape[1], p["length"], x.k.shape[-1], x.k.element_size()))
     rows, reference = [], None
     key = (p["batch"], p["length"])
     if key not in sdpa_rows:
-        sdpa_rows[key] = []
-        for backend in SDPA_BACKENDS:
-            row = dict(base, layout="contiguous", method=f"sdpa:{backend}")
-            try:
-                call, row["gqa"] = sdpa_call(backend, x)
-                _timed(row, call, None, bench)
-                reference = call().float() if reference is None else reference
-            except Exception as exc:  # an unsupported backend is a result, not a crash
-                row["error"] = error_text(exc)
-            sdpa_rows[key].append(row)
+        sdpa_rows[key], reference = _sdpa_rows(base, x, bench, graph)
         rows.extend(sdpa_rows[key])
     row = dict(base, method=OURS)
     try:
@@ -157,7 +198,9 @@ def measure_point(p, x: Inputs, sdpa_rows, bench, log, device) -> list[dict]:
 
         k, _, table = x.pages if x.pages is not None else (x.k, x.v, None)
         row["num_splits"] = default_num_splits(x.q, k, table)
-        _timed(row, ours_call(x), reference if reference is not None else _first_reference(x), bench)
+        call = ours_call(x)
+        _timed(row, call, reference if reference is not None else _first_reference(x), bench)
+        _timed_graph(row, call, bench, graph)
     except Exception as exc:  # a result row; a fault that leaves the device unusable ends the run
         row["error"] = error_text(exc)
         if not device_usable(device):
@@ -198,12 +241,17 @@ def targets(rows, copy_gbps) -> list[dict]:
         speedup = best["ms"] / r["ms"] if best else None
         fraction = r["gbps"] / copy_gbps if copy_gbps else None
         correct = r.get("max_abs_err_vs_sdpa", math.inf) <= MAX_ERROR_VS_SDPA
+        graphs = best is not None and "ms_graph" in best and "ms_graph" in r
         out.append(dict(batch=r["batch"], length=r["length"], layout=r["layout"], sdpa=best and best["method"],
                         correct=correct, speedup=speedup,
                         speedup_range=[best["ms_p20"] / r["ms_p80"], best["ms_p80"] / r["ms_p20"]] if best else None,
                         speedup_met=correct and speedup is not None and speedup >= SPEEDUP_TARGET,
                         bandwidth_fraction=fraction,
-                        bandwidth_met=correct and fraction is not None and fraction >= BANDWIDTH_TARGET))
+                        bandwidth_met=correct and fraction is not None and fraction >= BANDWIDTH_TARGET,
+                        # the same from CUDA graphs: the GPU's time without the launches' Python
+                        speedup_graph=best["ms_graph"] / r["ms_graph"] if graphs else None,
+                        bandwidth_fraction_graph=r["gbps_graph"] / copy_gbps if copy_gbps and "gbps_graph" in r
+                        else None))
     return out
 
 
@@ -221,8 +269,9 @@ def sweep_items(batch: int = 1, length: int = 65536) -> list[dict]:
     return items
 
 
-def run_sweeps(items, make_inputs, bench, budget_s, log, clock=time.perf_counter) -> tuple[list, list]:
-    """(rows, skipped): each item starts only if the longest so far would still end in budget_s."""
+def run_sweeps(items, make_inputs, bench, budget_s, log, clock=time.perf_counter, graph=None) -> tuple[list, list]:
+    """(rows, skipped): each item starts only if the longest so far would still end in budget_s;
+    each timed as it is called and, with ``graph``, from a CUDA graph."""
     from ..kernels.decode import DecodeConfig
 
     start, longest, rows, skipped, inputs = clock(), 0.0, [], [], {}
@@ -240,7 +289,9 @@ def run_sweeps(items, make_inputs, bench, budget_s, log, clock=time.perf_counter
                                                       x.k.element_size()))
         config = DecodeConfig(item["block_k"], item["num_warps"], item["num_stages"]) if "block_k" in item else None
         try:
-            _timed(row, ours_call(x, num_splits=item.get("num_splits"), config=config), None, bench)
+            call = ours_call(x, num_splits=item.get("num_splits"), config=config)
+            _timed(row, call, None, bench)
+            _timed_graph(row, call, bench, graph)
         except Exception as exc:  # an item that does not compile or fit is a result too
             row["error"] = error_text(exc)
         rows.append(row)
@@ -265,14 +316,17 @@ def provenance(device) -> dict:
 
 def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, lengths=LENGTHS, layouts=LAYOUTS,
                      q_heads=Q_HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, page_size=PAGE_SIZE,
-                     dtype=torch.bfloat16, sweeps=True, bench=None, ceilings=None, log=print,
+                     dtype=torch.bfloat16, sweeps=True, bench=None, ceilings=None, graph="cuda", log=print,
                      progress=None) -> dict:
     """Measure the points, then the sweeps, within ``budget_s``; returns {"decode": {...}} for the JSON.
     bench(fn) -> (median, 20th, 80th percentile) ms and ceilings ({"copy_gbps": ...}) default to the
-    GPU's timers and a measurement now; a test passes stand-ins and runs it through the interpreter."""
+    GPU's timers and a measurement now; graph(call) -> replay, default :func:`graphed` on a CUDA device
+    (None: no graph times); a test passes stand-ins and runs it through the interpreter."""
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("run_decode_bench: no CUDA device; the decoding benchmark runs on a GPU")
     start, bench = time.perf_counter(), bench or bench_spread
+    if graph == "cuda":
+        graph = graphed if torch.device(device).type == "cuda" else None
     info = provenance(device)
     log(f"decoding benchmark on {info['device']} (budget {budget_s:.0f} s)")
     ceilings = ceilings or measure_ceilings(device)
@@ -285,20 +339,23 @@ def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, 
         return Inputs(p, page_size=pages, **shapes)
 
     sdpa_rows, lost, timeline = {}, [], []
-    measure = lambda p: measure_point(p, make_inputs(p), sdpa_rows, bench, log, device)  # noqa: E731
+    measure = lambda p: measure_point(p, make_inputs(p), sdpa_rows, bench, log, device, graph)  # noqa: E731
     rows, skipped = run_plan(plan(batches, lengths, layouts), measure, budget_s - (time.perf_counter() - start),
                              progress=progress, timeline=timeline, lost=lost)
     sweep_rows, sweep_skipped = [], []
     if sweeps and not lost:
         left = budget_s - (time.perf_counter() - start)
         length = 65536 if 65536 in lengths else max(lengths)
-        sweep_rows, sweep_skipped = run_sweeps(sweep_items(batches[0], length), make_inputs, bench, left, log)
+        sweep_rows, sweep_skipped = run_sweeps(sweep_items(batches[0], length), make_inputs, bench, left, log,
+                                               graph=graph)
     return {"decode": {
         "provenance": info,
         "config": {"q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim,
                    "dtype": str(dtype).replace("torch.", ""), "new_tokens": 1, "page_size": page_size,
                    "budget_s": budget_s,
-                   "timing": "triton.testing.do_bench median ms (ms_p20, ms_p80: 20th and 80th percentiles)",
+                   "timing": "triton.testing.do_bench median ms (ms_p20, ms_p80: 20th and 80th percentiles), "
+                             "L2 flushed before each call; ms_graph: the same call replayed from a CUDA graph "
+                             "(flashlib and the fastest SDPA backend)",
                    "bytes": "K and V read: 2 * batch * kv_heads * length * head_dim * element size",
                    "sdpa": "on the contiguous cache, enable_gqa=True or K/V expanded beforehand (row 'gqa'); "
                            "paged points compare with SDPA on the contiguous cache (no gather timed)"},
@@ -315,9 +372,11 @@ def format_targets(result: dict) -> str:
     for t in result["decode"]["targets"]:
         speedup = f"{t['speedup']:.2f}x {t['sdpa']}" if t["speedup"] is not None else "no SDPA"
         wrong = "" if t["correct"] else " OUTPUT DIFFERS FROM SDPA'S"
+        graphs = "" if t.get("speedup_graph") is None else (
+            f"; from graphs {t['speedup_graph']:.2f}x, bandwidth {t['bandwidth_fraction_graph']:.0%}")
         lines.append(f"  B={t['batch']} L={t['length']:6d} {t['layout']:10s}{wrong} {speedup} "
                      f"({'met' if t['speedup_met'] else 'not met'}); bandwidth {t['bandwidth_fraction']:.0%} "
-                     f"({'met' if t['bandwidth_met'] else 'not met'})")
+                     f"({'met' if t['bandwidth_met'] else 'not met'}){graphs}")
     return "\n".join(lines)
 
 
