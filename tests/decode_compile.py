@@ -2,7 +2,8 @@
 
 ``python -m tests.decode_compile`` reads JSON specs on stdin and writes one report per spec:
 registers, spills, shared memory and tensor-core instructions, as flashlib.kernels.compile
-reads them for the attention kernels. :func:`compile_decode` starts it with TRITON_INTERPRET=0
+reads them for the attention kernels; and, if asked, compiles decode_forward's own launches
+through Triton's JIT (:func:`launch_path`). :func:`compile_decode` starts it with TRITON_INTERPRET=0
 (and another Triton release first on the path, for 3.6.0); tests/test_decode.py asks.
 The signature is written here: the decoding kernels take int32 pointers (lengths, block table)
 and a float soft-cap, which the attention kernels' naming rules do not type.
@@ -26,11 +27,14 @@ def spec(kernel: str, capability, dtype: str, head_dim: int, *, paged: bool = Fa
                 softcap=softcap, rows=rows)
 
 
-def compile_decode(specs, *, triton_path: str | None = None, timeout: float = 600) -> list[dict]:
+def compile_decode(specs, *, triton_path: str | None = None, launch: bool = False, timeout: float = 600) -> dict:
+    """{"reports": one per spec, "launch": :func:`launch_path`'s result (with launch=True) or None},
+    from one fresh Python with TRITON_INTERPRET=0 and triton_path first on its path."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (triton_path, ROOT, env.get("PYTHONPATH")) if p)
-    done = subprocess.run([sys.executable, "-m", "tests.decode_compile"], input=json.dumps(list(specs)),
-                          capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-m", "tests.decode_compile"],
+                          input=json.dumps(dict(specs=list(specs), launch=launch)), capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"compile_decode: the compiler process failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout)
@@ -92,7 +96,47 @@ def _compile_one(s) -> dict:
     return report
 
 
+def launch_path() -> dict:
+    """decode_forward's own launches, bound by Triton's JIT as on an H200 and compiled, nothing run:
+    a stand-in driver answers which device, stream and target (sm_90), flashlib.bench.ahead notes
+    the launches and compiles them through the JIT's warm-up entry (its argument binder and
+    specialisation: the row function passed as a compile-time argument, int32 pointers, a float
+    soft-cap, integers equal to 1). CPU tensors stand in for the GPU's; nothing reads them."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    class StandInDriver:
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    driver.set_active(StandInDriver())
+    from flashlib.bench import ahead
+    from flashlib.decode import paged_cache
+    from flashlib.kernels import decode
+
+    q = torch.zeros(2, 32, 1, 128, dtype=torch.bfloat16)  # (batch, q_heads, new tokens, head_dim)
+    k = torch.zeros(2, 8, 4096, 128, dtype=torch.bfloat16)  # (batch, kv_heads, capacity, head_dim)
+    k_pages, _, table = paged_cache(k, k, 16)
+    lengths = torch.full((2,), 4096, dtype=torch.int32)
+    config = decode.decode_config(128, torch.bfloat16, (9, 0))
+    with ahead.recording() as notes:
+        decode.decode_forward(q, k, k, lengths, scale=0.1, num_splits=33, config=config)
+        decode.decode_forward(q, k_pages, k_pages, lengths, block_table=table, scale=0.1, softcap=30.0,
+                              window_left=256, num_splits=1, config=config)
+    compiled = ahead.compile_notes(notes, threads=2)
+    return dict(notes=[n.name for n in notes], compiled=compiled)
+
+
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET", "0") not in ("0", ""):
         raise SystemExit("tests.decode_compile: run with TRITON_INTERPRET=0; interpreted kernels cannot be compiled")
-    json.dump([_compile_one(s) for s in json.loads(sys.stdin.read())], sys.stdout)
+    asked = json.loads(sys.stdin.read())
+    json.dump(dict(reports=[_compile_one(s) for s in asked["specs"]],
+                   launch=launch_path() if asked["launch"] else None), sys.stdout)

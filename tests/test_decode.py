@@ -273,27 +273,45 @@ def test_greedy_generation_with_a_cache_gives_the_same_tokens():
 SPECS = [spec("split", (9, 0), "bfloat16", 128), spec("split", (9, 0), "bfloat16", 128, paged=True),
          spec("split", (8, 0), "float16", 64, paged=True, softcap=True, rows=8),
          spec("split", (8, 0), "float32", 128), spec("split", (9, 0), "bfloat16", 256, paged=True, rows=16),
-         spec("merge", (9, 0), "bfloat16", 128),
-         spec("merge", (8, 0), "float16", 64, rows=8)]
+         spec("merge", (9, 0), "bfloat16", 128)]
+
+
+def _compile_and_launch(specs, triton_path=None):
+    return compile_decode(specs, triton_path=triton_path, launch=True)
 
 
 @pytest.fixture(scope="module")
-def reports():
-    return side_by_side(compile_decode, SPECS)
+def compiled():
+    """{version: {"reports": per spec, "launch": the launch path's result}}, both Triton releases side by side."""
+    return side_by_side(_compile_and_launch, SPECS)
+
+
+def _version(compiled, version):
+    if version not in compiled:
+        triton36_dir()  # skips (locally) or fails (CI) with the reason
+    return compiled[version]
 
 
 @pytest.mark.parametrize("version", ["pinned", "3.6"])
-def test_kernels_compile_for_sm80_and_sm90(reports, version):
-    if version not in reports:
-        triton36_dir()  # skips (locally) or fails (CI) with the reason
-    for s, r in zip(SPECS, reports[version]):
+def test_kernels_compile_for_sm80_and_sm90(compiled, version):
+    reports = _version(compiled, version)["reports"]
+    for s, r in zip(SPECS, reports):
         assert r["ok"], (s, r["error"])
         assert (r["spill_stores"], r["spill_loads"]) == (0, 0), (s, r["registers"])
         assert r["shared"] <= SHARED_LIMIT[tuple(s["capability"])]
         if s["kernel"] == "split":  # 16 stacked query rows: mma.sync, too few rows for wgmma
             assert r["mma_sync_ops"] > 0 and r["wgmma_ops"] == 0, s
     want = "3.6.0" if version == "3.6" else importlib.metadata.version("triton")
-    assert {r["triton_version"] for r in reports[version]} == {want}
+    assert {r["triton_version"] for r in reports} == {want}
+
+
+@pytest.mark.parametrize("version", ["pinned", "3.6"])
+def test_the_launchers_bind_and_compile_as_on_an_h200(compiled, version):
+    # decode_forward's own launches through Triton's JIT (contiguous with 33 splits; paged, soft-capped,
+    # windowed, one split), compiled for sm_90 with a stand-in driver
+    launch = _version(compiled, version)["launch"]
+    assert launch["notes"] == ["_decode_split", "_decode_merge"] * 2
+    assert launch["compiled"]["failed"] == 0, launch["compiled"]["errors"]
 
 
 # ----- notebook 10's figures, slider and checkers ----------------------------------------------
