@@ -6,9 +6,12 @@ import without Triton; ``flash_attention``, the public fused op (:mod:`flashlib.
 first use. The rooms of the package:
 
     flashlib.dense, softmax, tiled, backward, iomodel, roofline   the reference algorithms
+    flashlib.op          the public op flash_attention (a torch.library custom op)
     flashlib.decode      decoding with a KV cache: its reference and the public decode_attention
+    flashlib.distributed ring attention across processes (torch.distributed)
     flashlib.course      figures, widgets and exercise checkers of the notebooks
-    flashlib.kernels     the Triton kernels notebooks 05-07 teach
+    flashlib.labs        the labs: the learner writes a piece of FlashAttention, a checker names mistakes
+    flashlib.kernels     the Triton kernels the notebooks teach (05-07, and decoding's)
     flashlib.ladder      the faster rungs of notebook 08, forward and backward
     flashlib.bench       the CPU and GPU benchmarks, the GPU check, recorded runs
 """
