@@ -131,7 +131,15 @@ def launch_path() -> dict:
         decode.decode_forward(q, k_pages, k_pages, lengths, block_table=table, scale=0.1, softcap=30.0,
                               window_left=256, num_splits=1, config=config)
     compiled = ahead.compile_notes(notes, threads=2)
-    return dict(notes=[n.name for n in notes], compiled=compiled)
+    # the decoding benchmark's own compiling ahead, for a few of its points and sweep items
+    from flashlib.bench import decode as bench
+
+    shapes = dict(q_heads=32, kv_heads=8, head_dim=128, dtype=torch.bfloat16, device="cpu")
+    items = [bench.plan()[0], bench.plan()[1], *bench.sweep_items()[:2], bench.sweep_items()[-1]]
+    runs = [bench.what_runs(p, q_heads=32, kv_heads=8, device="cpu") for p in items]
+    bench_ahead = bench.compile_ahead(runs, threads=2, log=lambda *_: None, **shapes)
+    return dict(notes=[n.name for n in notes], compiled=compiled, runs=[list(map(str, r)) for r in runs],
+                bench_ahead=bench_ahead)
 
 
 if __name__ == "__main__":

@@ -312,6 +312,13 @@ def test_the_launchers_bind_and_compile_as_on_an_h200(compiled, version):
     launch = _version(compiled, version)["launch"]
     assert launch["notes"] == ["_decode_split", "_decode_merge"] * 2
     assert launch["compiled"]["failed"] == 0, launch["compiled"]["errors"]
+    # the decoding benchmark compiles what it will launch before its first point
+    assert [r[:3] for r in launch["runs"]] == [["contiguous", "16", "1"], ["paged", "16", "1"],
+                                               ["contiguous", "16", "1"], ["contiguous", "16", "8"],
+                                               ["paged", "16", "1"]]  # splits: 1 without a GPU, or as asked
+    assert launch["runs"][-1][3].startswith("DecodeConfig(block_k=128, num_warps=8, num_stages=3)")
+    ahead = launch["bench_ahead"]
+    assert ahead["failed"] == 0 and ahead["kernels"] >= 1 and ahead["launches_noted"] == 2 * 4, ahead  # 4 distinct runs
 
 
 # ----- notebook 10's figures, slider and checkers ----------------------------------------------

@@ -23,8 +23,9 @@ Bytes: the K and V the step must read, 2 · batch · kv_heads · L · head_dim �
 bandwidth is measured at the start of the same run (:func:`flashlib.bench.point.measure_ceilings`).
 Targets at L >= 16k, on the times as called: flashlib at least as fast as the best SDPA backend,
 and its K and V bytes over its time at least 70 % of the copy bandwidth (the graph times' ratios
-are written beside them). Points run targets first; the sweeps (split
-counts, tiles, page sizes) fill what is left of the budget.
+are written beside them). Every kernel the run launches is compiled first, on all cores; the
+points run targets first; the sweeps (split counts, page sizes, tiles) fill what is left of the
+budget.
 """
 from __future__ import annotations
 
@@ -302,6 +303,44 @@ def run_sweeps(items, make_inputs, bench, budget_s, log, clock=time.perf_counter
     return rows, skipped
 
 
+# ----- compiling ahead ------------------------------------------------------------------------
+
+def what_runs(p, *, q_heads, kv_heads, device) -> tuple:
+    """(layout, page_size, num_splits, config) a grid point or sweep item launches with: what its
+    kernels are compiled for (the shape beyond these only sets the grid)."""
+    from ..kernels.decode import DecodeConfig, choose_num_splits, row_block, sm_count
+
+    rows = q_heads // kv_heads  # one new token
+    page_size = p.get("page_size", PAGE_SIZE)
+    keys = p["length"] if p["layout"] == "contiguous" else -(-p["length"] // page_size) * page_size
+    num_splits = p.get("num_splits") or choose_num_splits(p["batch"] * kv_heads * -(-rows // row_block(rows)), keys,
+                                                          sm_count(torch.device(device)))
+    config = DecodeConfig(p["block_k"], p["num_warps"], p["num_stages"]) if "block_k" in p else None
+    return p["layout"], page_size, num_splits, config
+
+
+def compile_ahead(runs, *, q_heads, kv_heads, head_dim, dtype, device, threads=None, log=print) -> dict:
+    """Compile the kernels of every (layout, page_size, num_splits, config) in ``runs`` on many threads
+    before the first point (:mod:`flashlib.bench.ahead`: launches noted on small inputs that bind
+    alike, 4096 positions, then compiled; nothing runs), so that the budget goes to measuring."""
+    from ..kernels.decode import decode_forward
+    from .ahead import compile_notes, recording
+
+    start = time.perf_counter()
+    with recording() as notes:
+        for layout, page_size, num_splits, config in sorted(set(runs), key=str):
+            x = Inputs(dict(batch=1, length=4096, layout=layout), page_size=page_size, q_heads=q_heads,
+                       kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, device=device)
+            k, v, table = x.pages if x.pages is not None else (x.k, x.v, None)
+            decode_forward(x.q, k, v, x.lengths, block_table=table, scale=head_dim ** -0.5, num_splits=num_splits,
+                           config=config)
+    result = compile_notes(notes, threads)
+    result.update(launches_noted=len(notes), record_seconds=round(time.perf_counter() - start - result["seconds"], 2))
+    log(f"  compiled ahead: {result['kernels']} kernels ({result['failed']} failed) in {result['seconds']:.0f} s "
+        f"on {result['threads']} threads")
+    return result
+
+
 # ----- the run ------------------------------------------------------------------------------
 
 def provenance(device) -> dict:
@@ -317,11 +356,12 @@ def provenance(device) -> dict:
 def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, lengths=LENGTHS, layouts=LAYOUTS,
                      q_heads=Q_HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, page_size=PAGE_SIZE,
                      dtype=torch.bfloat16, sweeps=True, bench=None, ceilings=None, graph="cuda", log=print,
-                     progress=None) -> dict:
+                     progress=None, precompile: bool | None = None) -> dict:
     """Measure the points, then the sweeps, within ``budget_s``; returns {"decode": {...}} for the JSON.
     bench(fn) -> (median, 20th, 80th percentile) ms and ceilings ({"copy_gbps": ...}) default to the
     GPU's timers and a measurement now; graph(call) -> replay, default :func:`graphed` on a CUDA device
-    (None: no graph times); a test passes stand-ins and runs it through the interpreter."""
+    (None: no graph times); precompile: compile every kernel first on all cores (default on a CUDA
+    device: :func:`compile_ahead`); a test passes stand-ins and runs it through the interpreter."""
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("run_decode_bench: no CUDA device; the decoding benchmark runs on a GPU")
     start, bench = time.perf_counter(), bench or bench_spread
@@ -338,16 +378,24 @@ def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, 
             torch.cuda.empty_cache()
         return Inputs(p, page_size=pages, **shapes)
 
+    grid = plan(batches, lengths, layouts)
+    length = 65536 if 65536 in lengths else max(lengths)
+    items = sweep_items(batches[0], length) if sweeps else []
+    compiled = None
+    if precompile if precompile is not None else torch.device(device).type == "cuda":
+        try:
+            runs = [what_runs(p, q_heads=q_heads, kv_heads=kv_heads, device=device) for p in grid + items]
+            compiled = compile_ahead(runs, log=log, **shapes)
+        except Exception as exc:  # the kernels then compile at their first launch
+            compiled = {"error": error_text(exc)}
     sdpa_rows, lost, timeline = {}, [], []
     measure = lambda p: measure_point(p, make_inputs(p), sdpa_rows, bench, log, device, graph)  # noqa: E731
-    rows, skipped = run_plan(plan(batches, lengths, layouts), measure, budget_s - (time.perf_counter() - start),
-                             progress=progress, timeline=timeline, lost=lost)
+    rows, skipped = run_plan(grid, measure, budget_s - (time.perf_counter() - start), progress=progress,
+                             timeline=timeline, lost=lost)
     sweep_rows, sweep_skipped = [], []
-    if sweeps and not lost:
+    if items and not lost:
         left = budget_s - (time.perf_counter() - start)
-        length = 65536 if 65536 in lengths else max(lengths)
-        sweep_rows, sweep_skipped = run_sweeps(sweep_items(batches[0], length), make_inputs, bench, left, log,
-                                               graph=graph)
+        sweep_rows, sweep_skipped = run_sweeps(items, make_inputs, bench, left, log, graph=graph)
     return {"decode": {
         "provenance": info,
         "config": {"q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim,
@@ -359,7 +407,7 @@ def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, 
                    "bytes": "K and V read: 2 * batch * kv_heads * length * head_dim * element size",
                    "sdpa": "on the contiguous cache, enable_gqa=True or K/V expanded beforehand (row 'gqa'); "
                            "paged points compare with SDPA on the contiguous cache (no gather timed)"},
-        "ceilings": ceilings, "points": rows, "skipped": skipped, "timeline": timeline,
+        "ceilings": ceilings, "precompile": compiled, "points": rows, "skipped": skipped, "timeline": timeline,
         "targets": targets(rows, ceilings.get("copy_gbps")), "sweeps": sweep_rows, "sweeps_skipped": sweep_skipped,
         "device_lost": {k: v for k, v in lost[0].items() if k != "pending"} if lost else None,
         "elapsed_s": round(time.perf_counter() - start, 1)}}
