@@ -155,7 +155,7 @@ def check_decode_values(fn, cache_seqlens, block_table, new_tokens: int, args: D
     """The checks that read the lengths and the block table: one transfer from the device."""
     lengths = cache_seqlens.long()
     flags = [(lengths < new_tokens).any(), (lengths > args.capacity).any()]
-    used = bad_pages = None
+    bad_pages = None
     if args.paged:
         pages = torch.arange(block_table.shape[1], device=lengths.device)
         used = pages[None, :] < (lengths[:, None] + args.page_size - 1).clamp(min=0) // args.page_size
