@@ -243,6 +243,31 @@ def test_the_peak_of_a_training_step_counts_its_gradients():
     assert point.peak_bytes(call) >= held and point.peak_bytes(call) >= held
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_decoding_against_its_reference_in_bfloat16(paged):
+    """Split-KV decoding compiled for the GPU: GQA, ragged cache lengths, a window, soft-capping,
+    a few new tokens, contiguous or paged (shuffled block table), within bfloat16's rounding of
+    the float32 reference; every split count gives the same output up to rounding."""
+    from flashlib import decode_attention, decode_reference
+    from flashlib.decode import paged_cache
+
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    batch, q_heads, kv_heads, new, capacity, dim = 3, 8, 2, 3, 3000, 128
+    q = torch.randn(batch, q_heads, new, dim, device=DEVICE, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(batch, kv_heads, capacity, dim, device=DEVICE, generator=g).to(torch.bfloat16)
+            for _ in range(2))
+    seqlens = torch.tensor([3000, 1234, 7], device=DEVICE, dtype=torch.int32)
+    options = dict(window=(1000, 0), softcap=30.0)
+    table = None
+    if paged:
+        k, v, table = paged_cache(k, v, 64, spare_pages=5, generator=torch.Generator().manual_seed(1))
+    want = decode_reference(q.float(), k.float(), v.float(), seqlens, block_table=table, **options)
+    for splits in (None, 1, 7):
+        got = decode_attention(q, k, v, seqlens, block_table=table, num_splits=splits, **options)
+        assert got.dtype == torch.bfloat16 and torch.isfinite(got).all()
+        torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+
+
 def test_cpu_tensors_are_refused_with_the_fix():
     x = torch.randn(1, 1, 8, 16)
     with pytest.raises(ValueError, match="move q, k, v to 'cuda'"):
