@@ -41,7 +41,6 @@ from ..kernels.forward import (_attn_fwd, _finish, _key_range_end, _load_rows, _
                                _score_tile, _visible)
 
 FN = "flashlib.ladder.attention"
-autotunes = autotune.autotunes  # kept here too: the public op and the benchmark ask the forward
 
 
 # ----- loading and ranges -------------------------------------------------------------------
@@ -282,7 +281,7 @@ def variant(rung: Rung, descriptors: bool, scale: float = 1.0):
     kernel, or rung 2's where descriptors cannot be used, with rung 3's fold and launch order
     where its fold needs scale > 0 and scale is not."""
     if rung.kernel == TEACHING_FORWARD:
-        return _attn_fwd, {}, (rung.kernel,)
+        return kernel_function(rung.kernel), {}, (rung.kernel,)
     fold, longest_first = rung.fold, rung.longest_first
     if FOLDS[fold][1] and scale <= 0:
         fold, longest_first = "_fold", False
