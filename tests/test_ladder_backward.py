@@ -124,6 +124,10 @@ def test_bad_backward_is_named():
     x = torch.randn(1, 1, 4, 8)
     with pytest.raises(ValueError, match="'backward'.*'fast'"):
         flash_attention(x, x, x, backward="fast")
+    with pytest.raises(ValueError, match="'backward'.*'atomic'"):  # removed: data/bench/LOG.md
+        rungs.backward("atomic")
+    with pytest.raises(ValueError, match="'name'.*bwd_dkdv_lean.*'bwd_fused_atomic'"):
+        spec("bwd_fused_atomic")
 
 
 def test_pruner_gives_each_head_dim_its_candidates():

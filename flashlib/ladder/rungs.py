@@ -189,10 +189,6 @@ class Backward:
     without_descriptors: str = ""
     falls_back: str = ""
 
-    def compiled_kernels(self) -> tuple[str, ...]:
-        """The names :func:`flashlib.ladder.compile.spec` knows this backward's autotuned kernels by."""
-        return tuple(f"bwd_{role}_{self.name}" for role in self.tiles)
-
 
 _PREPROCESS = "kernels.backward._attn_bwd_preprocess"
 _SPLIT_BACKWARD = {"preprocess": _PREPROCESS, "dkdv": "ladder.backward._attn_bwd_dkdv_split",
