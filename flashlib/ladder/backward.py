@@ -20,7 +20,7 @@ already come first).
 ``backward="bulk"``: one kernel, _attn_bwd_fused: lean's dK/dV loop also adds each tile's
 share of dQ into a float32 dQ, five products per tile pair instead of seven, as
 FlashAttention-3 does on Hopper. The kernel takes the step that adds a dQ tile as a
-function, ADD_DQ: one bulk reduction of the copy engine per tile (sm_90), or, in Triton's
+function, ADD_DQ: one bulk reduction of the TMA per tile (sm_90), or, in Triton's
 interpreter, which has no bulk reductions, one atomic per element; either of dQ or of its
 transpose (DQ_T). The order of the additions, so the last bits of dQ, can change from run
 to run.
@@ -236,7 +236,7 @@ def _attn_bwd_dq_split(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
 def _bulk_add_dq(DQ, stride_dq, ds_t, k_tile, q0, offs_q, offs_d, SEQ_Q, HEAD_DIM: tl.constexpr,
                  INPUT_PRECISION: tl.constexpr):
     """dQ[q0 : q0 + BLOCK_Q] += dS K, (BLOCK_Q, HEAD_DIM_PAD), by one bulk reduction of the
-    copy engine into the descriptor DQ (rows past SEQ_Q, columns past HEAD_DIM clipped)."""
+    TMA into the descriptor DQ (rows past SEQ_Q, columns past HEAD_DIM clipped)."""
     DQ.atomic_add([q0, 0], tl.dot(tl.trans(ds_t.to(k_tile.dtype)), k_tile, input_precision=INPUT_PRECISION))
 
 
@@ -311,7 +311,7 @@ def _attn_bwd_fused(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
                     BULK_DQ: tl.constexpr, DQ_T: tl.constexpr = False):
     """dK, dV of one key tile and its share of every dQ row. DQ: float32, zeroed, (SEQ_Q, HEAD_DIM)
     per head with rows stride_dqm apart, or with DQ_T its transpose, rows stride_dqt apart;
-    BULK_DQ: added by bulk reductions of the copy engine, else by atomics. Delta holds delta * scale."""
+    BULK_DQ: added by bulk reductions of the TMA, else by atomics. Delta holds delta * scale."""
     k0 = tl.program_id(0) * BLOCK_K
     off_z = tl.program_id(1).to(tl.int64)
     offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -432,7 +432,7 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
     if "fused" in chosen.tiles:
         # float32 atomics start from zero, in a buffer that holds dQ either way: (B*H, seq_pad, d)
         # as it is or (B*H, d, seq_pad) transposed (seq_pad keeps its rows 16-byte aligned for the
-        # copy engine). The kernel scales dS itself and wants delta scaled alike: one multiply per
+        # TMA). The kernel scales dS itself and wants delta scaled alike: one multiply per
         # row here instead of one per score there.
         seq_pad = triton.cdiv(seq_q, 16) * 16
         dq = torch.zeros(bh, seq_pad, d, dtype=torch.float32, device=q.device)

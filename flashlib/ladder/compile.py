@@ -66,7 +66,7 @@ def _forward_kernel(name, hopper, head_dim, cfg):
     from . import forward
 
     rung = BY_NAME[name]
-    descriptors = rung.kernel == forward.TMA_FORWARD and hopper  # below sm_90 no copy engine
+    descriptors = rung.kernel == forward.TMA_FORWARD and hopper  # below sm_90 no TMA
     kernel, options, _ = forward.variant(rung, descriptors)
     if kernel is not forward._attn_fwd:
         options["HEAD_DIM"] = head_dim

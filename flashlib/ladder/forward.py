@@ -12,7 +12,7 @@ names. What changes is how the work is launched and fed (the table, with the rea
                            full are folded without any mask; only the tiles crossing the
                            diagonal or the end of the keys pay for it
     rung 3 "tma"           _attn_fwd_tma: rung 2 with Q, K, V and O moved by tensor
-                           descriptors (on sm_90 the copy engine moves whole tiles and pads
+                           descriptors (on sm_90 the Tensor Memory Accelerator, TMA, moves whole tiles and pads
                            out-of-bounds rows and columns with zeros)
     rung 4 "lean"          rung 3 with the fold _fold_lean (the row max of raw scores, the
                            scale inside exp2's argument) and the longest causal blocks first
@@ -258,7 +258,7 @@ def tma_eligible(*tensors: torch.Tensor) -> bool:
 
 
 def tma_hardware(device: torch.device) -> bool:
-    """The copy engine exists on sm_90 and newer; the interpreter emulates descriptors anywhere."""
+    """The TMA exists on sm_90 and newer; the interpreter emulates descriptors anywhere."""
     if device.type != "cuda":
         return True
     return torch.cuda.get_device_capability(device) >= (9, 0)

@@ -130,10 +130,10 @@ LADDER = (
          SPLIT_FORWARD, _EVERYWHERE, fold="_fold", tiles=FORWARD_TILES),
     Rung(3, "tma",
          "rung 2 with Q, K, V, O moved by tensor descriptors (TMA bulk copies on sm_90)",
-         "the copy engine moves whole tiles and pads the edges, freeing threads and registers",
+         "the Tensor Memory Accelerator (TMA, a unit of each SM that copies whole tiles between HBM and shared memory) moves the tiles and pads their edges, freeing threads and registers",
          TMA_FORWARD, _HOPPER,
          "rung 2's kernel runs when head_dim * element size is not a multiple of 16 bytes, and on "
-         "GPUs older than sm_90 (no copy engine)", fold="_fold", tiles=FORWARD_TILES),
+         "GPUs older than sm_90 (no TMA)", fold="_fold", tiles=FORWARD_TILES),
     Rung(4, "lean",
          "rung 3 with the row max taken of raw scores and the scale applied inside exp2's argument; "
          "causal launches start with the longest query blocks",
@@ -206,15 +206,15 @@ BACKWARDS = (
              _SPLIT_BACKWARD, "tma", {"dkdv": DKDV_TILES, "dq": DQ_TILES}),
     Backward("lean", "tuned, with the streamed blocks (Q and dO for dK/dV, K and V for dQ) moved by tensor "
              "descriptors on sm_90, and causal dQ blocks launched longest first",
-             "the forward's rungs 3 and 4 for the backward: the copy engine frees threads and registers, and "
+             "the forward's rungs 3 and 4 for the backward: the TMA frees threads and registers, and "
              "the longest programs no longer end the launch alone",
              _SPLIT_BACKWARD, "lean", {"dkdv": LEAN_DKDV_TILES, "dq": DQ_TILES}, descriptors=True,
              longest_first=True,
              falls_back="without descriptors the same kernels load through pointers, dQ still longest first"),
     Backward("bulk", "one kernel: lean's dK/dV kernel also adds each dQ tile into a float32 dQ, by one bulk "
-             "reduction of the copy engine (sm_90); the autotuner may build dQ transposed (K^T dS^T)",
+             "reduction of the TMA (sm_90); the autotuner may build dQ transposed (K^T dS^T)",
              "five matmuls per tile pair instead of seven, as FlashAttention-3's backward, without one atomic "
-             "instruction per dQ element: the copy engine does the float32 additions in L2 while the warps go "
+             "instruction per dQ element: the TMA does the float32 additions in L2 while the warps go "
              "on; transposed, dQ's product has the head dim as its long side, not the few query rows, and runs "
              "on wgmma like the other four",
              {"preprocess": _PREPROCESS, "fused": "ladder.backward._attn_bwd_fused"}, "lean",
