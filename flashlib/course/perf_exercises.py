@@ -19,7 +19,7 @@ def check_attention_flops(answer) -> bool:
                         (2 * h * n * n * d, "every batch element has its own heads.")])
 
 
-INTENSITY_EXERCISE = dict(n=4096, head_dim=128, block_q=128, element_size=2)
+INTENSITY_EXERCISE = dict(n=8192, head_dim=64, block_q=64, element_size=2)
 
 
 def check_intensity(answer) -> bool:
@@ -36,7 +36,7 @@ def check_intensity(answer) -> bool:
                          "not once in all.")])
 
 
-MINIMUM_EXERCISE = dict(n=4096, head_dim=128, element_size=2)
+MINIMUM_EXERCISE = dict(n=8192, head_dim=64, element_size=2)
 
 
 def check_minimum_intensity(answer) -> bool:
