@@ -5,6 +5,7 @@ so that a wrong call fails loudly instead of returning something silently wrong.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 
@@ -13,8 +14,11 @@ import torch
 LOOP_ORDERS = ("query", "key")
 
 
-def check_attention_inputs(fn: str, q, k, v, *, causal, scale) -> float:
-    """Validate (..., seq, head_dim) inputs; return the softmax scale to use."""
+def check_attention_inputs(fn: str, q, k, v, *, causal, scale, groups: bool = False) -> float:
+    """Validate (..., seq, head_dim) inputs; return the softmax scale to use.
+
+    groups: k and v may have fewer heads (dim -3) than q, a divisor of q's (grouped-query
+    attention); otherwise every leading dim must match."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
@@ -34,7 +38,9 @@ def check_attention_inputs(fn: str, q, k, v, *, causal, scale) -> float:
                 f"{fn}: argument '{name}' has rank {t.ndim} (shape {tuple(t.shape)}) but 'q' has rank "
                 f"{q.ndim} (shape {tuple(q.shape)}); q, k and v must have the same rank"
             )
-        if t.shape[:-2] != q.shape[:-2]:
+        if groups and t.ndim >= 3:
+            _check_heads(fn, name, t, q)
+        elif t.shape[:-2] != q.shape[:-2]:
             raise ValueError(
                 f"{fn}: argument '{name}' has leading (batch, heads) dims {tuple(t.shape[:-2])} but 'q' has "
                 f"{tuple(q.shape[:-2])}; they must match exactly"
@@ -54,6 +60,8 @@ def check_attention_inputs(fn: str, q, k, v, *, causal, scale) -> float:
                 f"{fn}: argument '{name}' is on {t.device} but 'q' is on {q.device}; "
                 "move q, k and v to one device"
             )
+    if groups:
+        check_same_heads(fn, k, v)
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(
             f"{fn}: arguments 'k' and 'v' must have the same sequence length; "
@@ -64,6 +72,105 @@ def check_attention_inputs(fn: str, q, k, v, *, causal, scale) -> float:
     if not isinstance(causal, bool):
         raise TypeError(f"{fn}: argument 'causal' must be True or False, got {causal!r}")
     return resolve_scale(fn, scale, q.shape[-1])
+
+
+def _check_heads(fn: str, name: str, t, q) -> None:
+    """(batch, heads): the batch dims equal q's and the heads divide q's."""
+    if t.shape[:-3] != q.shape[:-3]:
+        raise ValueError(f"{fn}: argument '{name}' has batch dims {tuple(t.shape[:-3])} but 'q' has "
+                         f"{tuple(q.shape[:-3])}; they must match exactly")
+    heads, q_heads = t.shape[-3], q.shape[-3]
+    if heads < 1 or q_heads % heads:
+        raise ValueError(f"{fn}: argument '{name}' has {heads} heads but 'q' has {q_heads}; the query heads "
+                         "must be a multiple of the key/value heads (grouped-query attention)")
+
+
+def check_same_heads(fn: str, k, v) -> None:
+    """k and v share their heads (grouped-query attention groups q's heads, never k's against v's)."""
+    if k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(f"{fn}: arguments 'k' and 'v' must have the same leading (batch, heads) dims; "
+                         f"got k {tuple(k.shape[:-2])} and v {tuple(v.shape[:-2])}")
+
+
+def check_window(fn: str, window) -> tuple[int, int]:
+    """(left, right) of a sliding window, -1 for no limit on a side; None gives (-1, -1)."""
+    if window is None:
+        return -1, -1
+    ok = (isinstance(window, (tuple, list)) and len(window) == 2
+          and all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window))
+    if not ok:
+        raise TypeError(f"{fn}: argument 'window' must be None or a pair of ints (left, right), got {window!r}")
+    left, right = (int(w) for w in window)
+    if left < -1 or right < -1:
+        raise ValueError(f"{fn}: argument 'window' is {(left, right)}; each side must be >= 0 keys, or -1 "
+                         "for no limit on that side (flash-attn's convention)")
+    return left, right
+
+
+def check_softcap(fn: str, softcap) -> float:
+    """The soft-cap c > 0, or 0.0 for none (softcap=None)."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not math.isfinite(softcap):
+        raise TypeError(f"{fn}: argument 'softcap' must be None or a finite number > 0, got {softcap!r}")
+    if softcap <= 0:
+        raise ValueError(f"{fn}: argument 'softcap' is {softcap}; it must be > 0 (scores become "
+                         "softcap * tanh(score / softcap)), or None for no capping")
+    return float(softcap)
+
+
+def check_mask_mod(fn: str, mask_mod):
+    """None, or a function mask_mod(b, h, q_idx, kv_idx) -> bool tensor."""
+    if mask_mod is None:
+        return None
+    if not callable(mask_mod):
+        raise TypeError(f"{fn}: argument 'mask_mod' must be None or a function mask_mod(b, h, q_idx, kv_idx) "
+                        f"-> bool, got {type(mask_mod).__name__}")
+    try:
+        params = inspect.signature(mask_mod).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: calling it will tell
+        return mask_mod
+    if len([p for p in params if p.default is inspect.Parameter.empty]) != 4:
+        raise TypeError(f"{fn}: argument 'mask_mod' must take four arguments (b, h, q_idx, kv_idx), as "
+                        f"flex_attention's mask functions do; {getattr(mask_mod, '__name__', mask_mod)} takes "
+                        f"({', '.join(p.name for p in params)})")
+    return mask_mod
+
+
+def check_cu_seqlens(fn: str, name: str, cu_seqlens, total: int, device, *, read_values: bool = True) -> int:
+    """cu_seqlens: int32 (batch + 1,) on device, 0 first, ``total`` last, non-decreasing; returns
+    the longest sequence (0 when read_values is False: under tracing no value can be read)."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"{fn}: argument '{name}' must be a torch.Tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype != torch.int32:
+        raise TypeError(f"{fn}: argument '{name}' has dtype {cu_seqlens.dtype}; it must be torch.int32 "
+                        f"(convert with {name}.to(torch.int32))")
+    if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 1:
+        raise ValueError(f"{fn}: argument '{name}' must have shape (batch + 1,), got {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.device != device:
+        raise ValueError(f"{fn}: argument '{name}' is on {cu_seqlens.device} but 'q' is on {device}; "
+                         f"move it to {device}")
+    if not read_values:
+        return 0
+    values = cu_seqlens.tolist()
+    if values[0] != 0 or values[-1] != total:
+        raise ValueError(f"{fn}: argument '{name}' runs from {values[0]} to {values[-1]}; it must start at 0 "
+                         f"and end at the {total} tokens of the packed tensor (flash-attn's layout)")
+    lengths = [b - a for a, b in zip(values, values[1:])]
+    if any(n < 0 for n in lengths):
+        i = next(i for i, n in enumerate(lengths) if n < 0)
+        raise ValueError(f"{fn}: argument '{name}' decreases from {values[i]} to {values[i + 1]} (sequence {i}); "
+                         "it holds cumulative lengths, so it must be non-decreasing")
+    return max(lengths, default=0)
+
+
+def check_max_seqlen(fn: str, name: str, value, longest: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{fn}: argument '{name}' must be an int, got {value!r}")
+    if value < longest:
+        raise ValueError(f"{fn}: argument '{name}' is {value} but the longest sequence has {longest} tokens; "
+                         "it sizes the grid, so it must be at least that")
+    return int(value)
 
 
 def resolve_scale(fn: str, scale, head_dim: int) -> float:

@@ -16,33 +16,41 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_attention_inputs, check_block
-from .tiled import NEG_INF, _compute_dtype, _score_tile, _tile_skipped, _tile_visible, tiled_forward
+from ._checks import check_block
+from .dense import expand_kv
+from .tiled import (NEG_INF, _compute_dtype, _query_range, _scores, _skipped, _tile_visible, canonical, check_options,
+                    tiled_forward)
 
 
 def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=False, scale=None,
-                   dlse=None):
+                   dlse=None, window=None, softcap=None, mask_mod=None):
     """Gradients (dq, dk, dv) of tiled attention, recomputing P tile by tile from ``lse``.
 
     Args:
-        q, k, v: the forward inputs, (batch, heads, seq, head_dim).
+        q, k, v: the forward inputs, (batch, heads, seq, head_dim); k and v may have fewer heads
+            (grouped-query attention), and dk, dv sum over the query heads of each group.
         out: the forward output; lse: its log-sum-exp (..., seq_q).
         dout: gradient of the loss with respect to out.
         dlse: optional gradient with respect to lse; since d lse_i / d S_ij = P_ij, it
             enters as delta - dlse.
+        window, softcap, mask_mod: as the forward (:func:`tiled_attention`); with soft-capping
+            dS picks up the cap's slope, 1 - tanh² = 1 - (S / softcap)².
 
     Loop order is FlashAttention-2's dK/dV kernel: outer over key/value tiles, whose
     dK_j and dV_j accumulate locally; dQ accumulates across the outer loop.
     """
     fn = "tiled_backward"
-    scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale)
+    scale, rule, softcap = check_options(fn, q, k, v, causal=causal, scale=scale, window=window,
+                                         softcap=softcap, mask_mod=mask_mod)
     block_q, block_k = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k)
     work = _compute_dtype(q.dtype)
-    q, k, v, out, dout = (t.to(work) for t in (q, k, v, out, dout))
-    lse = lse.to(work)
+    q_shape, kv_shape = q.shape, k.shape
+    q, out, dout = (canonical(t).to(work) for t in (q, out, dout))
+    k, v = (expand_kv(canonical(t), q.shape[1]).to(work) for t in (k, v))  # query head h reads kv head h // group
+    lse = lse.reshape(q.shape[:-1]).to(work)
     delta = (dout * out).sum(dim=-1)  # (B, H, Nq): rowsum(dO ∘ O)
     if dlse is not None:
-        delta = delta - dlse.to(work)
+        delta = delta - dlse.reshape(delta.shape).to(work)
     # Rows that saw no key have lse = -inf; shifting by +inf makes their P exactly 0.
     lse = torch.where(lse == NEG_INF, float("inf"), lse)
     seq_q, seq_k = q.shape[-2], k.shape[-2]
@@ -51,47 +59,65 @@ def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fa
         k1 = min(k0 + block_k, seq_k)
         k_tile, v_tile = k[..., k0:k1, :], v[..., k0:k1, :]
         dk_j, dv_j = torch.zeros_like(k_tile), torch.zeros_like(v_tile)
-        for q0 in range(0, seq_q, block_q):
+        q_start, q_end = _query_range(k0, k1, seq_q, seq_k, rule, block_q)
+        for q0 in range(q_start, q_end, block_q):
             q1 = min(q0 + block_q, seq_q)
-            if _tile_skipped(q0, q1, k0, seq_q, seq_k, causal):
+            visible = _tile_visible(rule, q0, q1, k0, k1, seq_q, seq_k, q)
+            if _skipped(visible):
                 continue
             q_blk, do_blk = q[..., q0:q1, :], dout[..., q0:q1, :]
-            s = _score_tile(q_blk, k_tile, scale, _tile_visible(q0, q1, k0, k1, seq_q, seq_k, causal))
-            p = torch.exp(s - lse[..., q0:q1, None])  # (B, H, BLOCK_Q, BLOCK_K), recomputed
+            s = _scores(q_blk, k_tile, scale, softcap)  # (B, H, BLOCK_Q, BLOCK_K), recomputed
+            p = torch.exp(s - lse[..., q0:q1, None])
+            if visible is not None:
+                p = p.masked_fill(~visible, 0.0)
             dv_j += p.transpose(-2, -1) @ do_blk
             dp = do_blk @ v_tile.transpose(-2, -1)
             ds = p * (dp - delta[..., q0:q1, None])
+            if softcap:
+                ds = ds * (1 - (s / softcap) ** 2)  # d/dx softcap * tanh(x / softcap)
             dq[..., q0:q1, :] += (ds @ k_tile) * scale
             dk_j += (ds.transpose(-2, -1) @ q_blk) * scale
         dk[..., k0:k1, :], dv[..., k0:k1, :] = dk_j, dv_j
-    return dq, dk, dv
+    return dq.reshape(q_shape), _group_sum(dk, kv_shape), _group_sum(dv, kv_shape)
+
+
+def _group_sum(grad, kv_shape):
+    """(B, H, N, d) gradients of the expanded keys or values -> kv_shape: each kv head gets the sum
+    over the query heads of its group (grouped-query attention)."""
+    batch, heads = grad.shape[:2]
+    kv_heads = kv_shape[-3] if len(kv_shape) >= 3 else 1
+    return grad.unflatten(1, (kv_heads, heads // kv_heads)).sum(dim=2).reshape(kv_shape)
 
 
 class TiledAttentionFunction(torch.autograd.Function):
     """Autograd around the tiled pair: saves (q, k, v, out, lse), never P."""
 
     @staticmethod
-    def forward(ctx, q, k, v, block_q, block_k, causal, scale, loop):
-        out, lse = tiled_forward(q, k, v, block_q=block_q, block_k=block_k, causal=causal,
-                                 scale=scale, loop=loop, fn="tiled_attention")
+    def forward(ctx, q, k, v, block_q, block_k, causal, scale, loop, window=None, softcap=None, mask_mod=None):
+        out, lse = tiled_forward(q, k, v, block_q=block_q, block_k=block_k, causal=causal, scale=scale, loop=loop,
+                                 window=window, softcap=softcap, mask_mod=mask_mod, fn="tiled_attention")
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.config = dict(block_q=block_q, block_k=block_k, causal=causal, scale=scale)
+        ctx.config = dict(block_q=block_q, block_k=block_k, causal=causal, scale=scale, window=window,
+                          softcap=softcap, mask_mod=mask_mod)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = tiled_backward(q, k, v, out, lse, dout, dlse=dlse, **ctx.config)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *(None,) * 8
 
 
 def tiled_attention(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bool = False,
-                    scale: float | None = None, loop: str = "query", return_lse: bool = False):
+                    scale: float | None = None, loop: str = "query", window=None, softcap: float | None = None,
+                    mask_mod=None, return_lse: bool = False):
     """Exact attention computed tile by tile with online softmax; differentiable.
 
     Args:
         q: (batch, heads, seq_q, head_dim); any leading dims, at least (seq_q, head_dim).
-        k, v: (batch, heads, seq_k, head_dim); seq_k may differ from seq_q.
+        k, v: (batch, kv_heads, seq_k, head_dim); seq_k may differ from seq_q; kv_heads divides
+            heads (grouped-query attention: query head h reads kv head h // (heads // kv_heads),
+            and dk, dv sum over each group).
         block_q: query rows per block (BLOCK_Q); need not divide seq_q.
         block_k: key/value rows per tile (BLOCK_K); need not divide seq_k.
         causal: query i sees key j when j <= i + seq_k - seq_q (bottom-right diagonal,
@@ -99,11 +125,18 @@ def tiled_attention(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bo
             zero gradients. Tiles entirely above the diagonal are skipped, not computed.
         scale: defaults to 1/sqrt(head_dim).
         loop: "query" (FlashAttention-2 order) or "key" (the paper's Algorithm 1).
+        window: (left, right): query i sees keys i + o - left .. i + o + right (o = seq_k -
+            seq_q; -1: no limit on a side). Each query block visits only the key tiles its
+            rows' windows reach, so the cost is O(seq_q * window), not O(seq_q * seq_k).
+        softcap: c > 0: scores become c * tanh(scale * q kᵀ / c), with their gradient.
+        mask_mod: mask_mod(b, h, q_idx, kv_idx) -> bool tensor (see :mod:`flashlib.masks`), ANDed
+            with causal and window; tiles where it is false everywhere are skipped.
         return_lse: also return the log-sum-exp (..., seq_q), float32 (float64 for float64
             inputs); -inf for rows that see no key.
 
     The backward pass recomputes probabilities tile by tile from
     the saved lse and never stores the (seq_q, seq_k) matrix.
     """
-    out, lse = TiledAttentionFunction.apply(q, k, v, block_q, block_k, causal, scale, loop)
+    out, lse = TiledAttentionFunction.apply(q, k, v, block_q, block_k, causal, scale, loop, window, softcap,
+                                            mask_mod)
     return (out, lse) if return_lse else out

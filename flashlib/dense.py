@@ -2,12 +2,81 @@
 
 This is the reference every faster path in flashlib is checked against, and the
 algorithm whose memory traffic FlashAttention removes: S and P are N x N.
+
+Which pairs may attend is said once, by :class:`Visibility`: the causal rule, a sliding
+window and a mask function, ANDed. :func:`attention_mask` writes it out densely; the tiled
+reference, the block masks (:mod:`flashlib.masks`) and the kernels' tests all ask it.
 """
 from __future__ import annotations
 
+import math
+from typing import Callable, NamedTuple
+
 import torch
 
-from ._checks import check_attention_inputs
+from ._checks import check_attention_inputs, check_mask_mod, check_softcap, check_window
+
+
+class Visibility(NamedTuple):
+    """Which (query, key) pairs may attend. With o = seq_k - seq_q (bottom-right alignment,
+    flash-attn >= 2.1), query i sees key j iff all of these that apply hold::
+
+        causal           j <= i + o
+        window (l, r)    i + o - l <= j <= i + o + r      (-1: no limit on that side)
+        mask_mod         mask_mod(b, h, i, j)             (b: batch, h: query head)
+    """
+
+    causal: bool = False
+    window: tuple[int, int] = (-1, -1)
+    mask_mod: Callable | None = None
+
+    @property
+    def everything(self) -> bool:
+        """True when every pair may attend (nothing to mask, no tile to skip)."""
+        return not self.causal and self.window == (-1, -1) and self.mask_mod is None
+
+    def pairs(self, q_idx, kv_idx, seq_q: int, seq_k: int, b=None, h=None):
+        """Boolean visibility of index tensors broadcast together (q_idx (..., rows, 1), kv_idx
+        (..., 1, cols), b and h shaped to broadcast against them); None when every pair may attend."""
+        diag = q_idx + (seq_k - seq_q)  # the key on query i's diagonal
+        left, right = self.window
+        rules = []
+        if self.causal:
+            rules.append(kv_idx <= diag)
+        if left >= 0:
+            rules.append(kv_idx >= diag - left)
+        if right >= 0:
+            rules.append(kv_idx <= diag + right)
+        if self.mask_mod is not None:
+            rules.append(_mask_values(self.mask_mod, self.mask_mod(b, h, q_idx, kv_idx)))
+        visible = None
+        for rule in rules:
+            visible = rule if visible is None else visible & rule
+        return visible
+
+
+def _mask_values(mask_mod, values):
+    if not isinstance(values, torch.Tensor) or values.dtype != torch.bool:
+        name = getattr(mask_mod, "__name__", repr(mask_mod))
+        raise TypeError(f"argument 'mask_mod': {name} returned {type(values).__name__}"
+                        f"{'' if not isinstance(values, torch.Tensor) else ' of ' + str(values.dtype)}; a mask "
+                        "function must return a boolean tensor (comparisons joined with & | ~, never and/or/not)")
+    return values
+
+
+def head_indices(batch: int, heads: int, device=None):
+    """(b, h) index tensors shaped (batch, 1, 1, 1) and (1, heads, 1, 1), as a mask function gets them."""
+    b = torch.arange(batch, device=device).view(-1, 1, 1, 1)
+    return b, torch.arange(heads, device=device).view(1, -1, 1, 1)
+
+
+def batch_and_heads(shape) -> tuple[int, int]:
+    """(batch, heads) of a (..., heads, seq, head_dim) shape: the last leading dim is the heads,
+    the others together the batch; (1, 1) for (seq, head_dim)."""
+    lead = tuple(shape[:-2])
+    if not lead:
+        return 1, 1
+    return math.prod(lead[:-1]), lead[-1]
 
 
 def causal_mask(seq_q: int, seq_k: int, device=None) -> torch.Tensor:
@@ -27,32 +96,79 @@ def causal_mask(seq_q: int, seq_k: int, device=None) -> torch.Tensor:
     """
     rows = torch.arange(seq_q, device=device)[:, None]
     cols = torch.arange(seq_k, device=device)[None, :]
-    return cols <= rows + (seq_k - seq_q)
+    return Visibility(causal=True).pairs(rows, cols, seq_q, seq_k)
 
 
-def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
-                    return_scores: bool = False):
+def attention_mask(seq_q: int, seq_k: int, *, causal: bool = False, window=None, mask_mod=None,
+                   batch: int = 1, heads: int = 1, device=None) -> torch.Tensor:
+    """Boolean (batch, heads, seq_q, seq_k) mask, True where query i of head h in batch row b
+    may attend to key j (see :class:`Visibility`); an expanded view, for inspection::
+
+        seq_q = seq_k = 6, causal, window=(2, 0)      prefix_lm(2): mask_mod
+        1 0 0 0 0 0                                   1 1 0 0 0 0
+        1 1 0 0 0 0                                   1 1 0 0 0 0
+        1 1 1 0 0 0                                   1 1 1 0 0 0
+        0 1 1 1 0 0                                   1 1 1 1 0 0
+        0 0 1 1 1 0                                   1 1 1 1 1 0
+        0 0 0 1 1 1                                   1 1 1 1 1 1
+    """
+    fn = "attention_mask"
+    rule = Visibility(bool(causal), check_window(fn, window), check_mask_mod(fn, mask_mod))
+    b, h = head_indices(batch, heads, device)
+    rows = torch.arange(seq_q, device=device)[:, None]
+    cols = torch.arange(seq_k, device=device)[None, :]
+    visible = rule.pairs(rows, cols, seq_q, seq_k, b, h)
+    if visible is None:
+        visible = torch.ones(seq_q, seq_k, dtype=torch.bool, device=device)
+    return visible.expand(batch, heads, seq_q, seq_k)
+
+
+def expand_kv(t: torch.Tensor, q_heads: int) -> torch.Tensor:
+    """Grouped-query attention: (..., kv_heads, seq, d) -> (..., q_heads, seq, d), query head h
+    reading kv head h // (q_heads // kv_heads). A tensor with q's heads is returned as it is."""
+    if t.ndim < 3 or t.shape[-3] == q_heads:
+        return t
+    return t.repeat_interleave(q_heads // t.shape[-3], dim=-3)
+
+
+def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
+                    softcap: float | None = None, mask_mod=None, return_scores: bool = False):
     """softmax(q kᵀ · scale) v, materialising the full score matrix.
 
     Args:
         q: (batch, heads, seq_q, head_dim); any leading dims, at least (seq_q, head_dim).
-        k: (batch, heads, seq_k, head_dim).
-        v: (batch, heads, seq_k, head_dim).
+        k: (batch, kv_heads, seq_k, head_dim); kv_heads divides heads (grouped-query attention:
+            query head h reads kv head h // (heads // kv_heads)).
+        v: (batch, kv_heads, seq_k, head_dim).
         causal: mask with :func:`causal_mask` (bottom-right aligned). A query row that
             sees no key gets an all-zero probability row and a zero output.
         scale: multiplies the scores; defaults to 1/sqrt(head_dim).
+        window: (left, right): query i sees keys i + o - left .. i + o + right, o = seq_k -
+            seq_q; -1 for no limit on a side. ANDed with causal and mask_mod (:class:`Visibility`).
+        softcap: c > 0 caps the scores: s = c * tanh(scale * q kᵀ / c) (Gemma 2).
+        mask_mod: mask_mod(b, h, q_idx, kv_idx) -> bool tensor, called once on index tensors.
         return_scores: also return S (masked entries -inf) and P, both (..., seq_q, seq_k).
 
     Returns:
         out (..., seq_q, head_dim), or (out, S, P) if ``return_scores``.
     """
-    scale = check_attention_inputs("dense_attention", q, k, v, causal=causal, scale=scale)
+    fn = "dense_attention"
+    scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True)
+    rule = Visibility(causal, check_window(fn, window), check_mask_mod(fn, mask_mod))
+    softcap = check_softcap(fn, softcap)
+    heads = q.shape[-3] if q.ndim >= 3 else 1
+    k, v = expand_kv(k, heads), expand_kv(v, heads)
     s = (q @ k.transpose(-2, -1)) * scale  # (B, H, Nq, Nk): the N^2 memory
-    if causal:
-        visible = causal_mask(q.shape[-2], k.shape[-2], device=q.device)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    seq_q, seq_k = q.shape[-2], k.shape[-2]
+    rows, cols = torch.arange(seq_q, device=q.device)[:, None], torch.arange(seq_k, device=q.device)[None, :]
+    visible = rule.pairs(rows, cols, seq_q, seq_k, *head_indices(*batch_and_heads(q.shape), q.device))
+    if visible is not None:
+        visible = visible.expand(*batch_and_heads(q.shape), seq_q, seq_k).reshape(*q.shape[:-2], seq_q, seq_k)
         s = s.masked_fill(~visible, float("-inf"))
         # Rows with no visible key would be softmax(-inf, ..., -inf) = NaN; define them as 0.
-        empty_row = ~visible.any(dim=-1, keepdim=True)  # (Nq, 1)
+        empty_row = ~visible.any(dim=-1, keepdim=True)
         p = torch.softmax(s.masked_fill(empty_row, 0.0), dim=-1).masked_fill(empty_row, 0.0)
     else:
         p = torch.softmax(s, dim=-1)  # (B, H, Nq, Nk): a second N^2 tensor

@@ -24,11 +24,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
-from ._checks import check_attention_inputs, check_block, check_loop
-from .dense import causal_mask
+from ._checks import check_attention_inputs, check_block, check_loop, check_mask_mod, check_softcap, check_window
+from .dense import Visibility, batch_and_heads, expand_kv, head_indices
 
 NEG_INF = float("-inf")
+# what a block mask says of a tile: no pair may attend (never computed), some may, all may
+SKIPPED, PARTIAL, FULL = 0, 1, 2
 
 
 def _finite(m: torch.Tensor) -> torch.Tensor:
@@ -36,30 +39,61 @@ def _finite(m: torch.Tensor) -> torch.Tensor:
     return torch.where(m == NEG_INF, torch.zeros_like(m), m)
 
 
-def _tile_visible(q0, q1, k0, k1, seq_q, seq_k, causal):
-    """None if every pair in the tile is visible, else its (q1-q0, k1-k0) boolean mask."""
-    if not causal:
+def _tile_visible(rule: Visibility, q0, q1, k0, k1, seq_q, seq_k, like):
+    """None if every pair in the tile is visible, else its boolean mask, broadcastable to the
+    tile's (batch, heads, q1-q0, k1-k0) scores. like: the (batch, heads, seq_q, d) queries."""
+    if rule.everything:
         return None
-    offset = seq_k - seq_q  # bottom-right alignment: query i sees key j <= i + offset
-    if k1 - 1 <= q0 + offset:
-        return None
-    return causal_mask(seq_q, seq_k, device=None)[q0:q1, k0:k1]
+    rows = torch.arange(q0, q1, device=like.device)[:, None]
+    cols = torch.arange(k0, k1, device=like.device)[None, :]
+    visible = rule.pairs(rows, cols, seq_q, seq_k, *head_indices(like.shape[0], like.shape[1], like.device))
+    return None if bool(visible.all()) else visible
 
 
-def _key_range_end(q0, q1, seq_q, seq_k, causal) -> int:
-    """One past the last key that query rows q0:q1 can see: tiles from there on are skipped."""
-    if not causal:
-        return seq_k
-    return min(max(q1 + (seq_k - seq_q), 0), seq_k)  # the last row, q1 - 1, sees keys <= q1 - 1 + offset
+def _skipped(visible) -> bool:
+    """True for a tile of which no pair is visible: a block mask skips it, nothing is computed."""
+    return visible is not None and not bool(visible.any())
 
 
-def _tile_skipped(q0, q1, k0, seq_q, seq_k, causal) -> bool:
-    """True when no query in rows q0:q1 sees any key from k0 on: the tile is never computed."""
-    return k0 >= _key_range_end(q0, q1, seq_q, seq_k, causal)
+def _key_range(q0, q1, seq_q, seq_k, rule: Visibility, block_k: int = 1) -> tuple[int, int]:
+    """[k_start, k_end): the keys that query rows q0:q1 can see under the causal rule and the
+    window, k_start rounded down to a tile boundary; tiles outside are skipped."""
+    offset = seq_k - seq_q  # bottom-right alignment: query i's diagonal is key i + offset
+    left, right = rule.window
+    k_start, k_end = 0, seq_k
+    if rule.causal:  # the last row, q1 - 1, sees keys <= q1 - 1 + offset
+        k_end = min(k_end, q1 + offset)
+    if right >= 0:
+        k_end = min(k_end, q1 + offset + right)
+    if left >= 0:  # the first row, q0, sees keys >= q0 + offset - left
+        k_start = max(q0 + offset - left, 0) // block_k * block_k
+    return k_start, max(k_end, 0)
 
 
-def _score_tile(q_blk, k_tile, scale, visible):
-    s = (q_blk @ k_tile.transpose(-2, -1)) * scale  # (B, H, BLOCK_Q, BLOCK_K)
+def _query_range(k0, k1, seq_q, seq_k, rule: Visibility, block_q: int = 1) -> tuple[int, int]:
+    """[q_start, q_end): the query rows that can see some key of k0:k1, q_start rounded down to a
+    block boundary; the other query blocks see none of these keys."""
+    offset = seq_k - seq_q
+    left, right = rule.window
+    q_start, q_end = 0, seq_q
+    if rule.causal:  # query i sees key k0 when k0 <= i + offset
+        q_start = max(q_start, k0 - offset)
+    if right >= 0:
+        q_start = max(q_start, k0 - offset - right)
+    if left >= 0:  # query i sees key k1 - 1 when i + offset - left <= k1 - 1
+        q_end = min(q_end, k1 + left - offset)
+    return max(q_start, 0) // block_q * block_q, max(q_end, 0)
+
+
+def _scores(q_blk, k_tile, scale, softcap=0.0):
+    """(B, H, BLOCK_Q, BLOCK_K) scores; soft-capped to softcap * tanh(s / softcap) if softcap > 0."""
+    s = (q_blk @ k_tile.transpose(-2, -1)) * scale
+    return softcap * torch.tanh(s / softcap) if softcap else s
+
+
+def _score_tile(q_blk, k_tile, scale, visible, softcap=0.0):
+    """The scores of one tile, pairs that may not attend -inf."""
+    s = _scores(q_blk, k_tile, scale, softcap)
     if visible is not None:
         s = s.masked_fill(~visible.to(s.device), NEG_INF)
     return s
@@ -95,7 +129,7 @@ def _compute_dtype(dtype):
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _query_major(q, k, v, block_q, block_k, causal, scale, on_step=None):
+def _query_major(q, k, v, block_q, block_k, rule, scale, softcap=0.0, on_step=None):
     seq_q, seq_k = q.shape[-2], k.shape[-2]
     lead = q.shape[:-2]
     out = torch.empty_like(q)
@@ -106,11 +140,14 @@ def _query_major(q, k, v, block_q, block_k, causal, scale, on_step=None):
         m_i = torch.full((*lead, q1 - q0), NEG_INF, dtype=q.dtype, device=q.device)
         l_i = torch.zeros_like(m_i)
         acc = torch.zeros_like(q_blk)
-        k_end = _key_range_end(q0, q1, seq_q, seq_k, causal)
-        for k0 in range(0, k_end, block_k):
+        k_start, k_end = _key_range(q0, q1, seq_q, seq_k, rule, block_k)
+        for k0 in range(k_start, k_end, block_k):
             k1 = min(k0 + block_k, seq_k)
+            visible = _tile_visible(rule, q0, q1, k0, k1, seq_q, seq_k, q)
+            if _skipped(visible):
+                continue  # the block mask: no pair of this tile may attend
             k_tile, v_tile = k[..., k0:k1, :], v[..., k0:k1, :]
-            s = _score_tile(q_blk, k_tile, scale, _tile_visible(q0, q1, k0, k1, seq_q, seq_k, causal))
+            s = _score_tile(q_blk, k_tile, scale, visible, softcap)
             m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile)
             if on_step is not None:
                 on_step((q0, q1), (k0, k1), s, m_i, l_i, acc)
@@ -118,7 +155,7 @@ def _query_major(q, k, v, block_q, block_k, causal, scale, on_step=None):
     return out, lse
 
 
-def _key_major(q, k, v, block_q, block_k, causal, scale, on_step=None):
+def _key_major(q, k, v, block_q, block_k, rule, scale, softcap=0.0, on_step=None):
     seq_q, seq_k = q.shape[-2], k.shape[-2]
     lead = q.shape[:-2]
     # Algorithm 1 keeps the normalised O and the statistics of every row in HBM.
@@ -128,11 +165,13 @@ def _key_major(q, k, v, block_q, block_k, causal, scale, on_step=None):
     for k0 in range(0, seq_k, block_k):
         k1 = min(k0 + block_k, seq_k)
         k_tile, v_tile = k[..., k0:k1, :], v[..., k0:k1, :]  # loaded once per outer step
-        for q0 in range(0, seq_q, block_q):
+        q_start, q_end = _query_range(k0, k1, seq_q, seq_k, rule, block_q)
+        for q0 in range(q_start, q_end, block_q):
             q1 = min(q0 + block_q, seq_q)
-            if _tile_skipped(q0, q1, k0, seq_q, seq_k, causal):
+            visible = _tile_visible(rule, q0, q1, k0, k1, seq_q, seq_k, q)
+            if _skipped(visible):
                 continue
-            s = _score_tile(q[..., q0:q1, :], k_tile, scale, _tile_visible(q0, q1, k0, k1, seq_q, seq_k, causal))
+            s = _score_tile(q[..., q0:q1, :], k_tile, scale, visible, softcap)
             m_i, l_i = m[..., q0:q1], l[..., q0:q1]
             acc = o[..., q0:q1, :] * l_i.unsqueeze(-1)  # un-normalise what HBM holds
             m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile)
@@ -143,22 +182,102 @@ def _key_major(q, k, v, block_q, block_k, causal, scale, on_step=None):
     return _finish(m, l, o * l.unsqueeze(-1))
 
 
-def tiled_forward(q, k, v, *, block_q=64, block_k=64, causal=False, scale=None, loop="query",
-                  on_step: Callable | None = None, fn: str = "tiled_forward"):
+def canonical(t: torch.Tensor) -> torch.Tensor:
+    """(..., heads, seq, d) -> (batch, heads, seq, d): the shape every tile is computed in."""
+    return t.reshape(*batch_and_heads(t.shape), *t.shape[-2:])
+
+
+def check_options(fn, q, k, v, *, causal, scale, window, softcap, mask_mod):
+    """The checked scale, :class:`Visibility` and soft-cap (0.0: none) of a call."""
+    scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True)
+    rule = Visibility(causal, check_window(fn, window), check_mask_mod(fn, mask_mod))
+    return scale, rule, check_softcap(fn, softcap)
+
+
+def tiled_forward(q, k, v, *, block_q=64, block_k=64, causal=False, scale=None, loop="query", window=None,
+                  softcap=None, mask_mod=None, on_step: Callable | None = None, fn: str = "tiled_forward"):
     """The tiled forward pass without autograd: returns (out, lse).
 
     ``lse`` (..., seq_q) is the log-sum-exp of each score row, m_i + log(l_i): all the
     backward pass needs to recompute the probabilities. ``on_step`` is called after every
-    computed tile with ((q0, q1), (k0, k1), s, m_i, l_i, acc); traces use it.
+    computed tile with ((q0, q1), (k0, k1), s, m_i, l_i, acc), tensors (batch, heads, ...);
+    traces use it. window, softcap, mask_mod and grouped k, v: as :func:`flashlib.tiled_attention`.
     """
-    scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale)
+    scale, rule, softcap = check_options(fn, q, k, v, causal=causal, scale=scale, window=window,
+                                         softcap=softcap, mask_mod=mask_mod)
     block_q = check_block(fn, "block_q", block_q)
     block_k = check_block(fn, "block_k", block_k)
     loop = check_loop(fn, loop)
     work = _compute_dtype(q.dtype)
     run = _query_major if loop == "query" else _key_major
-    out, lse = run(q.to(work), k.to(work), v.to(work), block_q, block_k, causal, scale, on_step)
-    return out.to(q.dtype), lse.float() if work != torch.float64 else lse
+    qc = canonical(q)
+    kc, vc = (expand_kv(canonical(t), qc.shape[1]) for t in (k, v))  # query head h reads kv head h // group
+    out, lse = run(qc.to(work), kc.to(work), vc.to(work), block_q, block_k, rule, scale, softcap, on_step)
+    out, lse = out.reshape(q.shape).to(q.dtype), lse.reshape(q.shape[:-1])
+    return out, lse.float() if work != torch.float64 else lse
+
+
+def _tile_kinds(visible, rows: int, cols: int, block_q: int, block_k: int) -> torch.Tensor:
+    """SKIPPED / PARTIAL / FULL of each tile of a (..., rows, cols) visibility (None: all visible)."""
+    if visible is None:
+        return torch.full((1, 1, -(-rows // block_q), -(-cols // block_k)), FULL, dtype=torch.uint8)
+    visible = visible.reshape((1,) * (4 - visible.ndim) + tuple(visible.shape))
+    visible = visible.expand(visible.shape[0], visible.shape[1], rows, cols).to(torch.uint8)
+    tiles = []
+    for outside in (0, 1):  # positions past the sequences: no pair to see, nothing to mask
+        padded = F.pad(visible, (0, -cols % block_k, 0, -rows % block_q), value=outside)
+        tiles.append(padded.unflatten(3, (-1, block_k)).unflatten(2, (-1, block_q)))
+    seen, full = tiles[0].amax(dim=(3, 5)), tiles[1].amin(dim=(3, 5))
+    return torch.where(full.bool(), FULL, torch.where(seen.bool(), PARTIAL, SKIPPED)).to(torch.uint8)
+
+
+@dataclass(frozen=True)
+class BlockMask:
+    """A mask at tile granularity, as flex_attention's ``create_block_mask`` builds one: for each
+    (batch, head, query block, key tile) one of SKIPPED (no pair may attend: never computed),
+    PARTIAL (the mask is evaluated inside the tile) or FULL (every pair may attend).
+
+    kinds: uint8 (batch or 1, heads or 1, ceil(seq_q / block_q), ceil(seq_k / block_k)), a dim of
+    size 1 where the mask does not depend on the batch row or the head."""
+
+    kinds: torch.Tensor
+    seq_q: int
+    seq_k: int
+    block_q: int
+    block_k: int
+
+    def counts(self) -> dict:
+        """How many tiles of each kind, over every (batch, head) the kinds hold."""
+        return {name: int((self.kinds == kind).sum()) for name, kind in
+                (("skipped", SKIPPED), ("partial", PARTIAL), ("full", FULL))}
+
+    def by_key_tile(self) -> torch.Tensor:
+        """kinds as (batch or 1, heads or 1, key tiles, query blocks), contiguous: what a loop
+        over query blocks for one key tile (the dK/dV kernel) reads."""
+        return self.kinds.transpose(-1, -2).contiguous()
+
+
+# a block mask is evaluated in chunks of query rows holding about this many pairs
+_CHUNK_PAIRS = 1 << 22
+
+
+def block_mask(seq_q: int, seq_k: int, *, block_q: int = 64, block_k: int = 64, causal: bool = False,
+               window=None, mask_mod=None, batch: int = 1, heads: int = 1, device=None) -> BlockMask:
+    """The tiles that a (block_q, block_k) tiling computes for this mask (:class:`BlockMask`).
+
+    The mask (:class:`flashlib.dense.Visibility`) is evaluated on index tensors, a chunk of
+    query blocks at a time, and reduced per tile: O(seq_q * seq_k) work, O(tiles) memory."""
+    fn = "block_mask"
+    rule = Visibility(bool(causal), check_window(fn, window), check_mask_mod(fn, mask_mod))
+    block_q, block_k = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k)
+    b, h = head_indices(batch, heads, device)
+    cols = torch.arange(seq_k, device=device)[None, :]
+    step = block_q * max(1, _CHUNK_PAIRS // max(1, block_q * seq_k * (batch * heads if mask_mod else 1)))
+    parts = [_tile_kinds(rule.pairs(rows, cols, seq_q, seq_k, b, h), rows.shape[0], seq_k, block_q, block_k)
+             for rows in (torch.arange(q0, min(q0 + step, seq_q), device=device)[:, None]
+                          for q0 in range(0, seq_q, step))]
+    kinds = torch.cat(parts, dim=2) if parts else torch.zeros(1, 1, 0, -(-seq_k // block_k), dtype=torch.uint8)
+    return BlockMask(kinds.to(device), seq_q, seq_k, block_q, block_k)
 
 
 @dataclass
@@ -197,22 +316,19 @@ class TiledTrace:
 
 
 def trace_tiled_attention(q, k, v, *, block_q=2, block_k=2, causal=False, scale=None,
-                          loop="query") -> TiledTrace:
-    """Run the tiled forward and record every step (see :class:`TileStep`)."""
+                          loop="query", window=None, softcap=None, mask_mod=None) -> TiledTrace:
+    """Run the tiled forward and record every step (see :class:`TileStep`); the tiles it never
+    computed (above the causal diagonal, outside the window, or skipped by the block mask) are
+    listed in ``skipped``."""
     fn = "trace_tiled_attention"
     records = []
 
-    lead = q.ndim - 2 if isinstance(q, torch.Tensor) else 0
-
-    def first(t):  # first batch/head only: what a figure shows
-        return t.reshape(-1, *t.shape[lead:])[0].clone()
-
-    def on_step(rows, cols, s, m_i, l_i, acc):
-        records.append((rows, cols, first(s), first(m_i), first(l_i), first(acc)))
+    def on_step(rows, cols, s, m_i, l_i, acc):  # first batch row and head only: what a figure shows
+        records.append((rows, cols, *(t[0, 0].clone() for t in (s, m_i, l_i, acc))))
 
     with torch.no_grad():
-        out, _ = tiled_forward(q, k, v, block_q=block_q, block_k=block_k, causal=causal,
-                               scale=scale, loop=loop, on_step=on_step, fn=fn)
+        out, _ = tiled_forward(q, k, v, block_q=block_q, block_k=block_k, causal=causal, scale=scale, loop=loop,
+                               window=window, softcap=softcap, mask_mod=mask_mod, on_step=on_step, fn=fn)
     final = out.reshape(-1, *out.shape[-2:])[0].to(records[0][5].dtype if records else out.dtype)
     seq_q, seq_k = q.shape[-2], k.shape[-2]
     steps = []
@@ -221,8 +337,8 @@ def trace_tiled_attention(q, k, v, *, block_q=2, block_k=2, causal=False, scale=
         dist = (partial - final[rows[0]:rows[1]]).abs().max().item() if partial.numel() else 0.0
         steps.append(TileStep(i, rows, cols, s, m_i, l_i, acc, partial, dist,
                               s.numel(), seq_q * seq_k))
-    block_q, block_k = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k)
-    skipped = [((q0, min(q0 + block_q, seq_q)), (k0, min(k0 + block_k, seq_k)))
-               for q0 in range(0, seq_q, block_q) for k0 in range(0, seq_k, block_k)
-               if _tile_skipped(q0, min(q0 + block_q, seq_q), k0, seq_q, seq_k, causal)]
+    computed = {(step.rows, step.cols) for step in steps}
+    skipped = [tile for tile in (((q0, min(q0 + block_q, seq_q)), (k0, min(k0 + block_k, seq_k)))
+                                 for q0 in range(0, seq_q, block_q) for k0 in range(0, seq_k, block_k))
+               if tile not in computed]
     return TiledTrace(steps, final, seq_q, seq_k, block_q, block_k, loop, causal, skipped)

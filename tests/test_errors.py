@@ -14,7 +14,9 @@ CASES = [
     # (arguments, keyword arguments, exception, words the message must contain)
     (qkv((4,), (4, 3), (4, 3)), {}, ValueError, ["'q'", "rank 1"]),
     (qkv((1, 4, 3), (4, 3), (4, 3)), {}, ValueError, ["'k'", "rank 2", "same rank"]),
-    (qkv((2, 4, 3), (3, 4, 3), (3, 4, 3)), {}, ValueError, ["'k'", "(3,)", "(2,)"]),
+    (qkv((2, 4, 3), (3, 4, 3), (3, 4, 3)), {}, ValueError, ["'k'", "3 heads", "'q' has 2", "grouped-query"]),
+    (qkv((2, 2, 4, 3), (3, 2, 4, 3), (3, 2, 4, 3)), {}, ValueError, ["'k'", "batch dims (3,)", "(2,)"]),
+    (qkv((4, 4, 3), (2, 4, 3), (1, 4, 3)), {}, ValueError, ["'k' and 'v'", "(2,)", "(1,)"]),
     (qkv((4, 3), (4, 5), (4, 5)), {}, ValueError, ["'k'", "head_dim 5", "head_dim 3"]),
     (qkv((4, 3), (4, 3), (4, 2)), {}, ValueError, ["'v'", "head_dim 2"]),
     (qkv((4, 3), (4, 3), (5, 3)), {}, ValueError, ["'k' and 'v'", "k with 4", "v with 5"]),

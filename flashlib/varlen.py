@@ -1,0 +1,75 @@
+"""Packed sequences of different lengths (flash-attn's varlen layout), in plain PyTorch.
+
+A batch of sequences of lengths n_0, n_1, ... is packed without padding, one token after
+another, and described by cumulative lengths::
+
+    q             (total_q, q_heads, head_dim)     total_q = n_0 + n_1 + ...
+    k, v          (total_k, kv_heads, head_dim)    kv_heads divides q_heads
+    cu_seqlens_q  (batch + 1,) int32: 0, n_0, n_0 + n_1, ..., total_q   (likewise cu_seqlens_k)
+
+Sequence b's queries are rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 and attend only to its
+own keys; causal masks and windows align bottom-right within each sequence. A sequence may
+be empty. :func:`varlen_reference` runs :func:`flashlib.tiled_attention` on each sequence;
+:func:`flashlib.flash_attention_varlen` is the fused op (one launch, no FLOPs on padding).
+"""
+from __future__ import annotations
+
+import torch
+
+from ._checks import check_cu_seqlens, check_max_seqlen
+from .backward import tiled_attention
+
+FN = "varlen_reference"
+
+
+def _check_packed(fn, q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 3:
+            raise ValueError(f"{fn}: argument '{name}' must have shape (total_tokens, heads, head_dim), the "
+                             f"packed layout; got shape {tuple(t.shape)}")
+    if k.shape[0] != v.shape[0]:
+        raise ValueError(f"{fn}: arguments 'k' and 'v' must hold the same tokens; got k with {k.shape[0]} "
+                         f"and v with {v.shape[0]}")
+
+
+def check_varlen_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                        read_values: bool = True):
+    """The shape checks of a packed call; with read_values also the lengths (one transfer from
+    the device each). Returns the batch size."""
+    _check_packed(fn, q, k, v)
+    longest_q = check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device, read_values=read_values)
+    longest_k = check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device, read_values=read_values)
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"{fn}: arguments 'cu_seqlens_q' {tuple(cu_seqlens_q.shape)} and 'cu_seqlens_k' "
+                         f"{tuple(cu_seqlens_k.shape)} must describe the same batch (batch + 1 entries each)")
+    check_max_seqlen(fn, "max_seqlen_q", max_seqlen_q, longest_q)
+    check_max_seqlen(fn, "max_seqlen_k", max_seqlen_k, longest_k)
+    return cu_seqlens_q.shape[0] - 1
+
+
+def sequences(cu_seqlens) -> list[tuple[int, int]]:
+    """[(start, stop)] of each packed sequence."""
+    bounds = cu_seqlens.tolist()
+    return list(zip(bounds, bounds[1:]))
+
+
+def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
+                     causal: bool = False, scale: float | None = None, window=None, softcap: float | None = None,
+                     return_lse: bool = False):
+    """:func:`flashlib.flash_attention_varlen` in plain PyTorch: tiled attention on each sequence
+    in turn; differentiable. Returns out (total_q, q_heads, head_dim) and, with return_lse, the
+    lse (q_heads, total_q) (float32, float64 for float64 inputs; -inf for rows that see no key)."""
+    check_varlen_inputs(FN, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    outs, lses = [], []
+    for (q0, q1), (k0, k1) in zip(sequences(cu_seqlens_q), sequences(cu_seqlens_k)):
+        # (tokens, heads, d) -> (heads, tokens, d): one sequence, every head
+        out, lse = tiled_attention(q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1), v[k0:k1].transpose(0, 1),
+                                   causal=causal, scale=scale, window=window, softcap=softcap, return_lse=True)
+        outs.append(out.transpose(0, 1))
+        lses.append(lse)
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out = torch.cat(outs) if outs else q.new_zeros(q.shape)
+    lse = torch.cat(lses, dim=1) if lses else torch.zeros(q.shape[1], 0, dtype=work, device=q.device)
+    return (out, lse) if return_lse else out
