@@ -11,6 +11,12 @@ Three launches, as in ``flashlib/backward.py`` (notebook 04):
 with dS = P * (dP - delta) and dP = dO Vᵀ. Every program writes only its own rows of
 dK, dV or dQ, so no atomics are needed and the same inputs give bitwise the same
 gradients. The price is computing P and dP twice (once per kernel).
+
+The variants use the forward's helpers. Grouped-query attention: a dK/dV program owns one
+kv head's key tile and loops over the GROUP query heads that read it, summing their
+contributions in registers (no atomics, still deterministic). Soft-capping: dS picks up the
+cap's slope 1 - tanh² (:func:`_softcap_slope`). A window or a mask function: each key tile
+visits the query blocks of :func:`_query_range` and skips those its block mask row skips.
 """
 from __future__ import annotations
 
@@ -19,7 +25,8 @@ from ._mode import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402
 
-from .forward import _LOG2E, _key_range_end, _load_rows, _visible  # noqa: E402
+from .forward import (_LOG2E, _SKIPPED, _dot_scores, _key_range, _load_rows, _tile_kind, _tile_row,  # noqa: E402
+                      _visible, _visible_mod)
 
 
 @triton.jit
@@ -52,25 +59,92 @@ def _query_range_start(k0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, CAUSAL: tl.const
 
 
 @triton.jit
+def _query_range(k0, SEQ_Q, SEQ_K, window_left, window_right,
+                 BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr):
+    """[q_start, q_end): the query rows that see some key of k0 .. k0 + BLOCK_K - 1 under the causal
+    rule and, if WINDOWED, the window; q_start on a block boundary."""
+    q_start = _query_range_start(k0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
+    q_end = SEQ_Q
+    if WINDOWED:  # query i sees keys i + o - left .. i + o + right, o = SEQ_K - SEQ_Q
+        first = tl.maximum(k0 - (SEQ_K - SEQ_Q) - window_right, 0) // BLOCK_Q * BLOCK_Q
+        q_start = tl.where(window_right >= 0, tl.maximum(q_start, first), q_start)
+        last = k0 + BLOCK_K - (SEQ_K - SEQ_Q) + window_left  # one past the last row whose window reaches the tile
+        q_end = tl.where(window_left >= 0, tl.minimum(q_end, tl.maximum(last, 0)), q_end)
+    return q_start, q_end
+
+
+@triton.jit
+def _softcap_slope(ds, s, softcap, SOFTCAP: tl.constexpr):
+    """dS of the soft-capped scores s (base-2 units) times the cap's slope, d/dx softcap * tanh(x /
+    softcap) = 1 - tanh² = 1 - (s / softcap)²: the gradient of the scaled scores before the cap."""
+    if SOFTCAP:
+        t = s / (softcap * _LOG2E)
+        ds = ds * (1.0 - t * t)
+    return ds
+
+
+@triton.jit
 def _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d,
                          q_start, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
-                         BLOCK_Q: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """Accumulate one key tile's dk, dv over the query blocks that can see it (from q_start on)."""
-    for q0 in range(q_start, SEQ_Q, BLOCK_Q):
-        offs_q = q0 + tl.arange(0, BLOCK_Q)
-        q_blk = _load_rows(Q, stride_qm, offs_q, offs_d, SEQ_Q, HEAD_DIM)
-        do_blk = _load_rows(DO, stride_dom, offs_q, offs_d, SEQ_Q, HEAD_DIM)
-        lse = _lse_base2(Lse, offs_q, SEQ_Q)
-        delta = tl.load(Delta + offs_q, mask=offs_q < SEQ_Q, other=0.0)
-        # transposed tiles (BLOCK_K, BLOCK_Q): keys are this program's rows
-        s_t = tl.dot(k_tile, tl.trans(q_blk), input_precision=INPUT_PRECISION) * qk_scale
-        p_t = tl.math.exp2(s_t - lse[None, :])
-        p_t = tl.where(tl.trans(_visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL)), p_t, 0.0)
-        dv += tl.dot(p_t.to(do_blk.dtype), do_blk, input_precision=INPUT_PRECISION)
-        dp_t = tl.dot(v_tile, tl.trans(do_blk), input_precision=INPUT_PRECISION)
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk += tl.dot(ds_t.to(q_blk.dtype), q_blk, input_precision=INPUT_PRECISION)
+                         BLOCK_Q: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                         q_end=None, softcap=0.0, window_left=-1, window_right=-1, off_b=0, off_h=0, MaskData=None,
+                         Tiles=None, SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None):
+    """Accumulate one key tile's dk, dv over the query blocks that can see it, [q_start, q_end)
+    (q_end: SEQ_Q if None); with a mask function, blocks its block mask row (Tiles) skips are passed over."""
+    if q_end is None:
+        q_end = SEQ_Q
+    for q0 in range(q_start, q_end, BLOCK_Q):
+        kind = _tile_kind(Tiles, q0 // BLOCK_Q, MASK_MOD)  # _FULL without a mask function
+        if kind != _SKIPPED:
+            offs_q = q0 + tl.arange(0, BLOCK_Q)
+            q_blk = _load_rows(Q, stride_qm, offs_q, offs_d, SEQ_Q, HEAD_DIM)
+            do_blk = _load_rows(DO, stride_dom, offs_q, offs_d, SEQ_Q, HEAD_DIM)
+            lse = _lse_base2(Lse, offs_q, SEQ_Q)
+            delta = tl.load(Delta + offs_q, mask=offs_q < SEQ_Q, other=0.0)
+            # transposed tiles (BLOCK_K, BLOCK_Q): keys are this program's rows
+            s_t = _dot_scores(k_tile, q_blk, qk_scale, softcap, SOFTCAP, INPUT_PRECISION)
+            p_t = tl.math.exp2(s_t - lse[None, :])
+            visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL)
+            visible = _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right, off_b, off_h,
+                                   MaskData, kind, MASK_MOD)
+            p_t = tl.where(tl.trans(visible), p_t, 0.0)
+            dv += tl.dot(p_t.to(do_blk.dtype), do_blk, input_precision=INPUT_PRECISION)
+            dp_t = tl.dot(v_tile, tl.trans(do_blk), input_precision=INPUT_PRECISION)
+            ds_t = _softcap_slope(p_t * (dp_t - delta[None, :]), s_t, softcap, SOFTCAP)
+            dk += tl.dot(ds_t.to(q_blk.dtype), q_blk, input_precision=INPUT_PRECISION)
     return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, qk_scale, scale, softcap,
+                         stride_qh, stride_qm, stride_kn, stride_vn, stride_doh, stride_dom, stride_dkn, stride_dvn,
+                         stride_lh, k0, SEQ_Q, SEQ_K, HEAD_DIM, GROUP, window_left, window_right, off_b, off_h,
+                         stride_tb, stride_th, stride_tr,
+                         HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                         CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
+                         MASK_MOD: tl.constexpr):
+    """One key tile (k0 ..) of one kv head: K, V, DK, DV point at its first key; Q, DO, Lse and Delta
+    at the first of the GROUP query heads that read it (query head off_h), the next ones a head
+    stride (stride_qh, stride_doh, stride_lh) further."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    k_tile = _load_rows(K, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)  # stays resident
+    v_tile = _load_rows(V, stride_vn, offs_k, offs_d, SEQ_K, HEAD_DIM)
+    dk = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
+    q_start, q_end = _query_range(k0, SEQ_Q, SEQ_K, window_left, window_right, BLOCK_Q, BLOCK_K, CAUSAL,
+                                  MASK_MOD is not None)
+    for g in range(0, GROUP):  # the query heads that share this kv head add to its dk, dv
+        row = _tile_row(Tiles, off_b, off_h + g, k0 // BLOCK_K, stride_tb, stride_th, stride_tr, MASK_MOD)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q + g * stride_qh, DO + g * stride_doh,
+                                      Lse + g * stride_lh, Delta + g * stride_lh, stride_qm, stride_dom,
+                                      offs_k, offs_d, q_start, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
+                                      BLOCK_Q, CAUSAL, INPUT_PRECISION, q_end, softcap, window_left, window_right,
+                                      off_b, off_h + g, MaskData, row, SOFTCAP, MASK_MOD)
+    mask = (offs_k[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)
+    dk = dk * scale  # s = scale * q kᵀ, so dk picks up the scale once, at the end
+    tl.store(DK + offs_k[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=mask)
+    tl.store(DV + offs_k[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -79,44 +153,72 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
                    stride_doz, stride_dom, stride_dkz, stride_dkn, stride_dvz, stride_dvn,
                    SEQ_Q, SEQ_K, HEAD_DIM,
                    HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                   CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+                   CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                   GROUP=1, HEADS=1, softcap=0.0, window_left=-1, window_right=-1, MaskData=None,
+                   Tiles=None, stride_tb=0, stride_th=0, stride_tr=0,
+                   SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None):
+    """One program per key tile of one kv head: the grid is (key tiles, B*H_kv). Tiles: the block
+    mask's kinds by key tile, (B or 1, H or 1, key tiles, query blocks)."""
     k0 = tl.program_id(0) * BLOCK_K  # the grid replaces the reference's loop over key tiles
-    off_z = tl.program_id(1).to(tl.int64)
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    k_tile = _load_rows(K + off_z * stride_kz, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)  # stays resident
-    v_tile = _load_rows(V + off_z * stride_vz, stride_vn, offs_k, offs_d, SEQ_K, HEAD_DIM)
-    dk = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
-    q_start = _query_range_start(k0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
-    dk, dv = _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q + off_z * stride_qz, DO + off_z * stride_doz,
-                                  Lse + off_z * SEQ_Q, Delta + off_z * SEQ_Q, stride_qm, stride_dom,
-                                  offs_k, offs_d, q_start, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
-                                  BLOCK_Q, CAUSAL, INPUT_PRECISION)
-    mask = (offs_k[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)
-    dk = dk * scale  # s = scale * q kᵀ, so dk picks up the scale once, at the end
-    tl.store(DK + off_z * stride_dkz + offs_k[:, None] * stride_dkn + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=mask)
-    tl.store(DV + off_z * stride_dvz + offs_k[:, None] * stride_dvn + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=mask)
+    off_z = tl.program_id(1).to(tl.int64)  # batch * kv head
+    off_q = off_z * GROUP  # its group's first query head, batch * HEADS + head
+    _attn_bwd_dkdv_block(Q + off_q * stride_qz, K + off_z * stride_kz, V + off_z * stride_vz, DO + off_q * stride_doz,
+                         DK + off_z * stride_dkz, DV + off_z * stride_dvz, Lse + off_q * SEQ_Q, Delta + off_q * SEQ_Q,
+                         Tiles, MaskData, qk_scale, scale, softcap, stride_qz, stride_qm, stride_kn, stride_vn,
+                         stride_doz, stride_dom, stride_dkn, stride_dvn, SEQ_Q, k0, SEQ_Q, SEQ_K, HEAD_DIM, GROUP,
+                         window_left, window_right, off_q // HEADS, off_q % HEADS, stride_tb, stride_th, stride_tr,
+                         HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)
 
 
 @triton.jit
 def _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end,
                        qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
-                       BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """Accumulate one query block's dq over the key tiles it can see (before k_end)."""
-    for k0 in range(0, k_end, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_tile = _load_rows(K, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)
-        v_tile = _load_rows(V, stride_vn, offs_k, offs_d, SEQ_K, HEAD_DIM)
-        s = tl.dot(q_blk, tl.trans(k_tile), input_precision=INPUT_PRECISION) * qk_scale  # (BLOCK_Q, BLOCK_K)
-        p = tl.math.exp2(s - lse[:, None])
-        p = tl.where(_visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL), p, 0.0)
-        dp = tl.dot(do_blk, tl.trans(v_tile), input_precision=INPUT_PRECISION)
-        ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k_tile.dtype), k_tile, input_precision=INPUT_PRECISION)
+                       BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                       k_start=0, softcap=0.0, window_left=-1, window_right=-1, off_b=0, off_h=0, MaskData=None,
+                       Tiles=None, SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None):
+    """Accumulate one query block's dq over the key tiles it can see, [k_start, k_end); with a mask
+    function, tiles its block mask row (Tiles) skips are passed over."""
+    for k0 in range(k_start, k_end, BLOCK_K):
+        kind = _tile_kind(Tiles, k0 // BLOCK_K, MASK_MOD)  # _FULL without a mask function
+        if kind != _SKIPPED:
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_tile = _load_rows(K, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)
+            v_tile = _load_rows(V, stride_vn, offs_k, offs_d, SEQ_K, HEAD_DIM)
+            s = _dot_scores(q_blk, k_tile, qk_scale, softcap, SOFTCAP, INPUT_PRECISION)  # (BLOCK_Q, BLOCK_K)
+            p = tl.math.exp2(s - lse[:, None])
+            visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL)
+            visible = _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right, off_b, off_h,
+                                   MaskData, kind, MASK_MOD)
+            p = tl.where(visible, p, 0.0)
+            dp = tl.dot(do_blk, tl.trans(v_tile), input_precision=INPUT_PRECISION)
+            ds = _softcap_slope(p * (dp - delta[:, None]), s, softcap, SOFTCAP)
+            dq += tl.dot(ds.to(k_tile.dtype), k_tile, input_precision=INPUT_PRECISION)
     return dq
+
+
+@triton.jit
+def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, Tiles, MaskData, qk_scale, scale, softcap,
+                       stride_qm, stride_kn, stride_vn, stride_dom, stride_dqm, q0, SEQ_Q, SEQ_K, HEAD_DIM,
+                       window_left, window_right, off_b, off_h,
+                       HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                       CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
+                       MASK_MOD: tl.constexpr):
+    """One query block (rows q0 ..) of one sequence and head: Q, DO, DQ, Lse, Delta point at the
+    head's first row, K, V at its kv head's first key, Tiles at the block's row of the block mask."""
+    offs_q = q0 + tl.arange(0, BLOCK_Q)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    q_blk = _load_rows(Q, stride_qm, offs_q, offs_d, SEQ_Q, HEAD_DIM)  # stays resident
+    do_blk = _load_rows(DO, stride_dom, offs_q, offs_d, SEQ_Q, HEAD_DIM)
+    lse = _lse_base2(Lse, offs_q, SEQ_Q)
+    delta = tl.load(Delta + offs_q, mask=offs_q < SEQ_Q, other=0.0)
+    dq = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
+    k_start, k_end = _key_range(q0, SEQ_Q, SEQ_K, window_left, window_right, BLOCK_Q, BLOCK_K, CAUSAL,
+                                MASK_MOD is not None)
+    dq = _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end,
+                            qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_K, CAUSAL, INPUT_PRECISION, k_start, softcap,
+                            window_left, window_right, off_b, off_h, MaskData, Tiles, SOFTCAP, MASK_MOD)
+    mask = (offs_q[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(DQ + offs_q[:, None] * stride_dqm + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -125,20 +227,18 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
                  stride_doz, stride_dom, stride_dqz, stride_dqm,
                  SEQ_Q, SEQ_K, HEAD_DIM,
                  HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                 CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+                 CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                 GROUP=1, HEADS=1, softcap=0.0, window_left=-1, window_right=-1, MaskData=None,
+                 Tiles=None, stride_tb=0, stride_th=0, stride_tr=0,
+                 SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None):
+    """One program per query block of one head: the grid is (query blocks, B*H)."""
     q0 = tl.program_id(0) * BLOCK_Q
     off_z = tl.program_id(1).to(tl.int64)
-    offs_q = q0 + tl.arange(0, BLOCK_Q)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    q_blk = _load_rows(Q + off_z * stride_qz, stride_qm, offs_q, offs_d, SEQ_Q, HEAD_DIM)  # stays resident
-    do_blk = _load_rows(DO + off_z * stride_doz, stride_dom, offs_q, offs_d, SEQ_Q, HEAD_DIM)
-    lse = _lse_base2(Lse + off_z * SEQ_Q, offs_q, SEQ_Q)
-    delta = tl.load(Delta + off_z * SEQ_Q + offs_q, mask=offs_q < SEQ_Q, other=0.0)
-    dq = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
-    k_end = _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
-    dq = _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K + off_z * stride_kz, V + off_z * stride_vz,
-                            stride_kn, stride_vn, offs_q, offs_d, k_end, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
-                            BLOCK_K, CAUSAL, INPUT_PRECISION)
-    mask = (offs_q[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(DQ + off_z * stride_dqz + offs_q[:, None] * stride_dqm + offs_d[None, :],
-             (dq * scale).to(DQ.dtype.element_ty), mask=mask)
+    off_kv = off_z // GROUP  # grouped-query attention: query head h reads kv head h // GROUP
+    off_b, off_h = off_z // HEADS, off_z % HEADS
+    Tiles = _tile_row(Tiles, off_b, off_h, q0 // BLOCK_Q, stride_tb, stride_th, stride_tr, MASK_MOD)
+    _attn_bwd_dq_block(Q + off_z * stride_qz, K + off_kv * stride_kz, V + off_kv * stride_vz, DO + off_z * stride_doz,
+                       DQ + off_z * stride_dqz, Lse + off_z * SEQ_Q, Delta + off_z * SEQ_Q, Tiles, MaskData,
+                       qk_scale, scale, softcap, stride_qm, stride_kn, stride_vn, stride_dom, stride_dqm,
+                       q0, SEQ_Q, SEQ_K, HEAD_DIM, window_left, window_right, off_b, off_h,
+                       HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)

@@ -11,9 +11,19 @@ same order and under the same names, as ``flashlib/tiled.py``:
 The scale is folded into one multiplier, qk_scale = scale * log2(e), so each score costs
 one multiply and one exp2; normalisation by l_i happens once, after the loop, and the
 log-sum-exp (natural log) is stored for the backward pass.
+
+The variants enter through small helpers, each a no-op for the defaults, so that the loop
+compiles as before without them:
+
+    grouped-query attention   K, V point at kv head h // GROUP (the kernel's first lines)
+    soft-capping (SOFTCAP)    _dot_scores: softcap * tanh(scale * q.k / softcap)
+    a window or a mask        _key_range: the window's key tiles only; _tile_kind: the block
+      function (MASK_MOD)     mask's word for a tile (skipped, partial, full); _visible_mod: the
+                              window's band and MASK_MOD(b, h, q_idx, kv_idx, data) in partial tiles
 """
 from __future__ import annotations
 
+from ..tiled import FULL, PARTIAL, SKIPPED
 from ._mode import require_triton
 from .config import LOG2E
 
@@ -21,6 +31,8 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402
 
 _LOG2E = tl.constexpr(LOG2E)
+# what a block mask (flashlib.masks.BlockMask) says of a tile
+_SKIPPED, _PARTIAL, _FULL = tl.constexpr(SKIPPED), tl.constexpr(PARTIAL), tl.constexpr(FULL)
 
 
 @triton.jit
@@ -56,10 +68,93 @@ def _load_rows(Ptr, stride, offs_rows, offs_d, n_rows, HEAD_DIM):
 
 
 @triton.jit
+def _softcap(x, qk_scale, softcap):
+    """softcap * tanh(scale * x / softcap) in base-2 units (x = q.k, qk_scale = scale * log2(e)),
+    with tanh(y) = 1 - 2 / (e^(2y) + 1): exact at both ends, where a quotient of exponentials is NaN."""
+    e2y = tl.math.exp2(x * (2.0 * qk_scale / softcap))
+    return (softcap * _LOG2E) * (1.0 - 2.0 / (e2y + 1.0))
+
+
+@triton.jit
+def _dot_scores(a, b, qk_scale, softcap, SOFTCAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """a bᵀ scaled to base-2 units, soft-capped if SOFTCAP: the scores (a = q_blk, b = k_tile) or
+    their transpose (a = k_tile, b = q_blk)."""
+    s = tl.dot(a, tl.trans(b), input_precision=INPUT_PRECISION)
+    if SOFTCAP:
+        s = _softcap(s, qk_scale, softcap)
+    else:
+        s = s * qk_scale
+    return s
+
+
+@triton.jit
+def _scores(q_blk, k_tile, qk_scale, softcap, visible, SOFTCAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """(BLOCK_Q, BLOCK_K) scores in base-2 units, soft-capped if SOFTCAP; pairs that may not attend get -inf."""
+    return tl.where(visible, _dot_scores(q_blk, k_tile, qk_scale, softcap, SOFTCAP, INPUT_PRECISION), float("-inf"))
+
+
+@triton.jit
 def _score_tile(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION: tl.constexpr):
     """(BLOCK_Q, BLOCK_K) scores in base-2 units; pairs that may not attend get -inf."""
-    s = tl.dot(q_blk, tl.trans(k_tile), input_precision=INPUT_PRECISION) * qk_scale
-    return tl.where(visible, s, float("-inf"))
+    return _scores(q_blk, k_tile, qk_scale, 0.0, visible, False, INPUT_PRECISION)
+
+
+@triton.jit
+def _key_range(q0, SEQ_Q, SEQ_K, window_left, window_right,
+               BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr):
+    """[k_start, k_end): the keys rows q0 .. q0 + BLOCK_Q - 1 can see under the causal rule and, if
+    WINDOWED, the window (-1: no limit on a side), k_start on a tile boundary; other tiles are skipped."""
+    k_start = 0
+    k_end = _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
+    if WINDOWED:
+        diag = q0 + (SEQ_K - SEQ_Q)  # the key on the first row's diagonal
+        k_start = tl.where(window_left >= 0, tl.maximum(diag - window_left, 0) // BLOCK_K * BLOCK_K, 0)
+        k_end = tl.where(window_right >= 0, tl.minimum(k_end, tl.maximum(diag + BLOCK_Q + window_right, 0)), k_end)
+    return k_start, k_end
+
+
+@triton.jit
+def _tile_row(Tiles, off_b, off_h, row, stride_tb, stride_th, stride_tr, MASK_MOD: tl.constexpr):
+    """The block mask's row of kinds for one (batch row, head, block): what _tile_kind reads."""
+    if MASK_MOD is not None:
+        Tiles += off_b * stride_tb + off_h * stride_th + row * stride_tr
+    return Tiles
+
+
+@triton.jit
+def _tile_kind(Tiles, tile, MASK_MOD: tl.constexpr):
+    """What the block mask says of a tile: _SKIPPED, _PARTIAL or _FULL; _FULL without a mask."""
+    kind = _FULL
+    if MASK_MOD is not None:
+        kind = tl.load(Tiles + tile)
+    return kind
+
+
+@triton.jit
+def _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right, off_b, off_h, MaskData, kind,
+                 MASK_MOD: tl.constexpr):
+    """visible, narrowed in a _PARTIAL tile by the window's band (i + o - left <= j <= i + o + right)
+    and by MASK_MOD(b, h, q_idx, kv_idx, data); unchanged without a mask function."""
+    if MASK_MOD is not None:
+        if kind == _PARTIAL:
+            diag = offs_q[:, None] + (SEQ_K - SEQ_Q)  # the key on query i's diagonal
+            keys = offs_k[None, :]
+            band = ((window_left < 0) | (keys >= diag - window_left)) & ((window_right < 0) | (keys <= diag + window_right))
+            visible = visible & band & MASK_MOD(off_b, off_h, offs_q[:, None], keys, MaskData)
+    return visible
+
+
+@triton.jit
+def _no_mask(b, h, q_idx, kv_idx, data):
+    """The mask function of a window alone: every pair the band leaves visible."""
+    return True
+
+
+@triton.jit
+def _load_at(Data, idx):
+    """A mask function's read of its data (flashlib.masks.LOAD): Data[idx] for an index tile; the
+    launcher pads Data so that every index of every tile is in bounds."""
+    return tl.load(Data + idx)
 
 
 @triton.jit
@@ -86,31 +181,32 @@ def _finish(m_i, l_i, acc):
 @triton.jit
 def _attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end,
                     qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
-                    BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """Fold every key/value tile before k_end into (m_i, l_i, acc); q_blk stays in registers."""
-    for k0 in range(0, k_end, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_tile = _load_rows(K, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)
-        v_tile = _load_rows(V, stride_vn, offs_k, offs_d, SEQ_K, HEAD_DIM)
-        s = _score_tile(q_blk, k_tile, qk_scale, _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL), INPUT_PRECISION)
-        m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION)
+                    BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                    k_start=0, softcap=0.0, window_left=-1, window_right=-1, off_b=0, off_h=0, MaskData=None,
+                    Tiles=None, SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None):
+    """Fold every key/value tile of [k_start, k_end) into (m_i, l_i, acc); q_blk stays in registers.
+    With a mask function, the tiles the block mask's row (Tiles) marks skipped are passed over."""
+    for k0 in range(k_start, k_end, BLOCK_K):
+        kind = _tile_kind(Tiles, k0 // BLOCK_K, MASK_MOD)  # _FULL without a mask function
+        if kind != _SKIPPED:
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_tile = _load_rows(K, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)
+            v_tile = _load_rows(V, stride_vn, offs_k, offs_d, SEQ_K, HEAD_DIM)
+            visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL)
+            visible = _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right, off_b, off_h,
+                                   MaskData, kind, MASK_MOD)
+            s = _scores(q_blk, k_tile, qk_scale, softcap, visible, SOFTCAP, INPUT_PRECISION)
+            m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION)
     return m_i, l_i, acc
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
-              stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn, stride_oz, stride_om,
-              SEQ_Q, SEQ_K, HEAD_DIM,
-              HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-              CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """Q, K, V, Out: (B*H, seq, HEAD_DIM), last dim contiguous; Lse: (B*H, SEQ_Q) float32."""
-    q0 = tl.program_id(0) * BLOCK_Q  # the grid replaces the reference's loop over query blocks
-    off_z = tl.program_id(1).to(tl.int64)  # batch * head index; int64 so large tensors index safely
-    Q += off_z * stride_qz
-    K += off_z * stride_kz
-    V += off_z * stride_vz
-    Out += off_z * stride_oz
-    Lse += off_z * SEQ_Q
+def _attn_fwd_block(Q, K, V, Out, Lse, Tiles, MaskData, qk_scale, softcap, stride_qm, stride_kn, stride_vn, stride_om,
+                    q0, SEQ_Q, SEQ_K, HEAD_DIM, window_left, window_right, off_b, off_h,
+                    HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                    CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr, MASK_MOD: tl.constexpr):
+    """One query block (rows q0 ..) of one sequence and head: Q, Out point at the head's first row,
+    K, V at its kv head's first key, Lse at its first lse, Tiles at the block's row of the block mask."""
     offs_q = q0 + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # HEAD_DIM padded to a power of two; the pad is masked
     q_blk = _load_rows(Q, stride_qm, offs_q, offs_d, SEQ_Q, HEAD_DIM)
@@ -118,11 +214,37 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
-    k_end = _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
+    k_start, k_end = _key_range(q0, SEQ_Q, SEQ_K, window_left, window_right, BLOCK_Q, BLOCK_K, CAUSAL,
+                                MASK_MOD is not None)
     m_i, l_i, acc = _attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end,
-                                    qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_K, CAUSAL, INPUT_PRECISION)
+                                    qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_K, CAUSAL, INPUT_PRECISION,
+                                    k_start, softcap, window_left, window_right, off_b, off_h, MaskData, Tiles,
+                                    SOFTCAP, MASK_MOD)
 
     out, lse = _finish(m_i, l_i, acc)
     o_mask = (offs_q[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
     tl.store(Out + offs_q[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty), mask=o_mask)
     tl.store(Lse + offs_q, lse, mask=offs_q < SEQ_Q)
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
+              stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn, stride_oz, stride_om,
+              SEQ_Q, SEQ_K, HEAD_DIM,
+              HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+              CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+              GROUP=1, HEADS=1, softcap=0.0, window_left=-1, window_right=-1, MaskData=None,
+              Tiles=None, stride_tb=0, stride_th=0, stride_tr=0,
+              SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None):
+    """Q, Out: (B*H, seq, HEAD_DIM); K, V: (B*H_kv, seq, HEAD_DIM), H = GROUP * H_kv; last dims
+    contiguous. Lse: (B*H, SEQ_Q) float32. Tiles: the block mask's kinds (B or 1, H or 1, query
+    blocks, key tiles), strides 0 where broadcast; MaskData: what MASK_MOD reads (or None)."""
+    q0 = tl.program_id(0) * BLOCK_Q  # the grid replaces the reference's loop over query blocks
+    off_z = tl.program_id(1).to(tl.int64)  # batch * head index; int64 so large tensors index safely
+    off_kv = off_z // GROUP  # grouped-query attention: query head h reads kv head h // GROUP
+    off_b, off_h = off_z // HEADS, off_z % HEADS  # what a mask function is told
+    Tiles = _tile_row(Tiles, off_b, off_h, q0 // BLOCK_Q, stride_tb, stride_th, stride_tr, MASK_MOD)
+    _attn_fwd_block(Q + off_z * stride_qz, K + off_kv * stride_kz, V + off_kv * stride_vz, Out + off_z * stride_oz,
+                    Lse + off_z * SEQ_Q, Tiles, MaskData, qk_scale, softcap, stride_qm, stride_kn, stride_vn, stride_om,
+                    q0, SEQ_Q, SEQ_K, HEAD_DIM, window_left, window_right, off_b, off_h,
+                    HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)

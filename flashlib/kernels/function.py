@@ -10,14 +10,21 @@ the same launch conventions.
 from __future__ import annotations
 
 import math
+import types
+import weakref
+from typing import Callable, NamedTuple
 
 import torch
 
-from .._checks import check_attention_inputs
+from .._checks import check_attention_inputs, check_mask_mod, check_softcap, check_window
+from ..dense import batch_and_heads
+from ..tiled import PARTIAL, block_mask
 from ._mode import interpreting
 from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess, triton
 from .config import LOG2E, FlashConfig, default_config, head_dim_pad
-from .forward import _attn_fwd
+from .forward import _attn_fwd, _load_at, _no_mask
+
+import triton.language as tl  # noqa: E402  (after the kernels: they chose the interpreter mode)
 
 FN = "flashlib.kernels.attention"
 MAX_HEAD_DIM = 256
@@ -78,70 +85,204 @@ def empty_result(q: torch.Tensor):
     return torch.zeros_like(q), lse
 
 
-def _launch_forward(q, k, v, causal, scale, cfg):
-    """q, k, v: (B*H, seq, d). Returns out (B*H, seq_q, d) and lse (B*H, seq_q) float32."""
+class Variant(NamedTuple):
+    """The options beyond the causal rule, checked: a window (-1: no limit on a side), a soft-cap
+    (0.0: none) and a mask function (flashlib.masks)."""
+
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    mask_mod: Callable | None = None
+
+    @property
+    def masked(self) -> bool:
+        """A window or a mask function: the kernels take their mask path (MASK_MOD set)."""
+        return self.window != (-1, -1) or self.mask_mod is not None
+
+    def options(self) -> dict:
+        """The keyword arguments that give this variant again (softcap None for none)."""
+        return dict(window=self.window, softcap=self.softcap or None, mask_mod=self.mask_mod)
+
+
+DEFAULT = Variant()
+
+
+def check_variant(fn: str, window=None, softcap=None, mask_mod=None) -> Variant:
+    return Variant(check_window(fn, window), check_softcap(fn, softcap), check_mask_mod(fn, mask_mod))
+
+
+# ----- mask functions, compiled into the kernels ------------------------------------------------
+
+def _call_mask(b, h, q_idx, kv_idx, data):
+    """A mask function of four arguments, called as the kernels call one (its data unused)."""
+    return MASK(b, h, q_idx, kv_idx)  # noqa: F821  (bound by kernel_mask)
+
+
+_KERNEL_MASKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def kernel_mask(mask_mod):
+    """The ``@triton.jit`` function the kernels call as MASK_MOD(b, h, q_idx, kv_idx, data) for a
+    mask function: the function itself, compiled; for :mod:`flashlib.masks`' ready masks their
+    template with its constants as ``tl.constexpr`` and LOAD reading the kernel's mask data.
+    Made once per mask function (a new one compiles new kernels)."""
+    if mask_mod not in _KERNEL_MASKS:
+        template = getattr(mask_mod, "__mask_template__", None)
+        if template is None:  # a plain def: its own module's names, on a copy (the interpreter adds its own)
+            template, scope = mask_mod, dict(mask_mod.__globals__)
+        else:
+            scope = {"__name__": template.__module__, "LOAD": _load_at,
+                     **{name: tl.constexpr(value) for name, value in mask_mod.__mask_constants__.items()}}
+        jitted = _jit(template, scope)
+        if template.__code__.co_argcount == 4:
+            jitted = _jit(_call_mask, {"__name__": __name__, "MASK": jitted})
+        _KERNEL_MASKS[mask_mod] = jitted
+    return _KERNEL_MASKS[mask_mod]
+
+
+def _jit(fn, scope: dict):
+    """triton.jit of fn's code with these module-level names (and triton.language, which the
+    interpreter looks for there)."""
+    return triton.jit(types.FunctionType(fn.__code__, dict(scope, tl=tl), fn.__name__, fn.__defaults__))
+
+
+def mask_data(fn: str, mask_mod, length: int, device):
+    """What a mask function reads (flashlib.masks.document's ids), as int32 on device, padded to
+    ``length`` so that every index of every tile reads in bounds; None if it reads nothing."""
+    data = getattr(mask_mod, "__mask_data__", None)
+    if data is None:
+        return None
+    padded = torch.full((length,), -1, dtype=torch.int32, device=device)
+    padded[:data.numel()] = data.to(device=device, dtype=torch.int32)[:length]
+    return padded
+
+
+def _kinds(variant: Variant, causal, batch, heads, seq_q, seq_k, block_q, block_k, device):
+    """The block mask's kinds for these tiles (flashlib.masks.block_mask), (B or 1, H or 1, query
+    blocks, key tiles); for a window alone, every tile partial: its key range skips the rest."""
+    if variant.mask_mod is None:
+        shape = (1, 1, triton.cdiv(seq_q, block_q), triton.cdiv(seq_k, block_k))
+        return torch.full(shape, PARTIAL, dtype=torch.uint8, device=device)
+    return block_mask(seq_q, seq_k, block_q=block_q, block_k=block_k, causal=causal, window=variant.window,
+                      mask_mod=variant.mask_mod, batch=batch, heads=heads, device=device).kinds
+
+
+def variant_args(variant: Variant, *, group: int = 1, heads: int = 1, kinds=None, data=None) -> dict:
+    """The keyword arguments a kernel launch adds for grouped heads and the variants (none for the
+    defaults, so that their launch is the one it always was). kinds: (B or 1, H or 1, rows,
+    tiles) as the kernel walks them, broadcast over the batch and heads by zero strides."""
+    args = {}
+    if group > 1 or variant.mask_mod is not None:
+        args.update(GROUP=group, HEADS=heads)
+    if variant.softcap:
+        args.update(softcap=variant.softcap, SOFTCAP=True)
+    if variant.masked:
+        left, right = variant.window
+        rows = kinds.expand(-1, heads if kinds.shape[1] > 1 else 1, -1, -1)
+        args.update(window_left=left, window_right=right, MaskData=data, Tiles=kinds,
+                    stride_tb=kinds.stride(0) if kinds.shape[0] > 1 else 0,
+                    stride_th=rows.stride(1) if kinds.shape[1] > 1 else 0, stride_tr=kinds.stride(2),
+                    MASK_MOD=_no_mask if variant.mask_mod is None else kernel_mask(variant.mask_mod))
+    return args
+
+
+# ----- launchers ------------------------------------------------------------------------------
+
+def _launch_forward(q, k, v, causal, scale, cfg, variant=DEFAULT, heads=1, masks=None):
+    """q: (B*H, seq_q, d), k, v: (B*H_kv, seq_k, d). Returns out (B*H, seq_q, d) and lse (B*H, seq_q)
+    float32. heads: H (query heads per batch row); masks: (kinds, data) for the mask path."""
     bh, seq_q, d = q.shape
     out = torch.empty_like(q)
     lse = torch.empty(bh, seq_q, dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(seq_q, cfg.block_q), bh)
+    kinds, data = masks or (None, None)
     _attn_fwd[grid](q, k, v, out, lse, scale * LOG2E,
                     q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                     out.stride(0), out.stride(1), seq_q, k.shape[1], d,
                     HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, CAUSAL=causal,
-                    INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                    INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                    **variant_args(variant, group=bh // k.shape[0], heads=heads, kinds=kinds, data=data))
     return out, lse
 
 
-def _launch_backward(q, k, v, out, lse, dout, dlse, causal, scale, cfg):
-    """All (B*H, seq, d) but lse and dlse (B*H, seq_q); dlse may be None. Returns dq, dk, dv."""
-    bh, seq_q, d = q.shape
-    seq_k = k.shape[1]
-    d_pad = head_dim_pad(d)
-    delta = torch.empty_like(lse)
+def preprocess(out, dout, dlse, cfg, heads_first: bool = False):
+    """delta = rowsum(dO * O) - dlse, (rows of heads, seq) float32: out and dout (B*H, seq_q, d), or
+    with heads_first their (H, total_q, d) views of a packed layout."""
+    bh, seq_q, d = out.shape
+    delta = torch.empty(bh, seq_q, dtype=torch.float32, device=out.device)
     _attn_bwd_preprocess[(triton.cdiv(seq_q, cfg.bwd_block_q), bh)](
         out, dout, delta, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), seq_q, d,
-        HEAD_DIM_PAD=d_pad, BLOCK_Q=cfg.bwd_block_q)
+        HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.bwd_block_q)
     if dlse is not None:
         delta -= dlse  # d lse_i / d s_ij = p_ij: a gradient of lse enters where delta does
+    return delta
+
+
+def _launch_backward(q, k, v, out, lse, dout, dlse, causal, scale, cfg, variant=DEFAULT, heads=1, masks=None):
+    """All (B*H or B*H_kv, seq, d) but lse and dlse (B*H, seq_q); dlse may be None. Returns dq, dk, dv.
+    masks: (kinds by query block, kinds by key tile, data) for the mask path."""
+    bh, seq_q, d = q.shape
+    seq_k = k.shape[1]
+    delta = preprocess(out, dout, dlse, cfg)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    common = dict(HEAD_DIM_PAD=d_pad, BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k, CAUSAL=causal,
+    common = dict(HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k, CAUSAL=causal,
                   INPUT_PRECISION=cfg.input_precision, num_warps=cfg.bwd_num_warps,
                   num_stages=cfg.bwd_num_stages)
-    _attn_bwd_dkdv[(triton.cdiv(seq_k, cfg.bwd_block_k), bh)](
+    by_query, by_key, data = masks or (None, None, None)
+    group = bh // k.shape[0]
+    _attn_bwd_dkdv[(triton.cdiv(seq_k, cfg.bwd_block_k), k.shape[0])](
         q, k, v, dout, dk, dv, lse, delta, scale * LOG2E, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        seq_q, seq_k, d, **common)
+        seq_q, seq_k, d, **common, **variant_args(variant, group=group, heads=heads, kinds=by_key, data=data))
     _attn_bwd_dq[(triton.cdiv(seq_q, cfg.bwd_block_q), bh)](
         q, k, v, dout, dq, lse, delta, scale * LOG2E, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
-        seq_q, seq_k, d, **common)
+        seq_q, seq_k, d, **common, **variant_args(variant, group=group, heads=heads, kinds=by_query, data=data))
     return dq, dk, dv
 
 
-def forward(q, k, v, *, causal=False, scale=None, config=None, fn=FN):
+def _masks(variant, causal, q, seq_k, block_q, block_k, cfg, backward=False):
+    """(kinds, data) of a forward launch, or (kinds by query block, kinds by key tile, data) of a
+    backward one, for q (..., H, seq_q, d); None without a window or mask function."""
+    if not variant.masked:
+        return None
+    batch, heads = batch_and_heads(q.shape)
+    kinds = _kinds(variant, causal, batch, heads, q.shape[-2], seq_k, block_q, block_k, q.device)
+    longest = max(q.shape[-2], seq_k) + max(cfg.block_q, cfg.block_k, cfg.bwd_block_q, cfg.bwd_block_k)
+    data = mask_data(FN, variant.mask_mod, longest, q.device)
+    return (kinds, kinds.transpose(-1, -2).contiguous(), data) if backward else (kinds, data)
+
+
+def forward(q, k, v, *, causal=False, scale=None, window=None, softcap=None, mask_mod=None, config=None, fn=FN):
     """The teaching forward without autograd: (out, lse), lse (..., seq_q) float32, -inf for
     rows that see no key. Same conventions as :func:`attention`."""
-    scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale)
+    scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True)
+    variant = check_variant(fn, window, softcap, mask_mod)
     check_kernel_inputs(fn, q)
     cfg = resolve_config(fn, q, config)
     if q.shape[-2] == 0 or k.shape[-2] == 0 or q.numel() == 0:
         return empty_result(q)
-    out, lse = _launch_forward(flat(q), flat(k), flat(v), causal, scale, cfg)
+    masks = _masks(variant, causal, q, k.shape[-2], cfg.block_q, cfg.block_k, cfg)
+    out, lse = _launch_forward(flat(q), flat(k), flat(v), causal, scale, cfg, variant, batch_and_heads(q.shape)[1],
+                               masks)
     return out.reshape(q.shape), lse.reshape(q.shape[:-1])
 
 
-def backward(q, k, v, out, lse, dout, *, causal=False, scale=None, config=None, dlse=None):
+def backward(q, k, v, out, lse, dout, *, causal=False, scale=None, window=None, softcap=None, mask_mod=None,
+             config=None, dlse=None):
     """(dq, dk, dv) from the forward's out and lse, recomputing P tile by tile (no autograd).
     dlse: an optional gradient with respect to lse (..., seq_q)."""
-    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale)
+    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
+    variant = check_variant(FN, window, softcap, mask_mod)
     cfg = resolve_config(FN, q, config)
     if out.numel() == 0 or k.shape[-2] == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     seq_q = q.shape[-2]
+    masks = _masks(variant, causal, q, k.shape[-2], cfg.bwd_block_q, cfg.bwd_block_k, cfg, backward=True)
     dq, dk, dv = _launch_backward(flat(q), flat(k), flat(v), flat(out), lse.reshape(-1, seq_q), flat(dout),
-                                  None if dlse is None else dlse.reshape(-1, seq_q).float(), causal, scale, cfg)
+                                  None if dlse is None else dlse.reshape(-1, seq_q).float(), causal, scale, cfg,
+                                  variant, batch_and_heads(q.shape)[1], masks)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
@@ -149,31 +290,39 @@ class AttentionFunction(torch.autograd.Function):
     """Saves (q, k, v, out, lse) — never the (seq_q, seq_k) probabilities."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, cfg):
-        out, lse = forward(q, k, v, causal=causal, scale=scale, config=cfg)
+    def forward(ctx, q, k, v, causal, scale, cfg, variant=DEFAULT):
+        out, lse = forward(q, k, v, causal=causal, scale=scale, config=cfg, **variant.options())
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.scale, ctx.cfg = causal, scale, cfg
+        ctx.causal, ctx.scale, ctx.cfg, ctx.variant = causal, scale, cfg, variant
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        grads = backward(q, k, v, out, lse, dout, causal=ctx.causal, scale=ctx.scale, config=ctx.cfg, dlse=dlse)
-        return *grads, None, None, None
+        grads = backward(q, k, v, out, lse, dout, causal=ctx.causal, scale=ctx.scale, config=ctx.cfg, dlse=dlse,
+                         **ctx.variant.options())
+        return *grads, None, None, None, None
 
 
-def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
-              config: FlashConfig | None = None, return_lse: bool = False):
+def attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
+              softcap: float | None = None, mask_mod=None, config: FlashConfig | None = None,
+              return_lse: bool = False):
     """Exact attention softmax(q kᵀ · scale) v with notebook 06's forward and notebook 07's
     backward kernels; differentiable (the lse too).
 
     Args:
         q: (batch, heads, seq_q, head_dim); any leading dims, at least (seq_q, head_dim).
-        k, v: (batch, heads, seq_k, head_dim); seq_k may differ from seq_q.
+        k, v: (batch, kv_heads, seq_k, head_dim); seq_k may differ from seq_q; kv_heads divides
+            heads (grouped-query attention: query head h reads kv head h // (heads // kv_heads)).
         causal: query i sees key j when j <= i + seq_k - seq_q (bottom-right diagonal, as
             :func:`flashlib.causal_mask`); key tiles entirely above it are skipped. A row that
             sees no key outputs zeros, with zero gradients.
         scale: defaults to 1/sqrt(head_dim).
+        window: (left, right), -1 for no limit on a side: query i sees keys i + o - left ..
+            i + o + right (o = seq_k - seq_q); each query block visits only its window's key tiles.
+        softcap: c > 0: scores c * tanh(scale * q.k / c).
+        mask_mod: mask_mod(b, h, q_idx, kv_idx) -> bool (:mod:`flashlib.masks`), compiled into the
+            kernels; tiles its block mask skips are not computed.
         config: a :class:`FlashConfig` (tile sizes, warps, stages, float32 matmul precision);
             defaults to :func:`default_config` for the head dim, dtype and GPU.
         return_lse: also return the log-sum-exp (..., seq_q), float32, -inf for empty rows.
@@ -183,8 +332,9 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     kernels run in Triton's CPU interpreter and take CPU tensors. The backward is
     deterministic: every program writes only its own rows of dq, dk or dv.
     """
-    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale)
+    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
+    variant = check_variant(FN, window, softcap, mask_mod)
     check_kernel_inputs(FN, q)
     cfg = resolve_config(FN, q, config)
-    out, lse = AttentionFunction.apply(q, k, v, causal, scale, cfg)
+    out, lse = AttentionFunction.apply(q, k, v, causal, scale, cfg, variant)
     return (out, lse) if return_lse else out
