@@ -1,12 +1,14 @@
 """flashlib: FlashAttention, tile by tile.
 
 The reference algorithms of notebooks 01-04 (plain PyTorch, any device, differentiable)
-import without Triton; ``flash_attention``, the public fused op (:mod:`flashlib.op`), and
-``decode_attention``, split-KV decoding over a KV cache (:mod:`flashlib.decode`), are imported on
-first use. The rooms of the package:
+import without Triton; ``flash_attention`` and ``flash_attention_varlen``, the public fused ops
+(:mod:`flashlib.op`), and ``decode_attention``, split-KV decoding over a KV cache
+(:mod:`flashlib.decode`), are imported on first use. The rooms of the package:
 
     flashlib.dense, softmax, tiled, backward, iomodel, roofline   the reference algorithms
-    flashlib.op          the public op flash_attention (a torch.library custom op)
+    flashlib.masks       mask functions, the dense mask and the block mask (windows, documents, ...)
+    flashlib.varlen      packed sequences of different lengths: their layout and reference
+    flashlib.op          the public ops flash_attention, flash_attention_varlen (torch.library custom ops)
     flashlib.decode      decoding with a KV cache: its reference and the public decode_attention
     flashlib.distributed ring attention across processes (torch.distributed)
     flashlib.course      figures, widgets and exercise checkers of the notebooks
@@ -16,33 +18,35 @@ first use. The rooms of the package:
     flashlib.bench       the CPU and GPU benchmarks, the GPU check, recorded runs
 """
 from . import kernels as _kernels  # noqa: F401  cheap: chooses Triton's interpreter on CPU builds of torch
-from .dense import causal_mask, dense_attention
+from .dense import Visibility, attention_mask, causal_mask, dense_attention
 from .softmax import (SoftmaxState, merge_partials, merge_states, naive_softmax, online_softmax,
                       online_softmax_state, online_softmax_steps, safe_softmax, softmax_state)
-from .tiled import TiledTrace, TileStep, tiled_forward, trace_tiled_attention
+from .tiled import BlockMask, TiledTrace, TileStep, block_mask, tiled_forward, trace_tiled_attention
 from .backward import TiledAttentionFunction, tiled_attention, tiled_backward
+from .varlen import varlen_reference
+from . import masks  # noqa: E402  (the module: flashlib.masks.document, ...)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "causal_mask", "dense_attention",
+    "Visibility", "attention_mask", "causal_mask", "dense_attention", "BlockMask", "block_mask", "masks",
     "SoftmaxState", "merge_partials", "merge_states", "naive_softmax", "online_softmax", "online_softmax_state",
     "online_softmax_steps", "safe_softmax", "softmax_state",
     "TiledTrace", "TileStep", "tiled_attention", "tiled_forward", "trace_tiled_attention",
     "TiledAttentionFunction", "tiled_backward",
-    "flash_attention", "decode_attention", "decode_reference",
+    "varlen_reference", "flash_attention", "flash_attention_varlen", "decode_attention", "decode_reference",
 ]
 
 
 def __getattr__(name):
     # The fused op needs Triton (Linux only); import it only when asked for.
-    if name == "flash_attention":
+    if name in ("flash_attention", "flash_attention_varlen"):
         from .kernels._mode import require_triton
 
         require_triton()  # says how to get Triton where it is missing
-        from .op import flash_attention
+        from . import op
 
-        return flash_attention
+        return getattr(op, name)
     if name in ("decode_attention", "decode_reference"):
         # KV-cache decoding (notebook 10); decode_attention imports its kernels when called
         from . import decode

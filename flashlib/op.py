@@ -1,21 +1,27 @@
 """``flashlib.flash_attention``: the public op, one PyTorch custom op with its own gradient.
 
-Which kernels run is decided per call, from the device and dtype (:func:`path_for`):
+Which kernels run is decided per call, from the device, the dtype and the options (:func:`path_for`):
 
-    CUDA GPU, float16/bfloat16, compute capability >= 8.0
+    CUDA GPU, float16/bfloat16, compute capability >= 8.0, no option beyond causal
         forward "tma" (rung 3 of :mod:`flashlib.ladder`; rung 2's kernel where tensor
         descriptors cannot be used: before sm_90, or rows not a multiple of 16 bytes) and
         backward "tuned", both with tiles autotuned per head dim, dtype, mask and length
         bucket. The fastest combination a recorded H200 run measured (data/bench/) that the
         compile tests build for sm_80 and sm_90.
-    anything else (float32 on a GPU, sm_75, the CPU)
-        the teaching kernels of notebooks 06 and 07 with their shipped tiles; on a machine
-        without a CUDA device they run in Triton's CPU interpreter.
+    anything else (float32 on a GPU, sm_75, the CPU; grouped-query heads, a window, a
+    soft-cap or a mask function on any device; packed sequences)
+        the teaching kernels of notebooks 06 and 07 with their shipped tiles (the ladder's
+        rungs do not have these options); on a machine without a CUDA device they run in
+        Triton's CPU interpreter.
 
 Registered with ``torch.library`` as ``flashlib::flash_attention`` (forward) and
 ``flashlib::flash_attention_backward``, each with a fake implementation, so that
 ``torch.compile(fullgraph=True)`` and ``torch.export`` see one opaque op whose output shapes
-they know, and autograd uses the backward op.
+they know, and autograd uses the backward op. Grouped heads, the window (two ints) and the
+soft-cap (a float) are arguments of the op. A mask function is not (an op's arguments are
+tensors and numbers): with ``mask_mod`` the call runs the teaching kernels' autograd Function
+directly, eagerly (``torch.compile`` breaks the graph there; ``fullgraph=True`` refuses it).
+``flashlib::flash_attention_varlen`` and its backward are the packed-sequence op, likewise.
 """
 from __future__ import annotations
 
@@ -23,75 +29,92 @@ import torch
 
 from ._checks import check_attention_inputs
 from .kernels import function as teaching
-from .kernels.function import capability, check_kernel_inputs
+from .kernels import varlen as packed
+from .kernels.function import capability, check_kernel_inputs, check_variant
 
 FN = "flash_attention"
+VARLEN_FN = "flash_attention_varlen"
 FAST_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def path_for(q: torch.Tensor) -> tuple[str, str]:
-    """(forward, backward) that :func:`flash_attention` runs for inputs like q."""
-    if q.device.type == "cuda" and q.dtype in FAST_DTYPES and capability(q.device) >= (8, 0):
+def path_for(q: torch.Tensor, k: torch.Tensor | None = None, *, window=None, softcap=None,
+             mask_mod=None) -> tuple[str, str]:
+    """(forward, backward) that :func:`flash_attention` runs for inputs like q (and k: fewer heads
+    than q is grouped-query attention) with these options."""
+    grouped = k is not None and q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] != q.shape[-3]
+    options = grouped or window not in (None, (-1, -1)) or softcap is not None or mask_mod is not None
+    if not options and q.device.type == "cuda" and q.dtype in FAST_DTYPES and capability(q.device) >= (8, 0):
         return "tma", "tuned"
     return "teaching", "teaching"
 
 
-def flash_attention_forward(q, k, v, *, causal: bool = False, scale: float | None = None):
+def _window(window_left: int, window_right: int):
+    return None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+
+
+def flash_attention_forward(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
+                            softcap: float | None = None, mask_mod=None):
     """The forward of :func:`flash_attention` without autograd: (out, lse), lse (..., seq_q) float32."""
-    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale)
+    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
     check_kernel_inputs(FN, q)
-    forward, _ = path_for(q)
+    forward, _ = path_for(q, k, window=window, softcap=softcap, mask_mod=mask_mod)
     if forward == "teaching":
-        return teaching.forward(q, k, v, causal=causal, scale=scale, fn=FN)
+        return teaching.forward(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                                mask_mod=mask_mod, fn=FN)
     from .ladder.forward import forward as rung_forward
 
     return rung_forward(q, k, v, causal=causal, scale=scale, rung=forward)
 
 
 def flash_attention_backward(q, k, v, out, lse, dout, *, causal: bool = False, scale: float | None = None,
-                             dlse=None):
+                             dlse=None, window=None, softcap: float | None = None, mask_mod=None):
     """(dq, dk, dv) of :func:`flash_attention` from its out and lse, without autograd; dlse is an
     optional gradient with respect to lse."""
-    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale)
-    _, backward = path_for(q)
+    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
+    _, backward = path_for(q, k, window=window, softcap=softcap, mask_mod=mask_mod)
     if backward == "teaching":
-        return teaching.backward(q, k, v, out, lse, dout, causal=causal, scale=scale, dlse=dlse)
+        return teaching.backward(q, k, v, out, lse, dout, causal=causal, scale=scale, dlse=dlse, window=window,
+                                 softcap=softcap, mask_mod=mask_mod)
     from .ladder.function import backward_pass
 
     return backward_pass(q, k, v, out, lse, dout, causal=causal, scale=scale, backward=backward, dlse=dlse)
 
 
 @torch.library.custom_op("flashlib::flash_attention", mutates_args=())
-def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = flash_attention_forward(q, k, v, causal=causal, scale=scale)
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                  window_left: int = -1, window_right: int = -1,
+                  softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = flash_attention_forward(q, k, v, causal=causal, scale=scale, window=_window(window_left, window_right),
+                                       softcap=softcap or None)
     return out.contiguous(), lse.contiguous()  # the layout the fake implementation promises
 
 
 @_attention_op.register_fake
-def _(q, k, v, causal, scale):
+def _(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("flashlib::flash_attention_backward", mutates_args=())
 def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                            lse: torch.Tensor, dout: torch.Tensor, dlse: torch.Tensor, causal: bool,
-                           scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           scale: float, window_left: int = -1, window_right: int = -1,
+                           softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk, dv = flash_attention_backward(q, k, v, out, lse, dout.contiguous(), causal=causal, scale=scale,
-                                          dlse=dlse)
+                                          dlse=dlse, window=_window(window_left, window_right),
+                                          softcap=softcap or None)
     return dq.contiguous(), dk.contiguous(), dv.contiguous()
 
 
 @_attention_backward_op.register_fake
-def _(q, k, v, out, lse, dout, dlse, causal, scale):
+def _(q, k, v, out, lse, dout, dlse, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale = inputs
+    q, k, v, *options = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)  # never the (seq_q, seq_k) probabilities
-    ctx.causal, ctx.scale = causal, scale
+    ctx.options = options  # causal, scale, window_left, window_right, softcap
 
 
 def _backward(ctx, dout, dlse):
@@ -100,41 +123,151 @@ def _backward(ctx, dout, dlse):
         dout = torch.zeros_like(out)
     if dlse is None:
         dlse = torch.zeros_like(lse)
-    dq, dk, dv = _attention_backward_op(q, k, v, out, lse, dout, dlse, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None
+    dq, dk, dv = _attention_backward_op(q, k, v, out, lse, dout, dlse, *ctx.options)
+    return dq, dk, dv, *(None,) * len(ctx.options)
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False):
+@torch.compiler.disable
+def _with_mask_mod(q, k, v, causal, scale, variant):
+    """A mask function is Python code, not an op argument: the teaching kernels' autograd Function, eagerly."""
+    cfg = teaching.resolve_config(FN, q, None)
+    return teaching.AttentionFunction.apply(q, k, v, causal, scale, cfg, variant)
+
+
+def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
+                    softcap: float | None = None, mask_mod=None, return_lse: bool = False):
     """Exact attention softmax(q kᵀ · scale) v, fused, differentiable (the lse too).
 
     Args:
         q: (batch, heads, seq_q, head_dim); any leading dims, at least (seq_q, head_dim).
-        k, v: (batch, heads, seq_k, head_dim); seq_k may differ from seq_q.
+        k, v: (batch, kv_heads, seq_k, head_dim); seq_k may differ from seq_q. kv_heads divides
+            heads: grouped-query attention (multi-query with one kv head), query head h reads kv
+            head h // (heads // kv_heads); dk and dv sum over each group.
         causal: query i sees key j when j <= i + seq_k - seq_q (bottom-right diagonal, as
             flash-attn >= 2.1 and :func:`flashlib.causal_mask`; PyTorch's SDPA aligns
             top-left, the same when seq_q == seq_k). A row that sees no key outputs zeros,
             with zero gradients::
 
-                seq_q=3, seq_k=5      seq_q=5, seq_k=3
-                1 1 1 0 0             0 0 0
-                1 1 1 1 0             0 0 0
-                1 1 1 1 1             1 0 0
-                                      1 1 0
-                                      1 1 1
+                seq_q=3, seq_k=5      seq_q=5, seq_k=3      seq 6, window=(2, 0), causal
+                1 1 1 0 0             0 0 0                 1 0 0 0 0 0
+                1 1 1 1 0             0 0 0                 1 1 0 0 0 0
+                1 1 1 1 1             1 0 0                 1 1 1 0 0 0
+                                      1 1 0                 0 1 1 1 0 0
+                                      1 1 1                 0 0 1 1 1 0
+                                                            0 0 0 1 1 1
         scale: defaults to 1/sqrt(head_dim).
+        window: (left, right): with o = seq_k - seq_q, query i sees key j iff
+            i + o - left <= j <= i + o + right; -1 means no limit on that side (flash-attn's
+            convention); ANDed with causal. Key tiles outside the window are never visited:
+            the cost is O(seq * window).
+        softcap: c > 0: scores become c * tanh(scale * q.k / c) (Gemma 2's soft-capping), with
+            its gradient; the lse is that of the capped scores.
+        mask_mod: mask_mod(b, h, q_idx, kv_idx) -> bool, a plain ``def`` using arithmetic,
+            comparisons and & | ~ (:mod:`flashlib.masks` has ready ones), ANDed with causal and
+            window. It runs on index tensors for a block mask (tiles where it is false everywhere
+            are skipped; computed per call) and is compiled into the kernels for the rest.
         return_lse: also return the log-sum-exp of each score row, (..., seq_q) float32,
             -inf for rows that see no key.
 
-    Runs the fastest path measured for the device and dtype (see :func:`path_for`): on a
-    CUDA GPU in float16/bfloat16, rung 3's forward and the tuned backward; otherwise the
-    teaching kernels (tf32 matmuls for float32 on a GPU; Triton's CPU interpreter without a
-    GPU, where inputs are CPU tensors and bfloat16 is not available). head_dim 1..256, any
-    sequence lengths. Works inside ``torch.compile(fullgraph=True)`` and ``torch.export``.
+    Paths (:func:`path_for`): on a CUDA GPU in float16/bfloat16 without options, rung 3's
+    forward and the tuned backward; with grouped heads, a window, a soft-cap or a mask
+    function, and otherwise (float32 on a GPU: tf32 matmuls; the CPU: Triton's interpreter,
+    CPU tensors, no bfloat16) the teaching kernels. head_dim 1..256, any sequence lengths.
+    Works inside ``torch.compile(fullgraph=True)`` and ``torch.export`` with every option but
+    ``mask_mod``, which runs eagerly (a graph break; fullgraph=True refuses it).
     """
-    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale)
+    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
+    variant = check_variant(FN, window, softcap, mask_mod)
     check_kernel_inputs(FN, q)
-    out, lse = _attention_op(q, k, v, causal, scale)
+    if variant.mask_mod is not None:
+        out, lse = _with_mask_mod(q, k, v, causal, scale, variant)
+    else:
+        out, lse = _attention_op(q, k, v, causal, scale, *variant.window, variant.softcap)
+    return (out, lse) if return_lse else out
+
+
+# ----- packed sequences -----------------------------------------------------------------------
+
+@torch.library.custom_op("flashlib::flash_attention_varlen", mutates_args=())
+def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+               cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float,
+               window_left: int, window_right: int, softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    variant = check_variant(VARLEN_FN, _window(window_left, window_right), softcap or None)
+    out, lse = packed.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                                     scale=scale, variant=variant)
+    return out.contiguous(), lse.contiguous()
+
+
+@_varlen_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left, window_right,
+      softcap):
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashlib::flash_attention_varlen_backward", mutates_args=())
+def _varlen_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                        dout: torch.Tensor, dlse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                        cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                        scale: float, window_left: int, window_right: int,
+                        softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    variant = check_variant(VARLEN_FN, _window(window_left, window_right), softcap or None)
+    dq, dk, dv = packed.varlen_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                        max_seqlen_k, causal=causal, scale=scale, variant=variant, dlse=dlse)
+    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+
+
+@_varlen_backward_op.register_fake
+def _(q, k, v, out, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+      window_left, window_right, softcap):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, *options = inputs
+    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k)
+    ctx.options = options  # max_seqlen_q, max_seqlen_k, causal, scale, window_left, window_right, softcap
+
+
+def _varlen_backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dout = torch.zeros_like(out) if dout is None else dout.contiguous()
+    dlse = torch.zeros_like(lse) if dlse is None else dlse
+    dq, dk, dv = _varlen_backward_op(q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.options)
+    return dq, dk, dv, *(None,) * (2 + len(ctx.options))
+
+
+_varlen_op.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+
+
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
+                           causal: bool = False, scale: float | None = None, window=None,
+                           softcap: float | None = None, return_lse: bool = False):
+    """Attention over packed sequences of different lengths (flash-attn's varlen layout,
+    :mod:`flashlib.varlen`), fused, differentiable (the lse too).
+
+    Args:
+        q: (total_q, heads, head_dim), the batch's sequences one after another, no padding.
+        k, v: (total_k, kv_heads, head_dim); kv_heads divides heads (grouped-query attention).
+        cu_seqlens_q, cu_seqlens_k: (batch + 1,) int32 cumulative lengths: 0 first, total last,
+            non-decreasing; sequence b's queries are rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1
+            and attend to its keys only. A sequence may be empty.
+        max_seqlen_q, max_seqlen_k: the longest sequences (they size the grid; programs past a
+            sequence's end compute nothing, so padding costs no FLOPs).
+        causal, scale, window, softcap: as :func:`flash_attention`, aligned bottom-right within
+            each sequence.
+        return_lse: also return the lse, (heads, total_q) float32 (flash-attn's layout).
+
+    Runs the teaching kernels (:mod:`flashlib.kernels.varlen`) on every device; registered as
+    the custom op ``flashlib::flash_attention_varlen``, so it works inside
+    ``torch.compile(fullgraph=True)`` (where the lengths are not read on the host: their
+    checks run eagerly only).
+    """
+    scale, variant = packed.check_inputs(VARLEN_FN, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                         max_seqlen_k, causal=causal, scale=scale, window=window, softcap=softcap,
+                                         read_values=not torch.compiler.is_compiling())
+    out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                          *variant.window, variant.softcap)
     return (out, lse) if return_lse else out

@@ -1,0 +1,196 @@
+"""Packed sequences of different lengths (flash-attn's varlen layout) in the teaching kernels.
+
+The kernels are the dense ones' blocks (:func:`_attn_fwd_block`, :func:`_attn_bwd_dkdv_block`,
+:func:`_attn_bwd_dq_block`) behind a prologue that reads where the program's sequence starts
+and how long it is::
+
+    q (total_q, heads, d), k, v (total_k, kv_heads, d)   packed, as flashlib.varlen describes
+    lse, delta (heads, total_q) float32                  flash-attn's layout of the lse
+    grid (ceil(max_seqlen / BLOCK), batch * heads)       a program whose block starts past its
+                                                         sequence's end does nothing: no FLOPs
+                                                         on padding
+
+Grouped-query attention, soft-capping and windows work as in the dense kernels (a window
+takes the mask path with no mask function: every tile of its key range is partial).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..tiled import PARTIAL
+from ..varlen import check_varlen_inputs
+from .backward import _attn_bwd_dkdv_block, _attn_bwd_dq_block
+from .config import LOG2E, head_dim_pad
+from .forward import _attn_fwd_block, _no_mask, triton
+from .function import DEFAULT, Variant, check_kernel_inputs, check_variant, preprocess, resolve_config
+
+import triton.language as tl  # noqa: E402  (after the kernels: they chose the interpreter mode)
+
+VARLEN_FN = "flash_attention_varlen"
+
+
+@triton.jit
+def _sequence(CuSeqlens, off_b):
+    """(first token, length) of sequence off_b, from cumulative lengths."""
+    start = tl.load(CuSeqlens + off_b)
+    return start.to(tl.int64), tl.load(CuSeqlens + off_b + 1) - start
+
+
+@triton.jit
+def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, softcap,
+                     stride_qm, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_om, stride_oh,
+                     TOTAL_Q, HEADS, GROUP, HEAD_DIM, window_left, window_right,
+                     HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                     CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
+                     MASK_MOD: tl.constexpr):
+    """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS)."""
+    q0 = tl.program_id(0) * BLOCK_Q
+    off_b, off_h = tl.program_id(1) // HEADS, tl.program_id(1) % HEADS
+    q_start, seq_q = _sequence(CuSeqlensQ, off_b)
+    if q0 < seq_q:  # a block past its sequence's end computes nothing
+        k_start, seq_k = _sequence(CuSeqlensK, off_b)
+        off_kv = off_h // GROUP  # grouped-query attention: query head h reads kv head h // GROUP
+        _attn_fwd_block(Q + q_start * stride_qm + off_h * stride_qh, K + k_start * stride_kn + off_kv * stride_kh,
+                        V + k_start * stride_vn + off_kv * stride_vh, Out + q_start * stride_om + off_h * stride_oh,
+                        Lse + off_h * TOTAL_Q + q_start, Tiles, None, qk_scale, softcap,
+                        stride_qm, stride_kn, stride_vn, stride_om, q0, seq_q, seq_k, HEAD_DIM,
+                        window_left, window_right, off_b, off_h,
+                        HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)
+
+
+@triton.jit
+def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale, softcap,
+                          stride_qm, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dom, stride_doh,
+                          stride_dkn, stride_dkh, stride_dvn, stride_dvh,
+                          TOTAL_Q, KV_HEADS, GROUP, HEAD_DIM, window_left, window_right,
+                          HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                          CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
+                          MASK_MOD: tl.constexpr):
+    """One key tile of one sequence and kv head: the grid is (ceil(max_seqlen_k / BLOCK_K), batch * KV_HEADS)."""
+    k0 = tl.program_id(0) * BLOCK_K
+    off_b, off_kv = tl.program_id(1) // KV_HEADS, tl.program_id(1) % KV_HEADS
+    k_start, seq_k = _sequence(CuSeqlensK, off_b)
+    if k0 < seq_k:  # a tile past its sequence's end computes nothing
+        q_start, seq_q = _sequence(CuSeqlensQ, off_b)
+        off_h = off_kv * GROUP  # the first query head of its group
+        _attn_bwd_dkdv_block(Q + q_start * stride_qm + off_h * stride_qh, K + k_start * stride_kn + off_kv * stride_kh,
+                             V + k_start * stride_vn + off_kv * stride_vh, DO + q_start * stride_dom + off_h * stride_doh,
+                             DK + k_start * stride_dkn + off_kv * stride_dkh, DV + k_start * stride_dvn + off_kv * stride_dvh,
+                             Lse + off_h * TOTAL_Q + q_start, Delta + off_h * TOTAL_Q + q_start, Tiles, None,
+                             qk_scale, scale, softcap, stride_qh, stride_qm, stride_kn, stride_vn, stride_doh, stride_dom,
+                             stride_dkn, stride_dvn, TOTAL_Q, k0, seq_q, seq_k, HEAD_DIM, GROUP,
+                             window_left, window_right, off_b, off_h, 0, 0, 0,
+                             HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)
+
+
+@triton.jit
+def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale, softcap,
+                        stride_qm, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dom, stride_doh,
+                        stride_dqm, stride_dqh, TOTAL_Q, HEADS, GROUP, HEAD_DIM, window_left, window_right,
+                        HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                        CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
+                        MASK_MOD: tl.constexpr):
+    """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS)."""
+    q0 = tl.program_id(0) * BLOCK_Q
+    off_b, off_h = tl.program_id(1) // HEADS, tl.program_id(1) % HEADS
+    q_start, seq_q = _sequence(CuSeqlensQ, off_b)
+    if q0 < seq_q:
+        k_start, seq_k = _sequence(CuSeqlensK, off_b)
+        off_kv = off_h // GROUP
+        _attn_bwd_dq_block(Q + q_start * stride_qm + off_h * stride_qh, K + k_start * stride_kn + off_kv * stride_kh,
+                           V + k_start * stride_vn + off_kv * stride_vh, DO + q_start * stride_dom + off_h * stride_doh,
+                           DQ + q_start * stride_dqm + off_h * stride_dqh, Lse + off_h * TOTAL_Q + q_start,
+                           Delta + off_h * TOTAL_Q + q_start, Tiles, None, qk_scale, scale, softcap,
+                           stride_qm, stride_kn, stride_vn, stride_dom, stride_dqm, q0, seq_q, seq_k, HEAD_DIM,
+                           window_left, window_right, off_b, off_h,
+                           HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)
+
+
+# ----- launchers ------------------------------------------------------------------------------
+
+def _strides(*tensors):
+    """(token stride, head stride) of each packed (tokens, heads, d) tensor, flattened."""
+    return [s for t in tensors for s in (t.stride(0), t.stride(1))]
+
+
+def _variant_args(variant: Variant, tiles: int, device) -> tuple:
+    """(Tiles, softcap, window_left, window_right) and the constexprs of a launch. A window takes
+    the mask path with no mask function: its block mask row says "partial" for each of ``tiles``."""
+    left, right = variant.window
+    tiles_row = torch.full((max(tiles, 1),), PARTIAL, dtype=torch.uint8, device=device) if variant.masked else None
+    return (tiles_row, variant.softcap, left, right), dict(SOFTCAP=bool(variant.softcap),
+                                                         MASK_MOD=_no_mask if variant.masked else None)
+
+
+def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, cfg, variant):
+    total_q, heads, d = q.shape
+    out = torch.empty_like(q)
+    lse = torch.empty(heads, total_q, dtype=torch.float32, device=q.device)
+    (tiles, softcap, left, right), switches = _variant_args(variant, triton.cdiv(max_k, cfg.block_k), q.device)
+    grid = (triton.cdiv(max_q, cfg.block_q), (cu_q.shape[0] - 1) * heads)
+    _attn_fwd_varlen[grid](q, k, v, out, lse, cu_q, cu_k, tiles, scale * LOG2E, softcap,
+                           *_strides(q, k, v, out), total_q, heads, heads // k.shape[1], d, left, right,
+                           HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, CAUSAL=causal,
+                           INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                           **switches)
+    return out, lse
+
+
+def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, causal, scale, cfg, variant):
+    total_q, heads, d = q.shape
+    kv_heads, group = k.shape[1], heads // k.shape[1]
+    # delta = rowsum(dO * O) in lse's (heads, total_q) layout: the dense preprocess on (heads, tokens, d) views
+    delta = preprocess(out.transpose(0, 1), dout.transpose(0, 1), dlse, cfg)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    common = dict(HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k, CAUSAL=causal,
+                  INPUT_PRECISION=cfg.input_precision, num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages)
+    batch = cu_q.shape[0] - 1
+    (tiles, softcap, left, right), switches = _variant_args(variant, triton.cdiv(max_q, cfg.bwd_block_q), q.device)
+    _attn_bwd_dkdv_varlen[(triton.cdiv(max_k, cfg.bwd_block_k), batch * kv_heads)](
+        q, k, v, dout, dk, dv, lse, delta, cu_q, cu_k, tiles, scale * LOG2E, scale, softcap,
+        *_strides(q, k, v, dout, dk, dv), total_q, kv_heads, group, d, left, right, **common, **switches)
+    tiles, *_ = _variant_args(variant, triton.cdiv(max_k, cfg.bwd_block_k), q.device)[0]
+    _attn_bwd_dq_varlen[(triton.cdiv(max_q, cfg.bwd_block_q), batch * heads)](
+        q, k, v, dout, dq, lse, delta, cu_q, cu_k, tiles, scale * LOG2E, scale, softcap,
+        *_strides(q, k, v, dout, dq), total_q, heads, group, d, left, right, **common, **switches)
+    return dq, dk, dv
+
+
+def _contiguous_last_dim(t):
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale,
+                   variant: Variant = DEFAULT, config=None):
+    """(out (total_q, heads, d), lse (heads, total_q) float32) on inputs already checked."""
+    cfg = resolve_config(VARLEN_FN, q, config)
+    if q.shape[0] == 0 or max_seqlen_q == 0:
+        return torch.zeros_like(q), torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device)
+    q, k, v = (_contiguous_last_dim(t) for t in (q, k, v))
+    return _launch_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, cfg,
+                           variant)
+
+
+def varlen_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                    causal=False, scale, variant: Variant = DEFAULT, config=None, dlse=None):
+    """(dq, dk, dv) of :func:`varlen_forward`, recomputing P tile by tile; dlse: an optional
+    gradient with respect to lse (heads, total_q)."""
+    cfg = resolve_config(VARLEN_FN, q, config)
+    if q.shape[0] == 0 or k.shape[0] == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    q, k, v, out, dout = (_contiguous_last_dim(t) for t in (q, k, v, out, dout))
+    return _launch_backward(q, k, v, out, lse.contiguous(), dout, None if dlse is None else dlse.float(),
+                            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, cfg, variant)
+
+
+def check_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale, window,
+                 softcap, read_values: bool = True):
+    """Everything a packed call's arguments say: (scale, Variant)."""
+    from .._checks import check_attention_inputs
+
+    check_varlen_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, read_values=read_values)
+    # (tokens, heads, d) seen as (heads, tokens, d): the shared checks of heads, head dim, dtype, device
+    scale = check_attention_inputs(fn, q[:0].transpose(0, 1), k[:0].transpose(0, 1), v[:0].transpose(0, 1),
+                                   causal=causal, scale=scale, groups=True)
+    check_kernel_inputs(fn, q)
+    return scale, check_variant(fn, window, softcap)
