@@ -25,7 +25,7 @@ from ._mode import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402
 
-from .forward import (_LOG2E, _SKIPPED, _dot_scores, _key_range, _load_rows, _tile_kind, _tile_row,  # noqa: E402
+from .forward import (_LOG2E, _SKIPPED, _dot_scores, _key_range, _load_rows, _tile_kind,  # noqa: E402
                       _visible, _visible_mod)
 
 
@@ -135,7 +135,9 @@ def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, qk_sc
     q_start, q_end = _query_range(k0, SEQ_Q, SEQ_K, window_left, window_right, BLOCK_Q, BLOCK_K, CAUSAL,
                                   MASK_MOD is not None)
     for g in range(0, GROUP):  # the query heads that share this kv head add to its dk, dv
-        row = _tile_row(Tiles, off_b, off_h + g, k0 // BLOCK_K, stride_tb, stride_th, stride_tr, MASK_MOD)
+        row = Tiles
+        if MASK_MOD is not None:  # the block mask's row of this key tile for query head off_h + g
+            row += off_b * stride_tb + (off_h + g) * stride_th + k0 // BLOCK_K * stride_tr
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q + g * stride_qh, DO + g * stride_doh,
                                       Lse + g * stride_lh, Delta + g * stride_lh, stride_qm, stride_dom,
                                       offs_k, offs_d, q_start, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
@@ -236,7 +238,8 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
     off_z = tl.program_id(1).to(tl.int64)
     off_kv = off_z // GROUP  # grouped-query attention: query head h reads kv head h // GROUP
     off_b, off_h = off_z // HEADS, off_z % HEADS
-    Tiles = _tile_row(Tiles, off_b, off_h, q0 // BLOCK_Q, stride_tb, stride_th, stride_tr, MASK_MOD)
+    if MASK_MOD is not None:  # the block mask's row of this block
+        Tiles += off_b * stride_tb + off_h * stride_th + q0 // BLOCK_Q * stride_tr
     _attn_bwd_dq_block(Q + off_z * stride_qz, K + off_kv * stride_kz, V + off_kv * stride_vz, DO + off_z * stride_doz,
                        DQ + off_z * stride_dqz, Lse + off_z * SEQ_Q, Delta + off_z * SEQ_Q, Tiles, MaskData,
                        qk_scale, scale, softcap, stride_qm, stride_kn, stride_vn, stride_dom, stride_dqm,

@@ -114,14 +114,6 @@ def _key_range(q0, SEQ_Q, SEQ_K, window_left, window_right,
 
 
 @triton.jit
-def _tile_row(Tiles, off_b, off_h, row, stride_tb, stride_th, stride_tr, MASK_MOD: tl.constexpr):
-    """The block mask's row of kinds for one (batch row, head, block): what _tile_kind reads."""
-    if MASK_MOD is not None:
-        Tiles += off_b * stride_tb + off_h * stride_th + row * stride_tr
-    return Tiles
-
-
-@triton.jit
 def _tile_kind(Tiles, tile, MASK_MOD: tl.constexpr):
     """What the block mask says of a tile: _SKIPPED, _PARTIAL or _FULL; _FULL without a mask."""
     kind = _FULL
@@ -243,7 +235,8 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     off_z = tl.program_id(1).to(tl.int64)  # batch * head index; int64 so large tensors index safely
     off_kv = off_z // GROUP  # grouped-query attention: query head h reads kv head h // GROUP
     off_b, off_h = off_z // HEADS, off_z % HEADS  # what a mask function is told
-    Tiles = _tile_row(Tiles, off_b, off_h, q0 // BLOCK_Q, stride_tb, stride_th, stride_tr, MASK_MOD)
+    if MASK_MOD is not None:  # the block mask's row of this block
+        Tiles += off_b * stride_tb + off_h * stride_th + q0 // BLOCK_Q * stride_tr
     _attn_fwd_block(Q + off_z * stride_qz, K + off_kv * stride_kz, V + off_kv * stride_vz, Out + off_z * stride_oz,
                     Lse + off_z * SEQ_Q, Tiles, MaskData, qk_scale, softcap, stride_qm, stride_kn, stride_vn, stride_om,
                     q0, SEQ_Q, SEQ_K, HEAD_DIM, window_left, window_right, off_b, off_h,
