@@ -56,8 +56,10 @@ def _document(b, h, q_idx, kv_idx, ids):
 
 
 def LOAD(ids, idx):  # noqa: N802  (the kernels bind their own LOAD: a tl.load of ids + idx)
-    """ids[idx] for an index tensor of any shape (a mask function's reads of its data)."""
-    return ids.to(idx.device)[idx]
+    """ids[idx] for an index (a tensor of any shape, or an int): a mask function's read of its data."""
+    if isinstance(idx, torch.Tensor):
+        ids = ids.to(idx.device)
+    return ids[idx]
 
 
 def _with_data(b, h, q_idx, kv_idx):

@@ -84,3 +84,41 @@ def test_backward_never_holds_the_score_matrix():
     full = n * n * 4  # one float32 (N, N) matrix
     assert dense_peak >= 2 * full      # dense keeps S-sized and P-sized tensors
     assert tiled_peak < full / 4       # tiles and (N, d) gradients only
+
+
+# ----- variants: grouped heads, windows, soft-capping, mask functions -----------------------------
+
+from flashlib import masks  # noqa: E402
+
+from .variants_reference import explicit_attention  # noqa: E402
+
+
+@given(kv_heads=st.integers(1, 2), group=st.integers(1, 3), seq_q=st.integers(0, 17), seq_k=st.integers(0, 17),
+       d=st.integers(1, 5), block_q=st.integers(1, 8), block_k=st.integers(1, 8), causal=st.booleans(),
+       window=st.one_of(st.none(), st.tuples(st.integers(-1, 6), st.integers(-1, 6))),
+       softcap=st.one_of(st.none(), st.floats(0.5, 4.0)), prefix=st.one_of(st.none(), st.integers(0, 5)),
+       seed=st.integers(0, 2**16))
+def test_variant_grads_match_autograd_through_an_explicit_mask(kv_heads, group, seq_q, seq_k, d, block_q, block_k,
+                                                               causal, window, softcap, prefix, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, kv_heads * group, seq_q, d, generator=g, dtype=torch.float64).requires_grad_()
+    k, v = (torch.randn(2, kv_heads, seq_k, d, generator=g, dtype=torch.float64).requires_grad_() for _ in range(2))
+    dout = torch.randn(q.shape, generator=g, dtype=torch.float64)
+    dlse = torch.randn(q.shape[:-1], generator=g, dtype=torch.float64)
+    kw = dict(causal=causal, window=window, softcap=softcap, mask_mod=None if prefix is None else masks.prefix_lm(prefix))
+
+    def loss(out, lse):  # through out and through lse (rows without keys: lse -inf, no gradient)
+        return (out * dout).sum() + (torch.where(torch.isfinite(lse), lse, 0.0) * dlse).sum()
+
+    want = torch.autograd.grad(loss(*explicit_attention(q, k, v, **kw)), (q, k, v), allow_unused=True)
+    got = torch.autograd.grad(loss(*tiled_attention(q, k, v, block_q=block_q, block_k=block_k, return_lse=True, **kw)),
+                              (q, k, v), allow_unused=True)
+    for name, a, b in zip("qkv", got, want):
+        b = torch.zeros_like(a) if b is None else b
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10, msg=f"d{name}")
+
+
+def test_softcap_gradcheck():
+    q, k, v = _leaves((1, 2, 5, 3), 6)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: tiled_attention(q * 4, k, v, block_q=2, block_k=4, softcap=1.5, window=(2, 1)), (q, k, v))

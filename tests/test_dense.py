@@ -56,3 +56,42 @@ def test_scale_is_applied():
     q, k, v = (torch.randn(4, 8, dtype=torch.float64) for _ in range(3))
     ref, _ = loop_attention(q, k, v, scale=0.3)
     torch.testing.assert_close(dense_attention(q, k, v, scale=0.3), ref)
+
+
+# ----- variants: grouped heads, windows, soft-capping, mask functions -----------------------------
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+from flashlib import masks  # noqa: E402
+
+from .variants_reference import explicit_attention  # noqa: E402
+
+
+@given(batch=st.integers(1, 2), kv_heads=st.integers(1, 2), group=st.integers(1, 3), seq_q=st.integers(0, 9),
+       seq_k=st.integers(0, 9), d=st.integers(1, 5), causal=st.booleans(),
+       window=st.one_of(st.none(), st.tuples(st.integers(-1, 4), st.integers(-1, 4))),
+       softcap=st.one_of(st.none(), st.floats(0.5, 5.0)), prefix=st.one_of(st.none(), st.integers(0, 4)),
+       seed=st.integers(0, 2**16))
+def test_dense_variants_match_an_explicit_float64_mask(batch, kv_heads, group, seq_q, seq_k, d, causal, window,
+                                                       softcap, prefix, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, kv_heads * group, seq_q, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(batch, kv_heads, seq_k, d, generator=g, dtype=torch.float64) for _ in range(2))
+    mask_mod = None if prefix is None else masks.prefix_lm(prefix)
+    kw = dict(causal=causal, window=window, softcap=softcap, mask_mod=mask_mod)
+    out = dense_attention(q, k, v, **kw)
+    torch.testing.assert_close(out, explicit_attention(q, k, v, **kw)[0], rtol=0, atol=1e-12)
+
+
+def test_grouped_heads_are_repeated_kv_heads():
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 6, 5, 4, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 7, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    wide = dense_attention(q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1), causal=True)
+    torch.testing.assert_close(dense_attention(q, k, v, causal=True), wide, rtol=0, atol=0)
+
+
+def test_softcap_bounds_the_scores():
+    q = torch.randn(1, 1, 4, 8, dtype=torch.float64)
+    _, s, _ = dense_attention(q, q, q, softcap=5.0, return_scores=True)
+    assert 0 < s.abs().max() < 5.0  # c * tanh(x / c) stays inside (-c, c)

@@ -54,3 +54,22 @@ def test_bad_tiling_is_named(fn, kwargs, exc, words):
         fn(*qkv((4, 3), (4, 3), (4, 3)), **kwargs)
     for w in words:
         assert w in str(info.value), (w, str(info.value))
+
+
+@pytest.mark.parametrize("fn", ENTRY_POINTS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("kwargs,exc,words", [
+    ({"window": (-2, 3)}, ValueError, ["'window'", "(-2, 3)", "-1 for no limit"]),
+    ({"window": 4}, TypeError, ["'window'", "pair of ints"]),
+    ({"window": (1.5, 0)}, TypeError, ["'window'"]),
+    ({"softcap": 0.0}, ValueError, ["'softcap'", "> 0", "None"]),
+    ({"softcap": -1}, ValueError, ["'softcap'", "-1"]),
+    ({"softcap": "30"}, TypeError, ["'softcap'"]),
+    ({"mask_mod": 3}, TypeError, ["'mask_mod'", "int"]),
+    ({"mask_mod": lambda b, h, q: q}, TypeError, ["'mask_mod'", "four arguments"]),
+])
+def test_bad_variant_options_are_named(fn, kwargs, exc, words):
+    with pytest.raises(exc) as info:
+        fn(*qkv((4, 3), (4, 3), (4, 3)), **kwargs)
+    assert fn.__name__ in str(info.value)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))

@@ -150,3 +150,52 @@ def test_trace_key_loop_visits_key_tiles_outer():
     trace = trace_tiled_attention(q, k, v, block_q=2, block_k=3, loop="key")
     assert [step.cols for step in trace.steps] == [(0, 3)] * 3 + [(3, 6)] * 3
     assert [step.rows for step in trace.steps] == [(0, 2), (2, 4), (4, 6)] * 2
+
+
+# ----- variants: grouped heads, windows, soft-capping, mask functions -----------------------------
+
+from flashlib import masks  # noqa: E402
+
+from .variants_reference import explicit_attention  # noqa: E402
+
+WINDOWS = st.one_of(st.none(), st.tuples(st.integers(-1, 9), st.integers(-1, 9)))
+
+
+@given(batch=st.integers(1, 2), kv_heads=st.integers(1, 2), group=st.integers(1, 3), seq_q=st.integers(0, 23),
+       seq_k=st.integers(0, 23), d=st.integers(1, 6), block_q=st.integers(1, 9), block_k=st.integers(1, 9),
+       causal=st.booleans(), window=WINDOWS, softcap=st.one_of(st.none(), st.floats(0.5, 5.0)),
+       documents=st.booleans(), loop=st.sampled_from(["query", "key"]), seed=st.integers(0, 2**16))
+def test_tiled_variants_match_an_explicit_float64_mask(batch, kv_heads, group, seq_q, seq_k, d, block_q, block_k,
+                                                       causal, window, softcap, documents, loop, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, kv_heads * group, seq_q, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(batch, kv_heads, seq_k, d, generator=g, dtype=torch.float64) for _ in range(2))
+    mask_mod = masks.document(torch.arange(max(seq_q, seq_k)) // 5) if documents else None
+    kw = dict(causal=causal, window=window, softcap=softcap, mask_mod=mask_mod)
+    out, lse = tiled_attention(q, k, v, block_q=block_q, block_k=block_k, loop=loop, return_lse=True, **kw)
+    want, want_lse = explicit_attention(q, k, v, **kw)
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("loop", ["query", "key"])
+def test_a_window_computes_tiles_linear_in_the_length(loop):
+    steps = {}
+    for n in (64, 128):
+        q = torch.randn(1, 1, n, 4, dtype=torch.float64)
+        trace = trace_tiled_attention(q, q, q, block_q=8, block_k=8, causal=True, window=(16, 0), loop=loop)
+        steps[n] = len(trace.steps)
+        assert len(trace.steps) + len(trace.skipped) == (n // 8) ** 2
+        for step in trace.steps:  # every computed tile holds a visible pair
+            assert torch.isfinite(step.scores).any()
+    # each query block of 8 rows sees its diagonal tile and the two before it (16 keys back): the
+    # first two blocks fewer; O(N * window) tiles instead of the (N / 8)^2 / 2 of causal attention
+    assert steps == {64: 3 * 64 // 8 - 3, 128: 3 * 128 // 8 - 3}
+
+
+def test_mask_function_tiles_false_everywhere_are_skipped():
+    ids = torch.arange(32) // 8  # four documents of 8 tokens
+    q = torch.randn(1, 2, 32, 4, dtype=torch.float64)
+    trace = trace_tiled_attention(q, q, q, block_q=8, block_k=8, mask_mod=masks.document(ids))
+    assert sorted((s.rows, s.cols) for s in trace.steps) == [((i, i + 8), (i, i + 8)) for i in range(0, 32, 8)]
+    torch.testing.assert_close(trace.out, explicit_attention(q, q, q, mask_mod=masks.document(ids))[0][0, 0])
