@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_cu_seqlens, check_max_seqlen
+from ._checks import (check_attention_inputs, check_cu_seqlens, check_max_seqlen, check_softcap, check_window)
 from .backward import tiled_attention
 
 FN = "varlen_reference"
@@ -34,11 +34,16 @@ def _check_packed(fn, q, k, v):
                          f"and v with {v.shape[0]}")
 
 
-def check_varlen_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-                        read_values: bool = True):
-    """The shape checks of a packed call; with read_values also the lengths (one transfer from
-    the device each). Returns the batch size."""
+def check_varlen_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+                        scale=None, window=None, softcap=None, read_values: bool = True) -> float:
+    """The checks of a packed call, its lengths too with read_values (one transfer from the
+    device each); returns the scale."""
     _check_packed(fn, q, k, v)
+    # (tokens, heads, d) seen as (heads, tokens, d): the shared checks of heads, head dim, dtype, device
+    scale = check_attention_inputs(fn, q[:0].transpose(0, 1), k[:0].transpose(0, 1), v[:0].transpose(0, 1),
+                                   causal=causal, scale=scale, groups=True)
+    check_window(fn, window)
+    check_softcap(fn, softcap)
     longest_q = check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device, read_values=read_values)
     longest_k = check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device, read_values=read_values)
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
@@ -46,7 +51,7 @@ def check_varlen_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
                          f"{tuple(cu_seqlens_k.shape)} must describe the same batch (batch + 1 entries each)")
     check_max_seqlen(fn, "max_seqlen_q", max_seqlen_q, longest_q)
     check_max_seqlen(fn, "max_seqlen_k", max_seqlen_k, longest_k)
-    return cu_seqlens_q.shape[0] - 1
+    return scale
 
 
 def sequences(cu_seqlens) -> list[tuple[int, int]]:
@@ -61,7 +66,8 @@ def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     """:func:`flashlib.flash_attention_varlen` in plain PyTorch: tiled attention on each sequence
     in turn; differentiable. Returns out (total_q, q_heads, head_dim) and, with return_lse, the
     lse (q_heads, total_q) (float32, float64 for float64 inputs; -inf for rows that see no key)."""
-    check_varlen_inputs(FN, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    check_varlen_inputs(FN, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                        scale=scale, window=window, softcap=softcap)
     outs, lses = [], []
     for (q0, q1), (k0, k1) in zip(sequences(cu_seqlens_q), sequences(cu_seqlens_k)):
         # (tokens, heads, d) -> (heads, tokens, d): one sequence, every head

@@ -172,3 +172,49 @@ def test_compile_time_arguments_take_their_defaults_or_fail_loudly():
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# ----- the variants, compiled as their launchers bind them (tests/variants_compile.py) ---------------
+
+from tests.variants_compile import compile_variants, spec as variant_spec  # noqa: E402
+
+# window, soft-cap, grouped heads, a mask function that reads data (document) and a plain def,
+# packed sequences: forward and backward on sm_80 and sm_90
+VARIANT_SPECS = [
+    variant_spec("gqa-window-softcap", (9, 0), "float16", 128, causal=True, group=4, window=(256, 0), softcap=30.0),
+    variant_spec("document", (8, 0), "float16", 128, causal=True, mask="document"),
+    variant_spec("plain-mask-softcap", (9, 0), "bfloat16", 64, mask="plain", softcap=20.0),
+    variant_spec("varlen-gqa-window-softcap", (8, 0), "bfloat16", 128, causal=True, group=2, window=(128, -1),
+                 softcap=50.0, varlen=True),
+    variant_spec("varlen-mqa", (9, 0), "float16", 64, group=8, varlen=True),
+]
+# the kernels a spec launches, by the name compile.expected_tensor_core_op knows them
+VARIANT_KERNELS = {False: {"_attn_fwd": "forward", "_attn_bwd_dkdv": "bwd_dkdv", "_attn_bwd_dq": "bwd_dq"},
+                   True: {"_attn_fwd_varlen": "forward", "_attn_bwd_dkdv_varlen": "bwd_dkdv",
+                          "_attn_bwd_dq_varlen": "bwd_dq"}}
+
+
+@pytest.fixture(scope="module")
+def variant_reports():
+    """{version label: [report per compiled kernel]}; both Triton versions side by side."""
+    return side_by_side(compile_variants, VARIANT_SPECS)
+
+
+@pytest.mark.parametrize("version", ["pinned", "3.6"])
+def test_variants_compile_with_tensor_cores_no_spills_and_fitting_shared_memory(variant_reports, version):
+    reports = _get(variant_reports, version)
+    from importlib.metadata import version as installed
+
+    assert {r["triton_version"] for r in reports} == {installed("triton") if version == "pinned" else "3.6.0"}
+    for s in VARIANT_SPECS:
+        got = {r["kernel"]: r for r in reports if r["spec"] == s["name"]}
+        kernels = VARIANT_KERNELS[s["varlen"]]
+        assert set(got) == set(kernels), s["name"]
+        cfg = default_config(s["head_dim"], getattr(torch, s["dtype"]), tuple(s["capability"]))
+        for name, r in got.items():
+            label = (s["name"], name)
+            assert r["ok"], (label, r["error"])
+            assert (r["spill_stores"], r["spill_loads"]) == (0, 0), (label, r["registers"])
+            assert r["shared"] <= SHARED_LIMIT[tuple(r["capability"])], label
+            want = expected_tensor_core_op(kernels[name], tuple(s["capability"]), cfg)
+            assert (r["wgmma_ops"] > 0) if want == "wgmma.mma_async" else (r["mma_sync_ops"] > 0), label

@@ -138,3 +138,83 @@ def test_errors_name_the_public_function_the_argument_and_the_fix():
 
 def test_the_package_exports_the_op():
     assert flashlib.flash_attention is flash_attention
+
+
+# ----- variants: grouped heads, windows, soft-capping, mask functions -----------------------------
+
+from flashlib import masks  # noqa: E402
+
+from .variants_reference import explicit_attention  # noqa: E402
+
+
+def _grouped(seed=4):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, 19, 16, generator=g)  # (batch, heads, seq, d)
+    k, v = (torch.randn(2, 2, 23, 16, generator=g) for _ in range(2))  # (batch, kv_heads, seq, d)
+    return q, k, v
+
+
+VARIANTS = [dict(causal=True, window=(6, 0), softcap=2.5), dict(window=(-1, 3)), dict(softcap=1.0, causal=True)]
+
+
+def _with(options):
+    return lambda q, k, v, causal: flash_attention(q, k, v, return_lse=True, **options)
+
+
+@pytest.mark.parametrize("options", VARIANTS, ids=lambda o: ",".join(o))
+def test_options_through_the_op_match_float64(options):
+    q, k, v = _grouped()
+    got = _ours(_with(options), q, k, v, None)
+    want = _ours(lambda q, k, v, _: explicit_attention(q, k, v, **options), q.double(), k.double(), v.double(), None)
+    for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(g.double(), w, atol=3e-5, rtol=1e-4, msg=name)
+
+
+def test_options_inside_torch_compile_fullgraph_give_the_eager_result():
+    q, k, v = _grouped(seed=5)
+    options = VARIANTS[0]
+    eager = _ours(_with(options), q, k, v, None)
+    jit = _ours(torch.compile(_with(options), fullgraph=True), q, k, v, None)
+    for name, e, c in zip(("out", "lse", "dq", "dk", "dv"), eager, jit):
+        torch.testing.assert_close(c, e, atol=1e-6, rtol=1e-6, msg=name)
+
+
+def test_the_op_takes_window_and_softcap_and_fakes_grouped_shapes():
+    q, k, v = _grouped()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+        out, lse = torch.ops.flashlib.flash_attention(fq, fk, fv, True, 0.25, 4, 0, 30.0)
+        dq, dk, dv = torch.ops.flashlib.flash_attention_backward(fq, fk, fv, out, lse, out, lse, True, 0.25, 4, 0, 30.0)
+    assert out.shape == q.shape and lse.shape == q.shape[:-1] and dk.shape == k.shape and dv.shape == v.shape
+
+
+def test_a_mask_function_runs_eagerly_outside_the_op():
+    q, k, v = _grouped(seed=6)
+    doc = masks.document(torch.arange(23) // 7)
+    options = dict(causal=True, mask_mod=doc)
+    got = _ours(_with(options), q, k, v, None)
+    want = _ours(lambda q, k, v, _: explicit_attention(q, k, v, **options), q.double(), k.double(), v.double(), None)
+    for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(g.double(), w, atol=3e-5, rtol=1e-4, msg=name)
+    compiled = _ours(torch.compile(_with(options)), q, k, v, None)  # a graph break, then the same result
+    for e, c in zip(got, compiled):
+        torch.testing.assert_close(c, e, atol=1e-6, rtol=1e-6)
+    with pytest.raises(Exception, match="(?i)skip|disable|graph break"):
+        torch.compile(_with(options), fullgraph=True)(q, k, v, None)
+
+
+def test_every_option_takes_the_teaching_kernels():
+    x, k = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+    for options in (dict(window=(4, 0)), dict(softcap=30.0), dict(mask_mod=masks.causal), dict()):
+        assert path_for(x, k, **options) == ("teaching", "teaching")
+    assert path_for(x, x, window=(-1, -1)) == path_for(x)
+
+
+def test_option_errors_name_the_public_function():
+    q, k, v = _grouped()
+    assert _message(q, k[:, :1].expand(2, 3, 23, 16), v).startswith("flash_attention: argument 'k' has 3 heads")
+    assert "'softcap'" in _message(q, k, v, softcap=-2.0)
+    assert "'window'" in _message(q, k, v, window=(-5, 0))
+    assert "'mask_mod'" in _message(q, k, v, mask_mod=True)

@@ -186,11 +186,7 @@ def varlen_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seq
 def check_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale, window,
                  softcap, read_values: bool = True):
     """Everything a packed call's arguments say: (scale, Variant)."""
-    from .._checks import check_attention_inputs
-
-    check_varlen_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, read_values=read_values)
-    # (tokens, heads, d) seen as (heads, tokens, d): the shared checks of heads, head dim, dtype, device
-    scale = check_attention_inputs(fn, q[:0].transpose(0, 1), k[:0].transpose(0, 1), v[:0].transpose(0, 1),
-                                   causal=causal, scale=scale, groups=True)
+    scale = check_varlen_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                                scale=scale, window=window, softcap=softcap, read_values=read_values)
     check_kernel_inputs(fn, q)
     return scale, check_variant(fn, window, softcap)
