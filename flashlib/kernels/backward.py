@@ -13,7 +13,8 @@ dK, dV or dQ, so no atomics are needed and the same inputs give bitwise the same
 gradients. The price is computing P and dP twice (once per kernel).
 
 The variants use the forward's helpers. Grouped-query attention: a dK/dV program owns one
-kv head's key tile and loops over the GROUP query heads that read it, summing their
+kv head's key tile and loops over the BLOCK_H query heads that read it (the kv head's group, a
+block of heads: a compile-time size, so that the loop vanishes for BLOCK_H = 1), summing their
 contributions in registers (no atomics, still deterministic). Soft-capping: dS picks up the
 cap's slope 1 - tanh² (:func:`_softcap_slope`). A window or a mask function: each key tile
 visits the query blocks of :func:`_query_range` and skips those its block mask row skips.
@@ -118,13 +119,13 @@ def _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, s
 @triton.jit
 def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, qk_scale, scale, softcap,
                          stride_qh, stride_qm, stride_kn, stride_vn, stride_doh, stride_dom, stride_dkn, stride_dvn,
-                         stride_lh, k0, SEQ_Q, SEQ_K, HEAD_DIM, GROUP, window_left, window_right, off_b, off_h,
+                         stride_lh, k0, SEQ_Q, SEQ_K, HEAD_DIM, window_left, window_right, off_b, off_h,
                          stride_tb, stride_th, stride_tr,
                          HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                         CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
-                         MASK_MOD: tl.constexpr):
+                         BLOCK_H: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                         SOFTCAP: tl.constexpr, MASK_MOD: tl.constexpr):
     """One key tile (k0 ..) of one kv head: K, V, DK, DV point at its first key; Q, DO, Lse and Delta
-    at the first of the GROUP query heads that read it (query head off_h), the next ones a head
+    at the first of the BLOCK_H query heads that read it (query head off_h), the next ones a head
     stride (stride_qh, stride_doh, stride_lh) further."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -134,7 +135,7 @@ def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, qk_sc
     dv = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
     q_start, q_end = _query_range(k0, SEQ_Q, SEQ_K, window_left, window_right, BLOCK_Q, BLOCK_K, CAUSAL,
                                   MASK_MOD is not None)
-    for g in range(0, GROUP):  # the query heads that share this kv head add to its dk, dv
+    for g in range(0, BLOCK_H):  # the query heads that share this kv head add to its dk, dv
         row = Tiles
         if MASK_MOD is not None:  # the block mask's row of this key tile for query head off_h + g
             row += off_b * stride_tb + (off_h + g) * stride_th + k0 // BLOCK_K * stride_tr
@@ -156,20 +157,20 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
                    SEQ_Q, SEQ_K, HEAD_DIM,
                    HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                    CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                   GROUP=1, HEADS=1, softcap=0.0, window_left=-1, window_right=-1, MaskData=None,
-                   Tiles=None, stride_tb=0, stride_th=0, stride_tr=0,
+                   HEADS=1, softcap=0.0, window_left=-1, window_right=-1, MaskData=None,
+                   Tiles=None, stride_tb=0, stride_th=0, stride_tr=0, BLOCK_H: tl.constexpr = 1,
                    SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None):
-    """One program per key tile of one kv head: the grid is (key tiles, B*H_kv). Tiles: the block
-    mask's kinds by key tile, (B or 1, H or 1, key tiles, query blocks)."""
+    """One program per key tile of one kv head: the grid is (key tiles, B*H_kv); BLOCK_H = H / H_kv.
+    Tiles: the block mask's kinds by key tile, (B or 1, H or 1, key tiles, query blocks)."""
     k0 = tl.program_id(0) * BLOCK_K  # the grid replaces the reference's loop over key tiles
     off_z = tl.program_id(1).to(tl.int64)  # batch * kv head
-    off_q = off_z * GROUP  # its group's first query head, batch * HEADS + head
+    off_q = off_z * BLOCK_H  # its group's first query head, batch * HEADS + head
     _attn_bwd_dkdv_block(Q + off_q * stride_qz, K + off_z * stride_kz, V + off_z * stride_vz, DO + off_q * stride_doz,
                          DK + off_z * stride_dkz, DV + off_z * stride_dvz, Lse + off_q * SEQ_Q, Delta + off_q * SEQ_Q,
                          Tiles, MaskData, qk_scale, scale, softcap, stride_qz, stride_qm, stride_kn, stride_vn,
-                         stride_doz, stride_dom, stride_dkn, stride_dvn, SEQ_Q, k0, SEQ_Q, SEQ_K, HEAD_DIM, GROUP,
+                         stride_doz, stride_dom, stride_dkn, stride_dvn, SEQ_Q, k0, SEQ_Q, SEQ_K, HEAD_DIM,
                          window_left, window_right, off_q // HEADS, off_q % HEADS, stride_tb, stride_th, stride_tr,
-                         HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)
+                         HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, BLOCK_H, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)
 
 
 @triton.jit

@@ -233,13 +233,21 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, causal, scale, cfg, variant=
         q, k, v, dout, dk, dv, lse, delta, scale * LOG2E, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        seq_q, seq_k, d, **common, **variant_args(variant, group=group, heads=heads, kinds=by_key, data=data))
+        seq_q, seq_k, d, **common, **_block_h(variant_args(variant, group=group, heads=heads, kinds=by_key, data=data)))
     _attn_bwd_dq[(triton.cdiv(seq_q, cfg.bwd_block_q), bh)](
         q, k, v, dout, dq, lse, delta, scale * LOG2E, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
         seq_q, seq_k, d, **common, **variant_args(variant, group=group, heads=heads, kinds=by_query, data=data))
     return dq, dk, dv
+
+
+def _block_h(args: dict) -> dict:
+    """The dK/dV kernel's arguments: its group is the block of query heads it sums over, BLOCK_H, a
+    compile-time size (one loop trip, gone, without grouped heads)."""
+    if "GROUP" in args:
+        args["BLOCK_H"] = args.pop("GROUP")
+    return args
 
 
 def _masks(variant, causal, q, seq_k, block_q, block_k, cfg, backward=False):

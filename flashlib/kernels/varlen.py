@@ -62,25 +62,26 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale,
 def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale, softcap,
                           stride_qm, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dom, stride_doh,
                           stride_dkn, stride_dkh, stride_dvn, stride_dvh,
-                          TOTAL_Q, KV_HEADS, GROUP, HEAD_DIM, window_left, window_right,
+                          TOTAL_Q, KV_HEADS, HEAD_DIM, window_left, window_right,
                           HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                          CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
-                          MASK_MOD: tl.constexpr):
-    """One key tile of one sequence and kv head: the grid is (ceil(max_seqlen_k / BLOCK_K), batch * KV_HEADS)."""
+                          BLOCK_H: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                          SOFTCAP: tl.constexpr, MASK_MOD: tl.constexpr):
+    """One key tile of one sequence and kv head: the grid is (ceil(max_seqlen_k / BLOCK_K), batch * KV_HEADS);
+    BLOCK_H: the query heads of a kv head."""
     k0 = tl.program_id(0) * BLOCK_K
     off_b, off_kv = tl.program_id(1) // KV_HEADS, tl.program_id(1) % KV_HEADS
     k_start, seq_k = _sequence(CuSeqlensK, off_b)
     if k0 < seq_k:  # a tile past its sequence's end computes nothing
         q_start, seq_q = _sequence(CuSeqlensQ, off_b)
-        off_h = off_kv * GROUP  # the first query head of its group
+        off_h = off_kv * BLOCK_H  # the first query head of its group
         _attn_bwd_dkdv_block(Q + q_start * stride_qm + off_h * stride_qh, K + k_start * stride_kn + off_kv * stride_kh,
                              V + k_start * stride_vn + off_kv * stride_vh, DO + q_start * stride_dom + off_h * stride_doh,
                              DK + k_start * stride_dkn + off_kv * stride_dkh, DV + k_start * stride_dvn + off_kv * stride_dvh,
                              Lse + off_h * TOTAL_Q + q_start, Delta + off_h * TOTAL_Q + q_start, Tiles, None,
                              qk_scale, scale, softcap, stride_qh, stride_qm, stride_kn, stride_vn, stride_doh, stride_dom,
-                             stride_dkn, stride_dvn, TOTAL_Q, k0, seq_q, seq_k, HEAD_DIM, GROUP,
+                             stride_dkn, stride_dvn, TOTAL_Q, k0, seq_q, seq_k, HEAD_DIM,
                              window_left, window_right, off_b, off_h, 0, 0, 0,
-                             HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)
+                             HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, BLOCK_H, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)
 
 
 @triton.jit
@@ -148,7 +149,7 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, ca
     (tiles, softcap, left, right), switches = _variant_args(variant, triton.cdiv(max_q, cfg.bwd_block_q), q.device)
     _attn_bwd_dkdv_varlen[(triton.cdiv(max_k, cfg.bwd_block_k), batch * kv_heads)](
         q, k, v, dout, dk, dv, lse, delta, cu_q, cu_k, tiles, scale * LOG2E, scale, softcap,
-        *_strides(q, k, v, dout, dk, dv), total_q, kv_heads, group, d, left, right, **common, **switches)
+        *_strides(q, k, v, dout, dk, dv), total_q, kv_heads, d, left, right, BLOCK_H=group, **common, **switches)
     tiles, *_ = _variant_args(variant, triton.cdiv(max_k, cfg.bwd_block_k), q.device)[0]
     _attn_bwd_dq_varlen[(triton.cdiv(max_q, cfg.bwd_block_q), batch * heads)](
         q, k, v, dout, dq, lse, delta, cu_q, cu_k, tiles, scale * LOG2E, scale, softcap,
