@@ -542,3 +542,71 @@ def loss_curves(curves: dict):
     ax.legend()
     ax.set_title("the same model trained with each attention")
     return fig
+
+
+# ----- masks and variants (09) ---------------------------------------------------------
+
+_BLOCK_CMAP = ListedColormap([SKIPPED, PARTIAL_COLOR, DONE])  # indexed by SKIPPED, PARTIAL, FULL = 0, 1, 2
+
+
+def block_mask_figure(block_mask, title: str = "", batch: int = 0, head: int = 0) -> Figure:
+    """A :class:`flashlib.tiled.BlockMask` as a grid of tiles: skipped (never computed, white,
+    hatched), partial (the mask is evaluated inside the tile) and full (computed without a mask)."""
+    kinds = _to_numpy(block_mask.kinds[min(batch, block_mask.kinds.shape[0] - 1),
+                                       min(head, block_mask.kinds.shape[1] - 1)])
+    fig, (ax,) = _new_figure(6.6, 4.4)
+    rows, cols = kinds.shape
+    ax.imshow(kinds, cmap=_BLOCK_CMAP, vmin=0, vmax=2, interpolation="nearest", aspect="equal",
+              extent=(0, cols, rows, 0))
+    skipped = [[(c, r), (c + 1, r), (c + 1, r + 1), (c, r + 1)] for r, c in zip(*np.nonzero(kinds == 0))]
+    ax.add_collection(PolyCollection(skipped, facecolors="none", edgecolors="#b0b0b0", hatch="//", linewidths=0))
+    if rows * cols <= 400:  # tile borders while they can be told apart
+        ax.add_collection(LineCollection(_grid_segments(rows, cols, 1, 1), colors="white", linewidths=0.8))
+    counts = {name: int((kinds == kind).sum()) for name, kind in (("full", 2), ("partial", 1), ("skipped", 0))}
+    ax.legend(handles=[Patch(color=DONE, label=f"full: no mask ({counts['full']})"),
+                       Patch(color=PARTIAL_COLOR, label=f"partial: mask inside ({counts['partial']})"),
+                       Patch(facecolor=SKIPPED, edgecolor="#b0b0b0", hatch="//",
+                             label=f"skipped ({counts['skipped']})")],
+              fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    ax.set(xlabel=f"key tile (block_k = {block_mask.block_k})", ylabel=f"query block (block_q = {block_mask.block_q})",
+           title=title)
+    return fig
+
+
+def packing_figure(lengths, title: str = "") -> Figure:
+    """A batch of sequences two ways: padded to the longest (every row as long, padding grey) and
+    packed one after another (flash_attention_varlen's layout, cumulative lengths marked)."""
+    lengths = [int(n) for n in lengths]
+    longest, total = max(lengths, default=0), sum(lengths)
+    fig, (ax_pad, ax_pack) = _new_figure(9.0, 2.8 + 0.25 * len(lengths), 2,
+                                         width_ratios=[max(longest, 1), max(total, 1) * 0.6])
+    colors = [CURRENT, DONE, L_COLOR, M_COLOR, PARTIAL_COLOR, "#e15759", "#b07aa1", MASKED]
+    for row, n in enumerate(lengths):
+        ax_pad.barh(row, n, color=colors[row % len(colors)], edgecolor="white")
+        ax_pad.barh(row, longest - n, left=n, color=TODO, edgecolor="white")
+    ax_pad.set(yticks=range(len(lengths)), yticklabels=[f"seq {b}: {n}" for b, n in enumerate(lengths)],
+               xlabel="position", title=f"padded: {len(lengths)} x {longest} = {len(lengths) * longest} slots")
+    ax_pad.invert_yaxis()
+    start = 0
+    for b, n in enumerate(lengths):
+        ax_pack.barh(0, n, left=start, color=colors[b % len(colors)], edgecolor="white")
+        start += n
+    ax_pack.set(yticks=[], xlabel="packed position", title=f"packed: {total} tokens, cu_seqlens "
+                f"{[0] + list(np.cumsum(lengths).tolist())}")
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def softcap_figure(caps=(5.0, 20.0), limit: float = 60.0) -> Figure:
+    """Soft-capping c·tanh(s / c) against the score s, and its slope (the gradient's factor)."""
+    s = np.linspace(-limit, limit, 401)
+    fig, (ax_value, ax_slope) = _new_figure(9.0, 3.2, 2)
+    ax_value.plot(s, s, color=MASKED, linestyle=":", label="no cap")
+    for cap, color in zip(caps, (CURRENT, DONE)):
+        ax_value.plot(s, cap * np.tanh(s / cap), color=color, label=f"c = {fmt4(cap)}")
+        ax_slope.plot(s, 1 - np.tanh(s / cap) ** 2, color=color, label=f"c = {fmt4(cap)}")
+    ax_value.set(xlabel="score s", ylabel="c tanh(s / c)", title="capped score")
+    ax_slope.set(xlabel="score s", ylabel="1 - tanh(s / c)^2", title="its slope: the gradient's factor")
+    ax_value.legend(fontsize=7)
+    ax_slope.legend(fontsize=7)
+    return fig

@@ -1,0 +1,118 @@
+"""Exercise checkers of notebook 09: tiles a window computes, the KV cache a model keeps, a mask function."""
+from __future__ import annotations
+
+import torch
+
+from .exercises import _check_number, _failed, _passed, _unanswered
+
+WINDOW_TILES = dict(n=4096, left=256, block=64)
+
+
+def check_window_tiles(answer) -> bool:
+    """Tiles computed (not skipped) by causal attention with window=(256, 0), N = 4096, 64 x 64 tiles."""
+    n, left, block = WINDOW_TILES.values()
+    tiles = n // block
+    expected = 0
+    for qb in range(tiles):  # query rows q0 .. q0 + block - 1 see keys i - left .. i
+        first_key, last_key = max(qb * block - left, 0), qb * block + block - 1
+        expected += last_key // block - first_key // block + 1
+    causal_only = tiles * (tiles + 1) // 2
+    return _check_number(
+        answer, expected, kind="a whole number of tiles", exact=True,
+        hint="query block qb holds rows qb·64 .. qb·64 + 63; its first row sees keys from qb·64 - 256, its last "
+             "row up to itself: count the key tiles between, for every block (the first blocks are cut at key 0)",
+        known_mistakes=[(causal_only, "that is causal attention without the window: the window skips the tiles "
+                                      "more than 256 keys back"),
+                        (tiles * (left // block + 1), "close: the first few query blocks cannot look 256 keys back, "
+                                                      "and each block's span of keys covers one tile more")])
+
+
+KV_CACHE = dict(layers=32, q_heads=32, kv_heads=8, head_dim=128, element_size=2)
+
+
+def check_kv_bytes_per_token(answer) -> bool:
+    """Bytes of K and V one token adds to the cache of a 32-layer model, 8 kv heads of 128, bf16."""
+    layers, q_heads, kv_heads, d, size = KV_CACHE.values()
+    expected = 2 * layers * kv_heads * d * size
+    return _check_number(
+        answer, expected, kind="a whole number of bytes", exact=True,
+        hint="every layer keeps one key and one value vector per kv head for every token: 2 x layers x kv heads x "
+             "head dim x bytes per element",
+        known_mistakes=[(2 * layers * q_heads * d * size, "the cache holds the kv heads only: grouped-query "
+                                                           "attention shares each among 4 query heads"),
+                        (layers * kv_heads * d * size, "both K and V are cached"),
+                        (2 * kv_heads * d * size, "every layer has a cache of its own")])
+
+
+SINK_WINDOW = dict(sink=4, window=128, n=300)
+
+
+def _expected_sink_window(n, sink, window):
+    q = torch.arange(n)[:, None]
+    kv = torch.arange(n)[None, :]
+    return (kv <= q) & ((kv < sink) | (q - kv < window))
+
+
+def check_sink_window(mask_mod) -> bool:
+    """``mask_mod(b, h, q_idx, kv_idx)``: causal, each query sees the first 4 keys and the 128 latest
+    (itself included); checked on index tensors, then compiled into the kernel."""
+    sink, window, n = SINK_WINDOW.values()
+    hint = ("combine three conditions with & and |: the key is not in the future (kv_idx <= q_idx), and it is "
+            "one of the first 4 (kv_idx < 4) or among the 128 latest (q_idx - kv_idx < 128)")
+    unanswered = _unanswered(mask_mod, "a function mask_mod(b, h, q_idx, kv_idx)")
+    if unanswered is not None:
+        return unanswered
+    if getattr(mask_mod, "__name__", "") == "<lambda>":
+        return _failed("write it as a def: the kernel is compiled from the function's source, which a lambda "
+                       "inside another expression does not have on its own.", hint)
+    zero = torch.zeros(1, 1, 1, 1, dtype=torch.int64)
+    try:
+        got = mask_mod(zero, zero, torch.arange(n)[:, None], torch.arange(n)[None, :])
+        got = torch.as_tensor(got).expand(n, n).bool()
+    except RuntimeError as error:
+        if "ambiguous" in str(error):
+            return _failed("`and`, `or` and `if` ask a whole tensor for one truth value: write & and | (with "
+                           "parentheses around each comparison).", hint)
+        return _failed(f"mask_mod raised {type(error).__name__}: {error}", hint)
+    except Exception as error:  # the learner's code: report, never raise
+        return _failed(f"mask_mod raised {type(error).__name__}: {error}", hint)
+    want = _expected_sink_window(n, sink, window)
+    if not torch.equal(got, want):
+        return _failed(_sink_window_mistake(got, want, n, sink, window), hint)
+    return _compiled(mask_mod, want, hint)
+
+
+def _sink_window_mistake(got, want, n, sink, window) -> str:
+    future = torch.ones(n, n, dtype=torch.bool).triu(1)
+    if (got & future).any():
+        return "some queries see keys in their future: the mask must be causal too."
+    if not got[window + 20, :sink].all():
+        return f"query {window + 20} should see the first {sink} keys (the sink)."
+    diff = (got != want).nonzero()[0].tolist()
+    return f"query {diff[0]} and key {diff[1]} disagree (expected {bool(want[diff[0], diff[1]])}): check the " \
+           f"window's edge, {window} latest keys including the query's own."
+
+
+def _compiled(mask_mod, want, hint) -> bool:
+    """The same function compiled into the kernel (or interpreted without a GPU), against the mask."""
+    from .. import dense_attention, flash_attention
+    from ..kernels import kernel_status
+
+    status = kernel_status()
+    if not status.can_run:
+        return _passed(f"the mask is right on index tensors ({status}: the kernel check needs Triton).")
+    device = "cuda" if status.mode == "gpu" else "cpu"
+    n = want.shape[0]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g).to(device) for _ in range(3))  # (B, H, N, D)
+    try:
+        got = flash_attention(q, k, v, mask_mod=mask_mod)
+    except Exception as error:
+        return _failed(f"on index tensors the mask is right, but it did not compile into the kernel: "
+                       f"{type(error).__name__}: {str(error).splitlines()[0][:300]}", hint)
+    ref = dense_attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), mask_mod=mask_mod)
+    if not torch.allclose(got.double().cpu(), ref, atol=2e-3, rtol=2e-3):
+        return _failed("on index tensors the mask is right, but the kernel's output differs from dense "
+                       "attention with the same mask.", hint)
+    return _passed("the mask is right on index tensors, and compiled into the kernel it gives dense "
+                   "attention's output.")
