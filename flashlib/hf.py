@@ -115,3 +115,24 @@ def sentence_embeddings(tokenizer, model, sentences) -> torch.Tensor:
     valid = batch["attention_mask"].unsqueeze(-1).to(tokens.dtype)
     mean = (tokens * valid).sum(dim=1) / valid.sum(dim=1)
     return torch.nn.functional.normalize(mean, dim=-1)
+
+
+def head_inputs(tokenizer, model, sentence: str, layer: int = 0, head: int = 0):
+    """(q, k, v, tokens) of one head of one layer for one sentence: q, k, v (seq, head_dim) as
+    that head's attention receives them (captured from the layer's projections), tokens the
+    sentence's tokens as strings. For stepping a real head through the tiled algorithm."""
+    attention = model.encoder.layer[layer].attention.self
+    captured = {}
+    hooks = [getattr(attention, name).register_forward_hook(
+        lambda module, inputs, output, name=name: captured.__setitem__(name, output.detach()))
+        for name in ("query", "key", "value")]
+    batch = tokenizer([sentence], return_tensors="pt")
+    try:
+        with torch.no_grad():
+            model(**batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    width = attention.attention_head_size  # (1, seq, heads * width) -> (seq, width) of this head
+    q, k, v = (captured[name][0, :, head * width:(head + 1) * width] for name in ("query", "key", "value"))
+    return q, k, v, tokenizer.convert_ids_to_tokens(batch["input_ids"][0])

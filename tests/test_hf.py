@@ -76,3 +76,24 @@ def test_the_padding_mask_reaches_flashlib(models, monkeypatch):
 def test_a_name_with_flash_is_refused():
     with pytest.raises(ValueError, match="'name'.*hub"):
         hf.register("flashlib")
+
+
+def test_a_heads_inputs_give_that_heads_output(models):
+    """The q, k, v captured for one head reproduce that head's slice of the layer's attention output."""
+    tokenizer, reference, _ = models
+    sentence, layer, head = "FlashAttention is exact.", 1, 5
+    q, k, v, tokens = hf.head_inputs(tokenizer, reference, sentence, layer=layer, head=head)
+    out = {}
+    self_attention = reference.encoder.layer[layer].attention.self
+    hook = self_attention.register_forward_hook(lambda m, i, o: out.__setitem__("o", o[0].detach()))
+    try:
+        with torch.no_grad():
+            reference(**tokenizer([sentence], return_tensors="pt"))
+    finally:
+        hook.remove()
+    width = q.shape[-1]
+    from flashlib import dense_attention
+
+    torch.testing.assert_close(dense_attention(q, k, v), out["o"][0, :, head * width:(head + 1) * width],
+                               atol=1e-5, rtol=1e-5)
+    assert len(tokens) == q.shape[0] and tokens[0] == "[CLS]"
