@@ -29,11 +29,24 @@ def test_methods_are_named_from_the_ladders_table():
     paired = []
     for b in BACKWARDS:
         paired += [f"ladder:{b.name}"] + (["ladder:teaching-4-warp"] if b.name == "teaching" else [])
-    assert list(methods.methods("fwd_bwd")) == ["flashlib"] + paired + sdpa
+    assert list(methods.methods("fwd_bwd")) == ["flashlib"] + paired + ["flashlib:gqa", "flashlib:window"] + sdpa
     assert methods.pair_name("tuned", "tma") == "ladder:tuned" == methods.pair_name("tuned")
     assert methods.pair_name("teaching", "tma") == "ladder:tma+teaching"
     with pytest.raises(ValueError, match="'mode'"):
         methods.methods("bwd")
+
+
+def test_the_variants_rows_belong_to_points_of_their_own():
+    """flashlib:gqa and flashlib:window time other problems than their point's: no target ratio
+    sets them against SDPA, however fast they are."""
+    p = dict(d=128, n=4096, dtype="bfloat16", causal=True, mode="fwd_bwd")
+    rows = [dict(p, method=m, tflops=t, ms=1.0) for m, t in
+            (("flashlib", 300.0), ("flashlib:window", 900.0), ("flashlib:gqa", 500.0), ("sdpa:flash", 400.0))]
+    assert grid.point_key(rows[0]) == grid.point_key(p) == (128, 4096, "bfloat16", True, "fwd_bwd")
+    assert grid.point_key(rows[1]) == (128, 4096, "bfloat16", True, "fwd_bwd+window")
+    (ratio,) = results.target_ratios(rows)
+    assert (ratio["ours"], ratio["sdpa"], ratio["ratio"]) == ("flashlib", "sdpa:flash", 0.75)
+    assert [methods.variant_of(r["method"]) for r in rows] == [None, "window", "gqa", None]
 
 
 # ----- the grid and its budget -----

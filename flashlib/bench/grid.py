@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from .methods import variant_of
 from .point import DeviceLost
 
 DS = (64, 128)
@@ -33,8 +34,12 @@ def plan(ds=DS, ns=NS, dtypes=DTYPES, causals=CAUSALS, modes=MODES) -> list[dict
 
 
 def point_key(p) -> tuple:
-    """(d, n, dtype, causal, mode): a grid point, or the point a result row belongs to."""
-    return tuple(p.get(k) for k in POINT_KEYS)
+    """(d, n, dtype, causal, mode): a grid point, or the point a result row belongs to. A variant's
+    row (methods.VARIANTS: grouped heads, a window) times another problem than its point's: it
+    belongs to a point of its own, of mode "<mode>+<variant>", that no other method shares."""
+    key = tuple(p.get(k) for k in POINT_KEYS)
+    variant = variant_of(p.get("method"))
+    return key if variant is None else (*key[:-1], f"{key[-1]}+{variant}")
 
 
 def compile_key(p):

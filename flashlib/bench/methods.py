@@ -5,7 +5,18 @@
     ladder:<backward>        a backward of :data:`flashlib.ladder.rungs.BACKWARDS` with the forward
                              rung the table pairs it with (``Backward.forward``)
     ladder:teaching-4-warp   ``ladder:teaching`` with the backward on 64 x 64 tiles and 4 warps
+    flashlib:gqa             the teaching kernels with grouped-query heads (what flash_attention runs
+                             for them): k and v the point's first heads / GQA_GROUP heads (one
+                             where the heads do not divide)
+    flashlib:window          the teaching kernels with a sliding window of WINDOW keys before each
+                             query (and after it, where the point is not causal)
     sdpa:<backend>           torch's scaled_dot_product_attention forced to one backend
+
+The two variants (:data:`VARIANTS`, forward and backward only) run the teaching kernels, as the
+public op does for these options (the fastest rungs have none), and time another problem than
+the point's own: their rows
+keep the point's full-attention FLOPs (a window computes fewer) and belong to a point of their
+own (:func:`flashlib.bench.grid.point_key`), so that no ratio sets them against the others.
 
 ``ladder:<forward>+<backward>`` names a pairing the table does not make (only recorded runs
 hold one: :data:`flashlib.bench.records.RENAMED`). Each callable is f(q, k, v, causal) -> out.
@@ -17,6 +28,9 @@ import torch
 PUBLIC_OP = "flashlib"
 FOUR_WARP = "ladder:teaching-4-warp"
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
+GQA_GROUP = 4  # query heads per kv head (Llama 3 8B's 32 / 8)
+WINDOW = 1024  # keys a query sees before it (Mistral 7B: 4096, Gemma 2: 4096, for longer sequences)
+VARIANTS = {"flashlib:gqa": "gqa", "flashlib:window": "window"}
 
 
 def rung_name(rung: str) -> str:
@@ -82,6 +96,26 @@ def _public_op(q, k, v, causal):
     return flash_attention(q, k, v, causal=causal)
 
 
+def _grouped(q, k, v, causal):
+    """k and v cut to heads / GQA_GROUP heads (B, H_kv, N, d), one if H does not divide."""
+    from ..kernels import attention
+
+    heads = q.shape[1]
+    kv_heads = heads // GQA_GROUP if heads % GQA_GROUP == 0 else 1
+    return attention(q, k[:, :kv_heads], v[:, :kv_heads], causal=causal)
+
+
+def _windowed(q, k, v, causal):
+    from ..kernels import attention
+
+    return attention(q, k, v, causal=causal, window=(WINDOW, 0 if causal else WINDOW))
+
+
+def variant_of(name) -> str | None:
+    """"gqa" or "window" for a variant's method name (:data:`VARIANTS`), None for the others."""
+    return VARIANTS.get(name)
+
+
 def methods(mode: str) -> dict:
     """{name: f(q, k, v, causal) -> out} for one pass ("fwd", or "fwd_bwd": forward and backward)."""
     from ..ladder.rungs import BACKWARDS, LADDER
@@ -97,6 +131,7 @@ def methods(mode: str) -> dict:
             found[pair_name(backward.name)] = _paired(backward.forward, backward.name)
             if backward.name == "teaching":
                 found[FOUR_WARP] = _paired(backward.forward, backward.name, four_warp_backward)
+        found.update({"flashlib:gqa": _grouped, "flashlib:window": _windowed})
     found.update({f"sdpa:{backend}": sdpa(backend) for backend in SDPA_BACKENDS})
     return found
 

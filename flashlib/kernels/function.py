@@ -166,6 +166,16 @@ def _kinds(variant: Variant, causal, batch, heads, seq_q, seq_k, block_q, block_
                       mask_mod=variant.mask_mod, batch=batch, heads=heads, device=device).kinds
 
 
+def rows_of_16(kinds: torch.Tensor) -> torch.Tensor:
+    """kinds (..., rows, tiles) with rows 16 bytes apart: Triton's JIT specialises an integer
+    argument on whether it is a multiple of 16, so a row stride that is one for every length
+    binds every length to the same compiled kernel (as compiling ahead assumes)."""
+    tiles = kinds.shape[-1]
+    padded = kinds.new_zeros(*kinds.shape[:-1], -(-tiles // 16) * 16)
+    padded[..., :tiles] = kinds
+    return padded[..., :tiles]
+
+
 def variant_args(variant: Variant, *, group: int = 1, heads: int = 1, kinds=None, data=None) -> dict:
     """The keyword arguments a kernel launch adds for grouped heads and the variants (none for the
     defaults, so that their launch is the one it always was). kinds: (B or 1, H or 1, rows,
@@ -259,7 +269,9 @@ def _masks(variant, causal, q, seq_k, block_q, block_k, cfg, backward=False):
     kinds = _kinds(variant, causal, batch, heads, q.shape[-2], seq_k, block_q, block_k, q.device)
     longest = max(q.shape[-2], seq_k) + max(cfg.block_q, cfg.block_k, cfg.bwd_block_q, cfg.bwd_block_k)
     data = mask_data(FN, variant.mask_mod, longest, q.device)
-    return (kinds, kinds.transpose(-1, -2).contiguous(), data) if backward else (kinds, data)
+    if backward:
+        return rows_of_16(kinds), rows_of_16(kinds.transpose(-1, -2)), data
+    return rows_of_16(kinds), data
 
 
 def forward(q, k, v, *, causal=False, scale=None, window=None, softcap=None, mask_mod=None, config=None, fn=FN):
