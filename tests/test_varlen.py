@@ -15,7 +15,7 @@ from .variants_reference import explicit_attention
 
 triton_missing = importlib.util.find_spec("triton") is None
 needs_kernels = pytest.mark.skipif(triton_missing or torch.cuda.is_available(),
-                                   reason="interpreter tests (Triton ships Linux wheels only; tests/test_gpu.py covers CUDA)")
+                                   reason="interpreter tests (Triton: Linux wheels only; CUDA: tests/test_gpu.py)")
 
 
 def _packed(lengths_q, lengths_k, heads=4, kv_heads=2, d=8, seed=0, dtype=torch.float32):

@@ -76,7 +76,8 @@ def format_row(row: dict, window: int) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m flashlib.bench.variants", description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="sequence lengths (default 4k 8k 16k)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES),
+                        help="sequence lengths (default 4k 8k 16k)")
     parser.add_argument("--window", type=int, default=WINDOW, help="keys before each query (default 256)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per point (default 3)")
     args = parser.parse_args(argv)

@@ -131,7 +131,8 @@ def _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_righ
         if kind == _PARTIAL:
             diag = offs_q[:, None] + (SEQ_K - SEQ_Q)  # the key on query i's diagonal
             keys = offs_k[None, :]
-            band = ((window_left < 0) | (keys >= diag - window_left)) & ((window_right < 0) | (keys <= diag + window_right))
+            band = (((window_left < 0) | (keys >= diag - window_left))
+                    & ((window_right < 0) | (keys <= diag + window_right)))
             visible = visible & band & MASK_MOD(off_b, off_h, offs_q[:, None], keys, MaskData)
     return visible
 

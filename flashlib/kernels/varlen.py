@@ -74,11 +74,14 @@ def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlens
     if k0 < seq_k:  # a tile past its sequence's end computes nothing
         q_start, seq_q = _sequence(CuSeqlensQ, off_b)
         off_h = off_kv * BLOCK_H  # the first query head of its group
-        _attn_bwd_dkdv_block(Q + q_start * stride_qm + off_h * stride_qh, K + k_start * stride_kn + off_kv * stride_kh,
-                             V + k_start * stride_vn + off_kv * stride_vh, DO + q_start * stride_dom + off_h * stride_doh,
-                             DK + k_start * stride_dkn + off_kv * stride_dkh, DV + k_start * stride_dvn + off_kv * stride_dvh,
+        _attn_bwd_dkdv_block(Q + q_start * stride_qm + off_h * stride_qh,
+                             K + k_start * stride_kn + off_kv * stride_kh, V + k_start * stride_vn + off_kv * stride_vh,
+                             DO + q_start * stride_dom + off_h * stride_doh,
+                             DK + k_start * stride_dkn + off_kv * stride_dkh,
+                             DV + k_start * stride_dvn + off_kv * stride_dvh,
                              Lse + off_h * TOTAL_Q + q_start, Delta + off_h * TOTAL_Q + q_start, Tiles, None,
-                             qk_scale, scale, softcap, stride_qh, stride_qm, stride_kn, stride_vn, stride_doh, stride_dom,
+                             qk_scale, scale, softcap, stride_qh, stride_qm, stride_kn, stride_vn,
+                             stride_doh, stride_dom,
                              stride_dkn, stride_dvn, TOTAL_Q, k0, seq_q, seq_k, HEAD_DIM,
                              window_left, window_right, off_b, off_h, 0, 0, 0,
                              HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, BLOCK_H, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)
