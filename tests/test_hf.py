@@ -97,3 +97,13 @@ def test_a_heads_inputs_give_that_heads_output(models):
     torch.testing.assert_close(dense_attention(q, k, v), out["o"][0, :, head * width:(head + 1) * width],
                                atol=1e-5, rtol=1e-5)
     assert len(tokens) == q.shape[0] and tokens[0] == "[CLS]"
+
+
+def test_missing_names_what_is_not_installed(monkeypatch):
+    assert hf.missing() is None  # the test environment installs both
+    real = importlib.util.find_spec
+    for absent, named in (("transformers", "transformers is not installed"), (hf.MODEL_PACKAGE, "model package")):
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, absent=absent: None if name == absent
+                            else real(name))
+        assert named in hf.missing()
+        monkeypatch.undo()

@@ -9,12 +9,17 @@ from flashlib.course import variant_exercises as ve
 
 
 def test_window_tiles(capsys):
-    # by hand: query block qb (64 rows) reaches back to key qb*64 - 256, i.e. 4 tiles back, and
-    # forward to its own diagonal tile: 5 tiles, except the first 4 blocks (1, 2, 3, 4 tiles)
+    # by hand: query block qb (64 rows) reaches back to key qb*64 - 300, inside the tile 5 back
+    # (300 = 4 * 64 + 44), and forward to its own diagonal tile: 6 tiles, except the first 5
+    # blocks (1, 2, 3, 4, 5 tiles)
     blocks = 4096 // 64
-    assert ve.check_window_tiles(1 + 2 + 3 + 4 + 5 * (blocks - 4))
+    assert ve.check_window_tiles(1 + 2 + 3 + 4 + 5 + 6 * (blocks - 5))
     assert not ve.check_window_tiles(blocks * (blocks + 1) // 2)
     assert "without the window" in capsys.readouterr().out
+    assert not ve.check_window_tiles(5 * blocks)
+    assert "tile's edge" in capsys.readouterr().out
+    assert not ve.check_window_tiles(6 * blocks)
+    assert "cannot look back" in capsys.readouterr().out
     assert not ve.check_window_tiles(None)
 
 

@@ -5,11 +5,11 @@ import torch
 
 from .exercises import _check_number, _failed, _passed, _unanswered
 
-WINDOW_TILES = dict(n=4096, left=256, block=64)
+WINDOW_TILES = dict(n=4096, left=300, block=64)
 
 
 def check_window_tiles(answer) -> bool:
-    """Tiles computed (not skipped) by causal attention with window=(256, 0), N = 4096, 64 x 64 tiles."""
+    """Tiles computed (not skipped) by causal attention with window=(300, 0), N = 4096, 64 x 64 tiles."""
     n, left, block = WINDOW_TILES.values()
     tiles = n // block
     expected = 0
@@ -17,14 +17,17 @@ def check_window_tiles(answer) -> bool:
         first_key, last_key = max(qb * block - left, 0), qb * block + block - 1
         expected += last_key // block - first_key // block + 1
     causal_only = tiles * (tiles + 1) // 2
+    span = -(-left // block) + 1  # key tiles a block's rows reach once the window is cut by nothing
     return _check_number(
         answer, expected, kind="a whole number of tiles", exact=True,
-        hint="query block qb holds rows qb·64 .. qb·64 + 63; its first row sees keys from qb·64 - 256, its last "
-             "row up to itself: count the key tiles between, for every block (the first blocks are cut at key 0)",
-        known_mistakes=[(causal_only, "that is causal attention without the window: the window skips the tiles "
-                                      "more than 256 keys back"),
-                        (tiles * (left // block + 1), "close: the first few query blocks cannot look 256 keys back, "
-                                                      "and each block's span of keys covers one tile more")])
+        hint=f"query block qb holds rows qb·{block} .. qb·{block} + {block - 1}; its first row sees keys from "
+             f"qb·{block} - {left}, its last row up to itself: count the key tiles between, for every block (the "
+             "first blocks are cut at key 0)",
+        known_mistakes=[(causal_only, f"that is causal attention without the window: the window skips the tiles "
+                                      f"more than {left} keys back"),
+                        (tiles * (left // block + 1), f"the window does not start on a tile's edge: {left} keys "
+                                                      f"back reach into one more tile than {left} // {block} + 1"),
+                        (tiles * span, "close: the first few query blocks cannot look back the whole window")])
 
 
 KV_CACHE = dict(layers=32, q_heads=32, kv_heads=8, head_dim=128, element_size=2)

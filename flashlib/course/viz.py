@@ -362,7 +362,8 @@ class TileStepView:
         now = trace.steps[step]
         (r0, r1), (c0, c1) = now.rows, now.cols
         self.current_box.set_bounds(c0, r0, c1 - c0, r1 - r0)
-        if now.scores.numel() <= MAX_TEXT and trace.seq_q * trace.seq_k <= 400:
+        # beyond 8 columns a cell is narrower than four digits
+        if now.scores.numel() <= MAX_TEXT and max(trace.seq_q, trace.seq_k) <= 8:
             for (i, j), s in np.ndenumerate(_to_numpy(now.scores)):
                 self._texts.append(self.ax_grid.text(c0 + j + 0.5, r0 + i + 0.5, fmt4(s),
                                                      ha="center", va="center", fontsize=7))
