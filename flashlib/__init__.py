@@ -11,6 +11,7 @@ import without Triton; ``flash_attention`` and ``flash_attention_varlen``, the p
     flashlib.op          the public ops flash_attention, flash_attention_varlen (torch.library custom ops)
     flashlib.decode      decoding with a KV cache: its reference and the public decode_attention
     flashlib.distributed ring attention across processes (torch.distributed)
+    flashlib.hf          flashlib's attention inside Hugging Face transformers; the course's real model
     flashlib.course      figures, widgets and exercise checkers of the notebooks
     flashlib.labs        the labs: the learner writes a piece of FlashAttention, a checker names mistakes
     flashlib.kernels     the Triton kernels the notebooks teach (05-07, and decoding's)

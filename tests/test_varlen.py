@@ -11,7 +11,8 @@ from hypothesis import given, settings, strategies as st
 
 from flashlib import varlen_reference
 
-from .variants_reference import explicit_attention
+from .variants_reference import assert_matches, explicit_attention
+from .variants_reference import outputs_and_grads as _grads
 
 triton_missing = importlib.util.find_spec("triton") is None
 needs_kernels = pytest.mark.skipif(triton_missing or torch.cuda.is_available(),
@@ -55,32 +56,14 @@ def test_reference_is_attention_on_each_sequence(lengths, group, causal, window,
     torch.testing.assert_close(lse, want_lse, rtol=0, atol=1e-12)
 
 
-def _loss(out, lse):
-    weights = torch.linspace(-1.0, 1.0, out.shape[-1], dtype=out.dtype)
-    return (out * weights).square().sum() + 0.3 * torch.where(torch.isfinite(lse), lse, 0.0).sum()
-
-
-def _grads(fn, q, k, v):
-    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out, lse = fn(q, k, v)
-    _loss(out, lse).backward()
-    return out.detach(), lse.detach(), q.grad, k.grad, v.grad
-
-
 def _compare(lengths_q, lengths_k, config=None, fn=None, **kw):
     from flashlib import flash_attention_varlen
 
     q, k, v, cu_q, cu_k, max_q, max_k = _packed(lengths_q, lengths_k)
     run = fn or (lambda q, k, v: flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, return_lse=True, **kw))
-    got = _grads(run, q, k, v)
     want = _grads(lambda q, k, v: varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, return_lse=True, **kw),
                   q.double(), k.double(), v.double())
-    for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
-        assert g.shape == w.shape, name
-        if name == "lse":
-            assert torch.equal(torch.isinf(g), torch.isinf(w)), "rows without keys must have lse = -inf"
-            g, w = g[torch.isfinite(w)], w[torch.isfinite(w)]
-        torch.testing.assert_close(g.double(), w, atol=3e-5, rtol=1e-4, msg=name)
+    assert_matches(_grads(run, q, k, v), want)
 
 
 # lengths of the queries and keys of each sequence: empty ones, one token, more queries than keys

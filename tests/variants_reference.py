@@ -42,3 +42,27 @@ def explicit_attention(q, k, v, *, causal=False, window=None, softcap=None, mask
     out = torch.stack(outs).reshape(batch, heads, seq_q, v.shape[-1]) if outs else q.new_zeros(q.shape)
     lse = torch.stack(lses).reshape(batch, heads, seq_q) if lses else q.new_zeros(q.shape[:-1])
     return out, lse
+
+
+def loss(out, lse):
+    """A loss through out and through lse (rows that see no key: lse -inf, no gradient)."""
+    weights = torch.linspace(-1.0, 1.0, out.shape[-1], dtype=out.dtype)
+    return (out * weights).square().sum() + 0.3 * torch.where(torch.isfinite(lse), lse, 0.0).sum()
+
+
+def outputs_and_grads(fn, q, k, v):
+    """(out, lse, dq, dk, dv) of fn(q, k, v) -> (out, lse) under :func:`loss`."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out, lse = fn(q, k, v)
+    loss(out, lse).backward()
+    return out.detach(), lse.detach(), q.grad, k.grad, v.grad
+
+
+def assert_matches(got, want, atol=3e-5, rtol=1e-4):
+    """Kernel results against float64 ones: the same rows without keys (lse -inf), the rest close."""
+    for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+        assert g.shape == w.shape, name
+        if name == "lse":
+            assert torch.equal(torch.isinf(g), torch.isinf(w)), "rows without keys must have lse = -inf"
+            g, w = g[torch.isfinite(w)], w[torch.isfinite(w)]
+        torch.testing.assert_close(g.double(), w.double(), atol=atol, rtol=rtol, msg=name)
