@@ -56,7 +56,7 @@ def test_reference_is_attention_on_each_sequence(lengths, group, causal, window,
     torch.testing.assert_close(lse, want_lse, rtol=0, atol=1e-12)
 
 
-def _compare(lengths_q, lengths_k, config=None, fn=None, **kw):
+def _compare(lengths_q, lengths_k, fn=None, **kw):
     from flashlib import flash_attention_varlen
 
     q, k, v, cu_q, cu_k, max_q, max_k = _packed(lengths_q, lengths_k)
