@@ -55,19 +55,22 @@ def _skipped(visible) -> bool:
     return visible is not None and not bool(visible.any())
 
 
-def _key_range(q0, q1, seq_q, seq_k, rule: Visibility, block_k: int = 1) -> tuple[int, int]:
-    """[k_start, k_end): the keys that query rows q0:q1 can see under the causal rule and the
-    window, k_start rounded down to a tile boundary; tiles outside are skipped."""
+def _key_range_end(q0, q1, seq_q, seq_k, rule: Visibility) -> int:
+    """One past the last key that query rows q0:q1 can see: tiles from there on are skipped."""
     offset = seq_k - seq_q  # bottom-right alignment: query i's diagonal is key i + offset
-    left, right = rule.window
-    k_start, k_end = 0, seq_k
+    k_end = seq_k
     if rule.causal:  # the last row, q1 - 1, sees keys <= q1 - 1 + offset
         k_end = min(k_end, q1 + offset)
-    if right >= 0:
-        k_end = min(k_end, q1 + offset + right)
-    if left >= 0:  # the first row, q0, sees keys >= q0 + offset - left
-        k_start = max(q0 + offset - left, 0) // block_k * block_k
-    return k_start, max(k_end, 0)
+    if rule.window[1] >= 0:  # ... and <= q1 - 1 + offset + right
+        k_end = min(k_end, q1 + offset + rule.window[1])
+    return max(k_end, 0)
+
+
+def _key_range_start(q0, seq_q, seq_k, rule: Visibility, block_k: int) -> int:
+    """The first key tile that query rows from q0 on can see: the window's left edge (tiles
+    before it are skipped), rounded down to a tile boundary; 0 without a window."""
+    left = rule.window[0]
+    return 0 if left < 0 else max(q0 + seq_k - seq_q - left, 0) // block_k * block_k
 
 
 def _query_range(k0, k1, seq_q, seq_k, rule: Visibility, block_q: int = 1) -> tuple[int, int]:
@@ -140,7 +143,8 @@ def _query_major(q, k, v, block_q, block_k, rule, scale, softcap=0.0, on_step=No
         m_i = torch.full((*lead, q1 - q0), NEG_INF, dtype=q.dtype, device=q.device)
         l_i = torch.zeros_like(m_i)
         acc = torch.zeros_like(q_blk)
-        k_start, k_end = _key_range(q0, q1, seq_q, seq_k, rule, block_k)
+        k_end = _key_range_end(q0, q1, seq_q, seq_k, rule)
+        k_start = _key_range_start(q0, seq_q, seq_k, rule, block_k)
         for k0 in range(k_start, k_end, block_k):
             k1 = min(k0 + block_k, seq_k)
             visible = _tile_visible(rule, q0, q1, k0, k1, seq_q, seq_k, q)

@@ -271,14 +271,15 @@ def test_property_any_shape_and_block_sizes(seq_q, seq_k, dim, causal, block_q, 
 
 @pytest.mark.parametrize("seq_q,seq_k,causal", [(1000, 1000, True), (300, 1000, True), (1000, 300, True), (77, 300, False)])
 def test_schedule_skips_exactly_the_tiles_the_reference_skips(seq_q, seq_k, causal):
+    from flashlib import block_mask
     from flashlib.kernels.schedule import schedule
-    from flashlib.tiled import _tile_skipped
+    from flashlib.masks import SKIPPED
 
     grid = schedule(seq_q, seq_k, 128, 64, causal)
+    kinds = block_mask(seq_q, seq_k, block_q=128, block_k=64, causal=causal).kinds[0, 0]
     for i, row in enumerate(grid):
-        q0, q1 = i * 128, min((i + 1) * 128, seq_q)
         for j, computed in enumerate(row):
-            assert computed == (not _tile_skipped(q0, q1, j * 64, seq_q, seq_k, causal)), (i, j)
+            assert computed == bool(kinds[i, j] != SKIPPED), (i, j)
 
 
 def test_exercise_checkers_accept_right_answers_and_reject_wrong_ones(capsys):
