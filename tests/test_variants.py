@@ -169,3 +169,11 @@ def test_heads_that_do_not_divide_are_named():
                                          r"multiple of the key/value heads \(grouped-query attention\)"):
         attention(q, k, v)
     assert math.isfinite(attention(q, k[:, :2], v[:, :2]).sum().item())
+
+
+def test_mask_functions_the_kernels_cannot_compile_are_named():
+    q, k, v = _inputs(1, 2, 2, 20, 20, 8)
+    with pytest.raises(TypeError, match="'mask_mod' is a lambda.*def mask_mod"):
+        attention(q, k, v, mask_mod=lambda b, h, q_idx, kv_idx: q_idx >= kv_idx)
+    with pytest.raises(ValueError, match="'mask_mod' reads 12 positions.*sequences have 20"):
+        attention(q, k, v, mask_mod=masks.document(torch.zeros(12, dtype=torch.long)))

@@ -125,6 +125,9 @@ def kernel_mask(mask_mod):
     mask function: the function itself, compiled; for :mod:`flashlib.masks`' ready masks their
     template with its constants as ``tl.constexpr`` and LOAD reading the kernel's mask data.
     Made once per mask function (a new one compiles new kernels)."""
+    if getattr(mask_mod, "__name__", "") == "<lambda>":
+        raise TypeError(f"{FN}: argument 'mask_mod' is a lambda; Triton compiles a mask function from the "
+                        "source of its def (a lambda's line is not one): write def mask_mod(b, h, q_idx, kv_idx)")
     if mask_mod not in _KERNEL_MASKS:
         template = getattr(mask_mod, "__mask_template__", None)
         if template is None:  # a plain def: its own module's names, on a copy (the interpreter adds its own)
@@ -145,12 +148,16 @@ def _jit(fn, scope: dict):
     return triton.jit(types.FunctionType(fn.__code__, dict(scope, tl=tl), fn.__name__, fn.__defaults__))
 
 
-def mask_data(fn: str, mask_mod, length: int, device):
-    """What a mask function reads (flashlib.masks.document's ids), as int32 on device, padded to
-    ``length`` so that every index of every tile reads in bounds; None if it reads nothing."""
+def mask_data(fn: str, mask_mod, needed: int, length: int, device):
+    """What a mask function reads (flashlib.masks.document's ids: at least ``needed`` of them), as
+    int32 on device, padded to ``length`` so that every index of every tile reads in bounds; None
+    if it reads nothing."""
     data = getattr(mask_mod, "__mask_data__", None)
     if data is None:
         return None
+    if data.numel() < needed:
+        raise ValueError(f"{fn}: argument 'mask_mod' reads {data.numel()} positions ({mask_mod.__name__}'s ids) "
+                         f"but the sequences have {needed}; give one id per query and key position")
     padded = torch.full((length,), -1, dtype=torch.int32, device=device)
     padded[:data.numel()] = data.to(device=device, dtype=torch.int32)[:length]
     return padded
@@ -266,9 +273,10 @@ def _masks(variant, causal, q, seq_k, block_q, block_k, cfg, backward=False):
     if not variant.masked:
         return None
     batch, heads = batch_and_heads(q.shape)
+    longest = max(q.shape[-2], seq_k)
+    data = mask_data(FN, variant.mask_mod, longest,
+                     longest + max(cfg.block_q, cfg.block_k, cfg.bwd_block_q, cfg.bwd_block_k), q.device)
     kinds = _kinds(variant, causal, batch, heads, q.shape[-2], seq_k, block_q, block_k, q.device)
-    longest = max(q.shape[-2], seq_k) + max(cfg.block_q, cfg.block_k, cfg.bwd_block_q, cfg.bwd_block_k)
-    data = mask_data(FN, variant.mask_mod, longest, q.device)
     if backward:
         return rows_of_16(kinds), rows_of_16(kinds.transpose(-1, -2)), data
     return rows_of_16(kinds), data
