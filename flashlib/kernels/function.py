@@ -194,10 +194,9 @@ def variant_args(variant: Variant, *, group: int = 1, heads: int = 1, kinds=None
         args.update(softcap=variant.softcap, SOFTCAP=True)
     if variant.masked:
         left, right = variant.window
-        rows = kinds.expand(-1, heads if kinds.shape[1] > 1 else 1, -1, -1)
         args.update(window_left=left, window_right=right, MaskData=data, Tiles=kinds,
                     stride_tb=kinds.stride(0) if kinds.shape[0] > 1 else 0,
-                    stride_th=rows.stride(1) if kinds.shape[1] > 1 else 0, stride_tr=kinds.stride(2),
+                    stride_th=kinds.stride(1) if kinds.shape[1] > 1 else 0, stride_tr=kinds.stride(2),
                     MASK_MOD=_no_mask if variant.mask_mod is None else kernel_mask(variant.mask_mod))
     return args
 
