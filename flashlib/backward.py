@@ -86,6 +86,8 @@ def _group_sum(grad, kv_shape):
     over the query heads of its group (grouped-query attention)."""
     batch, heads = grad.shape[:2]
     kv_heads = kv_shape[-3] if len(kv_shape) >= 3 else 1
+    if kv_heads == heads:
+        return grad.reshape(kv_shape)  # no group: a view, no second copy alive at the peak
     return grad.unflatten(1, (kv_heads, heads // kv_heads)).sum(dim=2).reshape(kv_shape)
 
 

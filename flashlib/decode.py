@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import resolve_scale
+from ._checks import check_softcap, check_window, resolve_scale
 from .softmax import merge_partials
 
 FN = "decode_attention"
@@ -106,30 +106,6 @@ def _check_caches(fn, q, k_cache, v_cache, block_table):
     return block_len, block_table.shape[1] * block_len
 
 
-def _check_window(fn, window) -> int:
-    if window is None:
-        return -1
-    ok = (isinstance(window, (tuple, list)) and len(window) == 2
-          and all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window))
-    if not ok:
-        raise TypeError(f"{fn}: argument 'window' must be None or a pair of ints (left, right), got {window!r}")
-    left, right = (int(w) for w in window)
-    if left < -1 or right < -1:
-        raise ValueError(f"{fn}: argument 'window' is {tuple(window)}; each side must be >= 0, or -1 for "
-                         "no limit on that side")
-    return left
-
-
-def _check_softcap(fn, softcap) -> float:
-    if softcap is None:
-        return 0.0
-    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not math.isfinite(softcap):
-        raise TypeError(f"{fn}: argument 'softcap' must be None or a finite number > 0, got {softcap!r}")
-    if softcap < 0:
-        raise ValueError(f"{fn}: argument 'softcap' is {softcap}; it must be > 0 (or None or 0 for no capping)")
-    return float(softcap)
-
-
 def _check_num_splits(fn, num_splits):
     if num_splits is None:
         return None
@@ -147,8 +123,8 @@ def check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, *, scale, softca
     _check_tensor(fn, "cache_seqlens", cache_seqlens, 1)
     _check_int32(fn, "cache_seqlens", cache_seqlens, (q.shape[0],), q.device)
     _check_num_splits(fn, num_splits)
-    return DecodeArgs(resolve_scale(fn, scale, q.shape[-1]), _check_softcap(fn, softcap),
-                      _check_window(fn, window), block_table is not None, page_size, capacity)
+    return DecodeArgs(resolve_scale(fn, scale, q.shape[-1]), check_softcap(fn, softcap),
+                      check_window(fn, window)[0], block_table is not None, page_size, capacity)
 
 
 def check_decode_values(fn, cache_seqlens, block_table, new_tokens: int, args: DecodeArgs, num_pages: int):
@@ -353,7 +329,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
                 query 1 (position 4)                            1 1 1 1 1 0
                 query 2 (position 5)                            1 1 1 1 1 1
         scale: defaults to 1/sqrt(head_dim).
-        softcap: None (or 0) for none; c > 0 computes scores as c * tanh(scale * q.k / c) (Gemma 2).
+        softcap: None for none; c > 0 computes scores as c * tanh(scale * q.k / c) (Gemma 2).
         window: None, or (left, right) as in flash-attn, -1 for no limit on a side: query i also
             needs j >= o + i - left (right never binds under the causal rule, so it only has to be
             >= 0 or -1). Every row sees at least its own position, so no output row is empty.

@@ -86,6 +86,19 @@ def test_backward_never_holds_the_score_matrix():
     assert tiled_peak < full / 4       # tiles and (N, d) gradients only
 
 
+def test_backward_peak_is_its_gradients_and_a_few_tiles():
+    """Counted from the algorithm: dq, dk, dv (each N x d), two N-vectors (delta and the shifted
+    lse), and the tile work (s, p, dp, ds and their temporaries, dk_j, dv_j) in at most 10 tiles'
+    worth. A copy of a gradient more (a view that became a copy) breaks the bound."""
+    n, d, block = 2048, 64, 128
+    g = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 1, n, d, generator=g) for _ in range(4))
+    out, lse = tiled_forward(q, k, v, block_q=block, block_k=block)
+    peak = peak_allocated_bytes(tiled_backward, q, k, v, out, lse, dout, block_q=block, block_k=block)
+    grads, rows, tiles = 3 * n * d * 4, 2 * n * 4, 10 * block * block * 4
+    assert grads <= peak <= grads + rows + tiles
+
+
 # ----- variants: grouped heads, windows, soft-capping, mask functions -----------------------------
 
 from flashlib import masks  # noqa: E402

@@ -95,3 +95,14 @@ def test_softcap_bounds_the_scores():
     q = torch.randn(1, 1, 4, 8, dtype=torch.float64)
     _, s, _ = dense_attention(q, q, q, softcap=5.0, return_scores=True)
     assert 0 < s.abs().max() < 5.0  # c * tanh(x / c) stays inside (-c, c)
+
+
+def test_dense_forward_peak_is_scores_probabilities_and_output():
+    """Notebook 01 measures this peak: without a mask, S and P (N x N each) and the output, nothing
+    of N's size more (a pair of index vectors would be 16 N bytes)."""
+    from flashlib.bench import peak_allocated_bytes
+
+    n, d = 256, 64
+    q, k, v = (torch.randn(1, 1, n, d) for _ in range(3))
+    peak = peak_allocated_bytes(dense_attention, q, k, v)
+    assert 2 * 4 * n * n <= peak < 2 * 4 * n * n + 4 * n * d + 8 * n

@@ -324,3 +324,51 @@ def test_a_kernel_fault_is_told_from_an_ordinary_error():
     result = json.loads(lines[-1])
     assert result["before"] is True and result["lost"] == "faulty", result
     assert result["after"] is False and result["error"].startswith(("RuntimeError", "AcceleratorError")), result
+
+
+def _document_ids(seq, device):
+    return torch.repeat_interleave(torch.arange(4, device=device), torch.tensor([300, 41, 500, seq - 841],
+                                                                                device=device))
+
+
+@pytest.mark.parametrize("kv_heads,options", [  # options combined: each case compiles kernels of its own
+    (2, dict(causal=True, window=(100, 0), softcap=20.0)),
+    (1, dict(window=(37, 250), mask_doc=True)),
+])
+def test_variants_compiled_match_float64(kv_heads, options):
+    """Grouped-query heads, windows, soft-capping and mask functions compiled for this GPU
+    (the teaching kernels with exact float32 products) against float64 dense attention."""
+    from flashlib import masks
+
+    options = dict(options)
+    seq = 1200
+    if options.pop("mask_doc", False):
+        options["mask_mod"] = masks.document(_document_ids(seq, DEVICE))
+    q, _, _, dout = _inputs(2, 4, seq, seq, 64, torch.float32, seed=3)
+    g = torch.Generator(device=DEVICE).manual_seed(4)
+    k, v = (torch.randn(2, kv_heads, seq, 64, device=DEVICE, generator=g) for _ in range(2))
+    cfg = replace(default_config(64, torch.float32, torch.cuda.get_device_capability()), input_precision="ieee")
+    got = _grads(lambda a, b, c: kernel_attention(a, b, c, config=cfg, **options), q, k, v, dout)
+    want = _grads(lambda a, b, c: dense_attention(a, b, c, **options), *(t.double() for t in (q, k, v, dout)))
+    for name, g_, w in zip(("out", "dq", "dk", "dv"), got, want):
+        assert _max_err(g_, w) <= 2e-4 * max(1.0, w.abs().max().item()), name
+
+
+def test_packed_sequences_compiled_match_float64():
+    """flash_attention_varlen compiled for this GPU: grouped heads, a causal window, an empty
+    sequence, forward and backward, within tf32 rounding of the float64 reference."""
+    from flashlib import flash_attention_varlen, varlen_reference
+
+    lens = [700, 0, 1, 333, 1029]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+    g = torch.Generator(device=DEVICE).manual_seed(6)
+    q = torch.randn(sum(lens), 8, 64, device=DEVICE, generator=g)
+    k, v = (torch.randn(sum(lens), 2, 64, device=DEVICE, generator=g) for _ in range(2))
+    dout = torch.randn_like(q)
+    options = dict(causal=True, window=(256, 0))
+    call = lambda a, b, c: flash_attention_varlen(a, b, c, cu, cu, max(lens), max(lens), **options)  # noqa: E731
+    reference = lambda a, b, c: varlen_reference(a, b, c, cu, cu, max(lens), max(lens), **options)  # noqa: E731
+    got = _grads(call, q, k, v, dout)
+    want = _grads(reference, *(t.double() for t in (q, k, v, dout)))
+    for name, g_, w in zip(("out", "dq", "dk", "dv"), got, want):
+        assert _max_err(g_, w) <= 2e-2 * max(1.0, w.abs().max().item()), name

@@ -18,6 +18,8 @@
     report     what a recorded run says against the expectations in data/bench/LOG.md
                (``python -m flashlib.bench.report``)
     ring       ring attention on CPU processes (``python -m flashlib.bench.ring``)
+    variants   a sliding window against full causal attention in the tiled reference, on this
+               CPU: time, peak memory, tiles (``python -m flashlib.bench.variants``)
 
 Nothing in the reference modules, the kernels or the ladder imports this package.
 """

@@ -1,12 +1,14 @@
-"""Triton kernels of notebooks 05-07: the primer's small kernels and the teaching forward/backward.
+"""Triton kernels of notebooks 05-07, 09 and 10: the primer's small kernels, the teaching
+forward/backward with notebook 09's options (grouped-query heads, windows, soft-capping, mask
+functions), the same over packed sequences (varlen), and decoding's split and merge kernels.
 
 Importing this package is cheap and needs no Triton: :func:`kernel_status` says whether
 the kernels can run here (compiled on a CUDA GPU, in Triton's CPU interpreter, or not at
 all because Triton is missing, with what to do). The kernels themselves are imported on
 first use; without Triton that import raises an ImportError saying how to run them.
 
-    attention(q, k, v, *, causal, scale, config, return_lse)   notebook 06's forward and
-                                                               notebook 07's backward
+    attention(q, k, v, *, causal, scale, window, softcap,      notebook 06's forward and
+              mask_mod, config, return_lse)                    notebook 07's backward
     FlashConfig, default_config                                their tiles, warps and stages
 """
 from ._mode import KernelStatus, kernel_status, preselect_without_cuda_build, triton_installed
