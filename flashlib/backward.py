@@ -18,6 +18,7 @@ import torch
 
 from ._checks import check_block
 from .dense import expand_kv
+from .rules import softcap_slope
 from .tiled import (NEG_INF, _compute_dtype, _query_range, _scores, _skipped, _tile_visible, canonical, check_options,
                     tiled_forward)
 
@@ -73,8 +74,7 @@ def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fa
             dv_j += p.transpose(-2, -1) @ do_blk
             dp = do_blk @ v_tile.transpose(-2, -1)
             ds = p * (dp - delta[..., q0:q1, None])
-            if softcap:
-                ds = ds * (1 - (s / softcap) ** 2)  # d/dx softcap * tanh(x / softcap)
+            ds = softcap_slope(ds, s, softcap)  # d/dx softcap * tanh(x / softcap)
             dq[..., q0:q1, :] += (ds @ k_tile) * scale
             dk_j += (ds.transpose(-2, -1) @ q_blk) * scale
         dk[..., k0:k1, :], dv[..., k0:k1, :] = dk_j, dv_j

@@ -3,65 +3,18 @@
 This is the reference every faster path in flashlib is checked against, and the
 algorithm whose memory traffic FlashAttention removes: S and P are N x N.
 
-Which pairs may attend is said once, by :class:`Visibility`: the causal rule, a sliding
+Which pairs may attend is said once, by :class:`flashlib.rules.Visibility`: the causal rule, a sliding
 window and a mask function, ANDed. :func:`attention_mask` writes it out densely; the tiled
 reference, the block masks (:mod:`flashlib.masks`) and the kernels' tests all ask it.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
 
 import torch
 
 from ._checks import check_attention_inputs, check_mask_mod, check_softcap, check_window
-
-
-class Visibility(NamedTuple):
-    """Which (query, key) pairs may attend. With o = seq_k - seq_q (bottom-right alignment,
-    flash-attn >= 2.1), query i sees key j iff all of these that apply hold::
-
-        causal           j <= i + o
-        window (l, r)    i + o - l <= j <= i + o + r      (-1: no limit on that side)
-        mask_mod         mask_mod(b, h, i, j)             (b: batch, h: query head)
-    """
-
-    causal: bool = False
-    window: tuple[int, int] = (-1, -1)
-    mask_mod: Callable | None = None
-
-    @property
-    def everything(self) -> bool:
-        """True when every pair may attend (nothing to mask, no tile to skip)."""
-        return not self.causal and self.window == (-1, -1) and self.mask_mod is None
-
-    def pairs(self, q_idx, kv_idx, seq_q: int, seq_k: int, b=None, h=None):
-        """Boolean visibility of index tensors broadcast together (q_idx (..., rows, 1), kv_idx
-        (..., 1, cols), b and h shaped to broadcast against them); None when every pair may attend."""
-        diag = q_idx + (seq_k - seq_q)  # the key on query i's diagonal
-        left, right = self.window
-        rules = []
-        if self.causal:
-            rules.append(kv_idx <= diag)
-        if left >= 0:
-            rules.append(kv_idx >= diag - left)
-        if right >= 0:
-            rules.append(kv_idx <= diag + right)
-        if self.mask_mod is not None:
-            rules.append(_mask_values(self.mask_mod, self.mask_mod(b, h, q_idx, kv_idx)))
-        visible = None
-        for rule in rules:
-            visible = rule if visible is None else visible & rule
-        return visible
-
-
-def _mask_values(mask_mod, values):
-    if not isinstance(values, torch.Tensor) or values.dtype != torch.bool:
-        name = getattr(mask_mod, "__name__", repr(mask_mod))
-        raise TypeError(f"argument 'mask_mod': {name} returned {type(values).__name__}"
-                        f"{'' if not isinstance(values, torch.Tensor) else ' of ' + str(values.dtype)}; a mask "
-                        "function must return a boolean tensor (comparisons joined with & | ~, never and/or/not)")
-    return values
+from .rules import Visibility, softcap as _softcap
 
 
 def head_indices(batch: int, heads: int, device=None):
@@ -159,8 +112,7 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     heads = q.shape[-3] if q.ndim >= 3 else 1
     k, v = expand_kv(k, heads), expand_kv(v, heads)
     s = (q @ k.transpose(-2, -1)) * scale  # (B, H, Nq, Nk): the N^2 memory
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
+    s = _softcap(s, softcap)
     seq_q, seq_k = q.shape[-2], k.shape[-2]
     if not rule.everything:  # (without a rule no index tensor is made: notebook 01 measures this peak)
         rows, cols = torch.arange(seq_q, device=q.device)[:, None], torch.arange(seq_k, device=q.device)[None, :]

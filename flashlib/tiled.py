@@ -24,14 +24,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ._checks import check_attention_inputs, check_block, check_loop, check_mask_mod, check_softcap, check_window
-from .dense import Visibility, batch_and_heads, expand_kv, head_indices
+from .dense import batch_and_heads, expand_kv, head_indices
+from .rules import (FULL, PARTIAL, SKIPPED, Visibility, key_range_end, key_range_start, query_range,  # noqa: F401
+                    softcap as soft_cap, tile_kinds)
 
 NEG_INF = float("-inf")
-# what a block mask says of a tile: no pair may attend (never computed), some may, all may
-SKIPPED, PARTIAL, FULL = 0, 1, 2
 
 
 def _finite(m: torch.Tensor) -> torch.Tensor:
@@ -55,43 +54,13 @@ def _skipped(visible) -> bool:
     return visible is not None and not bool(visible.any())
 
 
-def _key_range_end(q0, q1, seq_q, seq_k, rule: Visibility) -> int:
-    """One past the last key that query rows q0:q1 can see: tiles from there on are skipped."""
-    offset = seq_k - seq_q  # bottom-right alignment: query i's diagonal is key i + offset
-    k_end = seq_k
-    if rule.causal:  # the last row, q1 - 1, sees keys <= q1 - 1 + offset
-        k_end = min(k_end, q1 + offset)
-    if rule.window[1] >= 0:  # ... and <= q1 - 1 + offset + right
-        k_end = min(k_end, q1 + offset + rule.window[1])
-    return max(k_end, 0)
-
-
-def _key_range_start(q0, seq_q, seq_k, rule: Visibility, block_k: int) -> int:
-    """The first key tile that query rows from q0 on can see: the window's left edge (tiles
-    before it are skipped), rounded down to a tile boundary; 0 without a window."""
-    left = rule.window[0]
-    return 0 if left < 0 else max(q0 + seq_k - seq_q - left, 0) // block_k * block_k
-
-
-def _query_range(k0, k1, seq_q, seq_k, rule: Visibility, block_q: int = 1) -> tuple[int, int]:
-    """[q_start, q_end): the query rows that can see some key of k0:k1, q_start rounded down to a
-    block boundary; the other query blocks see none of these keys."""
-    offset = seq_k - seq_q
-    left, right = rule.window
-    q_start, q_end = 0, seq_q
-    if rule.causal:  # query i sees key k0 when k0 <= i + offset
-        q_start = max(q_start, k0 - offset)
-    if right >= 0:
-        q_start = max(q_start, k0 - offset - right)
-    if left >= 0:  # query i sees key k1 - 1 when i + offset - left <= k1 - 1
-        q_end = min(q_end, k1 + left - offset)
-    return max(q_start, 0) // block_q * block_q, max(q_end, 0)
+# the tile ranges are the course's rule (flashlib.rules), under the names notebook 06 shows
+_key_range_end, _key_range_start, _query_range = key_range_end, key_range_start, query_range
 
 
 def _scores(q_blk, k_tile, scale, softcap=0.0):
     """(B, H, BLOCK_Q, BLOCK_K) scores; soft-capped to softcap * tanh(s / softcap) if softcap > 0."""
-    s = (q_blk @ k_tile.transpose(-2, -1)) * scale
-    return softcap * torch.tanh(s / softcap) if softcap else s
+    return soft_cap((q_blk @ k_tile.transpose(-2, -1)) * scale, softcap)
 
 
 def _score_tile(q_blk, k_tile, scale, visible, softcap=0.0):
@@ -221,20 +190,6 @@ def tiled_forward(q, k, v, *, block_q=64, block_k=64, causal=False, scale=None, 
     return out, lse.float() if work != torch.float64 else lse
 
 
-def _tile_kinds(visible, rows: int, cols: int, block_q: int, block_k: int) -> torch.Tensor:
-    """SKIPPED / PARTIAL / FULL of each tile of a (..., rows, cols) visibility (None: all visible)."""
-    if visible is None:
-        return torch.full((1, 1, -(-rows // block_q), -(-cols // block_k)), FULL, dtype=torch.uint8)
-    visible = visible.reshape((1,) * (4 - visible.ndim) + tuple(visible.shape))
-    visible = visible.expand(visible.shape[0], visible.shape[1], rows, cols).to(torch.uint8)
-    tiles = []
-    for outside in (0, 1):  # positions past the sequences: no pair to see, nothing to mask
-        padded = F.pad(visible, (0, -cols % block_k, 0, -rows % block_q), value=outside)
-        tiles.append(padded.unflatten(3, (-1, block_k)).unflatten(2, (-1, block_q)))
-    seen, full = tiles[0].amax(dim=(3, 5)), tiles[1].amin(dim=(3, 5))
-    return torch.where(full.bool(), FULL, torch.where(seen.bool(), PARTIAL, SKIPPED)).to(torch.uint8)
-
-
 @dataclass(frozen=True)
 class BlockMask:
     """A mask at tile granularity, as flex_attention's ``create_block_mask`` builds one: for each
@@ -269,7 +224,7 @@ def block_mask(seq_q: int, seq_k: int, *, block_q: int = 64, block_k: int = 64, 
                window=None, mask_mod=None, batch: int = 1, heads: int = 1, device=None) -> BlockMask:
     """The tiles that a (block_q, block_k) tiling computes for this mask (:class:`BlockMask`).
 
-    The mask (:class:`flashlib.dense.Visibility`) is evaluated on index tensors, a chunk of
+    The mask (:class:`flashlib.rules.Visibility`) is evaluated on index tensors, a chunk of
     query blocks at a time, and reduced per tile: O(seq_q * seq_k) work, O(tiles) memory."""
     fn = "block_mask"
     rule = Visibility(bool(causal), check_window(fn, window), check_mask_mod(fn, mask_mod))
@@ -277,7 +232,7 @@ def block_mask(seq_q: int, seq_k: int, *, block_q: int = 64, block_k: int = 64, 
     b, h = head_indices(batch, heads, device)
     cols = torch.arange(seq_k, device=device)[None, :]
     step = block_q * max(1, _CHUNK_PAIRS // max(1, block_q * seq_k * (batch * heads if mask_mod else 1)))
-    parts = [_tile_kinds(rule.pairs(rows, cols, seq_q, seq_k, b, h), rows.shape[0], seq_k, block_q, block_k)
+    parts = [tile_kinds(rule.pairs(rows, cols, seq_q, seq_k, b, h), rows.shape[0], seq_k, block_q, block_k)
              for rows in (torch.arange(q0, min(q0 + step, seq_q), device=device)[:, None]
                           for q0 in range(0, seq_q, step))]
     kinds = torch.cat(parts, dim=2) if parts else torch.zeros(1, 1, 0, -(-seq_k // block_k), dtype=torch.uint8)

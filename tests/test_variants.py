@@ -135,12 +135,13 @@ def test_grouped_backward_is_deterministic():
         assert torch.equal(a, b)
 
 
-def test_a_mask_function_is_compiled_once_per_function():
+def test_a_mask_function_is_compiled_once_per_source_and_values():
     from flashlib.kernels.function import kernel_mask
 
     assert kernel_mask(striped) is kernel_mask(striped)
-    window = masks.sliding_window(4)
-    assert kernel_mask(window) is not kernel_mask(masks.sliding_window(4))  # a new function, a new kernel
+    # what a closure captures is part of what is compiled: the same value, the same kernel
+    assert kernel_mask(masks.sliding_window(4)) is kernel_mask(masks.sliding_window(4))
+    assert kernel_mask(masks.sliding_window(4)) is not kernel_mask(masks.sliding_window(5))
 
 
 def test_mask_functions_of_a_window_equal_the_window_option():
@@ -173,7 +174,8 @@ def test_heads_that_do_not_divide_are_named():
 
 def test_mask_functions_the_kernels_cannot_compile_are_named():
     q, k, v = _inputs(1, 2, 2, 20, 20, 8)
-    with pytest.raises(TypeError, match="'mask_mod' is a lambda.*def mask_mod"):
-        attention(q, k, v, mask_mod=lambda b, h, q_idx, kv_idx: q_idx >= kv_idx)
-    with pytest.raises(ValueError, match="'mask_mod' reads 12 positions.*sequences have 20"):
+    two = (lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, lambda b, h, q_idx, kv_idx: q_idx <= kv_idx)
+    with pytest.raises(TypeError, match="'mask_mod': a lambda on a line of 2 lambdas.*as a def"):
+        attention(q, k, v, mask_mod=two[0])
+    with pytest.raises(ValueError, match="'mask_mod': document indexes a tensor out of its bounds.*20 queries"):
         attention(q, k, v, mask_mod=masks.document(torch.zeros(12, dtype=torch.long)))

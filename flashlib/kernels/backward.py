@@ -26,8 +26,9 @@ from ._mode import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402
 
-from .forward import (_LOG2E, _SKIPPED, _dot_scores, _key_range, _load_rows, _tile_kind,  # noqa: E402
-                      _visible, _visible_mod)
+from .forward import _dot_scores, _load_rows  # noqa: E402
+from .rules import (_LOG2E, _SKIPPED, _key_range, _query_range, _query_range_start,  # noqa: E402,F401
+                    _softcap_slope, _tile_kind, _visible, _visible_mod)
 
 
 @triton.jit
@@ -48,40 +49,6 @@ def _lse_base2(Lse, offs_q, SEQ_Q):
     """lse in base-2 units; +inf for padding rows and rows that saw no key, so 2^(s - lse) = 0."""
     lse = tl.load(Lse + offs_q, mask=offs_q < SEQ_Q, other=float("inf"))
     return tl.where(lse == float("-inf"), float("inf"), lse * _LOG2E)
-
-
-@triton.jit
-def _query_range_start(k0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, CAUSAL: tl.constexpr):
-    """The first query block that sees key k0: blocks above it see none of this key tile."""
-    q_start = 0
-    if CAUSAL:  # query i sees key j when j <= i + SEQ_K - SEQ_Q
-        q_start = tl.maximum(k0 - (SEQ_K - SEQ_Q), 0) // BLOCK_Q * BLOCK_Q
-    return q_start
-
-
-@triton.jit
-def _query_range(k0, SEQ_Q, SEQ_K, window_left, window_right,
-                 BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr):
-    """[q_start, q_end): the query rows that see some key of k0 .. k0 + BLOCK_K - 1 under the causal
-    rule and, if WINDOWED, the window; q_start on a block boundary."""
-    q_start = _query_range_start(k0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
-    q_end = SEQ_Q
-    if WINDOWED:  # query i sees keys i + o - left .. i + o + right, o = SEQ_K - SEQ_Q
-        first = tl.maximum(k0 - (SEQ_K - SEQ_Q) - window_right, 0) // BLOCK_Q * BLOCK_Q
-        q_start = tl.where(window_right >= 0, tl.maximum(q_start, first), q_start)
-        last = k0 + BLOCK_K - (SEQ_K - SEQ_Q) + window_left  # one past the last row whose window reaches the tile
-        q_end = tl.where(window_left >= 0, tl.minimum(q_end, tl.maximum(last, 0)), q_end)
-    return q_start, q_end
-
-
-@triton.jit
-def _softcap_slope(ds, s, softcap, SOFTCAP: tl.constexpr):
-    """dS of the soft-capped scores s (base-2 units) times the cap's slope, d/dx softcap * tanh(x /
-    softcap) = 1 - tanh² = 1 - (s / softcap)²: the gradient of the scaled scores before the cap."""
-    if SOFTCAP:
-        t = s / (softcap * _LOG2E)
-        ds = ds * (1.0 - t * t)
-    return ds
 
 
 @triton.jit
@@ -146,8 +113,9 @@ def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, qk_sc
                                       off_b, off_h + g, MaskData, row, SOFTCAP, MASK_MOD)
     mask = (offs_k[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)
     dk = dk * scale  # s = scale * q kᵀ, so dk picks up the scale once, at the end
-    tl.store(DK + offs_k[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=mask)
-    tl.store(DV + offs_k[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=mask)
+    rows = offs_k[:, None].to(tl.int64)  # int64: a row stride times a row can pass 2^31
+    tl.store(DK + rows * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=mask)
+    tl.store(DV + rows * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -221,7 +189,8 @@ def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, Tiles, MaskData, qk_scale, s
                             qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_K, CAUSAL, INPUT_PRECISION, k_start, softcap,
                             window_left, window_right, off_b, off_h, MaskData, Tiles, SOFTCAP, MASK_MOD)
     mask = (offs_q[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(DQ + offs_q[:, None] * stride_dqm + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=mask)
+    tl.store(DQ + offs_q[:, None].to(tl.int64) * stride_dqm + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
+             mask=mask)
 
 
 @triton.jit

@@ -23,16 +23,14 @@ compiles as before without them:
 """
 from __future__ import annotations
 
-from ..tiled import FULL, PARTIAL, SKIPPED
 from ._mode import require_triton
-from .config import LOG2E
 
 triton = require_triton()
 import triton.language as tl  # noqa: E402
 
-_LOG2E = tl.constexpr(LOG2E)
-# what a block mask (flashlib.masks.BlockMask) says of a tile
-_SKIPPED, _PARTIAL, _FULL = tl.constexpr(SKIPPED), tl.constexpr(PARTIAL), tl.constexpr(FULL)
+# which keys a query sees and soft-capping: the course's rules, written once (kernels/rules.py)
+from .rules import (_FULL, _LOG2E, _PARTIAL, _SKIPPED, _key_range, _key_range_end, _no_mask,  # noqa: E402,F401
+                    _softcap, _tile_kind, _visible, _visible_mod)
 
 
 @triton.jit
@@ -42,37 +40,11 @@ def _finite(m):
 
 
 @triton.jit
-def _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL: tl.constexpr):
-    """(BLOCK_Q, BLOCK_K) mask of the (query, key) pairs that exist and may attend."""
-    mask = (offs_q[:, None] < SEQ_Q) & (offs_k[None, :] < SEQ_K)
-    if CAUSAL:
-        # bottom-right diagonal: query i sees key j when j <= i + SEQ_K - SEQ_Q
-        mask = mask & (offs_k[None, :] <= offs_q[:, None] + (SEQ_K - SEQ_Q))
-    return mask
-
-
-@triton.jit
-def _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, CAUSAL: tl.constexpr):
-    """One past the last key that query rows q0 .. q0 + BLOCK_Q - 1 can see: later tiles are skipped."""
-    k_end = SEQ_K
-    if CAUSAL:
-        k_end = tl.minimum(tl.maximum(q0 + BLOCK_Q + (SEQ_K - SEQ_Q), 0), SEQ_K)
-    return k_end
-
-
-@triton.jit
 def _load_rows(Ptr, stride, offs_rows, offs_d, n_rows, HEAD_DIM):
     """A (rows, HEAD_DIM_PAD) tile; rows past n_rows and columns past HEAD_DIM read as 0."""
     mask = (offs_rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
-    return tl.load(Ptr + offs_rows[:, None] * stride + offs_d[None, :], mask=mask, other=0.0)
-
-
-@triton.jit
-def _softcap(x, qk_scale, softcap):
-    """softcap * tanh(scale * x / softcap) in base-2 units (x = q.k, qk_scale = scale * log2(e)),
-    with tanh(y) = 1 - 2 / (e^(2y) + 1): exact at both ends, where a quotient of exponentials is NaN."""
-    e2y = tl.math.exp2(x * (2.0 * qk_scale / softcap))
-    return (softcap * _LOG2E) * (1.0 - 2.0 / (e2y + 1.0))
+    rows = offs_rows[:, None].to(tl.int64) * stride  # int64: a row stride times a row can pass 2^31
+    return tl.load(Ptr + rows + offs_d[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
@@ -97,57 +69,6 @@ def _scores(q_blk, k_tile, qk_scale, softcap, visible, SOFTCAP: tl.constexpr, IN
 def _score_tile(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION: tl.constexpr):
     """(BLOCK_Q, BLOCK_K) scores in base-2 units; pairs that may not attend get -inf."""
     return _scores(q_blk, k_tile, qk_scale, 0.0, visible, False, INPUT_PRECISION)
-
-
-@triton.jit
-def _key_range(q0, SEQ_Q, SEQ_K, window_left, window_right,
-               BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr):
-    """[k_start, k_end): the keys rows q0 .. q0 + BLOCK_Q - 1 can see under the causal rule and, if
-    WINDOWED, the window (-1: no limit on a side), k_start on a tile boundary; other tiles are skipped."""
-    k_start = 0
-    k_end = _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
-    if WINDOWED:
-        diag = q0 + (SEQ_K - SEQ_Q)  # the key on the first row's diagonal
-        k_start = tl.where(window_left >= 0, tl.maximum(diag - window_left, 0) // BLOCK_K * BLOCK_K, 0)
-        k_end = tl.where(window_right >= 0, tl.minimum(k_end, tl.maximum(diag + BLOCK_Q + window_right, 0)), k_end)
-    return k_start, k_end
-
-
-@triton.jit
-def _tile_kind(Tiles, tile, MASK_MOD: tl.constexpr):
-    """What the block mask says of a tile: _SKIPPED, _PARTIAL or _FULL; _FULL without a mask."""
-    kind = _FULL
-    if MASK_MOD is not None:
-        kind = tl.load(Tiles + tile)
-    return kind
-
-
-@triton.jit
-def _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right, off_b, off_h, MaskData, kind,
-                 MASK_MOD: tl.constexpr):
-    """visible, narrowed in a _PARTIAL tile by the window's band (i + o - left <= j <= i + o + right)
-    and by MASK_MOD(b, h, q_idx, kv_idx, data); unchanged without a mask function."""
-    if MASK_MOD is not None:
-        if kind == _PARTIAL:
-            diag = offs_q[:, None] + (SEQ_K - SEQ_Q)  # the key on query i's diagonal
-            keys = offs_k[None, :]
-            band = (((window_left < 0) | (keys >= diag - window_left))
-                    & ((window_right < 0) | (keys <= diag + window_right)))
-            visible = visible & band & MASK_MOD(off_b, off_h, offs_q[:, None], keys, MaskData)
-    return visible
-
-
-@triton.jit
-def _no_mask(b, h, q_idx, kv_idx, data):
-    """The mask function of a window alone: every pair the band leaves visible."""
-    return True
-
-
-@triton.jit
-def _load_at(Data, idx):
-    """A mask function's read of its data (flashlib.masks.LOAD): Data[idx] for an index tile; the
-    launcher pads Data so that every index of every tile is in bounds."""
-    return tl.load(Data + idx)
 
 
 @triton.jit
@@ -216,7 +137,8 @@ def _attn_fwd_block(Q, K, V, Out, Lse, Tiles, MaskData, qk_scale, softcap, strid
 
     out, lse = _finish(m_i, l_i, acc)
     o_mask = (offs_q[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(Out + offs_q[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty), mask=o_mask)
+    tl.store(Out + offs_q[:, None].to(tl.int64) * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty),
+             mask=o_mask)
     tl.store(Lse + offs_q, lse, mask=offs_q < SEQ_Q)
 
 

@@ -10,21 +10,21 @@ the same launch conventions.
 from __future__ import annotations
 
 import math
-import types
-import weakref
 from typing import Callable, NamedTuple
 
 import torch
 
 from .._checks import check_attention_inputs, check_mask_mod, check_softcap, check_window
 from ..dense import batch_and_heads
-from ..tiled import PARTIAL, block_mask
+from ..rules import PARTIAL
+from ..tiled import block_mask
 from ._mode import interpreting
 from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess, triton
 from .config import LOG2E, FlashConfig, default_config, head_dim_pad
-from .forward import _attn_fwd, _load_at, _no_mask
+from .forward import _attn_fwd
+from .maskfn import compile_mask
+from .rules import _no_mask
 
-import triton.language as tl  # noqa: E402  (after the kernels: they chose the interpreter mode)
 
 FN = "flashlib.kernels.attention"
 MAX_HEAD_DIM = 256
@@ -112,55 +112,11 @@ def check_variant(fn: str, window=None, softcap=None, mask_mod=None) -> Variant:
 
 # ----- mask functions, compiled into the kernels ------------------------------------------------
 
-def _call_mask(b, h, q_idx, kv_idx, data):
-    """A mask function of four arguments, called as the kernels call one (its data unused)."""
-    return MASK(b, h, q_idx, kv_idx)  # noqa: F821  (bound by kernel_mask)
-
-
-_KERNEL_MASKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def kernel_mask(mask_mod):
+def kernel_mask(mask_mod, device="cpu"):
     """The ``@triton.jit`` function the kernels call as MASK_MOD(b, h, q_idx, kv_idx, data) for a
-    mask function: the function itself, compiled; for :mod:`flashlib.masks`' ready masks their
-    template with its constants as ``tl.constexpr`` and LOAD reading the kernel's mask data.
-    Made once per mask function (a new one compiles new kernels)."""
-    if getattr(mask_mod, "__name__", "") == "<lambda>":
-        raise TypeError(f"{FN}: argument 'mask_mod' is a lambda; Triton compiles a mask function from the "
-                        "source of its def (a lambda's line is not one): write def mask_mod(b, h, q_idx, kv_idx)")
-    if mask_mod not in _KERNEL_MASKS:
-        template = getattr(mask_mod, "__mask_template__", None)
-        if template is None:  # a plain def: its own module's names, on a copy (the interpreter adds its own)
-            template, scope = mask_mod, dict(mask_mod.__globals__)
-        else:
-            scope = {"__name__": template.__module__, "LOAD": _load_at,
-                     **{name: tl.constexpr(value) for name, value in mask_mod.__mask_constants__.items()}}
-        jitted = _jit(template, scope)
-        if template.__code__.co_argcount == 4:
-            jitted = _jit(_call_mask, {"__name__": __name__, "MASK": jitted})
-        _KERNEL_MASKS[mask_mod] = jitted
-    return _KERNEL_MASKS[mask_mod]
-
-
-def _jit(fn, scope: dict):
-    """triton.jit of fn's code with these module-level names (and triton.language, which the
-    interpreter looks for there)."""
-    return triton.jit(types.FunctionType(fn.__code__, dict(scope, tl=tl), fn.__name__, fn.__defaults__))
-
-
-def mask_data(fn: str, mask_mod, needed: int, length: int, device):
-    """What a mask function reads (flashlib.masks.document's ids: at least ``needed`` of them), as
-    int32 on device, padded to ``length`` so that every index of every tile reads in bounds; None
-    if it reads nothing."""
-    data = getattr(mask_mod, "__mask_data__", None)
-    if data is None:
-        return None
-    if data.numel() < needed:
-        raise ValueError(f"{fn}: argument 'mask_mod' reads {data.numel()} positions ({mask_mod.__name__}'s ids) "
-                         f"but the sequences have {needed}; give one id per query and key position")
-    padded = torch.full((length,), -1, dtype=torch.int32, device=device)
-    padded[:data.numel()] = data.to(device=device, dtype=torch.int32)[:length]
-    return padded
+    mask function as it reads its data now (:mod:`flashlib.kernels.maskfn`); the same source gives
+    the same function, so the same compiled kernels."""
+    return compile_mask(FN, mask_mod, device).jit
 
 
 def _kinds(variant: Variant, causal, batch, heads, seq_q, seq_k, block_q, block_k, device):
@@ -186,7 +142,8 @@ def rows_of_16(kinds: torch.Tensor) -> torch.Tensor:
 def variant_args(variant: Variant, *, group: int = 1, heads: int = 1, kinds=None, data=None) -> dict:
     """The keyword arguments a kernel launch adds for grouped heads and the variants (none for the
     defaults, so that their launch is the one it always was). kinds: (B or 1, H or 1, rows,
-    tiles) as the kernel walks them, broadcast over the batch and heads by zero strides."""
+    tiles) as the kernel walks them, broadcast over the batch and heads by zero strides; data: the
+    mask function compiled (a :class:`~flashlib.kernels.maskfn.KernelMask`), None for a window alone."""
     args = {}
     if group > 1 or variant.mask_mod is not None:
         args.update(GROUP=group, HEADS=heads)
@@ -194,10 +151,10 @@ def variant_args(variant: Variant, *, group: int = 1, heads: int = 1, kinds=None
         args.update(softcap=variant.softcap, SOFTCAP=True)
     if variant.masked:
         left, right = variant.window
-        args.update(window_left=left, window_right=right, MaskData=data, Tiles=kinds,
+        args.update(window_left=left, window_right=right, MaskData=None if data is None else data.data, Tiles=kinds,
                     stride_tb=kinds.stride(0) if kinds.shape[0] > 1 else 0,
                     stride_th=kinds.stride(1) if kinds.shape[1] > 1 else 0, stride_tr=kinds.stride(2),
-                    MASK_MOD=_no_mask if variant.mask_mod is None else kernel_mask(variant.mask_mod))
+                    MASK_MOD=_no_mask if data is None else data.jit)
     return args
 
 
@@ -272,10 +229,9 @@ def _masks(variant, causal, q, seq_k, block_q, block_k, cfg, backward=False):
     if not variant.masked:
         return None
     batch, heads = batch_and_heads(q.shape)
-    longest = max(q.shape[-2], seq_k)
-    data = mask_data(FN, variant.mask_mod, longest,
-                     longest + max(cfg.block_q, cfg.block_k, cfg.bwd_block_q, cfg.bwd_block_k), q.device)
     kinds = _kinds(variant, causal, batch, heads, q.shape[-2], seq_k, block_q, block_k, q.device)
+    # compiled after the block mask, whose PyTorch evaluation names a mask function's errors first
+    data = None if variant.mask_mod is None else compile_mask(FN, variant.mask_mod, q.device)
     if backward:
         return rows_of_16(kinds), rows_of_16(kinds.transpose(-1, -2)), data
     return rows_of_16(kinds), data

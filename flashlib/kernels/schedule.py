@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import math
 
+from ..rules import Visibility, key_range_end
+
 
 def forward_key_blocks(start_m: int, seq_q: int, seq_k: int, block_q: int, block_k: int, causal: bool) -> int:
-    """Key tiles the forward (and dQ) program of query block ``start_m`` loops over."""
-    hi = seq_k
-    if causal:  # as _key_range_end: one past the last key the block's last row sees
-        hi = min(max((start_m + 1) * block_q + (seq_k - seq_q), 0), seq_k)
+    """Key tiles the forward (and dQ) program of query block ``start_m`` loops over: up to one past
+    the last key the block's last row sees (the rule of flashlib.rules, as _key_range_end in Triton)."""
+    q0 = start_m * block_q
+    hi = key_range_end(q0, min(q0 + block_q, seq_q), seq_q, seq_k, Visibility(causal=causal))
     return math.ceil(hi / block_k)
 
 

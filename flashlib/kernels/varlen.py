@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import torch
 
-from ..tiled import PARTIAL
+from ..rules import PARTIAL
 from ..varlen import check_varlen_inputs
 from .backward import _attn_bwd_dkdv_block, _attn_bwd_dq_block
 from .config import LOG2E, head_dim_pad
-from .forward import _attn_fwd_block, _no_mask, triton
+from .forward import _attn_fwd_block, triton
+from .rules import _no_mask
 from .function import DEFAULT, Variant, check_kernel_inputs, check_variant, preprocess, resolve_config
 
 import triton.language as tl  # noqa: E402  (after the kernels: they chose the interpreter mode)
@@ -45,7 +46,8 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale,
                      MASK_MOD: tl.constexpr):
     """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS)."""
     q0 = tl.program_id(0) * BLOCK_Q
-    off_b, off_h = tl.program_id(1) // HEADS, tl.program_id(1) % HEADS
+    off_z = tl.program_id(1).to(tl.int64)  # int64: heads x total tokens (the lse offset) can pass 2^31
+    off_b, off_h = off_z // HEADS, off_z % HEADS
     q_start, seq_q = _sequence(CuSeqlensQ, off_b)
     if q0 < seq_q:  # a block past its sequence's end computes nothing
         k_start, seq_k = _sequence(CuSeqlensK, off_b)
@@ -69,7 +71,8 @@ def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlens
     """One key tile of one sequence and kv head: the grid is (ceil(max_seqlen_k / BLOCK_K), batch * KV_HEADS);
     BLOCK_H: the query heads of a kv head."""
     k0 = tl.program_id(0) * BLOCK_K
-    off_b, off_kv = tl.program_id(1) // KV_HEADS, tl.program_id(1) % KV_HEADS
+    off_z = tl.program_id(1).to(tl.int64)  # int64: heads x total tokens (the lse offset) can pass 2^31
+    off_b, off_kv = off_z // KV_HEADS, off_z % KV_HEADS
     k_start, seq_k = _sequence(CuSeqlensK, off_b)
     if k0 < seq_k:  # a tile past its sequence's end computes nothing
         q_start, seq_q = _sequence(CuSeqlensQ, off_b)
@@ -96,7 +99,8 @@ def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Til
                         MASK_MOD: tl.constexpr):
     """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS)."""
     q0 = tl.program_id(0) * BLOCK_Q
-    off_b, off_h = tl.program_id(1) // HEADS, tl.program_id(1) % HEADS
+    off_z = tl.program_id(1).to(tl.int64)  # int64: heads x total tokens (the lse offset) can pass 2^31
+    off_b, off_h = off_z // HEADS, off_z % HEADS
     q_start, seq_q = _sequence(CuSeqlensQ, off_b)
     if q0 < seq_q:
         k_start, seq_k = _sequence(CuSeqlensK, off_b)

@@ -1,0 +1,180 @@
+"""The rules the course teaches, written once in Triton: which keys a query sees, soft-capping,
+and PyTorch's integer division for mask functions.
+
+Every kernel (the teaching forward and backward, packed sequences, decoding, the ladder) asks
+these helpers; :mod:`flashlib.rules` is their PyTorch counterpart, and ``tests/test_rules.py``
+checks the two element by element and tile by tile. With o = SEQ_K - SEQ_Q (bottom-right
+alignment) query i sees key j iff j < SEQ_K and all of these that apply hold::
+
+    causal           j <= i + o
+    window (l, r)    i + o - l <= j <= i + o + r       (-1: no limit on that side)
+    mask function    MASK_MOD(b, h, i, j, data)         (in the tiles a block mask calls partial)
+
+``diag = i + o`` is the key on query i's diagonal; the range helpers return the keys (or query
+rows) of whole tiles that can see anything, so a kernel loops over those tiles only.
+"""
+from __future__ import annotations
+
+from ..rules import FULL, PARTIAL, SKIPPED
+from ._mode import require_triton
+from .config import LOG2E
+
+triton = require_triton()
+import triton.language as tl  # noqa: E402
+
+_LOG2E = tl.constexpr(LOG2E)
+# what a block mask (flashlib.masks.BlockMask) says of a tile
+_SKIPPED, _PARTIAL, _FULL = tl.constexpr(SKIPPED), tl.constexpr(PARTIAL), tl.constexpr(FULL)
+_FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
+
+
+# ----- which keys a query sees -------------------------------------------------------------------
+
+@triton.jit
+def _side(w, SEQ_Q, SEQ_K):
+    """A window side as the helpers use it: -1 (no limit) for any side at least SEQ_Q + SEQ_K wide,
+    which limits nothing; so that diag + w cannot overflow int32 for w up to 2^31 - 1."""
+    return tl.where(w >= SEQ_Q + SEQ_K, -1, w)
+
+
+@triton.jit
+def _band(offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right):
+    """(BLOCK_Q, BLOCK_K): the window's band, i + o - left <= j <= i + o + right."""
+    left, right = _side(window_left, SEQ_Q, SEQ_K), _side(window_right, SEQ_Q, SEQ_K)
+    diag = offs_q[:, None] + (SEQ_K - SEQ_Q)  # the key on query i's diagonal
+    keys = offs_k[None, :]
+    return ((left < 0) | (keys >= diag - left)) & ((right < 0) | (keys <= diag + right))
+
+
+@triton.jit
+def _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL: tl.constexpr):
+    """(BLOCK_Q, BLOCK_K) mask of the (query, key) pairs that exist and may attend."""
+    mask = (offs_q[:, None] < SEQ_Q) & (offs_k[None, :] < SEQ_K)
+    if CAUSAL:
+        # bottom-right diagonal: query i sees key j when j <= i + SEQ_K - SEQ_Q
+        mask = mask & (offs_k[None, :] <= offs_q[:, None] + (SEQ_K - SEQ_Q))
+    return mask
+
+
+@triton.jit
+def _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right, off_b, off_h, MaskData, kind,
+                 MASK_MOD: tl.constexpr):
+    """visible, narrowed in a _PARTIAL tile by the window's band and by MASK_MOD(b, h, q_idx, kv_idx,
+    data); unchanged without a mask function (a _FULL tile needs neither)."""
+    if MASK_MOD is not None:
+        if kind == _PARTIAL:
+            band = _band(offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right)
+            visible = visible & band & MASK_MOD(off_b, off_h, offs_q[:, None], offs_k[None, :], MaskData)
+    return visible
+
+
+@triton.jit
+def _no_mask(b, h, q_idx, kv_idx, data):
+    """The mask function of a window alone: every pair the band leaves visible."""
+    return True
+
+
+@triton.jit
+def _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, CAUSAL: tl.constexpr):
+    """One past the last key that query rows q0 .. q0 + BLOCK_Q - 1 can see: later tiles are skipped."""
+    k_end = SEQ_K
+    if CAUSAL:
+        k_end = tl.minimum(tl.maximum(q0 + BLOCK_Q + (SEQ_K - SEQ_Q), 0), SEQ_K)
+    return k_end
+
+
+@triton.jit
+def _key_range(q0, SEQ_Q, SEQ_K, window_left, window_right,
+               BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr):
+    """[k_start, k_end): the keys rows q0 .. q0 + BLOCK_Q - 1 can see under the causal rule and, if
+    WINDOWED, the window (-1: no limit on a side), k_start on a tile boundary; other tiles are skipped."""
+    k_start = 0
+    k_end = _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
+    if WINDOWED:
+        left, right = _side(window_left, SEQ_Q, SEQ_K), _side(window_right, SEQ_Q, SEQ_K)
+        diag = q0 + (SEQ_K - SEQ_Q)  # the key on the first row's diagonal
+        k_start = tl.where(left >= 0, tl.maximum(diag - left, 0) // BLOCK_K * BLOCK_K, 0)
+        k_end = tl.where(right >= 0, tl.minimum(k_end, tl.maximum(diag + BLOCK_Q + right, 0)), k_end)
+    return k_start, k_end
+
+
+@triton.jit
+def _query_range_start(k0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, CAUSAL: tl.constexpr):
+    """The first query block that sees key k0: blocks above it see none of this key tile."""
+    q_start = 0
+    if CAUSAL:  # query i sees key j when j <= i + SEQ_K - SEQ_Q
+        q_start = tl.maximum(k0 - (SEQ_K - SEQ_Q), 0) // BLOCK_Q * BLOCK_Q
+    return q_start
+
+
+@triton.jit
+def _query_range(k0, SEQ_Q, SEQ_K, window_left, window_right,
+                 BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr):
+    """[q_start, q_end): the query rows that see some key of k0 .. k0 + BLOCK_K - 1 under the causal
+    rule and, if WINDOWED, the window; q_start on a block boundary."""
+    q_start = _query_range_start(k0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
+    q_end = SEQ_Q
+    if WINDOWED:  # query i sees keys i + o - left .. i + o + right, o = SEQ_K - SEQ_Q
+        left, right = _side(window_left, SEQ_Q, SEQ_K), _side(window_right, SEQ_Q, SEQ_K)
+        first = tl.maximum(k0 - (SEQ_K - SEQ_Q) - right, 0) // BLOCK_Q * BLOCK_Q
+        q_start = tl.where(right >= 0, tl.maximum(q_start, first), q_start)
+        last = k0 + BLOCK_K - (SEQ_K - SEQ_Q) + left  # one past the last row whose window reaches the tile
+        q_end = tl.where(left >= 0, tl.minimum(q_end, tl.maximum(last, 0)), q_end)
+    return q_start, q_end
+
+
+@triton.jit
+def _tile_kind(Tiles, tile, MASK_MOD: tl.constexpr):
+    """What the block mask says of a tile: _SKIPPED, _PARTIAL or _FULL; _FULL without a mask."""
+    kind = _FULL
+    if MASK_MOD is not None:
+        kind = tl.load(Tiles + tile)
+    return kind
+
+
+# ----- soft-capping ------------------------------------------------------------------------------
+
+@triton.jit
+def _tanh(y):
+    """tanh in float32 to a few ulps everywhere: an odd polynomial below |y| = 1/4 (where
+    1 - 2 / (e^2y + 1) would cancel), that quotient above it (exact at both ends: e^2y = inf gives 1)."""
+    a = tl.abs(y)
+    y2 = y * y
+    small = y * (1.0 + y2 * (-1.0 / 3.0 + y2 * (2.0 / 15.0 + y2 * (-17.0 / 315.0 + y2 * (62.0 / 2835.0)))))
+    large = 1.0 - 2.0 / (tl.math.exp2(a * (2.0 * _LOG2E)) + 1.0)
+    return tl.where(a < 0.25, small, tl.where(y < 0, -large, large))
+
+
+@triton.jit
+def _softcap(x, qk_scale, softcap):
+    """softcap * tanh(scale * x / softcap) in base-2 units (x = q.k, qk_scale = scale * log2(e)).
+    The ratio scale / softcap is capped at float32's largest value, so that 0 * ratio stays 0."""
+    ratio = tl.minimum(qk_scale / (softcap * _LOG2E), _FLOAT32_MAX)
+    return (softcap * _LOG2E) * _tanh(x * ratio)
+
+
+@triton.jit
+def _softcap_slope(ds, s, softcap, SOFTCAP: tl.constexpr):
+    """dS of the soft-capped scores s (base-2 units) times the cap's slope, d/dx softcap * tanh(x /
+    softcap) = 1 - tanh² = 1 - (s / softcap)²: the gradient of the scaled scores before the cap."""
+    if SOFTCAP:
+        t = s / (softcap * _LOG2E)
+        ds = ds * (1.0 - t * t)
+    return ds
+
+
+# ----- PyTorch's integer division, for mask functions ---------------------------------------------
+
+@triton.jit
+def _floordiv(a, b):
+    """a // b rounded toward -inf, as PyTorch and Python do (Triton's // rounds toward zero)."""
+    q = a // b
+    r = a - q * b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
+
+
+@triton.jit
+def _floormod(a, b):
+    """a % b with the sign of b, as PyTorch and Python do (Triton's % takes the sign of a)."""
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)

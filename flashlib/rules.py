@@ -1,0 +1,137 @@
+"""The rules the course teaches, written once in PyTorch: which keys a query sees (element by
+element and tile by tile) and soft-capping.
+
+The references (:mod:`flashlib.dense`, :mod:`flashlib.tiled`, :mod:`flashlib.backward`), the block
+masks (:mod:`flashlib.masks`) and the decoding reference (:mod:`flashlib.decode`) ask these;
+:mod:`flashlib.kernels.rules` is their Triton counterpart, checked against them element by element
+and tile by tile (``tests/test_rules.py``).
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+# what a block mask says of a tile: no pair may attend (never computed), some may, all may
+SKIPPED, PARTIAL, FULL = 0, 1, 2
+
+
+class Visibility(NamedTuple):
+    """Which (query, key) pairs may attend. With o = seq_k - seq_q (bottom-right alignment,
+    flash-attn >= 2.1), query i sees key j iff all of these that apply hold::
+
+        causal           j <= i + o
+        window (l, r)    i + o - l <= j <= i + o + r      (-1: no limit on that side)
+        mask_mod         mask_mod(b, h, i, j)             (b: batch, h: query head)
+    """
+
+    causal: bool = False
+    window: tuple[int, int] = (-1, -1)
+    mask_mod: Callable | None = None
+
+    @property
+    def everything(self) -> bool:
+        """True when every pair may attend (nothing to mask, no tile to skip)."""
+        return not self.causal and self.window == (-1, -1) and self.mask_mod is None
+
+    def pairs(self, q_idx, kv_idx, seq_q: int, seq_k: int, b=None, h=None):
+        """Boolean visibility of index tensors broadcast together (q_idx (..., rows, 1), kv_idx
+        (..., 1, cols), b and h shaped to broadcast against them); None when every pair may attend."""
+        diag = q_idx + (seq_k - seq_q)  # the key on query i's diagonal
+        left, right = self.window
+        rules = []
+        if self.causal:
+            rules.append(kv_idx <= diag)
+        if left >= 0:
+            rules.append(kv_idx >= diag - left)
+        if right >= 0:
+            rules.append(kv_idx <= diag + right)
+        if self.mask_mod is not None:
+            rules.append(mask_values(self.mask_mod, _call(self.mask_mod, b, h, q_idx, kv_idx, seq_q, seq_k)))
+        visible = None
+        for rule in rules:
+            visible = rule if visible is None else visible & rule
+        return visible
+
+
+def _call(mask_mod, b, h, q_idx, kv_idx, seq_q: int, seq_k: int):
+    """mask_mod on index tensors; a tensor it reads that is too short for the indices is named."""
+    try:
+        return mask_mod(b, h, q_idx, kv_idx)
+    except IndexError as exc:
+        name = getattr(mask_mod, "__name__", repr(mask_mod))
+        raise ValueError(f"argument 'mask_mod': {name} indexes a tensor out of its bounds ({exc}); a tensor a mask "
+                         f"function reads must cover every index it is given (here {seq_q} queries and {seq_k} "
+                         "keys)") from None
+
+
+def mask_values(mask_mod, values):
+    """What a mask function returned, if it is a boolean tensor; a TypeError naming it otherwise."""
+    if not isinstance(values, torch.Tensor) or values.dtype != torch.bool:
+        name = getattr(mask_mod, "__name__", repr(mask_mod))
+        raise TypeError(f"argument 'mask_mod': {name} returned {type(values).__name__}"
+                        f"{'' if not isinstance(values, torch.Tensor) else ' of ' + str(values.dtype)}; a mask "
+                        "function must return a boolean tensor (comparisons joined with & | ~, never and/or/not)")
+    return values
+
+
+# ----- tile by tile: the keys (or query rows) of whole tiles that can see anything ----------------
+
+def key_range_end(q0, q1, seq_q, seq_k, rule: Visibility) -> int:
+    """One past the last key that query rows q0:q1 can see: tiles from there on are skipped."""
+    offset = seq_k - seq_q  # bottom-right alignment: query i's diagonal is key i + offset
+    k_end = seq_k
+    if rule.causal:  # the last row, q1 - 1, sees keys <= q1 - 1 + offset
+        k_end = min(k_end, q1 + offset)
+    if rule.window[1] >= 0:  # ... and <= q1 - 1 + offset + right
+        k_end = min(k_end, q1 + offset + rule.window[1])
+    return max(k_end, 0)
+
+
+def key_range_start(q0, seq_q, seq_k, rule: Visibility, block_k: int) -> int:
+    """The first key tile that query rows from q0 on can see: the window's left edge (tiles
+    before it are skipped), rounded down to a tile boundary; 0 without a window."""
+    left = rule.window[0]
+    return 0 if left < 0 else max(q0 + seq_k - seq_q - left, 0) // block_k * block_k
+
+
+def query_range(k0, k1, seq_q, seq_k, rule: Visibility, block_q: int = 1) -> tuple[int, int]:
+    """[q_start, q_end): the query rows that can see some key of k0:k1, q_start rounded down to a
+    block boundary; the other query blocks see none of these keys."""
+    offset = seq_k - seq_q
+    left, right = rule.window
+    q_start, q_end = 0, seq_q
+    if rule.causal:  # query i sees key k0 when k0 <= i + offset
+        q_start = max(q_start, k0 - offset)
+    if right >= 0:
+        q_start = max(q_start, k0 - offset - right)
+    if left >= 0:  # query i sees key k1 - 1 when i + offset - left <= k1 - 1
+        q_end = min(q_end, k1 + left - offset)
+    return max(q_start, 0) // block_q * block_q, max(q_end, 0)
+
+
+def tile_kinds(visible, rows: int, cols: int, block_q: int, block_k: int) -> torch.Tensor:
+    """SKIPPED / PARTIAL / FULL of each tile of a (..., rows, cols) visibility (None: all visible)."""
+    if visible is None:
+        return torch.full((1, 1, -(-rows // block_q), -(-cols // block_k)), FULL, dtype=torch.uint8)
+    visible = visible.reshape((1,) * (4 - visible.ndim) + tuple(visible.shape))
+    visible = visible.expand(visible.shape[0], visible.shape[1], rows, cols).to(torch.uint8)
+    tiles = []
+    for outside in (0, 1):  # positions past the sequences: no pair to see, nothing to mask
+        padded = F.pad(visible, (0, -cols % block_k, 0, -rows % block_q), value=outside)
+        tiles.append(padded.unflatten(3, (-1, block_k)).unflatten(2, (-1, block_q)))
+    seen, full = tiles[0].amax(dim=(3, 5)), tiles[1].amin(dim=(3, 5))
+    return torch.where(full.bool(), FULL, torch.where(seen.bool(), PARTIAL, SKIPPED)).to(torch.uint8)
+
+
+# ----- soft-capping ------------------------------------------------------------------------------
+
+def softcap(s: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(s / cap) (Gemma 2), or s unchanged for cap = 0 (none)."""
+    return cap * torch.tanh(s / cap) if cap else s
+
+
+def softcap_slope(ds: torch.Tensor, capped: torch.Tensor, cap: float) -> torch.Tensor:
+    """ds times the cap's slope at the capped scores: d/ds cap * tanh(s / cap) = 1 - (capped / cap)²."""
+    return ds * (1 - (capped / cap) ** 2) if cap else ds
