@@ -37,6 +37,7 @@ import numbers
 import pickle
 import queue
 import socket
+import struct
 import time
 import traceback
 from dataclasses import dataclass
@@ -249,24 +250,61 @@ class RingComm:
         self._requests, self._ops = None, []
 
 
-def _check_same_everywhere(q, causal: bool, layout: str, group) -> None:
-    """One small all_gather so that mismatched ranks fail clearly instead of hanging."""
-    fn = "ring_attention"
-    mine = [*q.shape, int(causal), LAYOUTS.index(layout), q.element_size()]
-    local = torch.tensor(mine, dtype=torch.int64, device=q.device)
+# What every rank must agree on, one int64 each in the one all_gather of a call.
+_AGREED = ("batch", "heads", "local_seq", "head_dim", "dtype", "causal", "layout", "scale")
+# Floating dtypes by name: the same codes in every process of one PyTorch version.
+_FLOAT_DTYPES = tuple(sorted({d for d in vars(torch).values()
+                              if isinstance(d, torch.dtype) and d.is_floating_point}, key=str))
+
+
+def _float_to_bits(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", x))[0]  # the float64's bits: compared exactly
+
+
+def _bits_to_float(code: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", code))[0]
+
+
+def _encode(q, causal: bool, layout: str, scale: float) -> list[int]:
+    return [*q.shape, _FLOAT_DTYPES.index(q.dtype), int(causal), LAYOUTS.index(layout),
+            _float_to_bits(scale)]
+
+
+_DECODE = {"dtype": _FLOAT_DTYPES.__getitem__, "causal": bool, "layout": LAYOUTS.__getitem__,
+           "scale": _bits_to_float}
+_FIXES = {
+    "dtype": "every rank must pass q, k, v of one dtype (a shard of another dtype would be "
+             "read as the wrong bits)",
+    "causal": "every rank must pass the same causal",
+    "layout": "every rank must pass the same layout, the one the sequence was sharded with",
+    "scale": "every rank must pass the same scale (or None everywhere: 1/sqrt(head_dim))",
+}
+_SHAPE_FIX = ("every rank must hold q, k, v of one shape (batch, heads, local_seq, head_dim); cut "
+              "the sequence with shard(x, rank, world_size, layout=...) so that all hold one length")
+
+
+def _check_same_everywhere(q, causal: bool, layout: str, scale: float, group) -> None:
+    """One small all_gather: mismatched ranks all raise the same error instead of hanging or
+    silently computing garbage (a float16 rank reading a bfloat16 rank's bits)."""
+    local = torch.tensor(_encode(q, causal, layout, scale), dtype=torch.int64, device=q.device)
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, local, group=group)
-    rows = [tuple(t.tolist()) for t in gathered]
-    if len({r[2] for r in rows}) > 1:
-        raise ValueError(
-            f"{fn}: ranks hold shards of different lengths: local_seq per rank {[r[2] for r in rows]}; "
-            "cut the sequence with shard(x, rank, world_size, layout=...) so that every rank holds "
-            "the same length")
-    if len(set(rows)) > 1:
-        seen = [f"rank {i}: shape {r[:4]}, causal={bool(r[4])}, layout={LAYOUTS[r[5]]!r}, "
-                f"{r[6]}-byte elements" for i, r in enumerate(rows)]
-        raise ValueError(f"{fn}: every rank must pass q, k, v of one shape and dtype, and the same "
-                         f"causal and layout; got " + "; ".join(seen))
+    rows = [t.tolist() for t in gathered]
+    differ = [r for r, row in enumerate(rows) if row != rows[0]]
+    if not differ:
+        return
+    rank = differ[0]
+    field = next(i for i, (a, b) in enumerate(zip(rows[rank], rows[0])) if a != b)
+    name = _AGREED[field]
+    seen, expected = (_DECODE.get(name, int)(row[field]) for row in (rows[rank], rows[0]))
+    if name == "layout":
+        seen, expected = repr(seen), repr(expected)
+    if field < 4:
+        seen, expected = f"{seen} (shape {tuple(rows[rank][:4])})", f"{expected} (shape {tuple(rows[0][:4])})"
+    also = f" (ranks {differ} all differ from rank 0)" if len(differ) > 1 else ""
+    of = "" if group is None else " of the group"
+    raise ValueError(f"ring_attention: rank {rank}{of} has {name} {seen} but rank 0 has {expected}{also}; "
+                     f"{_FIXES.get(name, _SHAPE_FIX)}")
 
 
 # ----- the local block: fused kernel on a GPU, tiled reference on a CPU ----------------
@@ -466,7 +504,12 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
 
     Returns this rank's shard (batch, heads, local_seq, head_dim) of
     ``dense_attention(gathered q, k, v)``, in the same layout. The local blocks run
-    ``flash_attention``'s forward and backward on a GPU and the tiled reference on a CPU.
+    ``flash_attention``'s forward and backward on a GPU and the tiled reference on a CPU;
+    float16 and bfloat16 partial results are merged, and dQ, dK, dV summed, in float32.
+
+    Every rank must pass the same shape, dtype, causal, layout and scale: one small
+    all_gather per call compares them, and on a mismatch every rank raises ValueError
+    naming the first rank that differs, its value and rank 0's.
     """
     fn = "ring_attention"
     scale = _check_shards(fn, q, k, v, causal, scale, layout)
@@ -475,7 +518,7 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             f"{fn}: argument 'group' is None and no default process group is initialised; call "
             "torch.distributed.init_process_group (gloo on CPUs, nccl on GPUs) on every rank first "
             "(flashlib.distributed.spawn does it for a ring of CPU processes)")
-    _check_same_everywhere(q, causal, layout, group)
+    _check_same_everywhere(q, causal, layout, scale, group)
     return RingAttentionFunction.apply(q, k.contiguous(), v.contiguous(), causal, scale, group, layout)
 
 

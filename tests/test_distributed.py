@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flashlib import distributed as fd
+from flashlib import merge_partials
 
 WORLD_SIZES = (2, 3, 4)
 LAYOUTS = ("contiguous", "zigzag")
@@ -108,6 +109,7 @@ def ring_worker(rank, world_size, q, k, v, dout):
                                            **_recorded_ring(*(p.detach() for p in parts), local_dout,
                                                             causal, layout))
     results["subgroup"] = _subgroup_ring(rank, world_size, q, k, v)
+    results["half"] = _half_ring(rank, world_size, q, k, v, dout)
     if world_size == 2:
         results["kernel"] = _kernel_ring(rank, world_size, q, k, v, dout)
     return results
@@ -120,6 +122,13 @@ def _kernel_ring(rank, world_size, q, k, v, dout):
     out, lse = fd.ring_forward(*parts[:3], **config, block_forward=fd.kernel_forward)
     grads = fd.ring_backward(*parts[:3], out, lse, parts[3], **config, block_backward=fd.kernel_backward)
     return out, grads
+
+
+def _half_ring(rank, world_size, q, k, v, dout):
+    """Float16 shards through the real ring: (out, lse, dq, dk, dv) of this rank."""
+    parts = [fd.shard(t.half(), rank, world_size, layout="zigzag") for t in (q, k, v, dout)]
+    out, lse = fd.ring_forward(*parts[:3], causal=True, layout="zigzag")
+    return (out, lse, *fd.ring_backward(*parts[:3], out, lse, parts[3], causal=True, layout="zigzag"))
 
 
 def _subgroup_ring(rank, world_size, q, k, v):
@@ -141,6 +150,54 @@ def ring_run(world_size):
 def uneven_worker(rank, world_size):
     q = torch.zeros(1, 1, 8 if rank == 0 else 6, 4)
     return fd.ring_attention(q, q, q)
+
+
+MISMATCH_WORLD = 3
+SCALE = 1 / math.sqrt(8)   # the default scale of the mismatch cases' head_dim 8
+# What the odd rank(s) pass and what rank 0 passes, as the error must name them.
+MISMATCHES = {
+    "dtype": "dtype torch.bfloat16 but rank 0 has torch.float16",
+    "scale": f"scale {math.nextafter(SCALE, 1)!r} but rank 0 has {SCALE!r}",
+    "causal": "causal True but rank 0 has False",
+    "layout": "layout 'zigzag' but rank 0 has 'contiguous'",
+    "batch": "batch 2 (shape (2, 2, 4, 8)) but rank 0 has 1 (shape (1, 2, 4, 8))",
+    "heads": "heads 3 (shape (1, 3, 4, 8)) but rank 0 has 2 (shape (1, 2, 4, 8))",
+    "local_seq": "local_seq 6 (shape (1, 2, 6, 8)) but rank 0 has 4 (shape (1, 2, 4, 8))",
+    "head_dim": "head_dim 9 (shape (1, 2, 4, 9)) but rank 0 has 8 (shape (1, 2, 4, 8))",
+    "two ranks": "causal True but rank 0 has False (ranks [1, 2] all differ from rank 0)",
+}
+
+
+def mismatch_call(case, odd):
+    """One rank's ring_attention call: the odd rank(s) differ from rank 0 in ``case`` only."""
+    shape = dict(batch=1, heads=2, local_seq=4, head_dim=8)
+    if odd and case in shape:
+        shape[case] += 2 if case == "local_seq" else 1
+    dtype = torch.bfloat16 if odd and case == "dtype" else torch.float16
+    q = torch.ones(*shape.values(), dtype=dtype)
+    return fd.ring_attention(q, q, q, scale=math.nextafter(SCALE, 1) if odd and case == "scale" else None,
+                             causal=odd and case in ("causal", "two ranks"),
+                             layout="zigzag" if odd and case == "layout" else "contiguous")
+
+
+def mismatch_worker(rank, world_size):
+    """Every case in turn, the last rank (both others for "two ranks") the odd one out; each rank
+    returns the error it raised per case, then one agreed call: the ranks are still in step."""
+    errors = {}
+    for case in MISMATCHES:
+        odd = rank >= 1 if case == "two ranks" else rank == world_size - 1
+        try:
+            mismatch_call(case, odd)
+            errors[case] = None
+        except ValueError as error:
+            errors[case] = str(error)
+    q = torch.ones(1, 2, 4, 8)
+    return errors, fd.ring_attention(q, q, q)
+
+
+@functools.cache
+def mismatch_run():
+    return fd.spawn(mismatch_worker, MISMATCH_WORLD, timeout=LIMIT)
 
 
 def failing_worker(rank, world_size):
@@ -282,6 +339,112 @@ def test_ring_on_a_subgroup(world_size):
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
 
 
+# ----- half precision: partial results merged in float32 -----------------------------------
+
+class LoopbackComm:
+    """RingComm's interface in one process: rank 0 of a ring whose every hop brings back what
+    was sent. The ring then attends each query to world_size copies of the same keys, which
+    gives one process's output and gradients (lse larger by log(world_size)) after
+    world_size - 1 merges. ``sent`` holds the dtype of every tensor sent."""
+
+    def __init__(self, world_size):
+        self.rank, self.world_size, self.sent = 0, world_size, []
+
+    def send_recv(self, tensor):
+        self.sent.append(tensor.dtype)
+        return tensor.clone()
+
+    def commit(self):
+        pass
+
+    def wait(self):
+        pass
+
+
+def half_inputs(dtype, seq=32, dim=16):
+    g = torch.Generator().manual_seed(7)
+    return [torch.randn(2, 2, seq, dim, generator=g).to(dtype) for _ in range(4)]
+
+
+def dense_with_lse(q, k, v, dout, causal=False):
+    """Float64 (out, lse, dq, dk, dv) of the (already rounded) inputs."""
+    q, k, v, dout = (t.double() for t in (q, k, v, dout))
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, N, N)
+    if causal:
+        n = q.shape[-2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    out, dq, dk, dv = dense_reference(q, k, v, dout, causal)
+    return out, torch.logsumexp(s, dim=-1), dq, dk, dv
+
+
+def errors(results, reference):
+    return [(r.double() - e).abs().max().item() for r, e in zip(results, reference)]
+
+
+BLOCK_FUNCTIONS = {"tiled": (fd.local_forward, fd.local_backward),
+                   "kernel": (fd.kernel_forward, fd.kernel_backward)}
+HALF_CASES = [(torch.float16, "tiled"), (torch.bfloat16, "tiled"), (torch.float16, "kernel")]
+
+
+@pytest.mark.parametrize("dtype, blocks", HALF_CASES)
+def test_half_precision_is_merged_in_float32(dtype, blocks, monkeypatch):
+    """out, lse and the dq, dk, dv accumulators are float32 for float16/bfloat16 shards,
+    on the CPU path and on the kernels' (run here in Triton's interpreter)."""
+    merged = []
+
+    def merge(*parts):
+        merged.append({t.dtype for t in parts})
+        return merge_partials(*parts)
+
+    monkeypatch.setattr(fd, "merge_partials", merge)
+    block_forward, block_backward = BLOCK_FUNCTIONS[blocks]
+    q, k, v, dout = half_inputs(dtype, seq=16, dim=8)
+    comm, grad_comm = LoopbackComm(3), LoopbackComm(3)
+    out, lse = fd.ring_forward(q, k, v, comm=comm, block_forward=block_forward)
+    grads = fd.ring_backward(q, k, v, out, lse, dout, comm=LoopbackComm(3), grad_comm=grad_comm,
+                             block_backward=block_backward)
+    assert merged == [{torch.float32}] * 3 and lse.dtype == torch.float32
+    assert set(comm.sent) == {dtype}            # K and V travel in their own dtype
+    assert set(grad_comm.sent) == {torch.float32}  # dK and dV travel as float32 accumulators
+    assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
+
+
+@pytest.mark.parametrize("dtype, blocks", HALF_CASES)
+def test_half_precision_ring_is_as_accurate_as_one_process(dtype, blocks):
+    """Against float64 attention of the same rounded inputs, eight merged copies of a block are
+    at most twice as far off as that block alone: merges in the input dtype are 5-10x worse."""
+    block_forward, block_backward = BLOCK_FUNCTIONS[blocks]
+    q, k, v, dout = half_inputs(dtype, seq=16 if blocks == "kernel" else 32)
+    world = 4 if blocks == "kernel" else 8
+    reference = dense_with_lse(q, k, v, dout)
+    out, lse = block_forward(q, k, v, causal=False, scale=1 / math.sqrt(q.shape[-1]))
+    grads = block_backward(q, k, v, out, lse, dout, causal=False, scale=1 / math.sqrt(q.shape[-1]))
+    alone = errors((out, lse, *(g.to(dtype) for g in grads)), reference)  # rounded as the ring returns them
+    out, lse = fd.ring_forward(q, k, v, comm=LoopbackComm(world), block_forward=block_forward)
+    grads = fd.ring_backward(q, k, v, out, lse, dout, comm=LoopbackComm(world), grad_comm=LoopbackComm(world),
+                             block_backward=block_backward)
+    ring = errors((out, lse - math.log(world), *grads), reference)
+    for name, error, bound in zip(("out", "lse", "dq", "dk", "dv"), ring, alone):
+        assert error <= 2 * bound + 1e-7, (name, error, bound)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_half_precision_ring_over_gloo(world_size):
+    """Float16 zigzag causal shards on real ranks, against one process's blocks in float16."""
+    q, k, v, dout = (t.half() for t in full_inputs(world_size))
+    reference = dense_with_lse(q, k, v, dout, causal=True)
+    scale = 1 / math.sqrt(DIM)
+    out, lse = fd.local_forward(q, k, v, causal=True, scale=scale)
+    grads = fd.local_backward(q, k, v, out, lse, dout, causal=True, scale=scale)
+    alone = errors((out, lse, *(g.half() for g in grads)), reference)
+    ranks = ring_run(world_size)
+    ring = [fd.unshard([r["half"][i] for r in ranks], layout="zigzag", dim=-1 if i == 1 else -2)
+            for i in range(5)]
+    assert ring[1].dtype == torch.float32
+    for name, error, bound in zip(("out", "lse", "dq", "dk", "dv"), errors(ring, reference), alone):
+        assert error <= 2 * bound + 1e-6, (name, error, bound)
+
+
 # ----- the ring over gloo: what it computes and when it talks -------------------------------
 
 def _computed(log):
@@ -366,8 +529,24 @@ def test_shards_of_different_lengths_across_ranks():
     with pytest.raises(fd.RingProcessError) as caught:
         fd.spawn(uneven_worker, 2, timeout=LIMIT)
     message = str(caught.value)
-    assert "different lengths: local_seq per rank [8, 6]" in message
+    assert "rank 1 has local_seq 6 (shape (1, 1, 6, 4)) but rank 0 has 8 (shape (1, 1, 8, 4))" in message
     assert "Traceback" in message and "uneven_worker" in message  # the child's own traceback
+
+
+@pytest.mark.parametrize("case", list(MISMATCHES))
+def test_ranks_that_disagree_all_raise_naming_the_rank(case):
+    """One all_gather per call: every rank raises the same error naming the odd rank, its value
+    and rank 0's, instead of hanging or reading a float16 rank's bits as bfloat16."""
+    odd = "rank 1" if case == "two ranks" else f"rank {MISMATCH_WORLD - 1}"
+    messages = [errors[case] for errors, _ in mismatch_run()]
+    assert all(m is not None for m in messages), messages
+    assert len(set(messages)) == 1  # every rank, the same words
+    assert messages[0].startswith(f"ring_attention: {odd} has {MISMATCHES[case]}; every rank must")
+
+
+def test_ranks_stay_in_step_after_a_mismatch():
+    for _, out in mismatch_run():
+        torch.testing.assert_close(out, torch.ones(1, 2, 4, 8))
 
 
 def test_a_failing_rank_is_reported_without_waiting_for_the_others():
