@@ -137,22 +137,34 @@ def check_mask_mod(fn: str, mask_mod):
     return mask_mod
 
 
-def check_cu_seqlens(fn: str, name: str, cu_seqlens, total: int, device, *, read_values: bool = True) -> int:
+INT32_MAX = 2**31 - 1
+
+
+def check_index_tensor(fn: str, name: str, t, device, *, what: str = "positions") -> None:
+    """An index tensor a kernel reads (cumulative lengths, cache lengths, a block table): a
+    torch.Tensor of dtype torch.int32 on ``device``; any strides (the launchers make it contiguous)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fn}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        fix = (f"convert with {name}.to(torch.int32)" if not (t.dtype == torch.bool or t.is_floating_point()
+                                                              or t.is_complex())
+               else f"it holds integer {what}: build it with dtype=torch.int32")
+        raise TypeError(f"{fn}: argument '{name}' has dtype {t.dtype}; it must be torch.int32 ({fix})")
+    if t.device != device:
+        raise ValueError(f"{fn}: argument '{name}' is on {t.device} but 'q' is on {device}; move it to {device}")
+
+
+def check_cu_seqlens(fn: str, name: str, cu_seqlens, total: int, device, *, read_values: bool = True,
+                     values: list | None = None) -> int:
     """cu_seqlens: int32 (batch + 1,) on device, 0 first, ``total`` last, non-decreasing; returns
-    the longest sequence (0 when read_values is False: under tracing no value can be read)."""
-    if not isinstance(cu_seqlens, torch.Tensor):
-        raise TypeError(f"{fn}: argument '{name}' must be a torch.Tensor, got {type(cu_seqlens).__name__}")
-    if cu_seqlens.dtype != torch.int32:
-        raise TypeError(f"{fn}: argument '{name}' has dtype {cu_seqlens.dtype}; it must be torch.int32 "
-                        f"(convert with {name}.to(torch.int32))")
+    the longest sequence (0 when read_values is False: under tracing no value can be read).
+    values: its values already read (cu_seqlens.tolist()), to spare a transfer from the device."""
+    check_index_tensor(fn, name, cu_seqlens, device, what="cumulative lengths")
     if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 1:
         raise ValueError(f"{fn}: argument '{name}' must have shape (batch + 1,), got {tuple(cu_seqlens.shape)}")
-    if cu_seqlens.device != device:
-        raise ValueError(f"{fn}: argument '{name}' is on {cu_seqlens.device} but 'q' is on {device}; "
-                         f"move it to {device}")
     if not read_values:
         return 0
-    values = cu_seqlens.tolist()
+    values = cu_seqlens.tolist() if values is None else values
     if values[0] != 0 or values[-1] != total:
         raise ValueError(f"{fn}: argument '{name}' runs from {values[0]} to {values[-1]}; it must start at 0 "
                          f"and end at the {total} tokens of the packed tensor (flash-attn's layout)")
@@ -167,10 +179,34 @@ def check_cu_seqlens(fn: str, name: str, cu_seqlens, total: int, device, *, read
 def check_max_seqlen(fn: str, name: str, value, longest: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{fn}: argument '{name}' must be an int, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{fn}: argument '{name}' is {value}; it is the longest sequence's length, so it must be "
+                         ">= 0")
     if value < longest:
         raise ValueError(f"{fn}: argument '{name}' is {value} but the longest sequence has {longest} tokens; "
                          "it sizes the grid, so it must be at least that")
     return int(value)
+
+
+def check_int32_extent(fn: str, name: str, extent: int, what: str, fix: str) -> None:
+    """A kernel computes ``what`` (of argument ``name``), up to ``extent``, in int32: refuse past 2^31 - 1."""
+    if extent > INT32_MAX:
+        raise ValueError(f"{fn}: argument '{name}' needs {what} up to {extent}, past 2^31 - 1 = {INT32_MAX}, the "
+                         f"largest the kernels compute in int32; {fix}")
+
+
+# CUDA's limit on a launch's second and third grid dimensions (the first may reach 2^31 - 1)
+CUDA_GRID_YZ_MAX = 65535
+
+
+def check_grid(fn: str, grid, device, names) -> None:
+    """A launch grid a CUDA GPU accepts; names: what each dimension counts, as the caller's error says it."""
+    if device.type != "cuda" or torch.version.hip:
+        return
+    for limit, n, name in zip((INT32_MAX, CUDA_GRID_YZ_MAX, CUDA_GRID_YZ_MAX), grid, names):
+        if n > limit:
+            raise ValueError(f"{fn}: {name} is {n}, more than the {limit} programs a CUDA launch allows along "
+                             "that grid dimension; split the call into smaller batches")
 
 
 def resolve_scale(fn: str, scale, head_dim: int) -> float:

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import check_softcap, check_window, resolve_scale
+from ._checks import check_index_tensor, check_softcap, check_window, resolve_scale
 from .softmax import merge_partials
 
 FN = "decode_attention"
@@ -58,14 +58,11 @@ def _check_tensor(fn, name, t, ndim):
         raise ValueError(f"{fn}: argument '{name}' must have {ndim} dims, got shape {tuple(t.shape)}")
 
 
-def _check_int32(fn, name, t, shape, device):
-    if t.dtype != torch.int32:
-        raise TypeError(f"{fn}: argument '{name}' has dtype {t.dtype}; it must be torch.int32 "
-                        f"(convert with {name}.to(torch.int32))")
+def _check_int32(fn, name, t, shape, device, what):
+    """An index tensor the kernels read: int32, any strides (decode_forward makes it contiguous)."""
+    check_index_tensor(fn, name, t, device, what=what)
     if tuple(t.shape) != shape:
         raise ValueError(f"{fn}: argument '{name}' has shape {tuple(t.shape)}; expected {shape}")
-    if t.device != device:
-        raise ValueError(f"{fn}: argument '{name}' is on {t.device} but 'q' is on {device}; move it to {device}")
 
 
 def _check_caches(fn, q, k_cache, v_cache, block_table):
@@ -99,7 +96,7 @@ def _check_caches(fn, q, k_cache, v_cache, block_table):
                              "'block_table' for a paged cache)")
         return block_len, block_len
     _check_tensor(fn, "block_table", block_table, 2)
-    _check_int32(fn, "block_table", block_table, (batch, block_table.shape[1]), q.device)
+    _check_int32(fn, "block_table", block_table, (batch, block_table.shape[1]), q.device, "page numbers")
     if blocks < 1 or block_len < 1:
         raise ValueError(f"{fn}: argument 'k_cache' has shape {tuple(k_cache.shape)}; a paged cache is "
                          "(num_pages >= 1, kv_heads, page_size >= 1, head_dim)")
@@ -121,7 +118,7 @@ def check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, *, scale, softca
     """Everything about a call that its shapes, dtypes and options say (no values read)."""
     page_size, capacity = _check_caches(fn, q, k_cache, v_cache, block_table)
     _check_tensor(fn, "cache_seqlens", cache_seqlens, 1)
-    _check_int32(fn, "cache_seqlens", cache_seqlens, (q.shape[0],), q.device)
+    _check_int32(fn, "cache_seqlens", cache_seqlens, (q.shape[0],), q.device, "lengths")
     _check_num_splits(fn, num_splits)
     return DecodeArgs(resolve_scale(fn, scale, q.shape[-1]), check_softcap(fn, softcap),
                       check_window(fn, window)[0], block_table is not None, page_size, capacity)
@@ -334,7 +331,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
             needs j >= o + i - left (right never binds under the causal rule, so it only has to be
             >= 0 or -1). Every row sees at least its own position, so no output row is empty.
         block_table: (batch, max_pages) int32 for a paged cache (vLLM's layout); entries past a
-            sequence's last used page are not read.
+            sequence's last used page are not read. It and cache_seqlens may have any strides
+            (views are copied for the kernels); other dtypes are refused.
         num_splits: how many chunks each sequence's keys are cut into, each read by its own
             program and merged by a second kernel; None chooses by
             :func:`flashlib.kernels.decode.choose_num_splits` (1 in the CPU interpreter). Every

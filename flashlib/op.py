@@ -31,6 +31,7 @@ from ._checks import check_attention_inputs
 from .kernels import function as teaching
 from .kernels import varlen as packed
 from .kernels.function import capability, check_kernel_inputs, check_variant
+from .varlen import check_varlen_values
 
 FN = "flash_attention"
 VARLEN_FN = "flash_attention_varlen"
@@ -191,10 +192,21 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
 
 # ----- packed sequences -----------------------------------------------------------------------
 
+def _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """The checks that read the cumulative lengths, in the op's own implementation: eager and
+    compiled calls alike reach it with real tensors (a trace cannot read values, so the checks
+    cannot live in flash_attention_varlen). Skipped while a CUDA graph is captured, where no
+    transfer to the host is allowed."""
+    if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return
+    check_varlen_values(VARLEN_FN, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+
+
 @torch.library.custom_op("flashlib::flash_attention_varlen", mutates_args=())
 def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float,
                window_left: int, window_right: int, softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     variant = check_variant(VARLEN_FN, _window(window_left, window_right), softcap or None)
     out, lse = packed.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                                      scale=scale, variant=variant)
@@ -253,7 +265,8 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
         k, v: (total_k, kv_heads, head_dim); kv_heads divides heads (grouped-query attention).
         cu_seqlens_q, cu_seqlens_k: (batch + 1,) int32 cumulative lengths: 0 first, total last,
             non-decreasing; sequence b's queries are rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1
-            and attend to its keys only. A sequence may be empty.
+            and attend to its keys only. A sequence may be empty. Any strides (views are copied
+            where the kernels read them); other dtypes are refused.
         max_seqlen_q, max_seqlen_k: the longest sequences (they size the grid; programs past a
             sequence's end compute nothing, so padding costs no FLOPs).
         causal, scale, window, softcap: as :func:`flash_attention`, aligned bottom-right within
@@ -262,12 +275,17 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
 
     Runs the teaching kernels (:mod:`flashlib.kernels.varlen`) on every device; registered as
     the custom op ``flashlib::flash_attention_varlen``, so it works inside
-    ``torch.compile(fullgraph=True)`` (where the lengths are not read on the host: their
-    checks run eagerly only).
+    ``torch.compile(fullgraph=True)``. The checks that read the lengths run in the op's
+    implementation, so eager and compiled calls raise the same errors (one transfer from the
+    device per call; none while a CUDA graph is captured).
     """
     scale, variant = packed.check_inputs(VARLEN_FN, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                          max_seqlen_k, causal=causal, scale=scale, window=window, softcap=softcap,
-                                         read_values=not torch.compiler.is_compiling())
-    out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                          *variant.window, variant.softcap)
+                                         read_values=False)
+    # exact, and within the op's int64 arguments: no sequence is longer than its packed tensor, and a
+    # window side as wide as both sequences limits nothing (-1 stays -1)
+    max_q, max_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
+    left, right = (min(side, max_q + max_k) for side in variant.window)
+    out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, causal, scale, left, right,
+                          variant.softcap)
     return (out, lse) if return_lse else out

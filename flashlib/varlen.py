@@ -5,7 +5,8 @@ another, and described by cumulative lengths::
 
     q             (total_q, q_heads, head_dim)     total_q = n_0 + n_1 + ...
     k, v          (total_k, kv_heads, head_dim)    kv_heads divides q_heads
-    cu_seqlens_q  (batch + 1,) int32: 0, n_0, n_0 + n_1, ..., total_q   (likewise cu_seqlens_k)
+    cu_seqlens_q  (batch + 1,) int32: 0, n_0, n_0 + n_1, ..., total_q   (likewise cu_seqlens_k);
+                  any strides (a view such as t[::2] is read as it lies, copied where a kernel reads it)
 
 Sequence b's queries are rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 and attend only to its
 own keys; causal masks and windows align bottom-right within each sequence. A sequence may
@@ -44,14 +45,29 @@ def check_varlen_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
                                    causal=causal, scale=scale, groups=True)
     check_window(fn, window)
     check_softcap(fn, softcap)
-    longest_q = check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device, read_values=read_values)
-    longest_k = check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device, read_values=read_values)
+    check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device, read_values=False)
+    check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device, read_values=False)
+    check_max_seqlen(fn, "max_seqlen_q", max_seqlen_q, 0)
+    check_max_seqlen(fn, "max_seqlen_k", max_seqlen_k, 0)
+    if read_values:
+        check_varlen_values(fn, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return scale
+
+
+def check_varlen_values(fn, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> tuple[int, int]:
+    """The checks that read the cumulative lengths (both in one transfer from the device) and that
+    they describe one batch, on tensors whose dtypes and devices are already checked; returns the
+    longest sequences."""
+    values = torch.cat((cu_seqlens_q, cu_seqlens_k)).tolist()  # any strides: cat reads each as it lies
+    n = cu_seqlens_q.shape[0]
+    longest_q = check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device, values=values[:n])
+    longest_k = check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device, values=values[n:])
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(f"{fn}: arguments 'cu_seqlens_q' {tuple(cu_seqlens_q.shape)} and 'cu_seqlens_k' "
                          f"{tuple(cu_seqlens_k.shape)} must describe the same batch (batch + 1 entries each)")
     check_max_seqlen(fn, "max_seqlen_q", max_seqlen_q, longest_q)
     check_max_seqlen(fn, "max_seqlen_k", max_seqlen_k, longest_k)
-    return scale
+    return longest_q, longest_k
 
 
 def sequences(cu_seqlens) -> list[tuple[int, int]]:

@@ -27,12 +27,14 @@ from typing import NamedTuple
 
 import torch
 
+from .._checks import check_grid, check_int32_extent
 from ._mode import interpreting
 from .config import LOG2E, head_dim_pad
 from .forward import _LOG2E, _finish, _finite, _load_rows, _online_update, triton
 
 import triton.language as tl  # noqa: E402  (after forward: it chose the interpreter mode)
 
+DECODE_FN = "decode_attention"
 MAX_BLOCK_Q = 64
 # The split rule (choose_num_splits): about two programs per streaming multiprocessor, each
 # reading at least MIN_KEYS_PER_SPLIT keys (shorter chunks spend more on their partial output
@@ -272,6 +274,30 @@ def _contiguous_last_dim(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _check_offsets(q_rows, k_cache, v_cache, block_table, num_splits, block_q):
+    """Refuse, by name, what the kernels above would index past 2^31 - 1 in int32 (lift each check
+    when its product is computed in int64): _paged_rows' off_b * stride_table, _load_cache_rows'
+    rows * stride_row, the partial and output stores' offs_r * row stride, and the partial index
+    off_z * NUM_SPLITS + split; and the grid's limits on a CUDA GPU."""
+    fn = DECODE_FN
+    bz, rows, d = q_rows.shape
+    if block_table is not None:  # contiguous here: entry (b, j) at b * max_pages + j
+        check_int32_extent(fn, "block_table", block_table.numel() - 1, "entry offsets (batch x max_pages)",
+                           "decode fewer sequences per call, or use larger pages")
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_int32_extent(fn, name, (cache.shape[2] - 1) * cache.stride(2) + d - 1,
+                           f"element offsets within a sequence or page ({cache.shape[2]} rows "
+                           f"{cache.stride(2)} elements apart)", "lay each row head_dim elements apart "
+                           "((batch, kv_heads, capacity, head_dim) contiguous) or use a paged cache")
+    check_int32_extent(fn, "q", (rows - 1) * max(q_rows.stride(1), d) + d - 1,
+                       f"element offsets within a kv head's {rows} stacked query rows (q_heads // kv_heads x "
+                       "new_tokens)", "decode fewer new tokens per call")
+    check_int32_extent(fn, "num_splits", bz * num_splits - 1, "partial outputs (batch x kv_heads x num_splits)",
+                       "pass a smaller num_splits (or None)")
+    check_grid(fn, (num_splits, bz, triton.cdiv(rows, block_q)), q_rows.device,
+               ("num_splits", "batch x kv_heads", "query row blocks"))
+
+
 def _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_lse, scale, softcap,
                   window_left, new_tokens, num_splits, block_q, cfg, input_precision):
     """Stage 1 on q_rows (batch * kv_heads, rows, d); fills partial and partial_lse."""
@@ -314,13 +340,20 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scal
     # (B, Hq, Nnew, d) -> (B * Hkv, group * Nnew, d): the query heads of a kv head, stacked
     q_rows = _contiguous_last_dim(q.reshape(batch * kv_heads, rows, d))
     k_cache, v_cache = _contiguous_last_dim(k_cache), _contiguous_last_dim(v_cache)
-    if block_table is not None and block_table.stride(-1) != 1:
-        block_table = block_table.contiguous()
+    # the lengths and the block table as the kernels read them: contiguous (views such as t[::2] copied)
+    cache_seqlens = cache_seqlens.contiguous()
+    block_table = None if block_table is None else block_table.contiguous()
     capability = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
     cfg = config or decode_config(d, q.dtype, capability)
     block_q = row_block(rows)
     if num_splits is None:
         num_splits = default_num_splits(q, k_cache, block_table, window_left)
+    # exact, and small enough for the kernels' integers: a window as wide as the cache limits nothing,
+    # and splits past the cache's last tile would be empty
+    keys = k_cache.shape[2] * (block_table.shape[1] if block_table is not None else 1)
+    window_left = min(window_left, keys)
+    num_splits = min(num_splits, max(1, triton.cdiv(keys, cfg.block_k)))
+    _check_offsets(q_rows, k_cache, v_cache, block_table, num_splits, block_q)
     partial = torch.empty(batch * kv_heads * num_splits, rows, d, dtype=torch.float32, device=q.device)
     partial_lse = torch.empty(batch * kv_heads * num_splits, rows, dtype=torch.float32, device=q.device)
     _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_lse, scale, softcap,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..rules import PARTIAL
+from .._checks import check_grid
 from ..varlen import check_varlen_inputs
 from .backward import _attn_bwd_dkdv_block, _attn_bwd_dq_block
 from .config import LOG2E, head_dim_pad
@@ -168,6 +169,13 @@ def _contiguous_last_dim(t):
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _lengths(cu_seqlens_q, cu_seqlens_k, heads, device):
+    """The cumulative lengths as the kernels read them, contiguous (checked int32 already; a view
+    such as t[::2] is copied), after checking that the grid's batch x heads fits a CUDA launch."""
+    check_grid(VARLEN_FN, (1, (cu_seqlens_q.shape[0] - 1) * heads), device, ("", "batch x heads"))
+    return cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+
+
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale,
                    variant: Variant = DEFAULT, config=None):
     """(out (total_q, heads, d), lse (heads, total_q) float32) on inputs already checked."""
@@ -175,6 +183,7 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     if q.shape[0] == 0 or max_seqlen_q == 0:
         return torch.zeros_like(q), torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device)
     q, k, v = (_contiguous_last_dim(t) for t in (q, k, v))
+    cu_seqlens_q, cu_seqlens_k = _lengths(cu_seqlens_q, cu_seqlens_k, q.shape[1], q.device)
     return _launch_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, cfg,
                            variant)
 
@@ -187,6 +196,7 @@ def varlen_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seq
     if q.shape[0] == 0 or k.shape[0] == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     q, k, v, out, dout = (_contiguous_last_dim(t) for t in (q, k, v, out, dout))
+    cu_seqlens_q, cu_seqlens_k = _lengths(cu_seqlens_q, cu_seqlens_k, q.shape[1], q.device)
     return _launch_backward(q, k, v, out, lse.contiguous(), dout, None if dlse is None else dlse.float(),
                             cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, cfg, variant)
 
