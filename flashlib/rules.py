@@ -135,3 +135,30 @@ def softcap(s: torch.Tensor, cap: float) -> torch.Tensor:
 def softcap_slope(ds: torch.Tensor, capped: torch.Tensor, cap: float) -> torch.Tensor:
     """ds times the cap's slope at the capped scores: d/ds cap * tanh(s / cap) = 1 - (capped / cap)²."""
     return ds * (1 - (capped / cap) ** 2) if cap else ds
+
+
+# ----- the ladder's split: tiles seen whole, folded without a mask (kernels.rules._key_tiles) ------
+
+def key_tiles(q0, seq_q, seq_k, causal: bool, block_q: int, block_k: int) -> tuple[int, int]:
+    """(k_full_end, k_end) for query rows q0 : q0 + block_q under the causal rule alone: key tiles
+    before k_full_end lie inside the keys and every row sees them whole (no mask needed);
+    [k_full_end, k_end) need a mask; later tiles are skipped."""
+    k_end = key_range_end(q0, q0 + block_q, seq_q, seq_k, Visibility(causal=causal))
+    seen_by_all = seq_k  # keys every row sees: the first row's, under the causal rule
+    if causal:
+        seen_by_all = min(max(q0 + seq_k - seq_q + 1, 0), seq_k)
+    return seen_by_all // block_k * block_k, k_end
+
+
+def query_tiles(k0, seq_q, seq_k, causal: bool, block_q: int, block_k: int) -> tuple[int, int, int]:
+    """(q_start, q_full_start, q_full_end) for the key tile k0 : k0 + block_k under the causal rule
+    alone: query blocks [q_full_start, q_full_end) lie inside the queries and see the whole tile (no
+    mask needed); [q_start, q_full_start) and [q_full_end, seq_q) need one; earlier blocks see none."""
+    q_start, _ = query_range(k0, k0 + block_k, seq_q, seq_k, Visibility(causal=causal), block_q)
+    rows_full = seq_q // block_q * block_q  # where the whole query blocks end
+    first_full = 0  # the first block whose first row sees the tile's last key
+    if causal:
+        first_full = -(-max(k0 + block_k - 1 - (seq_k - seq_q), 0) // block_q) * block_q
+    q_full_start = min(max(first_full, q_start), rows_full)
+    q_full_end = rows_full if k0 + block_k <= seq_k else q_full_start  # a ragged key tile: masked throughout
+    return q_start, q_full_start, q_full_end

@@ -317,3 +317,39 @@ def test_expanded_output_gradient_from_sum():
     want = _reference(q, k, v, torch.ones(2, 3, 33, 20), True)
     for g, w in zip(got[2:], want[2:]):
         _close(g, w)
+
+
+def test_more_rows_than_a_cuda_grid_axis_takes(monkeypatch):
+    """CUDA takes at most 65,535 programs on grid axes 1 and 2, where the kernels keep batch x heads:
+    with the limit forced down to 5 rows, every launch covers at most 5 (a kv head's query heads
+    together; with a mask function, whole batches), and the answer is dense attention's, forward
+    and backward, with grouped heads and a mask function told each row's own batch and head."""
+    from flashlib.kernels import rules
+
+    monkeypatch.setattr(rules, "MAX_GRID_ROWS", 5)
+    grids = []
+    launcher = type(flashlib.kernels.function._attn_fwd)
+    real = launcher.run
+    monkeypatch.setattr(launcher, "run", lambda self, *a, **kw: (grids.append(kw["grid"]), real(self, *a, **kw))[1])
+    shift = torch.tensor([[0, 5, 2, 9], [7, 1, 4, 3], [6, 0, 8, 2]])  # (B, H): a diagonal of each head's own
+
+    def shifted(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + shift[b, h]
+
+    gen = torch.Generator().manual_seed(11)
+    q, dout = (torch.randn(3, 4, 21, 16, generator=gen) for _ in range(2))  # (B, H, N, D), B*H = 12 rows
+    k, v = (torch.randn(3, 2, 30, 16, generator=gen) for _ in range(2))  # six kv heads, each read by two
+    cfg = FlashConfig(block_q=16, block_k=16, bwd_block_q=16, bwd_block_k=16)
+    # rows per launch: forward and dQ (runs of 4: whole groups, or whole batches), delta (5), dK/dV
+    for options, runs in ((dict(causal=True), [4] * 6 + [5, 5, 2] + [5, 1]),
+                          (dict(mask_mod=shifted), [4] * 6 + [5, 5, 2] + [4, 2])):
+        grids.clear()
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = flash_attention(*leaves, config=cfg, **options)
+        got = (out, *torch.autograd.grad(out, leaves, dout))
+        leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        ref = dense_attention(*leaves, **options)
+        want = (ref, *torch.autograd.grad(ref, leaves, dout.double()))
+        for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+            torch.testing.assert_close(g.double(), w, atol=3e-5, rtol=1e-4, msg=lambda m: f"{options} {name}: {m}")
+        assert sorted(grid[1] for grid in grids) == sorted(runs), grids

@@ -127,17 +127,20 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
                    CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                    HEADS=1, softcap=0.0, window_left=-1, window_right=-1, MaskData=None,
                    Tiles=None, stride_tb=0, stride_th=0, stride_tr=0, BLOCK_H: tl.constexpr = 1,
-                   SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None):
+                   SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None, ROW0=0):
     """One program per key tile of one kv head: the grid is (key tiles, B*H_kv); BLOCK_H = H / H_kv.
-    Tiles: the block mask's kinds by key tile, (B or 1, H or 1, key tiles, query blocks)."""
+    Tiles: the block mask's kinds by key tile, (B or 1, H or 1, key tiles, query blocks). ROW0: where
+    K's rows start among all B*H_kv, on a batch boundary (a launch takes at most 65,535 rows:
+    rules.row_chunks)."""
     k0 = tl.program_id(0) * BLOCK_K  # the grid replaces the reference's loop over key tiles
     off_z = tl.program_id(1).to(tl.int64)  # batch * kv head
     off_q = off_z * BLOCK_H  # its group's first query head, batch * HEADS + head
+    off_b = off_q // HEADS + ROW0 * BLOCK_H // HEADS  # what a mask function is told
     _attn_bwd_dkdv_block(Q + off_q * stride_qz, K + off_z * stride_kz, V + off_z * stride_vz, DO + off_q * stride_doz,
                          DK + off_z * stride_dkz, DV + off_z * stride_dvz, Lse + off_q * SEQ_Q, Delta + off_q * SEQ_Q,
                          Tiles, MaskData, qk_scale, scale, softcap, stride_qz, stride_qm, stride_kn, stride_vn,
                          stride_doz, stride_dom, stride_dkn, stride_dvn, SEQ_Q, k0, SEQ_Q, SEQ_K, HEAD_DIM,
-                         window_left, window_right, off_q // HEADS, off_q % HEADS, stride_tb, stride_th, stride_tr,
+                         window_left, window_right, off_b, off_q % HEADS, stride_tb, stride_th, stride_tr,
                          HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, BLOCK_H, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)
 
 
@@ -202,12 +205,13 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
                  CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                  GROUP=1, HEADS=1, softcap=0.0, window_left=-1, window_right=-1, MaskData=None,
                  Tiles=None, stride_tb=0, stride_th=0, stride_tr=0,
-                 SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None):
-    """One program per query block of one head: the grid is (query blocks, B*H)."""
+                 SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None, ROW0=0):
+    """One program per query block of one head: the grid is (query blocks, B*H). ROW0: where Q's
+    rows start among all B*H, on a batch boundary (a launch takes at most 65,535 rows: rules.row_chunks)."""
     q0 = tl.program_id(0) * BLOCK_Q
     off_z = tl.program_id(1).to(tl.int64)
     off_kv = off_z // GROUP  # grouped-query attention: query head h reads kv head h // GROUP
-    off_b, off_h = off_z // HEADS, off_z % HEADS
+    off_b, off_h = off_z // HEADS + ROW0 // HEADS, off_z % HEADS  # what a mask function is told
     if MASK_MOD is not None:  # the block mask's row of this block
         Tiles += off_b * stride_tb + off_h * stride_th + q0 // BLOCK_Q * stride_tr
     _attn_bwd_dq_block(Q + off_z * stride_qz, K + off_kv * stride_kz, V + off_kv * stride_vz, DO + off_z * stride_doz,

@@ -150,14 +150,16 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
               CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
               GROUP=1, HEADS=1, softcap=0.0, window_left=-1, window_right=-1, MaskData=None,
               Tiles=None, stride_tb=0, stride_th=0, stride_tr=0,
-              SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None):
+              SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None, ROW0=0):
     """Q, Out: (B*H, seq, HEAD_DIM); K, V: (B*H_kv, seq, HEAD_DIM), H = GROUP * H_kv; last dims
     contiguous. Lse: (B*H, SEQ_Q) float32. Tiles: the block mask's kinds (B or 1, H or 1, query
-    blocks, key tiles), strides 0 where broadcast; MaskData: what MASK_MOD reads (or None)."""
+    blocks, key tiles), strides 0 where broadcast; MaskData: what MASK_MOD reads (or None).
+    ROW0: where Q's rows start among all B*H, on a batch boundary (a launch takes at most 65,535
+    rows: rules.row_chunks)."""
     q0 = tl.program_id(0) * BLOCK_Q  # the grid replaces the reference's loop over query blocks
     off_z = tl.program_id(1).to(tl.int64)  # batch * head index; int64 so large tensors index safely
     off_kv = off_z // GROUP  # grouped-query attention: query head h reads kv head h // GROUP
-    off_b, off_h = off_z // HEADS, off_z % HEADS  # what a mask function is told
+    off_b, off_h = off_z // HEADS + ROW0 // HEADS, off_z % HEADS  # what a mask function is told
     if MASK_MOD is not None:  # the block mask's row of this block
         Tiles += off_b * stride_tb + off_h * stride_th + q0 // BLOCK_Q * stride_tr
     _attn_fwd_block(Q + off_z * stride_qz, K + off_kv * stride_kz, V + off_kv * stride_vz, Out + off_z * stride_oz,

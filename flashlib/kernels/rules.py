@@ -178,3 +178,56 @@ def _floormod(a, b):
     """a % b with the sign of b, as PyTorch and Python do (Triton's % takes the sign of a)."""
     r = a % b
     return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+# ----- the ladder's split: tiles seen whole, folded without a mask ---------------------------------
+
+@triton.jit
+def _key_tiles(q0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr):
+    """(k_full_end, k_end) for query rows q0 .. q0 + BLOCK_Q - 1 under the causal rule alone (no window,
+    no mask function): key tiles before k_full_end lie inside the keys and every row sees them whole,
+    so they need no mask; [k_full_end, k_end) need one (the diagonal, the ragged end); later tiles
+    are skipped. k_full_end is on a tile boundary."""
+    k_end = _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
+    seen_by_all = SEQ_K
+    if CAUSAL:  # the block's first row, and so every row, sees keys j <= q0 + SEQ_K - SEQ_Q
+        seen_by_all = tl.minimum(tl.maximum(q0 + (SEQ_K - SEQ_Q) + 1, 0), SEQ_K)
+    return (seen_by_all // BLOCK_K) * BLOCK_K, k_end
+
+
+@triton.jit
+def _query_tiles(k0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr):
+    """(q_start, q_full_start, q_full_end) for the key tile at k0 under the causal rule alone: query
+    blocks [q_full_start, q_full_end) lie inside the queries and see the whole tile, so they need no
+    mask; [q_start, q_full_start) (the diagonal) and [q_full_end, SEQ_Q) (the ragged end, or every
+    block of a ragged key tile) need one; blocks before q_start see none of it. All on block boundaries."""
+    q_start = _query_range_start(k0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
+    q_rows_full = (SEQ_Q // BLOCK_Q) * BLOCK_Q  # where the whole query blocks end
+    if CAUSAL:  # the first block whose first row sees this tile's last key
+        first_full = tl.cdiv(tl.maximum(k0 + BLOCK_K - 1 - (SEQ_K - SEQ_Q), 0), BLOCK_Q) * BLOCK_Q
+    else:
+        first_full = 0
+    q_full_start = tl.minimum(tl.maximum(first_full, q_start), q_rows_full)
+    q_full_end = tl.where(k0 + BLOCK_K <= SEQ_K, q_rows_full, q_full_start)  # a ragged key tile: masked throughout
+    return q_start, q_full_start, q_full_end
+
+
+# ----- which (batch, head) rows a launch owns ---------------------------------------------------------
+
+MAX_GRID_ROWS = 65535  # CUDA's limit on grid axes 1 and 2 (axis 0 takes 2^31 - 1)
+
+
+def row_chunks(rows: int, multiple: int = 1) -> list[slice]:
+    """The kernels' (batch, head) rows, on grid axis 1, in runs of at most MAX_GRID_ROWS: one launch
+    each, on views of the tensors, so that the kernels stay as they are. Runs start on multiples of
+    ``multiple`` (the query heads of one kv head; a batch's heads, where a mask function is told the
+    batch) and, where the limit allows, of 16, so that every run's pointers keep the 16-byte
+    alignment Triton specialises on (one compiled kernel for all)."""
+    from math import lcm
+
+    unit = lcm(16, multiple) if lcm(16, multiple) <= MAX_GRID_ROWS else multiple
+    step = MAX_GRID_ROWS // unit * unit
+    if step == 0:
+        raise ValueError(f"runs of {multiple} rows (heads that one launch must keep together) do not fit a CUDA "
+                         f"grid's {MAX_GRID_ROWS}")
+    return [slice(r, min(r + step, rows)) for r in range(0, rows, step)]

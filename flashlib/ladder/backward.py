@@ -41,10 +41,11 @@ from .rungs import backward as backward_named
 triton = require_triton()
 import triton.language as tl  # noqa: E402
 
-from ..kernels.backward import _lse_base2, _query_range_start  # noqa: E402
-from ..kernels.forward import _LOG2E, _load_rows, _visible  # noqa: E402
-from .forward import (_key_ranges, _load_full_rows, _query_block, ensure_allocator, tma_eligible,  # noqa: E402
-                      tma_hardware)
+from ..kernels.backward import _lse_base2  # noqa: E402
+from ..kernels.forward import _load_rows  # noqa: E402
+from ..kernels.rules import _LOG2E, _key_tiles, _query_tiles, _visible, row_chunks  # noqa: E402
+from .forward import (_load_full_rows, _query_block, empty_rows, ensure_allocator, int32_rows,  # noqa: E402
+                      tma_eligible, tma_hardware)
 
 
 # ----- the steps shared by the kernels ----------------------------------------------------
@@ -102,22 +103,6 @@ def _probs_t(k_tile, q_blk, lse, offs_q, offs_k, qk_scale, SEQ_Q, SEQ_K, MASKED:
 
 
 @triton.jit
-def _query_ranges(k0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr):
-    """(q_start, q_full, q_end) for the key tile at k0: query blocks [q_start, q_full) cross the
-    diagonal (masked), [q_full, q_end) see the whole key tile inside the bounds (unmasked),
-    and [q_end, SEQ_Q) is the ragged end (masked). Blocks before q_start see none of these keys."""
-    q_start = _query_range_start(k0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
-    q_rows_full = (SEQ_Q // BLOCK_Q) * BLOCK_Q
-    if CAUSAL:  # the first block whose first row sees this tile's last key
-        first_full = tl.cdiv(tl.maximum(k0 + BLOCK_K - 1 - (SEQ_K - SEQ_Q), 0), BLOCK_Q) * BLOCK_Q
-    else:
-        first_full = 0
-    q_full = tl.minimum(tl.maximum(first_full, q_start), q_rows_full)
-    q_end = tl.where(k0 + BLOCK_K <= SEQ_K, q_rows_full, q_full)  # a ragged key tile is masked throughout
-    return q_start, q_full, q_end
-
-
-@triton.jit
 def _store_rows(Ptr, stride, offs_rows, offs_d, n_rows, tile, HEAD_DIM: tl.constexpr):
     mask = (offs_rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
     tl.store(Ptr + offs_rows[:, None] * stride + offs_d[None, :], tile.to(Ptr.dtype.element_ty), mask=mask)
@@ -166,7 +151,7 @@ def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
     do_src = _rows_source(DO + off_z * stride_doz, stride_dom, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, TMA)
     Lse += off_z * SEQ_Q
     Delta += off_z * SEQ_Q
-    q_start, q_full, q_end = _query_ranges(k0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
+    q_start, q_full, q_end = _query_tiles(k0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
     # masked [q_start, q_full), unmasked [q_full, q_end), masked [q_end, SEQ_Q)
     dk, dv = _dkdv_loop(dk, dv, k_tile, v_tile, q_src, do_src, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d,
                         q_start, q_full, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, True, CAUSAL,
@@ -222,7 +207,7 @@ def _attn_bwd_dq_split(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
     dq = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
     k_src = _rows_source(K + off_z * stride_kz, stride_kn, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, TMA)
     v_src = _rows_source(V + off_z * stride_vz, stride_vn, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, TMA)
-    k_full, k_end = _key_ranges(q0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
+    k_full, k_end = _key_tiles(q0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
     dq = _dq_loop(dq, q_blk, do_blk, lse, delta, k_src, v_src, stride_kn, stride_vn, offs_q, offs_d, 0, k_full,
                   qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, False, CAUSAL, INPUT_PRECISION, TMA)
     dq = _dq_loop(dq, q_blk, do_blk, lse, delta, k_src, v_src, stride_kn, stride_vn, offs_q, offs_d, k_full, k_end,
@@ -331,7 +316,7 @@ def _attn_bwd_fused(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
                             else (_atomic_add_dq_t if DQ_T else _atomic_add_dq))
     Lse += off_z * SEQ_Q
     Delta += off_z * SEQ_Q
-    q_start, q_full, q_end = _query_ranges(k0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
+    q_start, q_full, q_end = _query_tiles(k0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
     dk, dv = _fused_loop(dk, dv, k_tile, v_tile, q_desc, do_desc, Lse, Delta, dq_dst, stride_dq, offs_k, offs_d,
                          q_start, q_full, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_Q, True, CAUSAL,
                          INPUT_PRECISION, ADD_DQ)
@@ -374,9 +359,10 @@ def _preprocess(chosen: Backward, out, dout, dlse):
     gradient of lse enters where delta does."""
     bh, seq_q, d = out.shape
     delta = torch.empty(bh, seq_q, dtype=torch.float32, device=out.device)
-    kernel_function(chosen.kernels["preprocess"])[(triton.cdiv(seq_q, 64), bh)](
-        out, dout, delta, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), seq_q, d,
-        HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=64)
+    for rows in row_chunks(bh):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
+        kernel_function(chosen.kernels["preprocess"])[(triton.cdiv(seq_q, 64), rows.stop - rows.start)](
+            out[rows], dout[rows], delta[rows], out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), seq_q, d,
+            HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=64)
     if dlse is not None:
         delta -= dlse
     return delta
@@ -394,18 +380,20 @@ def _launch(chosen: Backward, role: str, args, rows: int, options: dict, cfg, bu
     autotuned (GPU only) when cfg is None; returns whether it built dQ transposed."""
     kernel, own = variant(chosen, role, options.pop("TMA"), options.pop("BULK_DQ"))
     block = "BLOCK_Q" if role == "dq" else "BLOCK_K"
-    bh = args[0].shape[0]
+    tiles = {} if cfg is None else dict(BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k,
+                                        num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages)
     if cfg is None:
-        tuned = autotune.tuner(kernel, (role, chosen.name), bucket, chosen.tiles[role],
-                               reset_to_zero=["DQ"] if role == "fused" else None)  # atomics add into DQ
-        tuned[lambda meta: (triton.cdiv(rows, meta[block]), bh)](*args, **options, **own)
-        best = getattr(tuned, "best_config", None)  # this launch's (none when compiling ahead)
-        return bool(best and best.kwargs.get("DQ_T", False))
-    if role == "fused":
+        kernel = autotune.tuner(kernel, (role, chosen.name), bucket, chosen.tiles[role],
+                                reset_to_zero=["DQ"] if role == "fused" else None)  # atomics add into DQ
+    elif role == "fused":
         own["DQ_T"] = cfg.bwd_dq_transposed
-    tiles = dict(BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k)
-    kernel[(triton.cdiv(rows, tiles[block]), bh)](*args, **options, **own, **tiles, num_warps=cfg.bwd_num_warps,
-                                                 num_stages=cfg.bwd_num_stages)
+    for chunk in row_chunks(args[0].shape[0]):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
+        part = tuple(a[chunk] if isinstance(a, torch.Tensor) else a for a in args)  # every tensor: (B*H, ...)
+        kernel[lambda meta, n=chunk.stop - chunk.start: (triton.cdiv(rows, meta[block]), n)](
+            *part, **options, **own, **tiles)
+    if cfg is None:
+        best = getattr(kernel, "best_config", None)  # this launch's (none when compiling ahead)
+        return bool(best and best.kwargs.get("DQ_T", False))
     return own.get("DQ_T", False)
 
 
@@ -420,10 +408,12 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
     descriptors = descriptors and chosen.descriptors
     if descriptors:
         ensure_allocator(q.device)
+    else:  # pointer loads of the streamed blocks: offsets inside one head in int32
+        q, k, v, dout = (int32_rows(t) for t in (q, k, v, dout))
     bh, seq_q, d = q.shape
     seq_k = k.shape[1]
     delta = _preprocess(chosen, out, dout, dlse)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dk, dv = empty_rows(k), empty_rows(v)  # stored with int32 row offsets, as are dq's
     options = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), CAUSAL=causal,
                    INPUT_PRECISION=cfg.input_precision if cfg else "tf32", TMA=descriptors, BULK_DQ=False)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -442,7 +432,7 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
                 seq_q, seq_k)
         transposed = _launch(chosen, "fused", args, seq_k, options, cfg, bucket)
         return _dq_from(dq, q, transposed), dk, dv
-    dq = torch.empty_like(q)
+    dq = empty_rows(q)
     _launch(chosen, "dkdv", (q, k, v, dout, dk, dv, lse, delta, scale * LOG2E, scale, *strides,
                              dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), seq_q, seq_k),
             seq_k, dict(options), cfg, bucket)

@@ -25,6 +25,8 @@ head-dim mask disappears whenever the head dim is already a power of two.
 """
 from __future__ import annotations
 
+from contextvars import ContextVar
+
 import torch
 
 from .._checks import check_attention_inputs
@@ -37,8 +39,8 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402
 
 from ..kernels.function import check_kernel_inputs, empty_result, flat, resolve_config  # noqa: E402
-from ..kernels.forward import (_attn_fwd, _finish, _key_range_end, _load_rows, _online_update,  # noqa: E402
-                               _score_tile, _visible)
+from ..kernels.forward import _attn_fwd, _finish, _load_rows, _online_update, _score_tile  # noqa: E402
+from ..kernels.rules import _key_tiles, _visible, row_chunks  # noqa: E402
 
 FN = "flashlib.ladder.attention"
 
@@ -48,26 +50,13 @@ FN = "flashlib.ladder.attention"
 @triton.jit
 def _load_full_rows(Ptr, stride, offs_rows, offs_d, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     """A (rows, HEAD_DIM_PAD) tile of rows known to be in bounds: columns are masked only when
-    the head dim is padded (HEAD_DIM is a constant, so this is decided when compiling)."""
+    the head dim is padded (HEAD_DIM is a constant, so this is decided when compiling). Row
+    offsets in int32, as the inner loops can afford (int64 costs sm_80 some 40 registers and
+    spills): the launchers hand in no head whose rows span 2^31 elements (int32_rows)."""
     ptrs = Ptr + offs_rows[:, None] * stride + offs_d[None, :]
     if HEAD_DIM == HEAD_DIM_PAD:
         return tl.load(ptrs)
     return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-
-
-@triton.jit
-def _key_ranges(q0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr):
-    """(k_full, k_end) for query rows q0 .. q0 + BLOCK_Q - 1: key tiles before k_full are seen
-    in full by every row and lie inside the keys, so they need no mask; [k_full, k_end) need
-    one; the rest is never seen (block skipping)."""
-    k_end = _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
-    if CAUSAL:
-        # the block's first row sees keys j <= q0 + SEQ_K - SEQ_Q
-        seen_by_all = tl.minimum(tl.maximum(q0 + (SEQ_K - SEQ_Q) + 1, 0), SEQ_K)
-    else:
-        seen_by_all = SEQ_K
-    k_full = (seen_by_all // BLOCK_K) * BLOCK_K
-    return k_full, k_end
 
 
 @triton.jit
@@ -181,7 +170,7 @@ def _attn_fwd_split(Q, K, V, Out, Lse, qk_scale,
     m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
-    k_full, k_end = _key_ranges(q0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
+    k_full, k_end = _key_tiles(q0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
     for k0 in range(0, k_full, BLOCK_K):  # off the diagonal, inside the keys: no masks
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_tile = _load_full_rows(K, stride_kn, offs_k, offs_d, HEAD_DIM, HEAD_DIM_PAD)
@@ -227,7 +216,7 @@ def _attn_fwd_tma(Q, K, V, Out, Lse, qk_scale,
     m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
-    k_full, k_end = _key_ranges(q0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
+    k_full, k_end = _key_tiles(q0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
     for k0 in range(0, k_full, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         m_i, l_i, acc = FOLD(m_i, l_i, acc, q_blk, k_desc.load([k0, 0]), v_desc.load([k0, 0]), offs_q, offs_k,
@@ -264,16 +253,48 @@ def tma_hardware(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (9, 0)
 
 
-_ALLOCATOR_SET = False
+def _rows_fit(t: torch.Tensor) -> bool:
+    """Whether one head's rows of t (B*H, seq, d) span fewer than 2^31 elements."""
+    return (t.shape[-2] - 1) * t.stride(-2) + t.shape[-1] < 2**31
+
+
+def _check_head(t: torch.Tensor) -> None:
+    if t.shape[-2] * t.shape[-1] >= 2**31:
+        raise ValueError(f"{FN}: one head of {t.shape[-2]} rows of {t.shape[-1]} holds 2^31 elements or more, "
+                         "more than the ladder's kernels offset; use flashlib.kernels.attention")
+
+
+def int32_rows(t: torch.Tensor) -> torch.Tensor:
+    """t (B*H, seq, d) as the pointer loads can offset its rows, in int32 (_load_full_rows: int64
+    in the inner loops costs sm_80 some 40 registers and spills): t itself or, where one head's rows
+    span 2^31 elements (a row stride of thousands of elements at long sequences), a copy with
+    contiguous rows. The copy is O(seq), beside attention's O(seq²)."""
+    if _rows_fit(t):
+        return t
+    _check_head(t)
+    return t.contiguous()
+
+
+def empty_rows(t: torch.Tensor) -> torch.Tensor:
+    """An output like t (B*H, seq, d) whose rows the stores can offset in int32: empty_like(t), with
+    contiguous rows where t's would span 2^31 elements."""
+    if _rows_fit(t):
+        return torch.empty_like(t)
+    _check_head(t)
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+# Triton keeps its allocator in a ContextVar (triton.set_allocator sets it for the calling thread or
+# task only: autograd's backward runs on a thread of its own); this flag lives in the same scope
+_ALLOCATOR_SET: ContextVar[bool] = ContextVar("flashlib_allocator_set", default=False)
 
 
 def ensure_allocator(device: torch.device):
     """Descriptors made inside a kernel live in a small global scratch buffer that Triton
-    asks the caller to allocate; set once, on first use on a GPU (never at import)."""
-    global _ALLOCATOR_SET
-    if device.type == "cuda" and not _ALLOCATOR_SET:
+    asks the caller to allocate; set on first use on a GPU in each thread (never at import)."""
+    if device.type == "cuda" and not _ALLOCATOR_SET.get():
         triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-        _ALLOCATOR_SET = True
+        _ALLOCATOR_SET.set(True)
 
 
 def variant(rung: Rung, descriptors: bool, scale: float = 1.0):
@@ -293,22 +314,23 @@ def variant(rung: Rung, descriptors: bool, scale: float = 1.0):
 def _launch(kernel, options, tuner_variant, tiles, q, k, v, out, lse, causal, scale, cfg):
     """kernel with the tiles of cfg, or autotuned over ``tiles`` (GPU only) when cfg is None."""
     bh, seq_q, d = q.shape
-    args = (q, k, v, out, lse, scale * LOG2E,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+    rest = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), seq_q, k.shape[1])
     head_dim = dict(HEAD_DIM_PAD=head_dim_pad(d))
     if kernel is _attn_fwd:
-        args += (d,)  # the teaching kernel takes HEAD_DIM at run time
+        rest += (d,)  # the teaching kernel takes HEAD_DIM at run time
     else:
         head_dim["HEAD_DIM"] = d
-    if cfg is None:
-        tuned = autotune.tuner(kernel, tuner_variant, seq_bucket(seq_q, k.shape[1]), tiles)
-        tuned[lambda meta: (triton.cdiv(seq_q, meta["BLOCK_Q"]), bh)](
-            *args, **head_dim, CAUSAL=causal, INPUT_PRECISION="tf32", **options)
-        return
-    kernel[(triton.cdiv(seq_q, cfg.block_q), bh)](
-        *args, **head_dim, BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, CAUSAL=causal,
-        INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **options)
+    for rows in row_chunks(bh):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
+        args, n = (q[rows], k[rows], v[rows], out[rows], lse[rows], scale * LOG2E, *rest), rows.stop - rows.start
+        if cfg is None:
+            tuned = autotune.tuner(kernel, tuner_variant, seq_bucket(seq_q, k.shape[1]), tiles)
+            tuned[lambda meta, n=n: (triton.cdiv(seq_q, meta["BLOCK_Q"]), n)](
+                *args, **head_dim, CAUSAL=causal, INPUT_PRECISION="tf32", **options)
+            continue
+        kernel[(triton.cdiv(seq_q, cfg.block_q), n)](
+            *args, **head_dim, BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, CAUSAL=causal,
+            INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **options)
 
 
 def autotuned_choice(q, causal: bool, rung: str = "autotuned", seq: int | None = None):
@@ -350,12 +372,14 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: 
     if seq_q == 0 or k.shape[-2] == 0 or q.numel() == 0:
         return empty_result(q)
     qf, kf, vf = flat(q), flat(k), flat(v)  # (B*H, seq, d)
-    out = torch.empty_like(qf)
+    out = empty_rows(qf)
     lse = torch.empty(qf.shape[0], seq_q, dtype=torch.float32, device=q.device)
     r = rung_named(rung)
     descriptors = r.kernel == TMA_FORWARD and tma_eligible(qf, kf, vf) and tma_hardware(q.device)
     if descriptors:
         ensure_allocator(q.device)
+    else:  # pointer loads: offsets inside one head in int32
+        qf, kf, vf = int32_rows(qf), int32_rows(kf), int32_rows(vf)
     kernel, options, tuner_variant = variant(r, descriptors, scale)
     cfg = None if r.tiles and autotune.autotunes(q.dtype, config) else fixed  # None: autotune
     _launch(kernel, options, tuner_variant, r.tiles, qf, kf, vf, out, lse, causal, scale, cfg)
