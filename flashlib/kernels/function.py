@@ -163,28 +163,37 @@ def variant_args(variant: Variant, *, group: int = 1, heads: int = 1, kinds=None
 def _launch_forward(q, k, v, causal, scale, cfg, variant=DEFAULT, heads=1, masks=None):
     """q: (B*H, seq_q, d), k, v: (B*H_kv, seq_k, d). Returns out (B*H, seq_q, d) and lse (B*H, seq_q)
     float32. heads: H (query heads per batch row); masks: (kinds, data) for the mask path."""
+    from .rules import row_chunks
+
     bh, seq_q, d = q.shape
+    group = bh // k.shape[0]
     out = torch.empty_like(q)
     lse = torch.empty(bh, seq_q, dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(seq_q, cfg.block_q), bh)
     kinds, data = masks or (None, None)
-    _attn_fwd[grid](q, k, v, out, lse, scale * LOG2E,
-                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                    out.stride(0), out.stride(1), seq_q, k.shape[1], d,
-                    HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, CAUSAL=causal,
-                    INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                    **variant_args(variant, group=bh // k.shape[0], heads=heads, kinds=kinds, data=data))
+    options = dict(HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, CAUSAL=causal,
+                   INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                   **variant_args(variant, group=group, heads=heads, kinds=kinds, data=data))
+    # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where masked
+    for rows in row_chunks(bh, heads if variant.masked else group):
+        kv = slice(rows.start // group, rows.stop // group)
+        _attn_fwd[(triton.cdiv(seq_q, cfg.block_q), rows.stop - rows.start)](
+            q[rows], k[kv], v[kv], out[rows], lse[rows], scale * LOG2E,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1), seq_q, k.shape[1], d, ROW0=rows.start, **options)
     return out, lse
 
 
 def preprocess(out, dout, dlse, cfg, heads_first: bool = False):
     """delta = rowsum(dO * O) - dlse, (rows of heads, seq) float32: out and dout (B*H, seq_q, d), or
     with heads_first their (H, total_q, d) views of a packed layout."""
+    from .rules import row_chunks
+
     bh, seq_q, d = out.shape
     delta = torch.empty(bh, seq_q, dtype=torch.float32, device=out.device)
-    _attn_bwd_preprocess[(triton.cdiv(seq_q, cfg.bwd_block_q), bh)](
-        out, dout, delta, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), seq_q, d,
-        HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.bwd_block_q)
+    for rows in row_chunks(bh):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
+        _attn_bwd_preprocess[(triton.cdiv(seq_q, cfg.bwd_block_q), rows.stop - rows.start)](
+            out[rows], dout[rows], delta[rows], out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), seq_q,
+            d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.bwd_block_q)
     if dlse is not None:
         delta -= dlse  # d lse_i / d s_ij = p_ij: a gradient of lse enters where delta does
     return delta
@@ -193,6 +202,8 @@ def preprocess(out, dout, dlse, cfg, heads_first: bool = False):
 def _launch_backward(q, k, v, out, lse, dout, dlse, causal, scale, cfg, variant=DEFAULT, heads=1, masks=None):
     """All (B*H or B*H_kv, seq, d) but lse and dlse (B*H, seq_q); dlse may be None. Returns dq, dk, dv.
     masks: (kinds by query block, kinds by key tile, data) for the mask path."""
+    from .rules import row_chunks
+
     bh, seq_q, d = q.shape
     seq_k = k.shape[1]
     delta = preprocess(out, dout, dlse, cfg)
@@ -202,16 +213,23 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, causal, scale, cfg, variant=
                   num_stages=cfg.bwd_num_stages)
     by_query, by_key, data = masks or (None, None, None)
     group = bh // k.shape[0]
-    _attn_bwd_dkdv[(triton.cdiv(seq_k, cfg.bwd_block_k), k.shape[0])](
-        q, k, v, dout, dk, dv, lse, delta, scale * LOG2E, scale,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        seq_q, seq_k, d, **common, **_block_h(variant_args(variant, group=group, heads=heads, kinds=by_key, data=data)))
-    _attn_bwd_dq[(triton.cdiv(seq_q, cfg.bwd_block_q), bh)](
-        q, k, v, dout, dq, lse, delta, scale * LOG2E, scale,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
-        seq_q, seq_k, d, **common, **variant_args(variant, group=group, heads=heads, kinds=by_query, data=data))
+    by_key = _block_h(variant_args(variant, group=group, heads=heads, kinds=by_key, data=data))
+    # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where masked
+    for kv in row_chunks(k.shape[0], heads // group if variant.masked else 1):
+        rows = slice(kv.start * group, kv.stop * group)  # the query heads that read these kv heads
+        _attn_bwd_dkdv[(triton.cdiv(seq_k, cfg.bwd_block_k), kv.stop - kv.start)](
+            q[rows], k[kv], v[kv], dout[rows], dk[kv], dv[kv], lse[rows], delta[rows], scale * LOG2E, scale,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+            seq_q, seq_k, d, ROW0=kv.start, **common, **by_key)
+    by_query = variant_args(variant, group=group, heads=heads, kinds=by_query, data=data)
+    for rows in row_chunks(bh, heads if variant.masked else group):
+        kv = slice(rows.start // group, rows.stop // group)
+        _attn_bwd_dq[(triton.cdiv(seq_q, cfg.bwd_block_q), rows.stop - rows.start)](
+            q[rows], k[kv], v[kv], dout[rows], dq[rows], lse[rows], delta[rows], scale * LOG2E, scale,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
+            seq_q, seq_k, d, ROW0=rows.start, **common, **by_query)
     return dq, dk, dv
 
 
