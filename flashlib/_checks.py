@@ -12,6 +12,7 @@ import numbers
 import torch
 
 LOOP_ORDERS = ("query", "key")
+_FLOAT32_TINY = torch.finfo(torch.float32).tiny
 
 
 def check_attention_inputs(fn: str, q, k, v, *, causal, scale, groups: bool = False) -> float:
@@ -116,6 +117,9 @@ def check_softcap(fn: str, softcap) -> float:
     if softcap <= 0:
         raise ValueError(f"{fn}: argument 'softcap' is {softcap}; it must be > 0 (scores become "
                          "softcap * tanh(score / softcap)), or None for no capping")
+    if softcap < _FLOAT32_TINY:  # the kernels compute in float32, where such a cap is subnormal or 0
+        raise ValueError(f"{fn}: argument 'softcap' is {softcap}, below float32's smallest normal number "
+                         f"{_FLOAT32_TINY:.3g}; every score would be capped to 0: pass a larger cap")
     return float(softcap)
 
 
@@ -186,13 +190,6 @@ def check_max_seqlen(fn: str, name: str, value, longest: int) -> int:
         raise ValueError(f"{fn}: argument '{name}' is {value} but the longest sequence has {longest} tokens; "
                          "it sizes the grid, so it must be at least that")
     return int(value)
-
-
-def check_int32_extent(fn: str, name: str, extent: int, what: str, fix: str) -> None:
-    """A kernel computes ``what`` (of argument ``name``), up to ``extent``, in int32: refuse past 2^31 - 1."""
-    if extent > INT32_MAX:
-        raise ValueError(f"{fn}: argument '{name}' needs {what} up to {extent}, past 2^31 - 1 = {INT32_MAX}, the "
-                         f"largest the kernels compute in int32; {fix}")
 
 
 # CUDA's limit on a launch's second and third grid dimensions (the first may reach 2^31 - 1)

@@ -44,7 +44,8 @@ from .rules import FULL, PARTIAL, SKIPPED, Visibility
 from .tiled import BlockMask, block_mask
 
 __all__ = ["Visibility", "attention_mask", "causal_mask", "block_mask", "BlockMask", "SKIPPED", "PARTIAL", "FULL",
-           "causal", "sliding_window", "prefix_lm", "document", "and_masks", "or_masks", "as_text"]
+           "causal", "sliding_window", "prefix_lm", "document", "and_masks", "or_masks", "create_block_mask",
+           "as_text"]
 
 
 def causal(b, h, q_idx, kv_idx):
@@ -98,6 +99,21 @@ def document(ids: torch.Tensor):
         return ids[q_idx] == ids[kv_idx]
 
     return _named(document_mask, "document")
+
+
+def create_block_mask(mask_mod, B, H, Q_LEN: int, KV_LEN: int, device=None, *, causal: bool = False, window=None,
+                      block_size: int = 16) -> BlockMask:
+    """flex_attention's ``create_block_mask`` for flashlib: the block mask of ``mask_mod`` (ANDed
+    with ``causal`` and ``window``), built once and passed again as ``block_mask=`` to
+    :func:`flashlib.flash_attention` and :func:`flashlib.kernels.attention`, which then skip
+    evaluating it per call. Built at ``block_size`` tiles, of which the kernels' tiles must be
+    multiples (every shipped configuration's are multiples of 16). B, H: the batch and heads the
+    mask depends on, or None when it depends on neither (as flex's: evaluated at b = 0, h = 0)."""
+    fn = "create_block_mask"
+    if mask_mod is None:
+        raise TypeError(f"{fn}: argument 'mask_mod' must be a mask function mask_mod(b, h, q_idx, kv_idx), got None")
+    return block_mask(Q_LEN, KV_LEN, block_q=block_size, block_k=block_size, causal=causal, window=window,
+                      mask_mod=mask_mod, batch=B or 1, heads=H or 1, device=device)
 
 
 def as_text(mask: torch.Tensor) -> str:

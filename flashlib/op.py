@@ -30,7 +30,7 @@ import torch
 from ._checks import check_attention_inputs
 from .kernels import function as teaching
 from .kernels import varlen as packed
-from .kernels.function import capability, check_kernel_inputs, check_variant
+from .kernels.function import capability, check_kernel_inputs, check_variant, with_block_mask
 from .varlen import check_varlen_values
 
 FN = "flash_attention"
@@ -139,7 +139,7 @@ def _with_mask_mod(q, k, v, causal, scale, variant):
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
-                    softcap: float | None = None, mask_mod=None, return_lse: bool = False):
+                    softcap: float | None = None, mask_mod=None, block_mask=None, return_lse: bool = False):
     """Exact attention softmax(q kᵀ · scale) v, fused, differentiable (the lse too).
 
     Args:
@@ -166,10 +166,14 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
             the cost is O(seq * window).
         softcap: c > 0: scores become c * tanh(scale * q.k / c) (Gemma 2's soft-capping), with
             its gradient; the lse is that of the capped scores.
-        mask_mod: mask_mod(b, h, q_idx, kv_idx) -> bool, a plain ``def`` using arithmetic,
-            comparisons and & | ~ (:mod:`flashlib.masks` has ready ones), ANDed with causal and
-            window. It runs on index tensors for a block mask (tiles where it is false everywhere
-            are skipped; computed per call) and is compiled into the kernels for the rest.
+        mask_mod: mask_mod(b, h, q_idx, kv_idx) -> bool, as flex_attention takes one: a ``def``, a
+            lambda or a closure using arithmetic, comparisons, & | ~ and the tensors it captures,
+            indexed by the indices (:mod:`flashlib.masks` says what compiles and has ready ones),
+            ANDed with causal and window. It runs on index tensors for a block mask (tiles where it
+            is false everywhere are skipped) and is compiled into the kernels for the rest.
+        block_mask: that block mask built once (:func:`flashlib.masks.create_block_mask`), for a
+            loop that calls attention with one mask many times; it carries the mask function,
+            causal and window, which the call may repeat but not change.
         return_lse: also return the log-sum-exp of each score row, (..., seq_q) float32,
             -inf for rows that see no key.
 
@@ -178,10 +182,11 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     function, and otherwise (float32 on a GPU: tf32 matmuls; the CPU: Triton's interpreter,
     CPU tensors, no bfloat16) the teaching kernels. head_dim 1..256, any sequence lengths.
     Works inside ``torch.compile(fullgraph=True)`` and ``torch.export`` with every option but
-    ``mask_mod``, which runs eagerly (a graph break; fullgraph=True refuses it).
+    ``mask_mod`` and ``block_mask``, which run eagerly (a graph break; fullgraph=True refuses it).
     """
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
-    variant = check_variant(FN, window, softcap, mask_mod)
+    causal, window, mask_mod = with_block_mask(FN, q, k, causal, window, mask_mod, block_mask)
+    variant = check_variant(FN, window, softcap, mask_mod, block_mask)
     check_kernel_inputs(FN, q)
     if variant.mask_mod is not None:
         out, lse = _with_mask_mod(q, k, v, causal, scale, variant)

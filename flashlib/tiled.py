@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from ._checks import check_attention_inputs, check_block, check_loop, check_mask_mod, check_softcap, check_window
 from .dense import batch_and_heads, expand_kv, head_indices
@@ -197,13 +198,34 @@ class BlockMask:
     PARTIAL (the mask is evaluated inside the tile) or FULL (every pair may attend).
 
     kinds: uint8 (batch or 1, heads or 1, ceil(seq_q / block_q), ceil(seq_k / block_k)), a dim of
-    size 1 where the mask does not depend on the batch row or the head."""
+    size 1 where the mask does not depend on the batch row or the head. rule: the mask it was
+    built from (:class:`flashlib.rules.Visibility`), which a kernel given the block mask applies."""
 
     kinds: torch.Tensor
     seq_q: int
     seq_k: int
     block_q: int
     block_k: int
+    rule: Visibility = Visibility()
+
+    def coarsen(self, block_q: int, block_k: int) -> torch.Tensor:
+        """The kinds of (block_q, block_k) tiles, multiples of this mask's: FULL where all the tiles
+        inside are, SKIPPED where all are, PARTIAL otherwise; the same pairs, so exact."""
+        if (block_q, block_k) == (self.block_q, self.block_k):
+            return self.kinds
+        if block_q % self.block_q or block_k % self.block_k:
+            raise ValueError(f"argument 'block_mask' was built with ({self.block_q}, {self.block_k}) tiles; the "
+                             f"kernels' ({block_q}, {block_k}) tiles must be multiples of them: build it with "
+                             "a block_size that divides both")
+        fq, fk = block_q // self.block_q, block_k // self.block_k
+        rows, cols = self.kinds.shape[-2:]
+
+        def every(tiles):  # padding tiles hold no pair: neutral for both questions
+            tiles = F.pad(tiles, (0, -cols % fk, 0, -rows % fq), value=True)
+            return tiles.unflatten(3, (-1, fk)).unflatten(2, (-1, fq)).all(dim=5).all(dim=3)
+
+        full, skipped = every(self.kinds == FULL), every(self.kinds == SKIPPED)
+        return torch.where(full, FULL, torch.where(skipped, SKIPPED, PARTIAL)).to(torch.uint8)
 
     def counts(self) -> dict:
         """How many tiles of each kind, over every (batch, head) the kinds hold."""
@@ -236,7 +258,7 @@ def block_mask(seq_q: int, seq_k: int, *, block_q: int = 64, block_k: int = 64, 
              for rows in (torch.arange(q0, min(q0 + step, seq_q), device=device)[:, None]
                           for q0 in range(0, seq_q, step))]
     kinds = torch.cat(parts, dim=2) if parts else torch.zeros(1, 1, 0, -(-seq_k // block_k), dtype=torch.uint8)
-    return BlockMask(kinds.to(device), seq_q, seq_k, block_q, block_k)
+    return BlockMask(kinds.to(device), seq_q, seq_k, block_q, block_k, rule)
 
 
 @dataclass

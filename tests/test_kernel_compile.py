@@ -25,6 +25,9 @@ ATTENTION_KERNELS = ("forward", "bwd_dkdv", "bwd_dq")
 # Triton's FMA fallback on sm_75 needs more registers than a thread has for head_dim 256 in
 # the backward kernels; those two spill and are reported, not hidden.
 SPILL_EXPECTED = {("bwd_dkdv", (7, 5), 256), ("bwd_dq", (7, 5), 256)}
+# 64-bit row offsets (so that rows 2^31 elements apart cannot wrap) cost the causal sm_80 dQ kernel
+# at head dim 256 in 16-bit dtypes 16 bytes of spill: reported, not hidden (data/bench/LOG.md)
+SPILL_EXPECTED_CASES = {("bwd_dq", (8, 0), dtype, 256, True) for dtype in ("float16", "bfloat16")}
 
 
 def _name(dtype):
@@ -90,7 +93,9 @@ def test_compiles_with_tensor_cores_no_spills_and_fitting_shared_memory(reports,
         assert r.wgmma_ops > 0, f"no wgmma in the PTX ({r.mma_sync_ops} mma.sync)"
     elif want == "mma.sync":
         assert r.mma_sync_ops > 0 and r.wgmma_ops == 0, (r.mma_sync_ops, r.wgmma_ops)
-    if (r.kernel, r.capability, r.head_dim) in SPILL_EXPECTED:
+    expected = (r.kernel, r.capability, r.head_dim) in SPILL_EXPECTED or \
+        (r.kernel, tuple(r.capability), str(r.dtype).replace("torch.", ""), r.head_dim, r.causal) in SPILL_EXPECTED_CASES
+    if expected:
         assert r.spill_stores > 0, "now spill-free: drop it from SPILL_EXPECTED"
     else:
         assert (r.spill_stores, r.spill_loads) == (0, 0), f"{r.registers} registers, spills {r.spill_stores}/{r.spill_loads} bytes"

@@ -27,10 +27,11 @@ from typing import NamedTuple
 
 import torch
 
-from .._checks import check_grid, check_int32_extent
+from .._checks import check_grid
 from ._mode import interpreting
 from .config import LOG2E, head_dim_pad
-from .forward import _LOG2E, _finish, _finite, _load_rows, _online_update, triton
+from .forward import _finish, _finite, _load_rows, _online_update, _scores, triton
+from .rules import _LOG2E, _band, _key_range, _visible
 
 import triton.language as tl  # noqa: E402  (after forward: it chose the interpreter mode)
 
@@ -56,22 +57,25 @@ def _contiguous_rows(Table, stride_table, off_b, offs_k, valid, PAGE_SIZE):
 def _paged_rows(Table, stride_table, off_b, offs_k, valid, PAGE_SIZE):
     """Paged cache (num_pages, kv_heads, PAGE_SIZE, d): position j of sequence b is row j % PAGE_SIZE
     of page Table[b, j // PAGE_SIZE]."""
-    page = tl.load(Table + off_b * stride_table + offs_k // PAGE_SIZE, mask=valid, other=0)
+    page = tl.load(Table + off_b.to(tl.int64) * stride_table + offs_k // PAGE_SIZE, mask=valid, other=0)
     return page.to(tl.int64), offs_k % PAGE_SIZE  # int64: pages x their size can pass 2^31 elements
 
 
 @triton.jit
 def _load_cache_rows(Ptr, stride_block, stride_row, blocks, rows, valid, offs_d, HEAD_DIM):
     """A (BLOCK_K, HEAD_DIM_PAD) tile gathered row by row; invalid rows and the pad read as 0."""
-    ptrs = Ptr + blocks[:, None] * stride_block + rows[:, None] * stride_row + offs_d[None, :]
+    rows = rows[:, None].to(tl.int64) * stride_row  # int64: a row stride times a row can pass 2^31
+    ptrs = Ptr + blocks[:, None] * stride_block + rows + offs_d[None, :]
     return tl.load(ptrs, mask=valid[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
 
 
 @triton.jit
 def _split_range(split, NUM_SPLITS, seqlen, offset, window_left, BLOCK_K: tl.constexpr):
     """[k_lo, k_hi) of this split: the keys any row can see, [first, seqlen), cut into NUM_SPLITS
-    chunks of whole tiles (flashlib.decode.split_bounds with block = BLOCK_K)."""
-    first = tl.where(window_left >= 0, tl.maximum(offset - window_left, 0), 0) // BLOCK_K * BLOCK_K
+    chunks of whole tiles (flashlib.decode.split_bounds with block = BLOCK_K). The new tokens are the
+    last NEW_TOKENS = seqlen - offset queries of the cache, so the rule is the forward's with
+    seq_q = NEW_TOKENS, seq_k = seqlen, causal, window (left, 0): its first row's key range."""
+    first, _ = _key_range(0, seqlen - offset, seqlen, window_left, -1, 1, BLOCK_K, False, True)
     chunk = tl.cdiv(tl.cdiv(seqlen - first, NUM_SPLITS), BLOCK_K) * BLOCK_K
     k_lo = tl.minimum(first + split * chunk, seqlen)
     return k_lo, tl.minimum(k_lo + chunk, seqlen)
@@ -79,27 +83,13 @@ def _split_range(split, NUM_SPLITS, seqlen, offset, window_left, BLOCK_K: tl.con
 
 @triton.jit
 def _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, offset, window_left):
-    """(BLOCK_Q, BLOCK_K) pairs that exist and may attend: a key of this split at or before the
-    row's own position (offset + its token), and inside its window."""
-    pos = offset + offs_r % NEW_TOKENS  # (BLOCK_Q,) cache position of each row's token
-    first = tl.where(window_left >= 0, pos - window_left, 0)
-    keys = offs_k[None, :]
-    return (offs_r[:, None] < ROWS) & (keys < k_hi) & (keys <= pos[:, None]) & (keys >= first[:, None])
-
-
-@triton.jit
-def _decode_scores(q_blk, k_tile, qk_scale, softcap, visible, SOFTCAP: tl.constexpr,
-                   INPUT_PRECISION: tl.constexpr):
-    """(BLOCK_Q, BLOCK_K) scores in base-2 units, soft-capped if SOFTCAP; hidden pairs -inf."""
-    s = tl.dot(q_blk, tl.trans(k_tile), input_precision=INPUT_PRECISION)
-    if SOFTCAP:
-        # softcap * tanh(scale * s / softcap), with tanh(y) = 1 - 2 / (e^(2y) + 1): exact at
-        # both ends (e^(2y) = inf gives 1, 0 gives -1) where a quotient of exponentials is NaN
-        e2y = tl.math.exp2(s * (2.0 * qk_scale / softcap))  # qk_scale = scale * log2(e)
-        s = (softcap * _LOG2E) * (1.0 - 2.0 / (e2y + 1.0))
-    else:
-        s = s * qk_scale
-    return tl.where(visible, s, float("-inf"))
+    """(BLOCK_Q, BLOCK_K) pairs that exist and may attend: row r is the query of new token
+    r % NEW_TOKENS, which sees the keys of this split up to its own position (causal) and inside its
+    window, by the forward's rule with seq_q = NEW_TOKENS and seq_k = offset + NEW_TOKENS."""
+    tok = offs_r % NEW_TOKENS  # (BLOCK_Q,) each row's new token
+    seqlen = offset + NEW_TOKENS
+    visible = _visible(tok, offs_k, NEW_TOKENS, seqlen, True) & _band(tok, offs_k, NEW_TOKENS, seqlen, window_left, -1)
+    return visible & (offs_r[:, None] < ROWS) & (offs_k[None, :] < k_hi)
 
 
 @triton.jit
@@ -115,7 +105,7 @@ def _decode_inner(m_i, l_i, acc, q_blk, K, V, Table, stride_table, off_b, stride
         k_tile = _load_cache_rows(K, stride_kb, stride_kn, blocks, rows, valid, offs_d, HEAD_DIM)
         v_tile = _load_cache_rows(V, stride_vb, stride_vn, blocks, rows, valid, offs_d, HEAD_DIM)
         visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, offset, window_left)
-        s = _decode_scores(q_blk, k_tile, qk_scale, softcap, visible, SOFTCAP, INPUT_PRECISION)
+        s = _scores(q_blk, k_tile, qk_scale, softcap, visible, SOFTCAP, INPUT_PRECISION)
         m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION)
     return m_i, l_i, acc
 
@@ -130,15 +120,15 @@ def _decode_split(Q, K, V, Partial, PartialLse, SeqLens, Table, qk_scale, softca
     K, V: caches (blocks, kv_heads, rows per block, HEAD_DIM); Partial: (batch * kv_heads *
     NUM_SPLITS, ROWS, HEAD_DIM) float32, PartialLse: (batch * kv_heads * NUM_SPLITS, ROWS) float32."""
     split = tl.program_id(0)
-    off_z = tl.program_id(1)  # batch * KV_HEADS + kv head
+    off_z = tl.program_id(1).to(tl.int64)  # batch * KV_HEADS + kv head; int64: offsets from it can pass 2^31
     q0 = tl.program_id(2) * BLOCK_Q
     off_b = off_z // KV_HEADS
     seqlen = tl.load(SeqLens + off_b)
     offset = seqlen - NEW_TOKENS  # cache position of the first new token
     k_lo, k_hi = _split_range(split, NUM_SPLITS, seqlen, offset, window_left, BLOCK_K)
-    Q += off_z.to(tl.int64) * stride_qz
-    K += (off_z % KV_HEADS).to(tl.int64) * stride_kh
-    V += (off_z % KV_HEADS).to(tl.int64) * stride_vh
+    Q += off_z * stride_qz
+    K += (off_z % KV_HEADS) * stride_kh
+    V += (off_z % KV_HEADS) * stride_vh
     offs_r = q0 + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     q_blk = _load_rows(Q, stride_qr, offs_r, offs_d, ROWS, HEAD_DIM)
@@ -152,9 +142,10 @@ def _decode_split(Q, K, V, Partial, PartialLse, SeqLens, Table, qk_scale, softca
                                   SOFTCAP, INPUT_PRECISION)
 
     out, lse = _finish(m_i, l_i, acc)  # an empty chunk: out = 0, lse = -inf, a weight of 0 in the merge
-    part = (off_z * NUM_SPLITS + split).to(tl.int64)
+    part = off_z * NUM_SPLITS + split
     o_mask = (offs_r[:, None] < ROWS) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(Partial + part * stride_pz + offs_r[:, None] * stride_pr + offs_d[None, :], out, mask=o_mask)
+    rows = offs_r[:, None].to(tl.int64) * stride_pr
+    tl.store(Partial + part * stride_pz + rows + offs_d[None, :], out, mask=o_mask)
     tl.store(PartialLse + part * ROWS + offs_r, lse, mask=offs_r < ROWS)
 
 
@@ -176,22 +167,23 @@ def _merge_partial(m_i, l_i, acc, lse_s, out_s):
 def _decode_merge(Partial, PartialLse, Out, Lse, stride_pz, stride_pr, stride_oz, stride_or,
                   NUM_SPLITS, ROWS, HEAD_DIM, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr):
     """Out: (batch * kv_heads, ROWS, HEAD_DIM) in q's dtype; Lse: (batch * kv_heads, ROWS) float32."""
-    off_z = tl.program_id(0)
+    off_z = tl.program_id(0).to(tl.int64)  # int64: offsets from it can pass 2^31
     offs_r = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
     for split in range(0, NUM_SPLITS):
-        part = (off_z * NUM_SPLITS + split).to(tl.int64)
+        part = off_z * NUM_SPLITS + split
         lse_s = tl.load(PartialLse + part * ROWS + offs_r, mask=offs_r < ROWS, other=float("-inf"))
         out_s = _load_rows(Partial + part * stride_pz, stride_pr, offs_r, offs_d, ROWS, HEAD_DIM)
         m_i, l_i, acc = _merge_partial(m_i, l_i, acc, lse_s, out_s)
     out, lse = _finish(m_i, l_i, acc)
-    Out += off_z.to(tl.int64) * stride_oz
+    Out += off_z * stride_oz
     o_mask = (offs_r[:, None] < ROWS) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(Out + offs_r[:, None] * stride_or + offs_d[None, :], out.to(Out.dtype.element_ty), mask=o_mask)
-    tl.store(Lse + off_z.to(tl.int64) * ROWS + offs_r, lse, mask=offs_r < ROWS)
+    rows = offs_r[:, None].to(tl.int64) * stride_or
+    tl.store(Out + rows + offs_d[None, :], out.to(Out.dtype.element_ty), mask=o_mask)
+    tl.store(Lse + off_z * ROWS + offs_r, lse, mask=offs_r < ROWS)
 
 
 # ----- the launcher ---------------------------------------------------------------------------
@@ -275,26 +267,9 @@ def _contiguous_last_dim(t: torch.Tensor) -> torch.Tensor:
 
 
 def _check_offsets(q_rows, k_cache, v_cache, block_table, num_splits, block_q):
-    """Refuse, by name, what the kernels above would index past 2^31 - 1 in int32 (lift each check
-    when its product is computed in int64): _paged_rows' off_b * stride_table, _load_cache_rows'
-    rows * stride_row, the partial and output stores' offs_r * row stride, and the partial index
-    off_z * NUM_SPLITS + split; and the grid's limits on a CUDA GPU."""
-    fn = DECODE_FN
+    """The grid's limits on a CUDA GPU (the kernels compute their element offsets in int64)."""
     bz, rows, d = q_rows.shape
-    if block_table is not None:  # contiguous here: entry (b, j) at b * max_pages + j
-        check_int32_extent(fn, "block_table", block_table.numel() - 1, "entry offsets (batch x max_pages)",
-                           "decode fewer sequences per call, or use larger pages")
-    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        check_int32_extent(fn, name, (cache.shape[2] - 1) * cache.stride(2) + d - 1,
-                           f"element offsets within a sequence or page ({cache.shape[2]} rows "
-                           f"{cache.stride(2)} elements apart)", "lay each row head_dim elements apart "
-                           "((batch, kv_heads, capacity, head_dim) contiguous) or use a paged cache")
-    check_int32_extent(fn, "q", (rows - 1) * max(q_rows.stride(1), d) + d - 1,
-                       f"element offsets within a kv head's {rows} stacked query rows (q_heads // kv_heads x "
-                       "new_tokens)", "decode fewer new tokens per call")
-    check_int32_extent(fn, "num_splits", bz * num_splits - 1, "partial outputs (batch x kv_heads x num_splits)",
-                       "pass a smaller num_splits (or None)")
-    check_grid(fn, (num_splits, bz, triton.cdiv(rows, block_q)), q_rows.device,
+    check_grid(DECODE_FN, (num_splits, bz, triton.cdiv(rows, block_q)), q_rows.device,
                ("num_splits", "batch x kv_heads", "query row blocks"))
 
 

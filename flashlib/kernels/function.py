@@ -17,7 +17,7 @@ import torch
 from .._checks import check_attention_inputs, check_mask_mod, check_softcap, check_window
 from ..dense import batch_and_heads
 from ..rules import PARTIAL
-from ..tiled import block_mask
+from ..tiled import BlockMask, block_mask
 from ._mode import interpreting
 from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess, triton
 from .config import LOG2E, FlashConfig, default_config, head_dim_pad
@@ -87,11 +87,13 @@ def empty_result(q: torch.Tensor):
 
 class Variant(NamedTuple):
     """The options beyond the causal rule, checked: a window (-1: no limit on a side), a soft-cap
-    (0.0: none) and a mask function (flashlib.masks)."""
+    (0.0: none), a mask function (flashlib.masks) and the block mask built from them once
+    (flashlib.masks.create_block_mask), if one was passed."""
 
     window: tuple[int, int] = (-1, -1)
     softcap: float = 0.0
     mask_mod: Callable | None = None
+    block_mask: BlockMask | None = None
 
     @property
     def masked(self) -> bool:
@@ -100,14 +102,40 @@ class Variant(NamedTuple):
 
     def options(self) -> dict:
         """The keyword arguments that give this variant again (softcap None for none)."""
-        return dict(window=self.window, softcap=self.softcap or None, mask_mod=self.mask_mod)
+        return dict(window=self.window, softcap=self.softcap or None, mask_mod=self.mask_mod,
+                    block_mask=self.block_mask)
 
 
 DEFAULT = Variant()
 
 
-def check_variant(fn: str, window=None, softcap=None, mask_mod=None) -> Variant:
-    return Variant(check_window(fn, window), check_softcap(fn, softcap), check_mask_mod(fn, mask_mod))
+def check_variant(fn: str, window=None, softcap=None, mask_mod=None, block_mask=None) -> Variant:
+    variant = Variant(check_window(fn, window), check_softcap(fn, softcap), check_mask_mod(fn, mask_mod))
+    return variant if block_mask is None else variant._replace(block_mask=block_mask)
+
+
+def with_block_mask(fn: str, q, k, causal: bool, window, mask_mod, block_mask):
+    """(causal, window, mask_mod) of a call given a block mask: the block mask's rule, which the call's
+    own options may repeat but not change; the call's own without one."""
+    if block_mask is None:
+        return causal, window, mask_mod
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(f"{fn}: argument 'block_mask' must be a flashlib BlockMask (flashlib.masks.create_block_mask),"
+                        f" got {type(block_mask).__name__}")
+    rule = block_mask.rule
+    given = dict(causal=causal and not rule.causal, window=window is not None and tuple(window) != rule.window,
+                 mask_mod=mask_mod is not None and mask_mod is not rule.mask_mod)
+    for name, differs in given.items():
+        if differs:
+            raise ValueError(f"{fn}: argument '{name}' differs from the block mask's ({getattr(rule, name)!r}); the "
+                             f"block mask carries the mask: pass {name} to create_block_mask, not to this call")
+    batch, heads = batch_and_heads(q.shape)
+    seen = (block_mask.seq_q, block_mask.seq_k, *block_mask.kinds.shape[:2])
+    if seen[:2] != (q.shape[-2], k.shape[-2]) or seen[2] not in (1, batch) or seen[3] not in (1, heads):
+        raise ValueError(f"{fn}: argument 'block_mask' was built for (batch {seen[2]}, heads {seen[3]}, seq_q "
+                         f"{seen[0]}, seq_k {seen[1]}) but the call has ({batch}, {heads}, {q.shape[-2]}, "
+                         f"{k.shape[-2]}); build it for these shapes (batch and heads may be 1)")
+    return rule.causal, rule.window, rule.mask_mod
 
 
 # ----- mask functions, compiled into the kernels ------------------------------------------------
@@ -125,6 +153,8 @@ def _kinds(variant: Variant, causal, batch, heads, seq_q, seq_k, block_q, block_
     if variant.mask_mod is None:
         shape = (1, 1, triton.cdiv(seq_q, block_q), triton.cdiv(seq_k, block_k))
         return torch.full(shape, PARTIAL, dtype=torch.uint8, device=device)
+    if variant.block_mask is not None:  # built once, by the caller
+        return variant.block_mask.coarsen(block_q, block_k).to(device)
     return block_mask(seq_q, seq_k, block_q=block_q, block_k=block_k, causal=causal, window=variant.window,
                       mask_mod=variant.mask_mod, batch=batch, heads=heads, device=device).kinds
 
@@ -247,19 +277,22 @@ def _masks(variant, causal, q, seq_k, block_q, block_k, cfg, backward=False):
     if not variant.masked:
         return None
     batch, heads = batch_and_heads(q.shape)
-    kinds = _kinds(variant, causal, batch, heads, q.shape[-2], seq_k, block_q, block_k, q.device)
-    # compiled after the block mask, whose PyTorch evaluation names a mask function's errors first
+    # translated before the block mask evaluates it: a construct the kernels cannot compile is named
+    # by the translation, not by PyTorch's error on index tensors
     data = None if variant.mask_mod is None else compile_mask(FN, variant.mask_mod, q.device)
+    kinds = _kinds(variant, causal, batch, heads, q.shape[-2], seq_k, block_q, block_k, q.device)
     if backward:
         return rows_of_16(kinds), rows_of_16(kinds.transpose(-1, -2)), data
     return rows_of_16(kinds), data
 
 
-def forward(q, k, v, *, causal=False, scale=None, window=None, softcap=None, mask_mod=None, config=None, fn=FN):
+def forward(q, k, v, *, causal=False, scale=None, window=None, softcap=None, mask_mod=None, block_mask=None,
+            config=None, fn=FN):
     """The teaching forward without autograd: (out, lse), lse (..., seq_q) float32, -inf for
     rows that see no key. Same conventions as :func:`attention`."""
     scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True)
-    variant = check_variant(fn, window, softcap, mask_mod)
+    causal, window, mask_mod = with_block_mask(fn, q, k, causal, window, mask_mod, block_mask)
+    variant = check_variant(fn, window, softcap, mask_mod, block_mask)
     check_kernel_inputs(fn, q)
     cfg = resolve_config(fn, q, config)
     if q.shape[-2] == 0 or k.shape[-2] == 0 or q.numel() == 0:
@@ -271,11 +304,12 @@ def forward(q, k, v, *, causal=False, scale=None, window=None, softcap=None, mas
 
 
 def backward(q, k, v, out, lse, dout, *, causal=False, scale=None, window=None, softcap=None, mask_mod=None,
-             config=None, dlse=None):
+             block_mask=None, config=None, dlse=None):
     """(dq, dk, dv) from the forward's out and lse, recomputing P tile by tile (no autograd).
     dlse: an optional gradient with respect to lse (..., seq_q)."""
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
-    variant = check_variant(FN, window, softcap, mask_mod)
+    causal, window, mask_mod = with_block_mask(FN, q, k, causal, window, mask_mod, block_mask)
+    variant = check_variant(FN, window, softcap, mask_mod, block_mask)
     cfg = resolve_config(FN, q, config)
     if out.numel() == 0 or k.shape[-2] == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -306,7 +340,7 @@ class AttentionFunction(torch.autograd.Function):
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
-              softcap: float | None = None, mask_mod=None, config: FlashConfig | None = None,
+              softcap: float | None = None, mask_mod=None, block_mask=None, config: FlashConfig | None = None,
               return_lse: bool = False):
     """Exact attention softmax(q kᵀ · scale) v with notebook 06's forward and notebook 07's
     backward kernels; differentiable (the lse too).
@@ -324,6 +358,9 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, wind
         softcap: c > 0: scores c * tanh(scale * q.k / c).
         mask_mod: mask_mod(b, h, q_idx, kv_idx) -> bool (:mod:`flashlib.masks`), compiled into the
             kernels; tiles its block mask skips are not computed.
+        block_mask: a block mask built once (:func:`flashlib.masks.create_block_mask`), so that a
+            training loop does not evaluate the mask function on every pair at every step; it
+            carries the mask (its mask function, causal and window), which the call may repeat.
         config: a :class:`FlashConfig` (tile sizes, warps, stages, float32 matmul precision);
             defaults to :func:`default_config` for the head dim, dtype and GPU.
         return_lse: also return the log-sum-exp (..., seq_q), float32, -inf for empty rows.
@@ -334,7 +371,8 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, wind
     deterministic: every program writes only its own rows of dq, dk or dv.
     """
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
-    variant = check_variant(FN, window, softcap, mask_mod)
+    causal, window, mask_mod = with_block_mask(FN, q, k, causal, window, mask_mod, block_mask)
+    variant = check_variant(FN, window, softcap, mask_mod, block_mask)
     check_kernel_inputs(FN, q)
     cfg = resolve_config(FN, q, config)
     out, lse = AttentionFunction.apply(q, k, v, causal, scale, cfg, variant)

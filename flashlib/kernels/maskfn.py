@@ -58,11 +58,13 @@ _FIXES = {
 
 
 class KernelMask(NamedTuple):
-    """A mask function as the kernels call it: the compiled ``MASK_MOD`` and its ``data`` (a tuple
-    of the tensors it reads, on the kernels' device; None when it reads none)."""
+    """A mask function as the kernels call it: the compiled ``MASK_MOD``, its ``data`` (a tuple of
+    the tensors it reads, on the kernels' device; None when it reads none) and the generated
+    Triton source (``MASK_MOD`` is its first function, the ones it calls follow)."""
 
     jit: object
     data: tuple | None
+    source: str
 
 
 _COMPILED: OrderedDict = OrderedDict()  # generated source -> its @triton.jit functions
@@ -79,7 +81,7 @@ def compile_mask(fn: str, mask_mod, device) -> KernelMask:
         if len(_COMPILED) > _MAX_COMPILED:
             _COMPILED.popitem(last=False)
     _COMPILED.move_to_end(source)
-    return KernelMask(_COMPILED[source][top], tuple(unit.tensors) or None)
+    return KernelMask(_COMPILED[source][top], tuple(unit.tensors) or None, source)
 
 
 def _exec(source: str) -> dict:
@@ -88,7 +90,8 @@ def _exec(source: str) -> dict:
     filename = f"<flashlib mask {hashlib.sha1(source.encode()).hexdigest()[:12]}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     scope = {"__name__": "flashlib.kernels.maskfn.generated", "tl": tl, "_floordiv": _floordiv,
-             "_floormod": _floormod, "_gather": _gather, "_index_offset": _index_offset, "_index_ok": _index_ok}
+             "_floormod": _floormod, "_gather": _gather, "_index_offset": _index_offset,
+             "_index_offset64": _index_offset64, "_index_ok": _index_ok}
     exec(compile(source, filename, "exec"), scope)  # noqa: S102  (source generated above, from a parsed function)
     names = [name for name in scope if name.startswith("_mask_")]
     for name in names:
@@ -99,6 +102,12 @@ def _exec(source: str) -> dict:
 @triton.jit
 def _index_offset(i, size, stride):
     """The element offset of index i along a dim of ``size`` (negative: from the end, as PyTorch)."""
+    return tl.where(i < 0, i + size, i) * stride
+
+
+@triton.jit
+def _index_offset64(i, size, stride):
+    """_index_offset in int64, for a tensor whose elements lie 2^31 or more apart."""
     return tl.where(i < 0, i + size, i).to(tl.int64) * stride
 
 
@@ -130,7 +139,8 @@ class _Unit:
     def __init__(self, fn: str, device):
         self.fn, self.device = fn, device
         self.sources: list[str] = []
-        self.tensors: list[torch.Tensor] = []
+        self.tensors: list[torch.Tensor] = []  # as the kernels read them
+        self.captured: list[torch.Tensor] = []  # as the mask function holds them
         self.names: dict[int, str] = {}  # id(function) -> generated name, while this unit lives
         self.keep: list = []  # the functions named, alive so that their ids stay theirs
 
@@ -163,11 +173,20 @@ class _Unit:
 
     def tensor(self, t: torch.Tensor) -> int:
         """The data slot of a captured tensor (on the kernels' device)."""
-        for slot, seen in enumerate(self.tensors):
+        for slot, seen in enumerate(self.captured):
             if seen is t:
                 return slot
-        self.tensors.append(t.to(self.device))
+        self.captured.append(t)
+        self.tensors.append(_narrow(t.to(self.device)))
         return len(self.tensors) - 1
+
+
+def _narrow(t: torch.Tensor) -> torch.Tensor:
+    """int64 data whose values fit in int32, as an int32 copy (read at this call, like the rest): a
+    tile of int64 comparisons holds twice the registers, and spilled the document mask's forward."""
+    if t.dtype == torch.int64 and t.numel() and bool((t.min() >= -2**31) & (t.max() < 2**31)):
+        return t.to(torch.int32)
+    return t
 
 
 def _function_node(unit: _Unit, f):
@@ -213,6 +232,7 @@ class _Translator(ast.NodeTransformer):
         self.outside = {**vars(builtins), **f.__globals__, **cells}
         self.params = self.params[:len(self.params) - len(defaults)]
         self.locals = set(self.params)
+        self.assigned: set[str] = set()  # names the body assigns (a parameter reassigned may be negative)
         self.defaults = defaults
 
     def where(self, node) -> str:
@@ -243,6 +263,7 @@ class _Translator(ast.NodeTransformer):
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
             value = ast.unparse(self.visit(stmt.value))
             self.locals.add(stmt.targets[0].id)
+            self.assigned.add(stmt.targets[0].id)
             return f"{stmt.targets[0].id} = {value}"
         raise self.fail(stmt, f"a statement '{type(stmt).__name__.lower()}'",
                         _FIXES.get(type(stmt), "a mask function is assignments of names and one return"))
@@ -312,9 +333,18 @@ class _Translator(ast.NodeTransformer):
     def load(self, node, tensor: torch.Tensor, index: list):
         slot = self.unit.tensor(tensor)
         moved = self.unit.tensors[slot]
-        offsets = [f"_index_offset({ast.unparse(i)}, {size}, {stride})"
-                   for i, size, stride in zip(index, moved.shape, moved.stride())]
-        oks = [f"_index_ok({ast.unparse(i)}, {size})" for i, size in zip(index, moved.shape)]
+        # int64 offsets only for a tensor whose elements lie 2^31 or more apart (registers are dear)
+        wide = sum((size - 1) * abs(stride) for size, stride in zip(moved.shape, moved.stride())) >= 2**31
+        offsets, oks = [], []
+        for i, size, stride in zip(index, moved.shape, moved.stride()):
+            text = ast.unparse(i)
+            if text in self.params[:4] and text not in self.assigned and not wide:
+                # an index itself: never negative, past the end only on padding rows and columns
+                offsets.append(f"{text} * {stride}")
+                oks.append(f"({text} < {size})")
+            else:
+                offsets.append(f"{'_index_offset64' if wide else '_index_offset'}({text}, {size}, {stride})")
+                oks.append(f"_index_ok({text}, {size})")
         text = f"_gather({self.data}[{slot}], {' + '.join(offsets) or '0'}, {' & '.join(oks) or 'True'})"
         return ast.parse(text, mode="eval").body
 

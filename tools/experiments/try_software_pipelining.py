@@ -65,7 +65,8 @@ source = inspect.getsource(ladder_forward._attn_fwd_tma.fn)
 assert OLD in source, "rung 3/4's unmasked loop changed: update this script"
 header = ("import triton\nimport triton.language as tl\n"
           "from flashlib.kernels.forward import _finish\n"
-          "from flashlib.ladder.forward import _key_ranges, _query_block\n")
+          "from flashlib.kernels.rules import _key_tiles\n"
+          "from flashlib.ladder.forward import _query_block\n")
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "pipelined.py")
     with open(path, "w") as f:

@@ -32,7 +32,8 @@ assert LOOP in source, "rung 3's unmasked loop changed: update this script"
 source = source.replace(LOOP, "for k0 in tl.range(0, k_full, BLOCK_K, warp_specialize=True):", 1)
 header = ("import triton\nimport triton.language as tl\n"
           "from flashlib.kernels.forward import _finish\n"
-          "from flashlib.ladder.forward import _key_ranges, _query_block\n")
+          "from flashlib.kernels.rules import _key_tiles\n"
+          "from flashlib.ladder.forward import _query_block\n")
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "ws_kernel.py")
     with open(path, "w") as f:
