@@ -32,6 +32,8 @@ from typing import NamedTuple
 import torch
 
 from ._checks import check_index_tensor, check_softcap, check_window, resolve_scale
+from .rules import Visibility, key_range_start
+from .rules import softcap as soft_cap
 from .softmax import merge_partials
 
 FN = "decode_attention"
@@ -177,9 +179,9 @@ def split_bounds(seqlen: int, new_tokens: int, num_splits: int, *, window_left: 
     ceil(span / num_splits) keys rounded up to a multiple of ``block`` (the kernels' BLOCK_K, so
     that no tile straddles two chunks); trailing chunks may be empty (start == stop).
     """
-    first = 0
-    if window_left >= 0:
-        first = max(seqlen - new_tokens - window_left, 0) // block * block
+    # the new tokens are the last queries of the cache: the forward's rule with seq_q = new_tokens,
+    # seq_k = seqlen, causal, window (left, 0); its first row's key range
+    first = key_range_start(0, new_tokens, seqlen, Visibility(True, (window_left, -1)), block)
     chunk = _cdiv(_cdiv(seqlen - first, num_splits), block) * block
     starts = [min(first + s * chunk, seqlen) for s in range(num_splits)]
     return [(start, min(start + chunk, seqlen)) for start in starts]
@@ -237,13 +239,11 @@ def chunk_attention(q, k, v, positions, offset: int, *, scale: float, softcap: f
     (chunk,); query i sits at position offset + i. out is normalised over the chunk alone and
     lse (heads, new_tokens) is its log-sum-exp, -inf (with out = 0) where a row sees none of it.
     """
-    s = (q @ k.transpose(-2, -1)) * scale  # (H, Nnew, chunk)
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    query_pos = offset + torch.arange(q.shape[-2], device=q.device)[:, None]  # (Nnew, 1)
-    visible = positions[None, :] <= query_pos
-    if window_left >= 0:
-        visible &= positions[None, :] >= query_pos - window_left
+    s = soft_cap((q @ k.transpose(-2, -1)) * scale, softcap)  # (H, Nnew, chunk)
+    new_tokens = q.shape[-2]
+    rows = torch.arange(new_tokens, device=q.device)[:, None]  # (Nnew, 1); query i sits at offset + i
+    rule = Visibility(True, (window_left, -1))  # the forward's rule, seq_q = Nnew, seq_k = offset + Nnew
+    visible = rule.pairs(rows, positions[None, :], new_tokens, offset + new_tokens)
     s = s.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # (H, Nnew); -inf for a row that sees no key of the chunk
     shift = torch.where(lse == float("-inf"), torch.zeros_like(lse), lse)

@@ -49,7 +49,7 @@ def test_sink_window(capsys):
     assert ve.check_sink_window(right)
     assert ve.check_sink_window(lambda b, h, q_idx, kv_idx: (kv_idx <= q_idx) & ((kv_idx < 4) | (q_idx - kv_idx < 128)))
     for wrong, said in ((not_causal, "future"), (python_logic, "& and |"), (no_sink, "sink"),
-                        (one_too_many, "window's edge"), (lambda b, h, q, kv: q >= kv, "sink")):
+                        (one_too_many, "window's edge"), (lambda b, h, q, kv: q >= kv, "window's edge")):
         capsys.readouterr()
         assert not ve.check_sink_window(wrong)
         assert said in capsys.readouterr().out, wrong
