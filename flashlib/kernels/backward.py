@@ -107,10 +107,11 @@ def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, qk_sc
         if MASK_MOD is not None:  # the block mask's row of this key tile for query head off_h + g
             row += off_b * stride_tb + (off_h + g) * stride_th + k0 // BLOCK_K * stride_tr
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q + g * stride_qh, DO + g * stride_doh,
-                                      Lse + g * stride_lh, Delta + g * stride_lh, stride_qm, stride_dom,
-                                      offs_k, offs_d, q_start, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
-                                      BLOCK_Q, CAUSAL, INPUT_PRECISION, q_end, softcap, window_left, window_right,
-                                      off_b, off_h + g, MaskData, row, SOFTCAP, MASK_MOD)
+                                      Lse + g * stride_lh, Delta + g * stride_lh, stride_qm, stride_dom, offs_k, offs_d,
+                                      q_start, qk_scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, BLOCK_Q=BLOCK_Q,
+                                      CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, q_end=q_end, softcap=softcap,
+                                      window_left=window_left, window_right=window_right, off_b=off_b, off_h=off_h + g,
+                                      MaskData=MaskData, Tiles=row, SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD)
     mask = (offs_k[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)
     dk = dk * scale  # s = scale * q kᵀ, so dk picks up the scale once, at the end
     rows = offs_k[:, None].to(tl.int64)  # int64: a row stride times a row can pass 2^31
@@ -138,10 +139,13 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
     off_b = off_q // HEADS + ROW0 * BLOCK_H // HEADS  # what a mask function is told
     _attn_bwd_dkdv_block(Q + off_q * stride_qz, K + off_z * stride_kz, V + off_z * stride_vz, DO + off_q * stride_doz,
                          DK + off_z * stride_dkz, DV + off_z * stride_dvz, Lse + off_q * SEQ_Q, Delta + off_q * SEQ_Q,
-                         Tiles, MaskData, qk_scale, scale, softcap, stride_qz, stride_qm, stride_kn, stride_vn,
-                         stride_doz, stride_dom, stride_dkn, stride_dvn, SEQ_Q, k0, SEQ_Q, SEQ_K, HEAD_DIM,
-                         window_left, window_right, off_b, off_q % HEADS, stride_tb, stride_th, stride_tr,
-                         HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, BLOCK_H, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)
+                         Tiles, MaskData, qk_scale, scale, softcap, stride_qz, stride_qm=stride_qm, stride_kn=stride_kn,
+                         stride_vn=stride_vn, stride_doh=stride_doz, stride_dom=stride_dom, stride_dkn=stride_dkn,
+                         stride_dvn=stride_dvn, stride_lh=SEQ_Q, k0=k0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
+                         window_left=window_left, window_right=window_right, off_b=off_b, off_h=off_q % HEADS,
+                         stride_tb=stride_tb, stride_th=stride_th, stride_tr=stride_tr, HEAD_DIM_PAD=HEAD_DIM_PAD,
+                         BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H, CAUSAL=CAUSAL,
+                         INPUT_PRECISION=INPUT_PRECISION, SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD)
 
 
 @triton.jit
@@ -188,9 +192,11 @@ def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, Tiles, MaskData, qk_scale, s
     dq = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
     k_start, k_end = _key_range(q0, SEQ_Q, SEQ_K, window_left, window_right, BLOCK_Q, BLOCK_K, CAUSAL,
                                 MASK_MOD is not None)
-    dq = _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end,
-                            qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_K, CAUSAL, INPUT_PRECISION, k_start, softcap,
-                            window_left, window_right, off_b, off_h, MaskData, Tiles, SOFTCAP, MASK_MOD)
+    dq = _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end, qk_scale,
+                            SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
+                            INPUT_PRECISION=INPUT_PRECISION, k_start=k_start, softcap=softcap, window_left=window_left,
+                            window_right=window_right, off_b=off_b, off_h=off_h, MaskData=MaskData, Tiles=Tiles,
+                            SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD)
     mask = (offs_q[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
     tl.store(DQ + offs_q[:, None].to(tl.int64) * stride_dqm + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=mask)
@@ -215,7 +221,9 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
     if MASK_MOD is not None:  # the block mask's row of this block
         Tiles += off_b * stride_tb + off_h * stride_th + q0 // BLOCK_Q * stride_tr
     _attn_bwd_dq_block(Q + off_z * stride_qz, K + off_kv * stride_kz, V + off_kv * stride_vz, DO + off_z * stride_doz,
-                       DQ + off_z * stride_dqz, Lse + off_z * SEQ_Q, Delta + off_z * SEQ_Q, Tiles, MaskData,
-                       qk_scale, scale, softcap, stride_qm, stride_kn, stride_vn, stride_dom, stride_dqm,
-                       q0, SEQ_Q, SEQ_K, HEAD_DIM, window_left, window_right, off_b, off_h,
-                       HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)
+                       DQ + off_z * stride_dqz, Lse + off_z * SEQ_Q, Delta + off_z * SEQ_Q, Tiles, MaskData, qk_scale,
+                       scale, softcap, stride_qm, stride_kn, stride_vn=stride_vn, stride_dom=stride_dom,
+                       stride_dqm=stride_dqm, q0=q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
+                       window_left=window_left, window_right=window_right, off_b=off_b, off_h=off_h,
+                       HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
+                       INPUT_PRECISION=INPUT_PRECISION, SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD)

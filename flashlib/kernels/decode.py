@@ -137,9 +137,10 @@ def _decode_split(Q, K, V, Partial, PartialLse, SeqLens, Table, qk_scale, softca
     l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
     m_i, l_i, acc = _decode_inner(m_i, l_i, acc, q_blk, K, V, Table, stride_table, off_b, stride_kb, stride_kn,
-                                  stride_vb, stride_vn, offs_r, offs_d, k_lo, k_hi, ROWS, NEW_TOKENS, offset,
-                                  window_left, qk_scale, softcap, HEAD_DIM, PAGE_SIZE, BLOCK_K, KEY_ROWS,
-                                  SOFTCAP, INPUT_PRECISION)
+                                  stride_vb, stride_vn, offs_r, offs_d=offs_d, k_lo=k_lo, k_hi=k_hi, ROWS=ROWS,
+                                  NEW_TOKENS=NEW_TOKENS, offset=offset, window_left=window_left, qk_scale=qk_scale,
+                                  softcap=softcap, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, BLOCK_K=BLOCK_K,
+                                  KEY_ROWS=KEY_ROWS, SOFTCAP=SOFTCAP, INPUT_PRECISION=INPUT_PRECISION)
 
     out, lse = _finish(m_i, l_i, acc)  # an empty chunk: out = 0, lse = -inf, a weight of 0 in the merge
     part = off_z * NUM_SPLITS + split
@@ -281,14 +282,15 @@ def _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial,
     paged = block_table is not None
     table = block_table if paged else cache_seqlens  # not read by _contiguous_rows
     grid = (num_splits, bz, triton.cdiv(rows, block_q))
-    _decode_split[grid](
-        q_rows, k_cache, v_cache, partial, partial_lse, cache_seqlens, table, scale * LOG2E, softcap, window_left,
-        q_rows.stride(0), q_rows.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), table.stride(0) if paged else 0,
-        partial.stride(0), partial.stride(1), kv_heads, num_splits, rows, new_tokens, d, k_cache.shape[2],
-        HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
-        KEY_ROWS=_paged_rows if paged else _contiguous_rows, SOFTCAP=softcap > 0,
-        INPUT_PRECISION=input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    _decode_split[grid](q_rows, k_cache, v_cache, partial, partial_lse, cache_seqlens, table, scale * LOG2E, softcap,
+                        window_left, q_rows.stride(0), q_rows.stride(1), k_cache.stride(0), k_cache.stride(1),
+                        stride_kn=k_cache.stride(2), stride_vb=v_cache.stride(0), stride_vh=v_cache.stride(1),
+                        stride_vn=v_cache.stride(2), stride_table=table.stride(0) if paged else 0,
+                        stride_pz=partial.stride(0), stride_pr=partial.stride(1), KV_HEADS=kv_heads,
+                        NUM_SPLITS=num_splits, ROWS=rows, NEW_TOKENS=new_tokens, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[2],
+                        HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
+                        KEY_ROWS=_paged_rows if paged else _contiguous_rows, SOFTCAP=softcap > 0,
+                        INPUT_PRECISION=input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _launch_merge(partial, partial_lse, out, lse, num_splits, block_q):

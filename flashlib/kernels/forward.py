@@ -130,10 +130,11 @@ def _attn_fwd_block(Q, K, V, Out, Lse, Tiles, MaskData, qk_scale, softcap, strid
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
     k_start, k_end = _key_range(q0, SEQ_Q, SEQ_K, window_left, window_right, BLOCK_Q, BLOCK_K, CAUSAL,
                                 MASK_MOD is not None)
-    m_i, l_i, acc = _attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end,
-                                    qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_K, CAUSAL, INPUT_PRECISION,
-                                    k_start, softcap, window_left, window_right, off_b, off_h, MaskData, Tiles,
-                                    SOFTCAP, MASK_MOD)
+    m_i, l_i, acc = _attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end, qk_scale,
+                                    SEQ_Q, SEQ_K, HEAD_DIM=HEAD_DIM, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
+                                    INPUT_PRECISION=INPUT_PRECISION, k_start=k_start, softcap=softcap,
+                                    window_left=window_left, window_right=window_right, off_b=off_b, off_h=off_h,
+                                    MaskData=MaskData, Tiles=Tiles, SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD)
 
     out, lse = _finish(m_i, l_i, acc)
     o_mask = (offs_q[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
@@ -164,5 +165,6 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         Tiles += off_b * stride_tb + off_h * stride_th + q0 // BLOCK_Q * stride_tr
     _attn_fwd_block(Q + off_z * stride_qz, K + off_kv * stride_kz, V + off_kv * stride_vz, Out + off_z * stride_oz,
                     Lse + off_z * SEQ_Q, Tiles, MaskData, qk_scale, softcap, stride_qm, stride_kn, stride_vn, stride_om,
-                    q0, SEQ_Q, SEQ_K, HEAD_DIM, window_left, window_right, off_b, off_h,
-                    HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)
+                    q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, window_left=window_left, window_right=window_right,
+                    off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K,
+                    CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD)

@@ -247,19 +247,36 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, causal, scale, cfg, variant=
     # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where masked
     for kv in row_chunks(k.shape[0], heads // group if variant.masked else 1):
         rows = slice(kv.start * group, kv.stop * group)  # the query heads that read these kv heads
-        _attn_bwd_dkdv[(triton.cdiv(seq_k, cfg.bwd_block_k), kv.stop - kv.start)](
-            q[rows], k[kv], v[kv], dout[rows], dk[kv], dv[kv], lse[rows], delta[rows], scale * LOG2E, scale,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-            seq_q, seq_k, d, ROW0=kv.start, **common, **by_key)
+        _attn_bwd_dkdv[(triton.cdiv(seq_k, cfg.bwd_block_k), kv.stop - kv.start)](q[rows], k[kv], v[kv], dout[rows],
+                                                                                  dk[kv], dv[kv], lse[rows],
+                                                                                  delta[rows], scale * LOG2E, scale,
+                                                                                  q.stride(0), q.stride(1), k.stride(0),
+                                                                                  k.stride(1), stride_vz=v.stride(0),
+                                                                                  stride_vn=v.stride(1),
+                                                                                  stride_doz=dout.stride(0),
+                                                                                  stride_dom=dout.stride(1),
+                                                                                  stride_dkz=dk.stride(0),
+                                                                                  stride_dkn=dk.stride(1),
+                                                                                  stride_dvz=dv.stride(0),
+                                                                                  stride_dvn=dv.stride(1), SEQ_Q=seq_q,
+                                                                                  SEQ_K=seq_k, HEAD_DIM=d,
+                                                                                  ROW0=kv.start, **common, **by_key)
     by_query = variant_args(variant, group=group, heads=heads, kinds=by_query, data=data)
     for rows in row_chunks(bh, heads if variant.masked else group):
         kv = slice(rows.start // group, rows.stop // group)
-        _attn_bwd_dq[(triton.cdiv(seq_q, cfg.bwd_block_q), rows.stop - rows.start)](
-            q[rows], k[kv], v[kv], dout[rows], dq[rows], lse[rows], delta[rows], scale * LOG2E, scale,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
-            seq_q, seq_k, d, ROW0=rows.start, **common, **by_query)
+        _attn_bwd_dq[(triton.cdiv(seq_q, cfg.bwd_block_q), rows.stop - rows.start)](q[rows], k[kv], v[kv], dout[rows],
+                                                                                    dq[rows], lse[rows], delta[rows],
+                                                                                    scale * LOG2E, scale, q.stride(0),
+                                                                                    q.stride(1), k.stride(0),
+                                                                                    k.stride(1), v.stride(0),
+                                                                                    stride_vn=v.stride(1),
+                                                                                    stride_doz=dout.stride(0),
+                                                                                    stride_dom=dout.stride(1),
+                                                                                    stride_dqz=dq.stride(0),
+                                                                                    stride_dqm=dq.stride(1),
+                                                                                    SEQ_Q=seq_q, SEQ_K=seq_k,
+                                                                                    HEAD_DIM=d, ROW0=rows.start,
+                                                                                    **common, **by_query)
     return dq, dk, dv
 
 

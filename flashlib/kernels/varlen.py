@@ -55,10 +55,11 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale,
         off_kv = off_h // GROUP  # grouped-query attention: query head h reads kv head h // GROUP
         _attn_fwd_block(Q + q_start * stride_qm + off_h * stride_qh, K + k_start * stride_kn + off_kv * stride_kh,
                         V + k_start * stride_vn + off_kv * stride_vh, Out + q_start * stride_om + off_h * stride_oh,
-                        Lse + off_h * TOTAL_Q + q_start, Tiles, None, qk_scale, softcap,
-                        stride_qm, stride_kn, stride_vn, stride_om, q0, seq_q, seq_k, HEAD_DIM,
-                        window_left, window_right, off_b, off_h,
-                        HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)
+                        Lse + off_h * TOTAL_Q + q_start, Tiles, None, qk_scale, softcap, stride_qm, stride_kn,
+                        stride_vn, stride_om, q0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, window_left=window_left,
+                        window_right=window_right, off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q,
+                        BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SOFTCAP=SOFTCAP,
+                        MASK_MOD=MASK_MOD)
 
 
 @triton.jit
@@ -78,17 +79,18 @@ def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlens
     if k0 < seq_k:  # a tile past its sequence's end computes nothing
         q_start, seq_q = _sequence(CuSeqlensQ, off_b)
         off_h = off_kv * BLOCK_H  # the first query head of its group
-        _attn_bwd_dkdv_block(Q + q_start * stride_qm + off_h * stride_qh,
-                             K + k_start * stride_kn + off_kv * stride_kh, V + k_start * stride_vn + off_kv * stride_vh,
+        _attn_bwd_dkdv_block(Q + q_start * stride_qm + off_h * stride_qh, K + k_start * stride_kn + off_kv * stride_kh,
+                             V + k_start * stride_vn + off_kv * stride_vh,
                              DO + q_start * stride_dom + off_h * stride_doh,
                              DK + k_start * stride_dkn + off_kv * stride_dkh,
-                             DV + k_start * stride_dvn + off_kv * stride_dvh,
-                             Lse + off_h * TOTAL_Q + q_start, Delta + off_h * TOTAL_Q + q_start, Tiles, None,
-                             qk_scale, scale, softcap, stride_qh, stride_qm, stride_kn, stride_vn,
-                             stride_doh, stride_dom,
-                             stride_dkn, stride_dvn, TOTAL_Q, k0, seq_q, seq_k, HEAD_DIM,
-                             window_left, window_right, off_b, off_h, 0, 0, 0,
-                             HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, BLOCK_H, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)
+                             DV + k_start * stride_dvn + off_kv * stride_dvh, Lse + off_h * TOTAL_Q + q_start,
+                             Delta + off_h * TOTAL_Q + q_start, Tiles, None, qk_scale, scale, softcap, stride_qh,
+                             stride_qm=stride_qm, stride_kn=stride_kn, stride_vn=stride_vn, stride_doh=stride_doh,
+                             stride_dom=stride_dom, stride_dkn=stride_dkn, stride_dvn=stride_dvn, stride_lh=TOTAL_Q,
+                             k0=k0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, window_left=window_left,
+                             window_right=window_right, off_b=off_b, off_h=off_h, stride_tb=0, stride_th=0, stride_tr=0,
+                             HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H,
+                             CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD)
 
 
 @triton.jit
@@ -109,10 +111,12 @@ def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Til
         _attn_bwd_dq_block(Q + q_start * stride_qm + off_h * stride_qh, K + k_start * stride_kn + off_kv * stride_kh,
                            V + k_start * stride_vn + off_kv * stride_vh, DO + q_start * stride_dom + off_h * stride_doh,
                            DQ + q_start * stride_dqm + off_h * stride_dqh, Lse + off_h * TOTAL_Q + q_start,
-                           Delta + off_h * TOTAL_Q + q_start, Tiles, None, qk_scale, scale, softcap,
-                           stride_qm, stride_kn, stride_vn, stride_dom, stride_dqm, q0, seq_q, seq_k, HEAD_DIM,
-                           window_left, window_right, off_b, off_h,
-                           HEAD_DIM_PAD, BLOCK_Q, BLOCK_K, CAUSAL, INPUT_PRECISION, SOFTCAP, MASK_MOD)
+                           Delta + off_h * TOTAL_Q + q_start, Tiles, None, qk_scale, scale, softcap, stride_qm,
+                           stride_kn, stride_vn=stride_vn, stride_dom=stride_dom, stride_dqm=stride_dqm, q0=q0,
+                           SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, window_left=window_left,
+                           window_right=window_right, off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
+                           BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION,
+                           SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD)
 
 
 # ----- launchers ------------------------------------------------------------------------------

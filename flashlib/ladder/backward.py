@@ -154,14 +154,17 @@ def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
     q_start, q_full, q_end = _query_tiles(k0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
     # masked [q_start, q_full), unmasked [q_full, q_end), masked [q_end, SEQ_Q)
     dk, dv = _dkdv_loop(dk, dv, k_tile, v_tile, q_src, do_src, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d,
-                        q_start, q_full, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, True, CAUSAL,
-                        INPUT_PRECISION, TMA)
+                        q_start, q_full, qk_scale=qk_scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
+                        HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q, MASKED=True, CAUSAL=CAUSAL,
+                        INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
     dk, dv = _dkdv_loop(dk, dv, k_tile, v_tile, q_src, do_src, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d,
-                        q_full, q_end, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, False, CAUSAL,
-                        INPUT_PRECISION, TMA)
-    dk, dv = _dkdv_loop(dk, dv, k_tile, v_tile, q_src, do_src, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d,
-                        q_end, SEQ_Q, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, True, CAUSAL,
-                        INPUT_PRECISION, TMA)
+                        q_full, q_end, qk_scale=qk_scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
+                        HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q, MASKED=False, CAUSAL=CAUSAL,
+                        INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
+    dk, dv = _dkdv_loop(dk, dv, k_tile, v_tile, q_src, do_src, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d, q_end,
+                        SEQ_Q, qk_scale=qk_scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
+                        HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q, MASKED=True, CAUSAL=CAUSAL,
+                        INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
     dk = dk * scale  # s = scale * q kᵀ, so dk picks up the scale once, at the end
     _store_rows(DK + off_z * stride_dkz, stride_dkn, offs_k, offs_d, SEQ_K, dk, HEAD_DIM)
     _store_rows(DV + off_z * stride_dvz, stride_dvn, offs_k, offs_d, SEQ_K, dv, HEAD_DIM)
@@ -209,9 +212,11 @@ def _attn_bwd_dq_split(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
     v_src = _rows_source(V + off_z * stride_vz, stride_vn, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, TMA)
     k_full, k_end = _key_tiles(q0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
     dq = _dq_loop(dq, q_blk, do_blk, lse, delta, k_src, v_src, stride_kn, stride_vn, offs_q, offs_d, 0, k_full,
-                  qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, False, CAUSAL, INPUT_PRECISION, TMA)
+                  qk_scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_K=BLOCK_K,
+                  MASKED=False, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
     dq = _dq_loop(dq, q_blk, do_blk, lse, delta, k_src, v_src, stride_kn, stride_vn, offs_q, offs_d, k_full, k_end,
-                  qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, True, CAUSAL, INPUT_PRECISION, TMA)
+                  qk_scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_K=BLOCK_K,
+                  MASKED=True, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
     _store_rows(DQ + off_z * stride_dqz, stride_dqm, offs_q, offs_d, SEQ_Q, dq * scale, HEAD_DIM)
 
 
@@ -318,14 +323,14 @@ def _attn_bwd_fused(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
     Delta += off_z * SEQ_Q
     q_start, q_full, q_end = _query_tiles(k0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
     dk, dv = _fused_loop(dk, dv, k_tile, v_tile, q_desc, do_desc, Lse, Delta, dq_dst, stride_dq, offs_k, offs_d,
-                         q_start, q_full, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_Q, True, CAUSAL,
-                         INPUT_PRECISION, ADD_DQ)
-    dk, dv = _fused_loop(dk, dv, k_tile, v_tile, q_desc, do_desc, Lse, Delta, dq_dst, stride_dq, offs_k, offs_d,
-                         q_full, q_end, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_Q, False, CAUSAL,
-                         INPUT_PRECISION, ADD_DQ)
-    dk, dv = _fused_loop(dk, dv, k_tile, v_tile, q_desc, do_desc, Lse, Delta, dq_dst, stride_dq, offs_k, offs_d,
-                         q_end, SEQ_Q, qk_scale, scale, SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_Q, True, CAUSAL,
-                         INPUT_PRECISION, ADD_DQ)
+                         q_start, q_full, qk_scale=qk_scale, scale=scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
+                         BLOCK_Q=BLOCK_Q, MASKED=True, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, ADD_DQ=ADD_DQ)
+    dk, dv = _fused_loop(dk, dv, k_tile, v_tile, q_desc, do_desc, Lse, Delta, dq_dst, stride_dq, offs_k, offs_d, q_full,
+                         q_end, qk_scale=qk_scale, scale=scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
+                         BLOCK_Q=BLOCK_Q, MASKED=False, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, ADD_DQ=ADD_DQ)
+    dk, dv = _fused_loop(dk, dv, k_tile, v_tile, q_desc, do_desc, Lse, Delta, dq_dst, stride_dq, offs_k, offs_d, q_end,
+                         SEQ_Q, qk_scale=qk_scale, scale=scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
+                         BLOCK_Q=BLOCK_Q, MASKED=True, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, ADD_DQ=ADD_DQ)
     _store_rows(DK + off_z * stride_dkz, stride_dkn, offs_k, offs_d, SEQ_K, dk, HEAD_DIM)  # scaled through dS
     _store_rows(DV + off_z * stride_dvz, stride_dvn, offs_k, offs_d, SEQ_K, dv, HEAD_DIM)
 
