@@ -93,6 +93,11 @@ def check_same_heads(fn: str, k, v) -> None:
                          f"got k {tuple(k.shape[:-2])} and v {tuple(v.shape[:-2])}")
 
 
+# a window side this wide limits nothing that fits in memory: wider ones are clamped to it, so that
+# every side fits the ops' int64 arguments and PyTorch's int64 index arithmetic
+WINDOW_MAX = 2**62
+
+
 def check_window(fn: str, window) -> tuple[int, int]:
     """(left, right) of a sliding window, -1 for no limit on a side; None gives (-1, -1)."""
     if window is None:
@@ -101,7 +106,7 @@ def check_window(fn: str, window) -> tuple[int, int]:
           and all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window))
     if not ok:
         raise TypeError(f"{fn}: argument 'window' must be None or a pair of ints (left, right), got {window!r}")
-    left, right = (int(w) for w in window)
+    left, right = (min(int(w), WINDOW_MAX) for w in window)
     if left < -1 or right < -1:
         raise ValueError(f"{fn}: argument 'window' is {(left, right)}; each side must be >= 0 keys, or -1 "
                          "for no limit on that side (flash-attn's convention)")

@@ -2,6 +2,8 @@
 
 - no import cycles between flashlib's modules, counting imports inside functions too;
 - no function longer than 70 lines;
+- no call (a kernel launch, a jit call) that passes more than 20 arguments by position: past that a
+  reader cannot check which value lands in which slot, so the rest go by name;
 - no Triton kernel or helper that selects its code path with more than four compile-time
   switches (``tl.constexpr`` parameters other than sizes: BLOCK_*, HEAD_DIM*);
 - the rooms stay in their order: reference modules import no room, kernels import no ladder,
@@ -22,6 +24,7 @@ PKG = ROOT / "flashlib"
 SIZE_CONSTEXPRS = ("BLOCK", "HEAD_DIM")
 MAX_FUNCTION_LINES = 70
 MAX_SWITCHES = 4
+MAX_POSITIONAL = 20
 ROOMS = ("course", "labs", "kernels", "ladder", "bench")
 
 
@@ -132,6 +135,20 @@ def test_no_import_cycles():
 def test_no_function_longer_than_70_lines():
     long = [(n, where) for n, where, _ in functions() if n > MAX_FUNCTION_LINES]
     assert long == []
+
+
+def long_calls() -> list[tuple[str, int, str, int]]:
+    """(module, line, callee, count) of every call passing more than MAX_POSITIONAL arguments by position."""
+    found = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and len(node.args) > MAX_POSITIONAL:
+                found.append((name, node.lineno, ast.unparse(node.func)[:40], len(node.args)))
+    return found
+
+
+def test_no_call_passes_more_than_20_arguments_by_position():
+    assert long_calls() == []
 
 
 def test_no_kernel_selects_its_code_path_with_more_than_four_switches():

@@ -153,3 +153,14 @@ def test_a_cap_below_float32s_normal_numbers_is_refused():
         attention(q, k, v, softcap=1e-40)
     with pytest.raises(ValueError, match="argument 'softcap'"):
         flashlib.dense_attention(q, k, v, softcap=1e-40)
+
+
+def test_a_window_side_wider_than_int64_is_no_window():
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 30, 8) for _ in range(3))
+    for window in ((2**70, 0), (2**64, 2**63)):
+        causal = window[1] == 0
+        want = flashlib.dense_attention(q, k, v, causal=causal)
+        torch.testing.assert_close(flashlib.dense_attention(q, k, v, causal=causal, window=window), want)
+        torch.testing.assert_close(flashlib.flash_attention(q, k, v, causal=causal, window=window), want,
+                                   atol=1e-6, rtol=1e-6)

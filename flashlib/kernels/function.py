@@ -123,7 +123,8 @@ def with_block_mask(fn: str, q, k, causal: bool, window, mask_mod, block_mask):
         raise TypeError(f"{fn}: argument 'block_mask' must be a flashlib BlockMask (flashlib.masks.create_block_mask),"
                         f" got {type(block_mask).__name__}")
     rule = block_mask.rule
-    given = dict(causal=causal and not rule.causal, window=window is not None and tuple(window) != rule.window,
+    window_differs = window is not None and check_window(fn, window) != rule.window
+    given = dict(causal=causal and not rule.causal, window=window_differs,
                  mask_mod=mask_mod is not None and mask_mod is not rule.mask_mod)
     for name, differs in given.items():
         if differs:
