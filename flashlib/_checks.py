@@ -128,6 +128,25 @@ def check_softcap(fn: str, softcap) -> float:
     return float(softcap)
 
 
+def check_sinks(fn: str, sinks, heads: int, device):
+    """Attention sinks: None, or one logit per query head, (heads,) floating point on q's device."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"{fn}: argument 'sinks' must be None or a torch.Tensor of one logit per query head, "
+                        f"got {type(sinks).__name__}")
+    if not sinks.is_floating_point():
+        raise TypeError(f"{fn}: argument 'sinks' has dtype {sinks.dtype}; expected a floating-point dtype "
+                        "(a logit per query head)")
+    if tuple(sinks.shape) != (heads,):
+        raise ValueError(f"{fn}: argument 'sinks' has shape {tuple(sinks.shape)}; expected ({heads},), one logit "
+                         "per query head")
+    if sinks.device != device:
+        raise ValueError(f"{fn}: argument 'sinks' is on {sinks.device} but 'q' is on {device}; move it to q's "
+                         "device")
+    return sinks
+
+
 def check_mask_mod(fn: str, mask_mod):
     """None, or a function mask_mod(b, h, q_idx, kv_idx) -> bool tensor."""
     if mask_mod is None:

@@ -18,14 +18,15 @@ import torch
 
 from ._checks import check_block
 from .dense import expand_kv
-from .rules import softcap_slope
+from .rules import sink_grad, softcap_slope
 from .tiled import (NEG_INF, _compute_dtype, _query_range, _scores, _skipped, _tile_visible, canonical, check_options,
                     tiled_forward)
 
 
 def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=False, scale=None,
-                   dlse=None, window=None, softcap=None, mask_mod=None):
-    """Gradients (dq, dk, dv) of tiled attention, recomputing P tile by tile from ``lse``.
+                   dlse=None, window=None, softcap=None, mask_mod=None, sinks=None):
+    """Gradients (dq, dk, dv) of tiled attention, recomputing P tile by tile from ``lse``; with
+    ``sinks``, (dq, dk, dv, dsinks).
 
     Args:
         q, k, v: the forward inputs, (batch, heads, seq, head_dim); k and v may have fewer heads
@@ -36,13 +37,16 @@ def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fa
             enters as delta - dlse.
         window, softcap, mask_mod: as the forward (:func:`tiled_attention`); with soft-capping
             dS picks up the cap's slope, 1 - tanh² = 1 - (S / softcap)².
+        sinks: the forward's attention sinks (heads,). The lse already holds them, so P and dq,
+            dk, dv need nothing more; a sink's own gradient is -sum over its head's rows of
+            exp(sink - lse) * delta (:func:`flashlib.rules.sink_grad`).
 
     Loop order is FlashAttention-2's dK/dV kernel: outer over key/value tiles, whose
     dK_j and dV_j accumulate locally; dQ accumulates across the outer loop.
     """
     fn = "tiled_backward"
     scale, rule, softcap = check_options(fn, q, k, v, causal=causal, scale=scale, window=window,
-                                         softcap=softcap, mask_mod=mask_mod)
+                                         softcap=softcap, mask_mod=mask_mod, sinks=sinks)
     block_q, block_k = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k)
     work = _compute_dtype(q.dtype)
     q_shape, kv_shape = q.shape, k.shape
@@ -52,6 +56,7 @@ def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fa
     delta = (dout * out).sum(dim=-1)  # (B, H, Nq): rowsum(dO ∘ O)
     if dlse is not None:
         delta = delta - dlse.reshape(delta.shape).to(work)
+    dsinks = None if sinks is None else sink_grad(sinks, lse, delta)
     # Rows that saw no key have lse = -inf; shifting by +inf makes their P exactly 0.
     lse = torch.where(lse == NEG_INF, float("inf"), lse)
     seq_q, seq_k = q.shape[-2], k.shape[-2]
@@ -78,7 +83,8 @@ def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fa
             dq[..., q0:q1, :] += (ds @ k_tile) * scale
             dk_j += (ds.transpose(-2, -1) @ q_blk) * scale
         dk[..., k0:k1, :], dv[..., k0:k1, :] = dk_j, dv_j
-    return dq.reshape(q_shape), _group_sum(dk, kv_shape), _group_sum(dv, kv_shape)
+    grads = dq.reshape(q_shape), _group_sum(dk, kv_shape), _group_sum(dv, kv_shape)
+    return grads if sinks is None else (*grads, dsinks)
 
 
 def _group_sum(grad, kv_shape):
@@ -95,24 +101,25 @@ class TiledAttentionFunction(torch.autograd.Function):
     """Autograd around the tiled pair: saves (q, k, v, out, lse), never P."""
 
     @staticmethod
-    def forward(ctx, q, k, v, block_q, block_k, causal, scale, loop, window=None, softcap=None, mask_mod=None):
+    def forward(ctx, q, k, v, block_q, block_k, causal, scale, loop, window=None, softcap=None, mask_mod=None,
+                sinks=None):
         out, lse = tiled_forward(q, k, v, block_q=block_q, block_k=block_k, causal=causal, scale=scale, loop=loop,
-                                 window=window, softcap=softcap, mask_mod=mask_mod, fn="tiled_attention")
-        ctx.save_for_backward(q, k, v, out, lse)
+                                 window=window, softcap=softcap, mask_mod=mask_mod, sinks=sinks, fn="tiled_attention")
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.config = dict(block_q=block_q, block_k=block_k, causal=causal, scale=scale, window=window,
                           softcap=softcap, mask_mod=mask_mod)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = tiled_backward(q, k, v, out, lse, dout, dlse=dlse, **ctx.config)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *(None,) * 8
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        dq, dk, dv, *dsinks = tiled_backward(q, k, v, out, lse, dout, dlse=dlse, sinks=sinks, **ctx.config)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *(None,) * 8, *(dsinks or [None])
 
 
 def tiled_attention(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bool = False,
                     scale: float | None = None, loop: str = "query", window=None, softcap: float | None = None,
-                    mask_mod=None, return_lse: bool = False):
+                    mask_mod=None, sinks=None, return_lse: bool = False):
     """Exact attention computed tile by tile with online softmax; differentiable.
 
     Args:
@@ -133,6 +140,9 @@ def tiled_attention(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bo
         softcap: c > 0: scores become c * tanh(scale * q kᵀ / c), with their gradient.
         mask_mod: mask_mod(b, h, q_idx, kv_idx) -> bool tensor (see :mod:`flashlib.masks`), ANDed
             with causal and window; tiles where it is false everywhere are skipped.
+        sinks: attention sinks (heads,), learnable: one score sinks[h] with no value in every row's
+            softmax of head h. Each query block starts from it (m_i = sink, l_i = 1), so it enters
+            the denominator only; the lse includes it.
         return_lse: also return the log-sum-exp (..., seq_q), float32 (float64 for float64
             inputs); -inf for rows that see no key.
 
@@ -140,5 +150,5 @@ def tiled_attention(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bo
     the saved lse and never stores the (seq_q, seq_k) matrix.
     """
     out, lse = TiledAttentionFunction.apply(q, k, v, block_q, block_k, causal, scale, loop, window, softcap,
-                                            mask_mod)
+                                            mask_mod, sinks)
     return (out, lse) if return_lse else out

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from ._checks import check_attention_inputs, check_mask_mod, check_softcap, check_window
+from ._checks import check_attention_inputs, check_mask_mod, check_sinks, check_softcap, check_window
 from .rules import Visibility, softcap as _softcap
 
 
@@ -85,7 +85,7 @@ def expand_kv(t: torch.Tensor, q_heads: int) -> torch.Tensor:
 
 
 def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
-                    softcap: float | None = None, mask_mod=None, return_scores: bool = False):
+                    softcap: float | None = None, mask_mod=None, sinks=None, return_scores: bool = False):
     """softmax(q kᵀ · scale) v, materialising the full score matrix.
 
     Args:
@@ -100,7 +100,11 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
             seq_q; -1 for no limit on a side. ANDed with causal and mask_mod (:class:`Visibility`).
         softcap: c > 0 caps the scores: s = c * tanh(scale * q kᵀ / c) (Gemma 2).
         mask_mod: mask_mod(b, h, q_idx, kv_idx) -> bool tensor, called once on index tensors.
-        return_scores: also return S (masked entries -inf) and P, both (..., seq_q, seq_k).
+        sinks: attention sinks, (heads,): one more score per row, sinks[h] for every row of head
+            h, with no value: it joins each softmax as an extra column that is dropped afterwards
+            (so the row's probabilities sum to less than 1). Differentiable.
+        return_scores: also return S (masked entries -inf) and P, both (..., seq_q, seq_k), the
+            sink's column dropped.
 
     Returns:
         out (..., seq_q, head_dim), or (out, S, P) if ``return_scores``.
@@ -110,6 +114,7 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     rule = Visibility(causal, check_window(fn, window), check_mask_mod(fn, mask_mod))
     softcap = check_softcap(fn, softcap)
     heads = q.shape[-3] if q.ndim >= 3 else 1
+    sinks = check_sinks(fn, sinks, heads, q.device)
     k, v = expand_kv(k, heads), expand_kv(v, heads)
     s = (q @ k.transpose(-2, -1)) * scale  # (B, H, Nq, Nk): the N^2 memory
     s = _softcap(s, softcap)
@@ -120,6 +125,12 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     if not rule.everything:
         visible = visible.expand(*batch_and_heads(q.shape), seq_q, seq_k).reshape(*q.shape[:-2], seq_q, seq_k)
         s = s.masked_fill(~visible, float("-inf"))
+    if sinks is not None:  # the sink's column, sinks[h] on every row of head h, dropped after the softmax
+        column = sinks.to(s.dtype).reshape((heads, 1, 1)[3 - min(s.ndim, 3):]).expand(*s.shape[:-1], 1)
+        scores = torch.cat((s, column), dim=-1)
+        empty_row = (scores == float("-inf")).all(dim=-1, keepdim=True)  # only with a sink of -inf
+        p = torch.softmax(scores.masked_fill(empty_row, 0.0), dim=-1).masked_fill(empty_row, 0.0)[..., :seq_k]
+    elif not rule.everything:
         # Rows with no visible key would be softmax(-inf, ..., -inf) = NaN; define them as 0.
         empty_row = ~visible.any(dim=-1, keepdim=True)
         p = torch.softmax(s.masked_fill(empty_row, 0.0), dim=-1).masked_fill(empty_row, 0.0)

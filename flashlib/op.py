@@ -17,17 +17,17 @@ Which kernels run is decided per call, from the device, the dtype and the option
 Registered with ``torch.library`` as ``flashlib::flash_attention`` (forward) and
 ``flashlib::flash_attention_backward``, each with a fake implementation, so that
 ``torch.compile(fullgraph=True)`` and ``torch.export`` see one opaque op whose output shapes
-they know, and autograd uses the backward op. Grouped heads, the window (two ints) and the
-soft-cap (a float) are arguments of the op. A mask function is not (an op's arguments are
-tensors and numbers): with ``mask_mod`` the call runs the teaching kernels' autograd Function
-directly, eagerly (``torch.compile`` breaks the graph there; ``fullgraph=True`` refuses it).
+they know, and autograd uses the backward op. Grouped heads, the window (two ints), the
+soft-cap (a float) and the attention sinks (a tensor or None) are arguments of the op. A mask
+function is not (an op's arguments are tensors and numbers): with ``mask_mod`` the call runs the
+teaching kernels' autograd Function directly, eagerly (``torch.compile`` breaks the graph there; ``fullgraph=True`` refuses it).
 ``flashlib::flash_attention_varlen`` and its backward are the packed-sequence op, likewise.
 """
 from __future__ import annotations
 
 import torch
 
-from ._checks import check_attention_inputs
+from ._checks import check_attention_inputs, check_sinks
 from .kernels import function as teaching
 from .kernels import varlen as packed
 from .kernels.function import capability, check_kernel_inputs, check_variant, with_block_mask
@@ -39,11 +39,12 @@ FAST_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def path_for(q: torch.Tensor, k: torch.Tensor | None = None, *, window=None, softcap=None,
-             mask_mod=None) -> tuple[str, str]:
+             mask_mod=None, sinks=None) -> tuple[str, str]:
     """(forward, backward) that :func:`flash_attention` runs for inputs like q (and k: fewer heads
     than q is grouped-query attention) with these options."""
     grouped = k is not None and q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] != q.shape[-3]
-    options = grouped or window not in (None, (-1, -1)) or softcap is not None or mask_mod is not None
+    options = (grouped or window not in (None, (-1, -1)) or softcap is not None or mask_mod is not None
+               or sinks is not None)
     if not options and q.device.type == "cuda" and q.dtype in FAST_DTYPES and capability(q.device) >= (8, 0):
         return "tma", "tuned"
     return "teaching", "teaching"
@@ -54,28 +55,28 @@ def _window(window_left: int, window_right: int):
 
 
 def flash_attention_forward(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
-                            softcap: float | None = None, mask_mod=None):
+                            softcap: float | None = None, mask_mod=None, sinks=None):
     """The forward of :func:`flash_attention` without autograd: (out, lse), lse (..., seq_q) float32."""
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
     check_kernel_inputs(FN, q)
-    forward, _ = path_for(q, k, window=window, softcap=softcap, mask_mod=mask_mod)
+    forward, _ = path_for(q, k, window=window, softcap=softcap, mask_mod=mask_mod, sinks=sinks)
     if forward == "teaching":
         return teaching.forward(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                                mask_mod=mask_mod, fn=FN)
+                                mask_mod=mask_mod, fn=FN, sinks=sinks)
     from .ladder.forward import forward as rung_forward
 
     return rung_forward(q, k, v, causal=causal, scale=scale, rung=forward)
 
 
 def flash_attention_backward(q, k, v, out, lse, dout, *, causal: bool = False, scale: float | None = None,
-                             dlse=None, window=None, softcap: float | None = None, mask_mod=None):
-    """(dq, dk, dv) of :func:`flash_attention` from its out and lse, without autograd; dlse is an
-    optional gradient with respect to lse."""
+                             dlse=None, window=None, softcap: float | None = None, mask_mod=None, sinks=None):
+    """(dq, dk, dv) of :func:`flash_attention` from its out and lse, without autograd, and dsinks
+    with ``sinks``; dlse is an optional gradient with respect to lse."""
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
-    _, backward = path_for(q, k, window=window, softcap=softcap, mask_mod=mask_mod)
+    _, backward = path_for(q, k, window=window, softcap=softcap, mask_mod=mask_mod, sinks=sinks)
     if backward == "teaching":
         return teaching.backward(q, k, v, out, lse, dout, causal=causal, scale=scale, dlse=dlse, window=window,
-                                 softcap=softcap, mask_mod=mask_mod)
+                                 softcap=softcap, mask_mod=mask_mod, sinks=sinks)
     from .ladder.function import backward_pass
 
     return backward_pass(q, k, v, out, lse, dout, causal=causal, scale=scale, backward=backward, dlse=dlse)
@@ -83,63 +84,68 @@ def flash_attention_backward(q, k, v, out, lse, dout, *, causal: bool = False, s
 
 @torch.library.custom_op("flashlib::flash_attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-                  window_left: int = -1, window_right: int = -1,
-                  softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                  window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                  sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = flash_attention_forward(q, k, v, causal=causal, scale=scale, window=_window(window_left, window_right),
-                                       softcap=softcap or None)
+                                       softcap=softcap or None, sinks=sinks)
     return out.contiguous(), lse.contiguous()  # the layout the fake implementation promises
 
 
 @_attention_op.register_fake
-def _(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
+def _(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("flashlib::flash_attention_backward", mutates_args=())
 def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                            lse: torch.Tensor, dout: torch.Tensor, dlse: torch.Tensor, causal: bool,
-                           scale: float, window_left: int = -1, window_right: int = -1,
-                           softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq, dk, dv = flash_attention_backward(q, k, v, out, lse, dout.contiguous(), causal=causal, scale=scale,
-                                          dlse=dlse, window=_window(window_left, window_right),
-                                          softcap=softcap or None)
-    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+                           scale: float, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                           sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                       torch.Tensor]:
+    """(dq, dk, dv, dsinks); dsinks is empty, (0,), without sinks (an op returns tensors only)."""
+    grads = flash_attention_backward(q, k, v, out, lse, dout.contiguous(), causal=causal, scale=scale,
+                                     dlse=dlse, window=_window(window_left, window_right),
+                                     softcap=softcap or None, sinks=sinks)
+    dq, dk, dv = (g.contiguous() for g in grads[:3])
+    return dq, dk, dv, grads[3] if sinks is not None else q.new_empty(0)
 
 
 @_attention_backward_op.register_fake
-def _(q, k, v, out, lse, dout, dlse, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _(q, k, v, out, lse, dout, dlse, causal, scale, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
+    dsinks = q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, *options = inputs
+    q, k, v, *options, sinks = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)  # never the (seq_q, seq_k) probabilities
+    ctx.save_for_backward(q, k, v, out, lse, sinks)  # never the (seq_q, seq_k) probabilities
     ctx.options = options  # causal, scale, window_left, window_right, softcap
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, sinks = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
     if dlse is None:
         dlse = torch.zeros_like(lse)
-    dq, dk, dv = _attention_backward_op(q, k, v, out, lse, dout, dlse, *ctx.options)
-    return dq, dk, dv, *(None,) * len(ctx.options)
+    dq, dk, dv, dsinks = _attention_backward_op(q, k, v, out, lse, dout, dlse, *ctx.options, sinks)
+    return dq, dk, dv, *(None,) * len(ctx.options), dsinks if sinks is not None else None
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 @torch.compiler.disable
-def _with_mask_mod(q, k, v, causal, scale, variant):
+def _with_mask_mod(q, k, v, causal, scale, variant, sinks=None):
     """A mask function is Python code, not an op argument: the teaching kernels' autograd Function, eagerly."""
     cfg = teaching.resolve_config(FN, q, None)
-    return teaching.AttentionFunction.apply(q, k, v, causal, scale, cfg, variant)
+    return teaching.AttentionFunction.apply(q, k, v, causal, scale, cfg, variant, sinks)
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
-                    softcap: float | None = None, mask_mod=None, block_mask=None, return_lse: bool = False):
+                    softcap: float | None = None, mask_mod=None, block_mask=None, sinks=None,
+                    return_lse: bool = False):
     """Exact attention softmax(q kᵀ · scale) v, fused, differentiable (the lse too).
 
     Args:
@@ -174,12 +180,18 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         block_mask: that block mask built once (:func:`flashlib.masks.create_block_mask`), for a
             loop that calls attention with one mask many times; it carries the mask function,
             causal and window, which the call may repeat but not change.
+        sinks: attention sinks (GPT-OSS's), (heads,) float, learnable: one more score per row,
+            sinks[h] for every query row of head h, with no value. It takes a share
+            exp(sink - lse) of the row's softmax and contributes nothing to the output; the lse
+            includes it. Its gradient is -sum over the head's rows of exp(sink - lse) * delta,
+            delta = rowsum(dout * out) - dlse, a plain deterministic sum. A row that sees no key
+            outputs zeros, with lse = its sink.
         return_lse: also return the log-sum-exp of each score row, (..., seq_q) float32,
             -inf for rows that see no key.
 
     Paths (:func:`path_for`): on a CUDA GPU in float16/bfloat16 without options, rung 3's
-    forward and the tuned backward; with grouped heads, a window, a soft-cap or a mask
-    function, and otherwise (float32 on a GPU: tf32 matmuls; the CPU: Triton's interpreter,
+    forward and the tuned backward; with grouped heads, a window, a soft-cap, a mask
+    function or sinks, and otherwise (float32 on a GPU: tf32 matmuls; the CPU: Triton's interpreter,
     CPU tensors, no bfloat16) the teaching kernels. head_dim 1..256, any sequence lengths.
     Works inside ``torch.compile(fullgraph=True)`` and ``torch.export`` with every option but
     ``mask_mod`` and ``block_mask``, which run eagerly (a graph break; fullgraph=True refuses it).
@@ -188,10 +200,11 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     causal, window, mask_mod = with_block_mask(FN, q, k, causal, window, mask_mod, block_mask)
     variant = check_variant(FN, window, softcap, mask_mod, block_mask)
     check_kernel_inputs(FN, q)
+    check_sinks(FN, sinks, q.shape[-3] if q.ndim >= 3 else 1, q.device)
     if variant.mask_mod is not None:
-        out, lse = _with_mask_mod(q, k, v, causal, scale, variant)
+        out, lse = _with_mask_mod(q, k, v, causal, scale, variant, sinks)
     else:
-        out, lse = _attention_op(q, k, v, causal, scale, *variant.window, variant.softcap)
+        out, lse = _attention_op(q, k, v, causal, scale, *variant.window, variant.softcap, sinks)
     return (out, lse) if return_lse else out
 
 
@@ -210,17 +223,18 @@ def _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
 @torch.library.custom_op("flashlib::flash_attention_varlen", mutates_args=())
 def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float,
-               window_left: int, window_right: int, softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+               window_left: int, window_right: int, softcap: float,
+               sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     variant = check_variant(VARLEN_FN, _window(window_left, window_right), softcap or None)
     out, lse = packed.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
-                                     scale=scale, variant=variant)
+                                     scale=scale, variant=variant, sinks=sinks)
     return out.contiguous(), lse.contiguous()
 
 
 @_varlen_op.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left, window_right,
-      softcap):
+      softcap, sinks=None):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -228,32 +242,36 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, s
 def _varlen_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                         dout: torch.Tensor, dlse: torch.Tensor, cu_seqlens_q: torch.Tensor,
                         cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-                        scale: float, window_left: int, window_right: int,
-                        softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        scale: float, window_left: int, window_right: int, softcap: float,
+                        sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                    torch.Tensor]:
+    """(dq, dk, dv, dsinks); dsinks is empty, (0,), without sinks."""
     variant = check_variant(VARLEN_FN, _window(window_left, window_right), softcap or None)
-    dq, dk, dv = packed.varlen_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                        max_seqlen_k, causal=causal, scale=scale, variant=variant, dlse=dlse)
-    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+    dq, dk, dv, dsinks = packed.varlen_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                max_seqlen_k, causal=causal, scale=scale, variant=variant, dlse=dlse,
+                                                sinks=sinks)
+    return dq.contiguous(), dk.contiguous(), dv.contiguous(), q.new_empty(0) if dsinks is None else dsinks
 
 
 @_varlen_backward_op.register_fake
 def _(q, k, v, out, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-      window_left, window_right, softcap):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+      window_left, window_right, softcap, sinks=None):
+    dsinks = q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
 
 def _varlen_setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, *options = inputs
-    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k)
+    q, k, v, cu_q, cu_k, *options, sinks = inputs
+    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, sinks)
     ctx.options = options  # max_seqlen_q, max_seqlen_k, causal, scale, window_left, window_right, softcap
 
 
 def _varlen_backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
     dout = torch.zeros_like(out) if dout is None else dout.contiguous()
     dlse = torch.zeros_like(lse) if dlse is None else dlse
-    dq, dk, dv = _varlen_backward_op(q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.options)
-    return dq, dk, dv, *(None,) * (2 + len(ctx.options))
+    dq, dk, dv, dsinks = _varlen_backward_op(q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.options, sinks)
+    return dq, dk, dv, *(None,) * (2 + len(ctx.options)), dsinks if sinks is not None else None
 
 
 _varlen_op.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
@@ -261,7 +279,7 @@ _varlen_op.register_autograd(_varlen_backward, setup_context=_varlen_setup_conte
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                            causal: bool = False, scale: float | None = None, window=None,
-                           softcap: float | None = None, return_lse: bool = False):
+                           softcap: float | None = None, sinks=None, return_lse: bool = False):
     """Attention over packed sequences of different lengths (flash-attn's varlen layout,
     :mod:`flashlib.varlen`), fused, differentiable (the lse too).
 
@@ -274,8 +292,8 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
             where the kernels read them); other dtypes are refused.
         max_seqlen_q, max_seqlen_k: the longest sequences (they size the grid; programs past a
             sequence's end compute nothing, so padding costs no FLOPs).
-        causal, scale, window, softcap: as :func:`flash_attention`, aligned bottom-right within
-            each sequence.
+        causal, scale, window, softcap, sinks: as :func:`flash_attention`, aligned bottom-right
+            within each sequence (sinks (heads,): one logit per query head, the same in every sequence).
         return_lse: also return the lse, (heads, total_q) float32 (flash-attn's layout).
 
     Runs the teaching kernels (:mod:`flashlib.kernels.varlen`) on every device; registered as
@@ -291,6 +309,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     # window side as wide as both sequences limits nothing (-1 stays -1)
     max_q, max_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
     left, right = (min(side, max_q + max_k) for side in variant.window)
+    check_sinks(VARLEN_FN, sinks, q.shape[1], q.device)
     out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, causal, scale, left, right,
-                          variant.softcap)
+                          variant.softcap, sinks)
     return (out, lse) if return_lse else out

@@ -1,5 +1,5 @@
 """The rules the course teaches, written once in PyTorch: which keys a query sees (element by
-element and tile by tile) and soft-capping.
+element and tile by tile), soft-capping and the gradient of attention sinks.
 
 The references (:mod:`flashlib.dense`, :mod:`flashlib.tiled`, :mod:`flashlib.backward`), the block
 masks (:mod:`flashlib.masks`) and the decoding reference (:mod:`flashlib.decode`) ask these;
@@ -135,6 +135,23 @@ def softcap(s: torch.Tensor, cap: float) -> torch.Tensor:
 def softcap_slope(ds: torch.Tensor, capped: torch.Tensor, cap: float) -> torch.Tensor:
     """ds times the cap's slope at the capped scores: d/ds cap * tanh(s / cap) = 1 - (capped / cap)²."""
     return ds * (1 - (capped / cap) ** 2) if cap else ds
+
+
+# ----- attention sinks -----------------------------------------------------------------------------
+
+def sink_grad(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """The gradient of attention sinks (one logit per query head, (heads,)), from the lse (with the
+    sink in it) and delta = rowsum(dO * O) - dlse, both (..., heads, rows).
+
+    A sink is a score with no value: its probability is p = exp(sink - lse), and with v = 0 the
+    softmax gradient dS = P * (dP - delta) gives dsink = -p * delta for each row, summed over the
+    rows (and batch) of its head. A plain sum over a fixed shape: deterministic, no atomics."""
+    shape = lse.shape
+    sink = sinks.to(delta.dtype).reshape(-1, 1)  # (heads, 1), against (..., heads, rows)
+    p = torch.exp(sink - lse)
+    p = torch.where(lse == float("-inf"), 0.0, p)  # a sink of -inf on a row that sees nothing: no share
+    per_head = -(p * delta).reshape(-1, *shape[-2:]).sum(dim=(0, 2))
+    return per_head.to(sinks.dtype)
 
 
 # ----- the ladder's split: tiles seen whole, folded without a mask (kernels.rules._key_tiles) ------

@@ -88,6 +88,17 @@ def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor
     return w_a * out_a + w_b * out_b, lse
 
 
+def merge_sink(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor | None):
+    """Attention with sinks from attention without: an attention sink (one logit per query head,
+    sinks (heads,)) is a partial result with no value, out = 0 and lse = sink, merged with
+    :func:`merge_partials`. It takes a share exp(sink - lse) of every row's denominator.
+    out (..., heads, seq_q, d), lse (..., heads, seq_q); sinks None returns them unchanged."""
+    if sinks is None:
+        return out, lse
+    sink = sinks.to(lse.dtype).reshape(-1, 1).expand(lse.shape)  # (..., heads, seq_q)
+    return merge_partials(out, lse, torch.zeros_like(out), sink)
+
+
 def online_softmax(x: torch.Tensor, dim: int = -1, *, block: int = 1) -> torch.Tensor:
     """Softmax in one streaming pass for the statistics, ``block`` elements at a time.
 

@@ -26,7 +26,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_attention_inputs, check_block, check_loop, check_mask_mod, check_softcap, check_window
+from ._checks import (check_attention_inputs, check_block, check_loop, check_mask_mod, check_sinks, check_softcap,
+                      check_window)
 from .dense import batch_and_heads, expand_kv, head_indices
 from .rules import (FULL, PARTIAL, SKIPPED, Visibility, key_range_end, key_range_start, query_range,  # noqa: F401
                     softcap as soft_cap, tile_kinds)
@@ -97,12 +98,23 @@ def _finish(m_i, l_i, acc):
     return acc / l_safe.unsqueeze(-1), lse
 
 
+def _start(lead, rows, sinks, like):
+    """(m_i, l_i) of a query block before its first tile: nothing seen (-inf, 0), or with attention
+    sinks (one logit per head, sinks (H,)) the sink already counted as one score with no value:
+    m_i = sink and l_i = exp(sink - m_i) = 1, while acc stays 0."""
+    m_i = torch.full((*lead, rows), NEG_INF, dtype=like.dtype, device=like.device)
+    if sinks is None:
+        return m_i, torch.zeros_like(m_i)
+    m_i = m_i.copy_(sinks.to(like.dtype)[:, None].expand(m_i.shape))  # lead = (B, H): row r of head h gets sinks[h]
+    return m_i, torch.ones_like(m_i)
+
+
 def _compute_dtype(dtype):
     # Half-precision inputs accumulate in float32, as the fused kernel does.
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _query_major(q, k, v, block_q, block_k, rule, scale, softcap=0.0, on_step=None):
+def _query_major(q, k, v, block_q, block_k, rule, scale, softcap=0.0, on_step=None, sinks=None):
     seq_q, seq_k = q.shape[-2], k.shape[-2]
     lead = q.shape[:-2]
     out = torch.empty_like(q)
@@ -110,8 +122,7 @@ def _query_major(q, k, v, block_q, block_k, rule, scale, softcap=0.0, on_step=No
     for q0 in range(0, seq_q, block_q):
         q1 = min(q0 + block_q, seq_q)
         q_blk = q[..., q0:q1, :]  # stays resident for the whole inner loop
-        m_i = torch.full((*lead, q1 - q0), NEG_INF, dtype=q.dtype, device=q.device)
-        l_i = torch.zeros_like(m_i)
+        m_i, l_i = _start(lead, q1 - q0, sinks, q)
         acc = torch.zeros_like(q_blk)
         k_end = _key_range_end(q0, q1, seq_q, seq_k, rule)
         k_start = _key_range_start(q0, seq_q, seq_k, rule, block_k)
@@ -129,13 +140,12 @@ def _query_major(q, k, v, block_q, block_k, rule, scale, softcap=0.0, on_step=No
     return out, lse
 
 
-def _key_major(q, k, v, block_q, block_k, rule, scale, softcap=0.0, on_step=None):
+def _key_major(q, k, v, block_q, block_k, rule, scale, softcap=0.0, on_step=None, sinks=None):
     seq_q, seq_k = q.shape[-2], k.shape[-2]
     lead = q.shape[:-2]
     # Algorithm 1 keeps the normalised O and the statistics of every row in HBM.
     o = torch.zeros_like(q)
-    l = torch.zeros(*lead, seq_q, dtype=q.dtype, device=q.device)
-    m = torch.full_like(l, NEG_INF)
+    m, l = _start(lead, seq_q, sinks, q)
     for k0 in range(0, seq_k, block_k):
         k1 = min(k0 + block_k, seq_k)
         k_tile, v_tile = k[..., k0:k1, :], v[..., k0:k1, :]  # loaded once per outer step
@@ -161,24 +171,25 @@ def canonical(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(*batch_and_heads(t.shape), *t.shape[-2:])
 
 
-def check_options(fn, q, k, v, *, causal, scale, window, softcap, mask_mod):
-    """The checked scale, :class:`Visibility` and soft-cap (0.0: none) of a call."""
+def check_options(fn, q, k, v, *, causal, scale, window, softcap, mask_mod, sinks=None):
+    """The checked scale, :class:`Visibility` and soft-cap (0.0: none) of a call (and its sinks)."""
     scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True)
     rule = Visibility(causal, check_window(fn, window), check_mask_mod(fn, mask_mod))
+    check_sinks(fn, sinks, q.shape[-3] if q.ndim >= 3 else 1, q.device)
     return scale, rule, check_softcap(fn, softcap)
 
 
 def tiled_forward(q, k, v, *, block_q=64, block_k=64, causal=False, scale=None, loop="query", window=None,
-                  softcap=None, mask_mod=None, on_step: Callable | None = None, fn: str = "tiled_forward"):
+                  softcap=None, mask_mod=None, sinks=None, on_step: Callable | None = None, fn: str = "tiled_forward"):
     """The tiled forward pass without autograd: returns (out, lse).
 
     ``lse`` (..., seq_q) is the log-sum-exp of each score row, m_i + log(l_i): all the
     backward pass needs to recompute the probabilities. ``on_step`` is called after every
     computed tile with ((q0, q1), (k0, k1), s, m_i, l_i, acc), tensors (batch, heads, ...);
-    traces use it. window, softcap, mask_mod and grouped k, v: as :func:`flashlib.tiled_attention`.
+    traces use it. window, softcap, mask_mod, sinks and grouped k, v: as :func:`flashlib.tiled_attention`.
     """
     scale, rule, softcap = check_options(fn, q, k, v, causal=causal, scale=scale, window=window,
-                                         softcap=softcap, mask_mod=mask_mod)
+                                         softcap=softcap, mask_mod=mask_mod, sinks=sinks)
     block_q = check_block(fn, "block_q", block_q)
     block_k = check_block(fn, "block_k", block_k)
     loop = check_loop(fn, loop)
@@ -186,7 +197,8 @@ def tiled_forward(q, k, v, *, block_q=64, block_k=64, causal=False, scale=None, 
     run = _query_major if loop == "query" else _key_major
     qc = canonical(q)
     kc, vc = (expand_kv(canonical(t), qc.shape[1]) for t in (k, v))  # query head h reads kv head h // group
-    out, lse = run(qc.to(work), kc.to(work), vc.to(work), block_q, block_k, rule, scale, softcap, on_step)
+    out, lse = run(qc.to(work), kc.to(work), vc.to(work), block_q, block_k, rule, scale, softcap, on_step,
+                   None if sinks is None else sinks.to(work))
     out, lse = out.reshape(q.shape).to(q.dtype), lse.reshape(q.shape[:-1])
     return out, lse.float() if work != torch.float64 else lse
 

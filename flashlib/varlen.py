@@ -78,7 +78,7 @@ def sequences(cu_seqlens) -> list[tuple[int, int]]:
 
 def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                      causal: bool = False, scale: float | None = None, window=None, softcap: float | None = None,
-                     return_lse: bool = False):
+                     sinks=None, return_lse: bool = False):
     """:func:`flashlib.flash_attention_varlen` in plain PyTorch: tiled attention on each sequence
     in turn; differentiable. Returns out (total_q, q_heads, head_dim) and, with return_lse, the
     lse (q_heads, total_q) (float32, float64 for float64 inputs; -inf for rows that see no key)."""
@@ -88,7 +88,8 @@ def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     for (q0, q1), (k0, k1) in zip(sequences(cu_seqlens_q), sequences(cu_seqlens_k)):
         # (tokens, heads, d) -> (heads, tokens, d): one sequence, every head
         out, lse = tiled_attention(q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1), v[k0:k1].transpose(0, 1),
-                                   causal=causal, scale=scale, window=window, softcap=softcap, return_lse=True)
+                                   causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks,
+                                   return_lse=True)
         outs.append(out.transpose(0, 1))
         lses.append(lse)
     work = torch.float64 if q.dtype == torch.float64 else torch.float32

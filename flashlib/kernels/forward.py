@@ -30,7 +30,7 @@ import triton.language as tl  # noqa: E402
 
 # which keys a query sees and soft-capping: the course's rules, written once (kernels/rules.py)
 from .rules import (_FULL, _LOG2E, _PARTIAL, _SKIPPED, _key_range, _key_range_end, _no_mask,  # noqa: E402,F401
-                    _softcap, _tile_kind, _visible, _visible_mod)
+                    _sink_state, _softcap, _tile_kind, _visible, _visible_mod)
 
 
 @triton.jit
@@ -118,15 +118,16 @@ def _attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, of
 def _attn_fwd_block(Q, K, V, Out, Lse, Tiles, MaskData, qk_scale, softcap, stride_qm, stride_kn, stride_vn, stride_om,
                     q0, SEQ_Q, SEQ_K, HEAD_DIM, window_left, window_right, off_b, off_h,
                     HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                    CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr, MASK_MOD: tl.constexpr):
+                    CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr, MASK_MOD: tl.constexpr,
+                    Sinks=None):
     """One query block (rows q0 ..) of one sequence and head: Q, Out point at the head's first row,
-    K, V at its kv head's first key, Lse at its first lse, Tiles at the block's row of the block mask."""
+    K, V at its kv head's first key, Lse at its first lse, Tiles at the block's row of the block mask;
+    Sinks: the attention sinks (one logit per query head) or None."""
     offs_q = q0 + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # HEAD_DIM padded to a power of two; the pad is masked
     q_blk = _load_rows(Q, stride_qm, offs_q, offs_d, SEQ_Q, HEAD_DIM)
 
-    m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
+    m_i, l_i = _sink_state(Sinks, tl.zeros([BLOCK_Q], dtype=tl.int64) + off_h)  # (-inf, 0) without sinks
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
     k_start, k_end = _key_range(q0, SEQ_Q, SEQ_K, window_left, window_right, BLOCK_Q, BLOCK_K, CAUSAL,
                                 MASK_MOD is not None)
@@ -151,10 +152,11 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
               CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
               GROUP=1, HEADS=1, softcap=0.0, window_left=-1, window_right=-1, MaskData=None,
               Tiles=None, stride_tb=0, stride_th=0, stride_tr=0,
-              SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None, ROW0=0):
+              SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None, ROW0=0, Sinks=None):
     """Q, Out: (B*H, seq, HEAD_DIM); K, V: (B*H_kv, seq, HEAD_DIM), H = GROUP * H_kv; last dims
     contiguous. Lse: (B*H, SEQ_Q) float32. Tiles: the block mask's kinds (B or 1, H or 1, query
-    blocks, key tiles), strides 0 where broadcast; MaskData: what MASK_MOD reads (or None).
+    blocks, key tiles), strides 0 where broadcast; MaskData: what MASK_MOD reads (or None); Sinks:
+    (H,) attention sinks (or None).
     ROW0: where Q's rows start among all B*H, on a batch boundary (a launch takes at most 65,535
     rows: rules.row_chunks)."""
     q0 = tl.program_id(0) * BLOCK_Q  # the grid replaces the reference's loop over query blocks
@@ -167,4 +169,4 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
                     Lse + off_z * SEQ_Q, Tiles, MaskData, qk_scale, softcap, stride_qm, stride_kn, stride_vn, stride_om,
                     q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, window_left=window_left, window_right=window_right,
                     off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K,
-                    CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD)
+                    CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD, Sinks=Sinks)

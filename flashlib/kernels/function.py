@@ -14,9 +14,10 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .._checks import check_attention_inputs, check_mask_mod, check_softcap, check_window
+from .._checks import check_attention_inputs, check_mask_mod, check_sinks, check_softcap, check_window
 from ..dense import batch_and_heads
-from ..rules import PARTIAL
+from ..rules import PARTIAL, sink_grad
+from ..softmax import merge_sink
 from ..tiled import BlockMask, block_mask
 from ._mode import interpreting
 from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess, triton
@@ -170,14 +171,17 @@ def rows_of_16(kinds: torch.Tensor) -> torch.Tensor:
     return padded[..., :tiles]
 
 
-def variant_args(variant: Variant, *, group: int = 1, heads: int = 1, kinds=None, data=None) -> dict:
+def variant_args(variant: Variant, *, group: int = 1, heads: int = 1, kinds=None, data=None, sinks=None) -> dict:
     """The keyword arguments a kernel launch adds for grouped heads and the variants (none for the
     defaults, so that their launch is the one it always was). kinds: (B or 1, H or 1, rows,
     tiles) as the kernel walks them, broadcast over the batch and heads by zero strides; data: the
-    mask function compiled (a :class:`~flashlib.kernels.maskfn.KernelMask`), None for a window alone."""
+    mask function compiled (a :class:`~flashlib.kernels.maskfn.KernelMask`), None for a window alone;
+    sinks: the forward's attention sinks (H,), float32 contiguous, or None."""
     args = {}
-    if group > 1 or variant.mask_mod is not None:
+    if group > 1 or variant.mask_mod is not None or sinks is not None:
         args.update(GROUP=group, HEADS=heads)
+    if sinks is not None:
+        args.update(Sinks=sinks)
     if variant.softcap:
         args.update(softcap=variant.softcap, SOFTCAP=True)
     if variant.masked:
@@ -191,9 +195,9 @@ def variant_args(variant: Variant, *, group: int = 1, heads: int = 1, kinds=None
 
 # ----- launchers ------------------------------------------------------------------------------
 
-def _launch_forward(q, k, v, causal, scale, cfg, variant=DEFAULT, heads=1, masks=None):
+def _launch_forward(q, k, v, causal, scale, cfg, variant=DEFAULT, heads=1, masks=None, sinks=None):
     """q: (B*H, seq_q, d), k, v: (B*H_kv, seq_k, d). Returns out (B*H, seq_q, d) and lse (B*H, seq_q)
-    float32. heads: H (query heads per batch row); masks: (kinds, data) for the mask path."""
+    float32. heads: H (query heads per batch row); masks: (kinds, data) for the mask path; sinks: (H,)."""
     from .rules import row_chunks
 
     bh, seq_q, d = q.shape
@@ -203,9 +207,10 @@ def _launch_forward(q, k, v, causal, scale, cfg, variant=DEFAULT, heads=1, masks
     kinds, data = masks or (None, None)
     options = dict(HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, CAUSAL=causal,
                    INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                   **variant_args(variant, group=group, heads=heads, kinds=kinds, data=data))
-    # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where masked
-    for rows in row_chunks(bh, heads if variant.masked else group):
+                   **variant_args(variant, group=group, heads=heads, kinds=kinds, data=data, sinks=_sinks32(sinks)))
+    # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where the
+    # kernel is told the head (masks and sinks)
+    for rows in row_chunks(bh, heads if variant.masked or sinks is not None else group):
         kv = slice(rows.start // group, rows.stop // group)
         _attn_fwd[(triton.cdiv(seq_q, cfg.block_q), rows.stop - rows.start)](
             q[rows], k[kv], v[kv], out[rows], lse[rows], scale * LOG2E,
@@ -230,9 +235,11 @@ def preprocess(out, dout, dlse, cfg, heads_first: bool = False):
     return delta
 
 
-def _launch_backward(q, k, v, out, lse, dout, dlse, causal, scale, cfg, variant=DEFAULT, heads=1, masks=None):
-    """All (B*H or B*H_kv, seq, d) but lse and dlse (B*H, seq_q); dlse may be None. Returns dq, dk, dv.
-    masks: (kinds by query block, kinds by key tile, data) for the mask path."""
+def _launch_backward(q, k, v, out, lse, dout, dlse, causal, scale, cfg, variant=DEFAULT, heads=1, masks=None,
+                     sinks=None):
+    """All (B*H or B*H_kv, seq, d) but lse and dlse (B*H, seq_q); dlse may be None. Returns dq, dk, dv
+    and dsinks (None without sinks). masks: (kinds by query block, kinds by key tile, data) for the
+    mask path. The lse holds the sinks, so the three kernels are the same with and without them."""
     from .rules import row_chunks
 
     bh, seq_q, d = q.shape
@@ -278,7 +285,8 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, causal, scale, cfg, variant=
                                                                                     SEQ_Q=seq_q, SEQ_K=seq_k,
                                                                                     HEAD_DIM=d, ROW0=rows.start,
                                                                                     **common, **by_query)
-    return dq, dk, dv
+    dsinks = None if sinks is None else sink_grad(sinks, lse.reshape(-1, heads, seq_q), delta.reshape(-1, heads, seq_q))
+    return dq, dk, dv, dsinks
 
 
 def _block_h(args: dict) -> dict:
@@ -304,62 +312,81 @@ def _masks(variant, causal, q, seq_k, block_q, block_k, cfg, backward=False):
     return rows_of_16(kinds), data
 
 
+def _sinks32(sinks):
+    """Attention sinks as the kernels read them: float32, contiguous (a view is copied)."""
+    return None if sinks is None else sinks.detach().to(torch.float32).contiguous()
+
+
+def _heads(q) -> int:
+    return q.shape[-3] if q.ndim >= 3 else 1
+
+
 def forward(q, k, v, *, causal=False, scale=None, window=None, softcap=None, mask_mod=None, block_mask=None,
-            config=None, fn=FN):
+            config=None, fn=FN, sinks=None):
     """The teaching forward without autograd: (out, lse), lse (..., seq_q) float32, -inf for
     rows that see no key. Same conventions as :func:`attention`."""
     scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True)
+    sinks = check_sinks(fn, sinks, _heads(q), q.device)
     causal, window, mask_mod = with_block_mask(fn, q, k, causal, window, mask_mod, block_mask)
     variant = check_variant(fn, window, softcap, mask_mod, block_mask)
     check_kernel_inputs(fn, q)
     cfg = resolve_config(fn, q, config)
-    if q.shape[-2] == 0 or k.shape[-2] == 0 or q.numel() == 0:
+    if q.numel() == 0 or (q.shape[-2] > 0 and k.shape[-2] == 0 and sinks is None):
         return empty_result(q)
+    if k.shape[-2] == 0:  # nothing to attend to but the sinks: out = 0, lse = sink
+        return merge_sink(*empty_result(q), sinks)
     masks = _masks(variant, causal, q, k.shape[-2], cfg.block_q, cfg.block_k, cfg)
     out, lse = _launch_forward(flat(q), flat(k), flat(v), causal, scale, cfg, variant, batch_and_heads(q.shape)[1],
-                               masks)
+                               masks, sinks)
     return out.reshape(q.shape), lse.reshape(q.shape[:-1])
 
 
 def backward(q, k, v, out, lse, dout, *, causal=False, scale=None, window=None, softcap=None, mask_mod=None,
-             block_mask=None, config=None, dlse=None):
-    """(dq, dk, dv) from the forward's out and lse, recomputing P tile by tile (no autograd).
-    dlse: an optional gradient with respect to lse (..., seq_q)."""
+             block_mask=None, config=None, dlse=None, sinks=None):
+    """(dq, dk, dv) from the forward's out and lse, recomputing P tile by tile (no autograd); with
+    ``sinks`` (the forward's), (dq, dk, dv, dsinks). dlse: an optional gradient with respect to lse
+    (..., seq_q)."""
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
+    sinks = check_sinks(FN, sinks, _heads(q), q.device)
     causal, window, mask_mod = with_block_mask(FN, q, k, causal, window, mask_mod, block_mask)
     variant = check_variant(FN, window, softcap, mask_mod, block_mask)
     cfg = resolve_config(FN, q, config)
     if out.numel() == 0 or k.shape[-2] == 0:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        zeros = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        if sinks is None:
+            return zeros
+        delta = (dout.float() * out.float()).sum(-1) - (0 if dlse is None else dlse.float())
+        return *zeros, sink_grad(sinks, lse, delta)  # rows with no key still give the sink a share
     seq_q = q.shape[-2]
     masks = _masks(variant, causal, q, k.shape[-2], cfg.bwd_block_q, cfg.bwd_block_k, cfg, backward=True)
-    dq, dk, dv = _launch_backward(flat(q), flat(k), flat(v), flat(out), lse.reshape(-1, seq_q), flat(dout),
-                                  None if dlse is None else dlse.reshape(-1, seq_q).float(), causal, scale, cfg,
-                                  variant, batch_and_heads(q.shape)[1], masks)
-    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+    dq, dk, dv, dsinks = _launch_backward(flat(q), flat(k), flat(v), flat(out), lse.reshape(-1, seq_q), flat(dout),
+                                          None if dlse is None else dlse.reshape(-1, seq_q).float(), causal, scale,
+                                          cfg, variant, batch_and_heads(q.shape)[1], masks, sinks)
+    grads = dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+    return grads if sinks is None else (*grads, dsinks)
 
 
 class AttentionFunction(torch.autograd.Function):
     """Saves (q, k, v, out, lse) — never the (seq_q, seq_k) probabilities."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, cfg, variant=DEFAULT):
-        out, lse = forward(q, k, v, causal=causal, scale=scale, config=cfg, **variant.options())
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, causal, scale, cfg, variant=DEFAULT, sinks=None):
+        out, lse = forward(q, k, v, causal=causal, scale=scale, config=cfg, sinks=sinks, **variant.options())
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.causal, ctx.scale, ctx.cfg, ctx.variant = causal, scale, cfg, variant
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        grads = backward(q, k, v, out, lse, dout, causal=ctx.causal, scale=ctx.scale, config=ctx.cfg, dlse=dlse,
-                         **ctx.variant.options())
-        return *grads, None, None, None, None
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        dq, dk, dv, *dsinks = backward(q, k, v, out, lse, dout, causal=ctx.causal, scale=ctx.scale, config=ctx.cfg,
+                                       dlse=dlse, sinks=sinks, **ctx.variant.options())
+        return dq, dk, dv, None, None, None, None, *(dsinks or [None])
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
               softcap: float | None = None, mask_mod=None, block_mask=None, config: FlashConfig | None = None,
-              return_lse: bool = False):
+              sinks=None, return_lse: bool = False):
     """Exact attention softmax(q kᵀ · scale) v with notebook 06's forward and notebook 07's
     backward kernels; differentiable (the lse too).
 
@@ -381,6 +408,9 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, wind
             carries the mask (its mask function, causal and window), which the call may repeat.
         config: a :class:`FlashConfig` (tile sizes, warps, stages, float32 matmul precision);
             defaults to :func:`default_config` for the head dim, dtype and GPU.
+        sinks: attention sinks (heads,), learnable: a score per head with no value in every row's
+            softmax. Each query block starts from it (m_i = sink, l_i = 1); the lse includes it, so
+            the backward kernels are unchanged and dsinks = -sum of exp(sink - lse) * delta.
         return_lse: also return the log-sum-exp (..., seq_q), float32, -inf for empty rows.
 
     float16, bfloat16 (GPUs of compute capability >= 8.0) and float32 (tf32 matmuls by
@@ -392,6 +422,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, wind
     causal, window, mask_mod = with_block_mask(FN, q, k, causal, window, mask_mod, block_mask)
     variant = check_variant(FN, window, softcap, mask_mod, block_mask)
     check_kernel_inputs(FN, q)
+    check_sinks(FN, sinks, _heads(q), q.device)
     cfg = resolve_config(FN, q, config)
-    out, lse = AttentionFunction.apply(q, k, v, causal, scale, cfg, variant)
+    out, lse = AttentionFunction.apply(q, k, v, causal, scale, cfg, variant, sinks)
     return (out, lse) if return_lse else out

@@ -166,6 +166,22 @@ def _softcap_slope(ds, s, softcap, SOFTCAP: tl.constexpr):
 # ----- PyTorch's integer division, for mask functions ---------------------------------------------
 
 @triton.jit
+def _sink_state(Sinks, heads):
+    """(m_i, l_i) of query rows before their first key tile, heads the query head of each row,
+    (BLOCK_Q,): nothing seen, (-inf, 0); or with attention sinks (Sinks: one logit per query
+    head) the sink already counted as one score with no value, m_i = sink in base-2 units and
+    l_i = 2^(sink - m_i) = 1, so that it enters the denominator only (acc starts at 0 either way).
+    The PyTorch side: flashlib.tiled._start, and flashlib.softmax.merge_sink for finished results."""
+    if Sinks is None:
+        m_i = tl.zeros(heads.shape, dtype=tl.float32) - float("inf")
+        l_i = tl.zeros(heads.shape, dtype=tl.float32)
+    else:
+        m_i = tl.load(Sinks + heads).to(tl.float32) * _LOG2E
+        l_i = tl.zeros(heads.shape, dtype=tl.float32) + 1.0
+    return m_i, l_i
+
+
+@triton.jit
 def _floordiv(a, b):
     """a // b rounded toward -inf, as PyTorch and Python do (Triton's // rounds toward zero)."""
     q = a // b

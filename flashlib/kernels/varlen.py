@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import torch
 
-from ..rules import PARTIAL
-from .._checks import check_grid
+from ..rules import PARTIAL, sink_grad
 from ..varlen import check_varlen_inputs
 from .backward import _attn_bwd_dkdv_block, _attn_bwd_dq_block
 from .config import LOG2E, head_dim_pad
 from .forward import _attn_fwd_block, triton
-from .rules import _no_mask
+from .rules import _no_mask, row_chunks
 from .function import DEFAULT, Variant, check_kernel_inputs, check_variant, preprocess, resolve_config
 
 import triton.language as tl  # noqa: E402  (after the kernels: they chose the interpreter mode)
@@ -44,8 +43,9 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale,
                      TOTAL_Q, HEADS, GROUP, HEAD_DIM, window_left, window_right,
                      HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                      CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
-                     MASK_MOD: tl.constexpr):
-    """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS)."""
+                     MASK_MOD: tl.constexpr, Sinks=None):
+    """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS);
+    Sinks: (HEADS,) attention sinks or None."""
     q0 = tl.program_id(0) * BLOCK_Q
     off_z = tl.program_id(1).to(tl.int64)  # int64: heads x total tokens (the lse offset) can pass 2^31
     off_b, off_h = off_z // HEADS, off_z % HEADS
@@ -59,7 +59,7 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale,
                         stride_vn, stride_om, q0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, window_left=window_left,
                         window_right=window_right, off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q,
                         BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SOFTCAP=SOFTCAP,
-                        MASK_MOD=MASK_MOD)
+                        MASK_MOD=MASK_MOD, Sinks=Sinks)
 
 
 @triton.jit
@@ -135,21 +135,34 @@ def _variant_args(variant: Variant, tiles: int, device) -> tuple:
                                                          MASK_MOD=_no_mask if variant.masked else None)
 
 
-def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, cfg, variant):
+def _batches(cu_seqlens_q, cu_seqlens_k, heads):
+    """The cumulative lengths of each launch's sequences: grid axis 1 holds batch x heads rows and
+    CUDA takes at most 65,535 (rules.row_chunks), so a larger batch is launched in runs of whole
+    sequences. The kernels read absolute token offsets, so a run is just its slice of the lengths."""
+    batch = cu_seqlens_q.shape[0] - 1
+    for rows in row_chunks(batch * heads, heads):
+        b0, b1 = rows.start // heads, rows.stop // heads
+        yield b1 - b0, cu_seqlens_q[b0:b1 + 1], cu_seqlens_k[b0:b1 + 1]
+
+
+def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, cfg, variant, sinks=None):
     total_q, heads, d = q.shape
     out = torch.empty_like(q)
     lse = torch.empty(heads, total_q, dtype=torch.float32, device=q.device)
     (tiles, softcap, left, right), switches = _variant_args(variant, triton.cdiv(max_k, cfg.block_k), q.device)
-    grid = (triton.cdiv(max_q, cfg.block_q), (cu_q.shape[0] - 1) * heads)
-    _attn_fwd_varlen[grid](q, k, v, out, lse, cu_q, cu_k, tiles, scale * LOG2E, softcap,
-                           *_strides(q, k, v, out), total_q, heads, heads // k.shape[1], d, left, right,
-                           HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, CAUSAL=causal,
-                           INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                           **switches)
+    if sinks is not None:
+        switches.update(Sinks=sinks.detach().to(torch.float32).contiguous())
+    for batch, cu_q_run, cu_k_run in _batches(cu_q, cu_k, heads):
+        _attn_fwd_varlen[(triton.cdiv(max_q, cfg.block_q), batch * heads)](
+            q, k, v, out, lse, cu_q_run, cu_k_run, tiles, scale * LOG2E, softcap, *_strides(q, k, v, out), total_q,
+            heads, heads // k.shape[1], d, left, right, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.block_q,
+            BLOCK_K=cfg.block_k, CAUSAL=causal, INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages, **switches)
     return out, lse
 
 
-def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, causal, scale, cfg, variant):
+def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, causal, scale, cfg, variant,
+                     sinks=None):
     total_q, heads, d = q.shape
     kv_heads, group = k.shape[1], heads // k.shape[1]
     # delta = rowsum(dO * O) in lse's (heads, total_q) layout: the dense preprocess on (heads, tokens, d) views
@@ -157,52 +170,55 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, ca
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     common = dict(HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k, CAUSAL=causal,
                   INPUT_PRECISION=cfg.input_precision, num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages)
-    batch = cu_q.shape[0] - 1
     (tiles, softcap, left, right), switches = _variant_args(variant, triton.cdiv(max_q, cfg.bwd_block_q), q.device)
-    _attn_bwd_dkdv_varlen[(triton.cdiv(max_k, cfg.bwd_block_k), batch * kv_heads)](
-        q, k, v, dout, dk, dv, lse, delta, cu_q, cu_k, tiles, scale * LOG2E, scale, softcap,
-        *_strides(q, k, v, dout, dk, dv), total_q, kv_heads, d, left, right, BLOCK_H=group, **common, **switches)
+    for batch, cu_q_run, cu_k_run in _batches(cu_q, cu_k, kv_heads):
+        _attn_bwd_dkdv_varlen[(triton.cdiv(max_k, cfg.bwd_block_k), batch * kv_heads)](
+            q, k, v, dout, dk, dv, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale, softcap,
+            *_strides(q, k, v, dout, dk, dv), total_q, kv_heads, d, left, right, BLOCK_H=group, **common, **switches)
     tiles, *_ = _variant_args(variant, triton.cdiv(max_k, cfg.bwd_block_k), q.device)[0]
-    _attn_bwd_dq_varlen[(triton.cdiv(max_q, cfg.bwd_block_q), batch * heads)](
-        q, k, v, dout, dq, lse, delta, cu_q, cu_k, tiles, scale * LOG2E, scale, softcap,
-        *_strides(q, k, v, dout, dq), total_q, heads, group, d, left, right, **common, **switches)
-    return dq, dk, dv
+    for batch, cu_q_run, cu_k_run in _batches(cu_q, cu_k, heads):
+        _attn_bwd_dq_varlen[(triton.cdiv(max_q, cfg.bwd_block_q), batch * heads)](
+            q, k, v, dout, dq, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale, softcap,
+            *_strides(q, k, v, dout, dq), total_q, heads, group, d, left, right, **common, **switches)
+    # the lse (heads, total_q) holds the sinks: the kernels are unchanged; the sinks' gradient from delta
+    dsinks = None if sinks is None else sink_grad(sinks, lse, delta)
+    return dq, dk, dv, dsinks
 
 
 def _contiguous_last_dim(t):
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _lengths(cu_seqlens_q, cu_seqlens_k, heads, device):
-    """The cumulative lengths as the kernels read them, contiguous (checked int32 already; a view
-    such as t[::2] is copied), after checking that the grid's batch x heads fits a CUDA launch."""
-    check_grid(VARLEN_FN, (1, (cu_seqlens_q.shape[0] - 1) * heads), device, ("", "batch x heads"))
-    return cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-
-
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale,
-                   variant: Variant = DEFAULT, config=None):
-    """(out (total_q, heads, d), lse (heads, total_q) float32) on inputs already checked."""
+                   variant: Variant = DEFAULT, config=None, sinks=None):
+    """(out (total_q, heads, d), lse (heads, total_q) float32) on inputs already checked; sinks: (heads,)."""
     cfg = resolve_config(VARLEN_FN, q, config)
     if q.shape[0] == 0 or max_seqlen_q == 0:
         return torch.zeros_like(q), torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device)
+    if max_seqlen_k == 0 and sinks is not None:  # no keys anywhere: out = 0, the lse of every row its sink
+        return torch.zeros_like(q), sinks.detach().float()[:, None].expand(q.shape[1], q.shape[0]).clone()
     q, k, v = (_contiguous_last_dim(t) for t in (q, k, v))
-    cu_seqlens_q, cu_seqlens_k = _lengths(cu_seqlens_q, cu_seqlens_k, q.shape[1], q.device)
+    # the cumulative lengths as the kernels read them: contiguous (a view such as t[::2] is copied)
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     return _launch_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, cfg,
-                           variant)
+                           variant, sinks)
 
 
 def varlen_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-                    causal=False, scale, variant: Variant = DEFAULT, config=None, dlse=None):
-    """(dq, dk, dv) of :func:`varlen_forward`, recomputing P tile by tile; dlse: an optional
-    gradient with respect to lse (heads, total_q)."""
+                    causal=False, scale, variant: Variant = DEFAULT, config=None, dlse=None, sinks=None):
+    """(dq, dk, dv, dsinks) of :func:`varlen_forward`, recomputing P tile by tile (dsinks None
+    without sinks); dlse: an optional gradient with respect to lse (heads, total_q)."""
     cfg = resolve_config(VARLEN_FN, q, config)
     if q.shape[0] == 0 or k.shape[0] == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dsinks = None
+        if sinks is not None:  # rows with no key still give the sink a share
+            delta = (dout.float() * out.float()).sum(-1).transpose(0, 1) - (0 if dlse is None else dlse.float())
+            dsinks = sink_grad(sinks, lse, delta)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsinks
     q, k, v, out, dout = (_contiguous_last_dim(t) for t in (q, k, v, out, dout))
-    cu_seqlens_q, cu_seqlens_k = _lengths(cu_seqlens_q, cu_seqlens_k, q.shape[1], q.device)
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     return _launch_backward(q, k, v, out, lse.contiguous(), dout, None if dlse is None else dlse.float(),
-                            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, cfg, variant)
+                            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, cfg, variant, sinks)
 
 
 def check_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale, window,
