@@ -186,8 +186,13 @@ def test_the_op_takes_window_and_softcap_and_fakes_grouped_shapes():
     with FakeTensorMode() as mode:
         fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
         out, lse = torch.ops.flashlib.flash_attention(fq, fk, fv, True, 0.25, 4, 0, 30.0)
-        dq, dk, dv = torch.ops.flashlib.flash_attention_backward(fq, fk, fv, out, lse, out, lse, True, 0.25, 4, 0, 30.0)
+        dq, dk, dv, dsinks = torch.ops.flashlib.flash_attention_backward(fq, fk, fv, out, lse, out, lse, True, 0.25, 4,
+                                                                         0, 30.0)
+        fs = mode.from_tensor(torch.zeros(q.shape[1]))
+        *_, sink_grad = torch.ops.flashlib.flash_attention_backward(fq, fk, fv, out, lse, out, lse, True, 0.25, 4, 0,
+                                                                    30.0, fs)
     assert out.shape == q.shape and lse.shape == q.shape[:-1] and dk.shape == k.shape and dv.shape == v.shape
+    assert dsinks.shape == (0,) and sink_grad.shape == (q.shape[1],)  # no sinks: an empty gradient
 
 
 def test_a_mask_function_runs_eagerly_outside_the_op():
