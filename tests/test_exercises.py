@@ -109,3 +109,55 @@ def test_atomics(capsys):
     fails(capsys, exercises.check_atomics, {"dq"}, "loop order the course uses")
     fails(capsys, exercises.check_atomics, {"dq", "dk", "dv"}, "own queries")
     fails(capsys, exercises.check_atomics, {"dx"}, "expected names")
+
+
+def test_whole_numbers_are_taken_alike_in_every_notebook(capsys):
+    """15.0 is the whole number 15 wherever a checker asks for one; 15.5 and True are not."""
+    from flashlib.course import ring, variant_exercises
+
+    blocks = 4096 // 64
+    tiles = 1 + 2 + 3 + 4 + 5 + 6 * (blocks - 5)
+    assert variant_exercises.check_window_tiles(float(tiles)) and ring.check_idle_steps(15.0)
+    assert not variant_exercises.check_window_tiles(tiles + 0.5) and not ring.check_idle_steps(15.5)
+    assert "expected a whole number" in capsys.readouterr().out
+    assert "expected a whole number" in repr(ring.check_idle_steps(15.5))
+    assert not variant_exercises.check_window_tiles(True) and not ring.check_idle_steps(True)
+    assert not exercises.check_tile_count(12.5)
+    assert "expected an int" in capsys.readouterr().out
+
+
+def test_hint_steps_go_from_the_idea_to_code():
+    steps = exercises.HintSteps("the idea", "the structure", "the code")
+    assert [steps.next() for _ in range(4)] == [("hint 1 of 3", "the idea"), ("hint 2 of 3", "the structure"),
+                                                ("hint 3 of 3", "the code"), ("hint 3 of 3", "the code")]
+    steps.reset()
+    assert steps.next() == ("hint 1 of 3", "the idea") and steps.answer == "the code"
+
+
+def test_split_kv_diagnoses_before_it_gives_the_answer():
+    """Notebook 10's lab: a diagnosis and the idea at the first wrong try, the code only at the third."""
+    from flashlib.course import inference
+
+    def split_kv(q, k, v, num_splits, scale=True, covered=None, factor=1.0):
+        length = k.shape[0] if covered is None else covered
+        size = -(-length // num_splits)
+        outs, lses = [], []
+        for a in range(0, length, size):
+            s = k[a:min(a + size, length)] @ q / (math.sqrt(q.shape[0]) if scale else 1.0)
+            outs.append(torch.softmax(s, 0) @ v[a:min(a + size, length)])
+            lses.append(torch.logsumexp(s, 0))
+        lses = torch.stack(lses)
+        return factor * (torch.exp(lses - torch.logsumexp(lses, 0))[:, None] * torch.stack(outs)).sum(0)
+
+    inference.SPLIT_KV_HINTS.reset()
+    first = inference.check_split_kv(lambda *a: split_kv(*a, scale=False))
+    assert "not scaled" in first.message and first.label == "hint 1 of 3" and "def " not in first.hint
+    second = inference.check_split_kv(lambda *a: split_kv(*a, factor=2.0))
+    assert "2 times the right one" in second.message and second.label == "hint 2 of 3" and "def " not in second.hint
+    dropped = inference.check_split_kv(lambda q, k, v, n: split_kv(q, k, v, n, covered=k.shape[0] - 1))
+    assert "first 6 of the 7 keys" in dropped.message and dropped.label == "hint 3 of 3"
+    assert "def split_kv" in dropped.hint
+    namespace = {"math": math, "torch": torch}
+    exec(inference.SPLIT_KV_HINTS.answer, namespace)
+    assert inference.check_split_kv(namespace["split_kv"]) and inference.SPLIT_KV_HINTS.given == 0
+    assert inference.check_split_kv(split_kv)

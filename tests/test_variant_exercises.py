@@ -46,10 +46,41 @@ def test_sink_window(capsys):
     def one_too_many(b, h, q_idx, kv_idx):
         return (kv_idx <= q_idx) & ((kv_idx < 4) | (q_idx - kv_idx <= 128))
 
+    def strict(b, h, q_idx, kv_idx):
+        return (kv_idx < q_idx) & ((kv_idx < 4) | (q_idx - kv_idx < 128))
+
     assert ve.check_sink_window(right)
     assert ve.check_sink_window(lambda b, h, q_idx, kv_idx: (kv_idx <= q_idx) & ((kv_idx < 4) | (q_idx - kv_idx < 128)))
-    for wrong, said in ((not_causal, "future"), (python_logic, "& and |"), (no_sink, "sink"),
-                        (one_too_many, "window's edge"), (lambda b, h, q, kv: q >= kv, "window's edge")):
+    for wrong, said in ((not_causal, "query 0 sees key 1"), (python_logic, "& and |"), (no_sink, "sink"),
+                        (one_too_many, "window's edge"), (lambda b, h, q, kv: q >= kv, "window's edge"),
+                        (strict, "its own key")):
+        ve.SINK_HINTS.reset()
         capsys.readouterr()
         assert not ve.check_sink_window(wrong)
-        assert said in capsys.readouterr().out, wrong
+        out = capsys.readouterr().out
+        assert said in out and "hint 1 of 3" in out and "return" not in out, (wrong, out)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the kernel half needs Triton")
+def test_sink_window_hints_step_from_the_idea_to_code(capsys, tmp_path):
+    """The first wrong try gets a diagnosis and the idea; the code comes at the third, or on request."""
+    def no_sink(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (q_idx - kv_idx < 128)
+
+    ve.SINK_HINTS.reset()
+    outs = []
+    for _ in range(4):
+        assert not ve.check_sink_window(no_sink)
+        outs.append(capsys.readouterr().out)
+    assert all("sink" in out.splitlines()[0] for out in outs)  # the diagnosis every time
+    assert "hint 1 of 3" in outs[0] and "kv_idx < 4" not in outs[0]
+    assert "hint 2 of 3" in outs[1] and "return" not in outs[1]
+    assert "hint 3 of 3" in outs[2] and "(kv_idx < 4)" in outs[2] and outs[3] == outs[2]
+    ve.solution("sink_window")
+    (tmp_path / "answer.py").write_text(capsys.readouterr().out)  # the kernels compile it from its source
+    spec = importlib.util.spec_from_file_location("answer", tmp_path / "answer.py")
+    answer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(answer)
+    assert ve.check_sink_window(answer.sink_window) and ve.SINK_HINTS.given == 0
+    with pytest.raises(ValueError, match="sink_window"):
+        ve.solution("window_tiles")

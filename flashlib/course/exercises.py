@@ -3,8 +3,10 @@
 Every checker takes the student's answer (a number, a tensor or a function), never
 raises, prints a clear pass or feedback saying what was expected, and returns True or
 False. A hint comes with feedback on a wrong answer, not before a first try: the stored
-notebooks show only "no answer yet". Expected values are computed here from first
-principles (loops and definitions), not by calling the flashlib function the exercise is about.
+notebooks show only "no answer yet". Where a hint would give the answer away, the checker
+steps (:class:`HintSteps`): each wrong try gets a diagnosis and the next hint, from the idea
+to the structure to code. Expected values are computed here from first principles (loops and
+definitions), not by calling the flashlib function the exercise is about.
 """
 from __future__ import annotations
 
@@ -22,8 +24,30 @@ def _passed(message: str) -> bool:
     return True
 
 
-def _failed(message: str, hint: str) -> bool:
-    print(f"{RETRY}: {message}\n  hint: {hint}")
+class HintSteps:
+    """An exercise's hints in order, from the idea to the structure to code: each wrong try
+    shows the next one (the last repeats), so the answer comes only after repeated tries."""
+
+    def __init__(self, *hints: str):
+        self.hints, self.given = hints, 0
+
+    def next(self) -> tuple[str, str]:
+        """(label, text) of the next hint, e.g. ("hint 1 of 3", "...")."""
+        self.given = min(self.given + 1, len(self.hints))
+        return f"hint {self.given} of {len(self.hints)}", self.hints[self.given - 1]
+
+    def reset(self) -> None:
+        self.given = 0
+
+    @property
+    def answer(self) -> str:
+        return self.hints[-1]
+
+
+def _failed(message: str, hint) -> bool:
+    """Print a NOT YET with ``hint``: a string, or the next of a :class:`HintSteps`."""
+    label, text = hint.next() if isinstance(hint, HintSteps) else ("hint", hint)
+    print(f"{RETRY}: {message}\n  {label}: {text}")
     return False
 
 
@@ -49,7 +73,7 @@ def _check_number(answer, expected, *, kind, hint, rel=1e-4, known_mistakes=(), 
     if unanswered is not None:
         return unanswered
     value = _as_number(answer)
-    if value is None or not math.isfinite(value):
+    if value is None or not math.isfinite(value) or exact and value != int(value):
         return _failed(f"expected {kind}, got {type(answer).__name__} {answer!r}.", hint)
     if exact and value == expected or not exact and math.isclose(value, expected, rel_tol=rel):
         return _passed(f"{_fmt(value)} is right.")

@@ -127,15 +127,21 @@ def critical_path(world_size: int, *, layout: str, causal: bool = True) -> float
 
 
 def hiding_length(flops_per_s: float, bytes_per_s: float, element_size: int, *,
-                  share: float = 1.0) -> float:
+                  share: float = 1.0, group: int = 1, backward: bool = False) -> float:
     """Shortest local_seq L at which a step's computation outlasts its transfer.
 
-    A step computes share · 4 · L² · heads · head_dim FLOPs (two L x L x head_dim products
-    per head; share = 1/2 for zigzag's causal half blocks) and sends 2 · L · heads ·
-    head_dim · element_size bytes (K and V). heads and head_dim cancel:
-    L = element_size · flops_per_s / (2 · share · bytes_per_s).
+    Forward: a step computes share · 2 · 2 · L² · q_heads · head_dim FLOPs (two L x L x head_dim
+    products per query head; share = 1/2 for zigzag's causal half blocks) and sends
+    2 · L · kv_heads · head_dim · element_size bytes (K and V), with q_heads = group · kv_heads
+    (grouped-query attention). head_dim and kv_heads cancel:
+    L = element_size · flops_per_s / (2 · share · group · bytes_per_s).
+
+    backward: seven products per block (flashlib's backward kernels recompute S and dP in each
+    of its two kernels, then dV, dK and dQ) and K, V plus dK, dV, which travel in float32
+    (4 bytes each).
     """
-    return element_size * flops_per_s / (2 * share * bytes_per_s)
+    products, sent = (7, 2 * element_size + 2 * 4) if backward else (2, 2 * element_size)
+    return sent * flops_per_s / (2 * products * share * group * bytes_per_s)
 
 
 # ----- figures ------------------------------------------------------------------------
@@ -291,15 +297,15 @@ class RingStepper(widgets.VBox):
 class Verdict:
     """A checker's result: true when passed; shows as one PASS / NOT YET line."""
 
-    def __init__(self, passed: bool, message: str, hint: str | None = None):
-        self.passed, self.message, self.hint = passed, message, hint
+    def __init__(self, passed: bool, message: str, hint: str | None = None, label: str = "hint"):
+        self.passed, self.message, self.hint, self.label = passed, message, hint, label
 
     def __bool__(self):
         return self.passed
 
     def __repr__(self):
         head = f"{'PASS' if self.passed else 'NOT YET'}: {self.message}"
-        return head if self.hint is None else f"{head}\n  hint: {self.hint}"
+        return head if self.hint is None else f"{head}\n  {self.label}: {self.hint}"
 
 
 def _visible_any(rank, origin, world_size, layout) -> bool:
@@ -319,8 +325,10 @@ def check_idle_steps(answer) -> Verdict:
             "those keys comes after every one of its queries")
     if answer is None or answer is Ellipsis:
         return Verdict(False, "no answer yet; expected a whole number of (rank, step) pairs.")
-    if isinstance(answer, bool) or not isinstance(answer, numbers.Integral):
+    whole = isinstance(answer, numbers.Real) and not isinstance(answer, bool) and float(answer).is_integer()
+    if not whole:  # 15.0 is a whole number, as the other checkers take it
         return Verdict(False, f"expected a whole number, got {type(answer).__name__} {answer!r}.", hint)
+    answer = int(answer)
     if answer == expected:
         return Verdict(True, f"{answer} idle pairs: rank r works r + 1 of the 6 steps.")
     mistakes = {w * (w + 1) // 2: "that counts the diagonal blocks as idle too; at step 0 each rank "

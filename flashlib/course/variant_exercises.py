@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .exercises import _check_number, _failed, _passed, _unanswered
+from .exercises import HintSteps, _check_number, _failed, _passed, _unanswered
 
 WINDOW_TILES = dict(n=4096, left=300, block=64)
 
@@ -48,6 +48,22 @@ def check_kv_bytes_per_token(answer) -> bool:
 
 
 SINK_WINDOW = dict(sink=4, window=128, n=300)
+SINK_HINTS = HintSteps(
+    "say the rule in words first: a key is visible when it is not after the query, and it is either one of the "
+    "first keys or one of the latest; each part is one comparison of q_idx and kv_idx",
+    "three comparisons: kv_idx against q_idx (causal), kv_idx against 4 (the sink), and the distance q_idx - kv_idx "
+    "against 128 (the query itself is at distance 0, so its 128 latest keys are at distances 0 to 127); combine "
+    "them as causal & (sink | window), with parentheses around every comparison",
+    "def sink_window(b, h, q_idx, kv_idx):\n"
+    "    return (kv_idx <= q_idx) & ((kv_idx < 4) | (q_idx - kv_idx < 128))")
+SOLUTIONS = {"sink_window": SINK_HINTS}
+
+
+def solution(name: str) -> None:
+    """Print an answer to exercise ``name`` at once (the checker gives it only after repeated tries)."""
+    if name not in SOLUTIONS:
+        raise ValueError(f"solution: argument 'name' is {name!r}; the exercises with one are {', '.join(SOLUTIONS)}")
+    print(SOLUTIONS[name].answer)
 
 
 def _expected_sink_window(n, sink, window):
@@ -58,10 +74,9 @@ def _expected_sink_window(n, sink, window):
 
 def check_sink_window(mask_mod) -> bool:
     """``mask_mod(b, h, q_idx, kv_idx)``: causal, each query sees the first 4 keys and the 128 latest
-    (itself included); checked on index tensors, then compiled into the kernel."""
+    (itself included); checked on index tensors, then compiled into the kernel. A wrong try gets
+    a diagnosis (the first (query, key) pair that differs) and the next of :data:`SINK_HINTS`."""
     sink, window, n = SINK_WINDOW.values()
-    hint = ("combine three conditions with & and |: the key is not in the future (kv_idx <= q_idx), and it is "
-            "one of the first 4 (kv_idx < 4) or among the 128 latest (q_idx - kv_idx < 128)")
     unanswered = _unanswered(mask_mod, "a function mask_mod(b, h, q_idx, kv_idx)")
     if unanswered is not None:
         return unanswered
@@ -72,25 +87,36 @@ def check_sink_window(mask_mod) -> bool:
     except RuntimeError as error:
         if "ambiguous" in str(error):
             return _failed("`and`, `or` and `if` ask a whole tensor for one truth value: write & and | (with "
-                           "parentheses around each comparison).", hint)
-        return _failed(f"mask_mod raised {type(error).__name__}: {error}", hint)
+                           "parentheses around each comparison).", SINK_HINTS)
+        return _failed(f"mask_mod raised {type(error).__name__}: {error}", SINK_HINTS)
     except Exception as error:  # the learner's code: report, never raise
-        return _failed(f"mask_mod raised {type(error).__name__}: {error}", hint)
+        return _failed(f"mask_mod raised {type(error).__name__}: {error}", SINK_HINTS)
     want = _expected_sink_window(n, sink, window)
     if not torch.equal(got, want):
-        return _failed(_sink_window_mistake(got, want, n, sink, window), hint)
-    return _compiled(mask_mod, want, hint)
+        return _failed(_sink_window_mistake(got, want, n, sink, window), SINK_HINTS)
+    return _compiled(mask_mod, want, SINK_HINTS)
+
+
+def _first(pairs: torch.Tensor) -> tuple[int, int]:
+    q, k = pairs.nonzero()[0].tolist()
+    return q, k
 
 
 def _sink_window_mistake(got, want, n, sink, window) -> str:
     future = torch.ones(n, n, dtype=torch.bool).triu(1)
     if (got & future).any():
-        return "some queries see keys in their future: the mask must be causal too."
-    if not got[window + 20, :sink].all():
-        return f"query {window + 20} should see the first {sink} keys (the sink)."
-    diff = (got != want).nonzero()[0].tolist()
-    return f"query {diff[0]} and key {diff[1]} disagree (expected {bool(want[diff[0], diff[1]])}): check the " \
-           f"window's edge, {window} latest keys including the query's own."
+        q, k = _first(got & future)
+        return f"query {q} sees key {k}, which comes after it (in its future): the mask must be causal too."
+    late = window + 20  # a query whose window no longer reaches the sink
+    if not got[late, :sink].all():
+        k = int((~got[late, :sink]).nonzero()[0])
+        return f"query {late} does not see key {k}, one of the first {sink} keys (the sink), which every query sees."
+    q, k = _first(got != want)
+    distance = q - k
+    edge = (f" Key {k} is {distance} positions back: check the window's edge, {window} latest keys including the "
+            f"query's own (distances 0 to {window - 1}).") if abs(distance - window) <= 1 else \
+        " A query always sees its own key." if distance == 0 else ""
+    return f"query {q} and key {k}: your mask says {bool(got[q, k])}, the rule says {bool(want[q, k])}." + edge
 
 
 def _compiled(mask_mod, want, hint) -> bool:
@@ -100,6 +126,7 @@ def _compiled(mask_mod, want, hint) -> bool:
 
     status = kernel_status()
     if not status.can_run:
+        hint.reset()
         return _passed(f"the mask is right on index tensors ({status}: the kernel check needs Triton).")
     device = "cuda" if status.mode == "gpu" else "cpu"
     n = want.shape[0]
@@ -114,5 +141,6 @@ def _compiled(mask_mod, want, hint) -> bool:
     if not torch.allclose(got.double().cpu(), ref, atol=2e-3, rtol=2e-3):
         return _failed("on index tensors the mask is right, but the kernel's output differs from dense "
                        "attention with the same mask.", hint)
+    hint.reset()
     return _passed("the mask is right on index tensors, and compiled into the kernel it gives dense "
                    "attention's output.")
