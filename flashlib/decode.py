@@ -31,10 +31,10 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import check_index_tensor, check_softcap, check_window, resolve_scale
+from ._checks import check_index_tensor, check_sinks, check_softcap, check_window, resolve_scale
 from .rules import Visibility, key_range_start
 from .rules import softcap as soft_cap
-from .softmax import merge_partials
+from .softmax import merge_partials, merge_sink
 
 FN = "decode_attention"
 REFERENCE_FN = "decode_reference"
@@ -157,8 +157,8 @@ def check_decode_values(fn, cache_seqlens, block_table, new_tokens: int, args: D
 
 def _check_inference(fn, *tensors):
     if torch.is_grad_enabled():
-        for name, t in zip(("q", "k_cache", "v_cache"), tensors):
-            if t.requires_grad:
+        for name, t in zip(("q", "k_cache", "v_cache", "sinks"), tensors):
+            if t is not None and t.requires_grad:
                 raise ValueError(f"{fn}: argument '{name}' requires grad, but decoding is inference only "
                                  "(there is no backward); call it under torch.no_grad() or "
                                  f"torch.inference_mode(), or pass {name}.detach()")
@@ -287,16 +287,20 @@ def decode_partials(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=N
 
 
 def decode_reference(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, window=None,
-                     block_table=None, num_splits: int = 1, return_lse: bool = False):
+                     block_table=None, num_splits: int = 1, sinks=None, return_lse: bool = False):
     """:func:`decode_attention` in plain PyTorch: the chunks of :func:`decode_partials` folded
-    with notebook 02's :func:`flashlib.merge_partials`. Any device and dtype; the result in q's
-    dtype (computed in float64 for float64, else float32); lse (batch, q_heads, new_tokens)."""
+    with notebook 02's :func:`flashlib.merge_partials`, and the attention sinks, if any, with
+    :func:`flashlib.softmax.merge_sink` (a partial with no value). Any device and dtype; the result
+    in q's dtype (computed in float64 for float64, else float32); lse (batch, q_heads, new_tokens)."""
+    every = decode_partials(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap, window=window,
+                            block_table=block_table, num_splits=num_splits)
+    sinks = check_sinks(REFERENCE_FN, sinks, q.shape[1], q.device)
     outs, lses = [], []
-    for parts in decode_partials(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap,
-                                 window=window, block_table=block_table, num_splits=num_splits):
+    for parts in every:
         _, _, out, lse = parts[0]
         for _, _, part_out, part_lse in parts[1:]:
             out, lse = merge_partials(out, lse, part_out, part_lse)
+        out, lse = merge_sink(out, lse, sinks)
         outs.append(out)
         lses.append(lse)
     if not outs:  # batch 0
@@ -308,7 +312,7 @@ def decode_reference(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
 # ----- the public function ------------------------------------------------------------------
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, window=None,
-                     block_table=None, num_splits=None):
+                     block_table=None, num_splits=None, sinks=None):
     """Attention of a few new tokens per sequence over a KV cache, with split-KV kernels.
 
     Args:
@@ -337,6 +341,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
             program and merged by a second kernel; None chooses by
             :func:`flashlib.kernels.decode.choose_num_splits` (1 in the CPU interpreter). Every
             value >= 1 gives the same output up to rounding.
+        sinks: attention sinks (q_heads,) as in :func:`flashlib.flash_attention`: one logit per
+            query head with no value; the merge kernel starts from it, a partial like the splits'.
 
     Returns the output (batch, q_heads, new_tokens, head_dim) in q's dtype. Inference only: an
     input that requires grad while grad mode is on is an error. float16, bfloat16 (a GPU of compute
@@ -346,7 +352,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
     """
     args = check_decode_inputs(FN, q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap,
                                window=window, block_table=block_table, num_splits=num_splits)
-    _check_inference(FN, q, k_cache, v_cache)
+    sinks = check_sinks(FN, sinks, q.shape[1], q.device)
+    _check_inference(FN, q, k_cache, v_cache, sinks)
     from .kernels._mode import require_triton
 
     require_triton()  # says how to get Triton where it is missing
@@ -359,5 +366,5 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
     check_kernel_inputs(FN, q)
     check_decode_values(FN, cache_seqlens, block_table, q.shape[2], args, k_cache.shape[0])
     out, _ = decode_forward(q, k_cache, v_cache, cache_seqlens, block_table=block_table, scale=args.scale,
-                            softcap=args.softcap, window_left=args.window_left, num_splits=num_splits)
+                            softcap=args.softcap, window_left=args.window_left, num_splits=num_splits, sinks=sinks)
     return out

@@ -47,6 +47,9 @@ import torch
 import torch.distributed as dist
 
 from . import merge_partials, tiled_backward, tiled_forward
+from ._checks import check_sinks
+from .rules import sink_grad
+from .softmax import merge_sink
 
 LAYOUTS = ("contiguous", "zigzag")
 NEG_INF = float("-inf")
@@ -449,17 +452,26 @@ class RingAttentionFunction(torch.autograd.Function):
     """Autograd around the ring pair: saves this rank's (q, k, v, out, lse)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, group, layout):
+    def forward(ctx, q, k, v, causal, scale, group, layout, sinks=None):
         out, lse = ring_forward(q, k, v, causal=causal, scale=scale, layout=layout, group=group)
-        ctx.save_for_backward(q, k, v, out, lse)
+        if sinks is not None:  # merged once, after the ring, like one more partial with no value
+            out, lse = merge_sink(out.to(lse.dtype), lse, sinks)
+            out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.config = dict(causal=causal, scale=scale, layout=layout, group=group)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ring_backward(q, k, v, out, lse, dout.contiguous(), **ctx.config)
-        return dq, dk, dv, None, None, None, None
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        dout = dout.contiguous()
+        # every block's P comes from the final lse, which holds the sinks: the ring is unchanged
+        dq, dk, dv = ring_backward(q, k, v, out, lse, dout, **ctx.config)
+        dsinks = None
+        if sinks is not None:  # this rank's rows' share; summed over ranks where sinks are replicated
+            delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1)
+            dsinks = sink_grad(sinks, lse, delta)
+        return dq, dk, dv, None, None, None, None, dsinks
 
 
 def _check_shards(fn: str, q, k, v, causal, scale, layout) -> float:
@@ -488,7 +500,7 @@ def _check_shards(fn: str, q, k, v, causal, scale, layout) -> float:
 
 
 def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None, group=None,
-                   layout: str = "contiguous") -> torch.Tensor:
+                   layout: str = "contiguous", sinks=None) -> torch.Tensor:
     """Exact attention over a sequence sharded across the ranks of ``group``; differentiable.
 
     Args:
@@ -501,6 +513,10 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             which ``torch.distributed.init_process_group`` must have initialised. With
             nccl, call ``torch.cuda.set_device`` on each rank first (one GPU per rank).
         layout: "contiguous" or "zigzag", how the sequence was sharded.
+        sinks: attention sinks (heads,) as in :func:`flashlib.flash_attention`, applied to this
+            rank's rows: merged once after the ring as a partial with no value. Their gradient is
+            this rank's rows' share (a replicated parameter's gradients add up across ranks, as
+            DistributedDataParallel's all-reduce does).
 
     Returns this rank's shard (batch, heads, local_seq, head_dim) of
     ``dense_attention(gathered q, k, v)``, in the same layout. The local blocks run
@@ -518,8 +534,9 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             f"{fn}: argument 'group' is None and no default process group is initialised; call "
             "torch.distributed.init_process_group (gloo on CPUs, nccl on GPUs) on every rank first "
             "(flashlib.distributed.spawn does it for a ring of CPU processes)")
+    check_sinks(fn, sinks, q.shape[1], q.device)
     _check_same_everywhere(q, causal, layout, scale, group)
-    return RingAttentionFunction.apply(q, k.contiguous(), v.contiguous(), causal, scale, group, layout)
+    return RingAttentionFunction.apply(q, k.contiguous(), v.contiguous(), causal, scale, group, layout, sinks)
 
 
 # ----- a ring of CPU processes ---------------------------------------------------------

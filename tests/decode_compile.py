@@ -17,14 +17,16 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-_POINTERS = {"Partial": "*fp32", "PartialLse": "*fp32", "Lse": "*fp32", "SeqLens": "*i32", "Table": "*i32"}
+_POINTERS = {"Partial": "*fp32", "PartialLse": "*fp32", "Lse": "*fp32", "SeqLens": "*i32", "Table": "*i32",
+             "Sinks": "*fp32"}
 
 
 def spec(kernel: str, capability, dtype: str, head_dim: int, *, paged: bool = False, softcap: bool = False,
-         rows: int = 4):
-    """kernel "split" (stage 1) or "merge" (stage 2); rows: stacked query rows (group x new tokens)."""
+         rows: int = 4, sinks: bool = False):
+    """kernel "split" (stage 1) or "merge" (stage 2); rows: stacked query rows (group x new tokens);
+    sinks: the merge with attention sinks."""
     return dict(kernel=kernel, capability=list(capability), dtype=dtype, head_dim=head_dim, paged=paged,
-                softcap=softcap, rows=rows)
+                softcap=softcap, rows=rows, sinks=sinks)
 
 
 def compile_decode(specs, *, triton_path: str | None = None, launch: bool = False, timeout: float = 600) -> dict:
@@ -65,7 +67,8 @@ def _kernel(s):
 
     d_pad, block_q = head_dim_pad(s["head_dim"]), decode.row_block(s["rows"])
     if s["kernel"] == "merge":
-        return decode._decode_merge, dict(HEAD_DIM_PAD=d_pad, BLOCK_Q=block_q), dict(num_warps=4, num_stages=1)
+        sinks = {} if s.get("sinks") else dict(Sinks=None)  # a launch without sinks passes None
+        return decode._decode_merge, dict(HEAD_DIM_PAD=d_pad, BLOCK_Q=block_q, **sinks), dict(num_warps=4, num_stages=1)
     cfg = decode.decode_config(s["head_dim"], getattr(torch, s["dtype"]), tuple(s["capability"]))
     constants = dict(HEAD_DIM_PAD=d_pad, BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
                      KEY_ROWS=decode._paged_rows if s["paged"] else decode._contiguous_rows,

@@ -273,7 +273,7 @@ def test_greedy_generation_with_a_cache_gives_the_same_tokens():
 SPECS = [spec("split", (9, 0), "bfloat16", 128), spec("split", (9, 0), "bfloat16", 128, paged=True),
          spec("split", (8, 0), "float16", 64, paged=True, softcap=True, rows=8),
          spec("split", (8, 0), "float32", 128), spec("split", (9, 0), "bfloat16", 256, paged=True, rows=16),
-         spec("merge", (9, 0), "bfloat16", 128)]
+         spec("merge", (9, 0), "bfloat16", 128), spec("merge", (8, 0), "float16", 64, rows=8, sinks=True)]
 
 
 def _compile_and_launch(specs, triton_path=None):

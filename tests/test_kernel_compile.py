@@ -49,6 +49,8 @@ def _specs():
     rows += [spec("forward", (9, 0), "bfloat16", 59, True), spec("bwd_dkdv", (8, 0), "float16", 40, True)]
     # the JIT turns an integer argument equal to 1 into a constant: one query, one key, head_dim 1
     rows += [spec(k, (9, 0), "float16", 1, True, ones=("SEQ_Q", "SEQ_K", "HEAD_DIM")) for k in ATTENTION_KERNELS]
+    # attention sinks: one more load per block, no spill
+    rows += [spec("forward", cc, "float16", 128, True, sinks=True) for cc in ((8, 0), (9, 0))]
     return rows
 
 
@@ -70,6 +72,7 @@ def _get(reports, version):
 def _id(s):
     cc = "sm_%d%d" % tuple(s["capability"])
     ones = "-ones" if s["ones"] else ""
+    ones += "-sinks" if s.get("sinks") else ""
     return f"{s['kernel']}-{cc}-{s['dtype']}-d{s['head_dim']}-{'causal' if s['causal'] else 'full'}{ones}"
 
 

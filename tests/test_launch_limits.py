@@ -3,7 +3,8 @@
 
 The kernels run here in Triton's interpreter; where a limit belongs to the GPU, the launcher's
 logic is checked directly (the rows of each launch, which thread sets the allocator) and the
-multi-launch path is run for real with the limit forced down to 3 rows."""
+multi-launch path is run for real with the limit forced down to 3 rows: the dense kernels, the
+ladder, packed sequences and decoding."""
 from __future__ import annotations
 
 import contextvars
@@ -98,6 +99,58 @@ def test_ladder_launches_at_most_the_limit_of_rows(forward, backward, monkeypatc
                                                               backward=backward), q, k, v, dout, causal)
         assert grids and all(grid[1] <= 3 for _, grid in grids), grids
         assert sorted(grid[1] for _, grid in grids) == sorted([3, 3, 2] * (len(grids) // 3)), grids
+
+
+def test_packed_sequences_launch_runs_of_whole_sequences(monkeypatch):
+    """flash_attention_varlen with batch x heads = 8 query rows and 4 kv rows under a limit of 3:
+    the forward and dQ kernels launch one sequence (2 heads) at a time, dK/dV 3 sequences then 1,
+    each on its slice of the cumulative lengths, and every sequence equals dense attention."""
+    from flashlib import flash_attention_varlen
+    from flashlib.kernels import varlen as packed
+
+    monkeypatch.setattr(kernel_rules, "MAX_GRID_ROWS", 3)
+    grids = _record_grids(monkeypatch, packed._attn_fwd_varlen)
+    lengths = [5, 0, 19, 8]
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(sum(lengths), 2, 16, generator=gen)
+    k, v = (torch.randn(sum(lengths), 1, 16, generator=gen) for _ in range(2))
+    dout = torch.randn_like(q)
+    cu = torch.tensor([0, 5, 5, 24, 32], dtype=torch.int32)
+    got = _grads(lambda a, b, c: flash_attention_varlen(a, b, c, cu, cu, 19, 19, causal=True), q, k, v, dout)
+    seen = sorted((name, grid[1]) for name, grid in grids if name.endswith("_varlen"))  # not delta's, by head
+    assert seen == sorted([("_attn_fwd_varlen", 2)] * 4 + [("_attn_bwd_dq_varlen", 2)] * 4
+                          + [("_attn_bwd_dkdv_varlen", 3), ("_attn_bwd_dkdv_varlen", 1)]), seen
+    for start, stop in zip(cu.tolist(), cu.tolist()[1:]):
+        one = (t[start:stop].transpose(0, 1)[None] for t in (q, k, v, dout))
+        want = _grads(lambda a, b, c: dense_attention(a, b, c, causal=True), *(t.double() for t in one))
+        for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+            torch.testing.assert_close(g[start:stop].double(), w[0].transpose(0, 1), atol=2e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_decoding_launches_runs_of_whole_sequences(paged, monkeypatch):
+    """decode_attention with batch x kv_heads = 4 under a limit of 3: the split kernel launches 3
+    sequences then 1, on views of their queries, lengths, caches or block table, and partials; the
+    merge (batch x kv_heads on grid axis 0) launches once."""
+    from flashlib.decode import decode_attention, paged_cache
+    from flashlib.kernels import decode as kernels
+
+    monkeypatch.setattr(kernel_rules, "MAX_GRID_ROWS", 3)
+    grids = _record_grids(monkeypatch, kernels._decode_split)
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(4, 2, 2, 16, generator=gen)  # (B, H, new tokens, D), one kv head
+    k_cache, v_cache = (torch.randn(4, 1, 70, 16, generator=gen) for _ in range(2))
+    lengths = torch.tensor([2, 70, 33, 9], dtype=torch.int32)
+    caches, table = (k_cache, v_cache), None
+    if paged:
+        *caches, table = paged_cache(k_cache, v_cache, 16, generator=torch.Generator().manual_seed(2))
+    out = decode_attention(q, *caches, lengths, block_table=table, num_splits=2)
+    assert sorted(grid[1] for name, grid in grids if name == "_decode_split") == [1, 3], grids
+    assert [grid[0] for name, grid in grids if name == "_decode_merge"] == [4], grids
+    for b, n in enumerate(lengths.tolist()):
+        want = dense_attention(q[b:b + 1].double(), k_cache[b:b + 1, :, :n].double(), v_cache[b:b + 1, :, :n].double(),
+                               causal=True)
+        torch.testing.assert_close(out[b:b + 1].double(), want, atol=2e-6, rtol=0)
 
 
 # ----- int32 offsets: a head's rows past 2^31 elements --------------------------------------------

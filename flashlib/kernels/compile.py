@@ -83,8 +83,9 @@ class CompileReport(TargetReport):
 
 
 def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=False, config=None, ones=(),
-         sass: bool = False):
+         sass: bool = False, sinks: bool = False):
     """A JSON-able description of one compilation; config is a FlashConfig or its dict.
+    sinks: the forward with attention sinks (their float32 pointer), not the default launch's None.
 
     ones: integer arguments (e.g. "SEQ_Q", "HEAD_DIM") passed as the constant 1, as Triton's
     JIT does when a launch passes 1 (a single query, head_dim 1). sass: also count the
@@ -98,7 +99,7 @@ def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=Fa
     if config is not None and not isinstance(config, dict):
         config = asdict(config)
     return dict(kernel=kernel, capability=tuple(capability), dtype=dtype, head_dim=int(head_dim),
-                causal=bool(causal), config=config, ones=list(ones), sass=bool(sass))
+                causal=bool(causal), config=config, ones=list(ones), sass=bool(sass), sinks=bool(sinks))
 
 
 def compile_kernels(specs, *, triton_path: str | None = None, keep_ptx: bool = False, timeout: float = 900):
@@ -118,7 +119,12 @@ def compile_kernels(specs, *, triton_path: str | None = None, keep_ptx: bool = F
     return [CompileReport(**{**r, "capability": tuple(r["capability"])}) for r in json.loads(done.stdout)]
 
 
-def _with_defaults(fn, constexprs: dict) -> dict:
+# Pointer arguments a launch passes only for an option (attention sinks), compiled as None unless a
+# spec gives them; a pointer given is float32.
+OPTIONAL_POINTERS = ("Sinks",)
+
+
+def _with_defaults(fn, constexprs: dict, pointers=()) -> dict:
     """Every compile-time parameter of fn: given, or its default (as a launch would use). One
     missing without a default is an error: compiled as a runtime integer, a flag tested with
     ``if FLAG:`` would quietly build both branches."""
@@ -127,6 +133,8 @@ def _with_defaults(fn, constexprs: dict) -> dict:
         return dict(constexprs)
     out = dict(constexprs)
     for param in params:
+        if param.name in OPTIONAL_POINTERS and param.name not in out and param.name not in pointers:
+            out[param.name] = None  # what a launch without them passes: a compile-time None
         if param.is_constexpr and param.name not in out:
             if param.default is inspect.Parameter.empty:
                 raise ValueError(f"compile: {fn.__name__} needs the compile-time argument {param.name!r}")
@@ -137,7 +145,7 @@ def _with_defaults(fn, constexprs: dict) -> dict:
 def _signature(fn, dtype: str, constexprs: dict, float32=()):
     """Argument types as the JIT would infer them; pointer and stride args 16-byte aligned.
     float32: pointer arguments that hold float32 whatever the dtype (besides Lse and Delta)."""
-    float_ptrs = {"Lse", "Delta", *float32}
+    float_ptrs = {"Lse", "Delta", *OPTIONAL_POINTERS, *float32}
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
@@ -301,7 +309,7 @@ def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    constants = _with_defaults(fn, constants)
+    constants = _with_defaults(fn, constants, float32)
     signature, attrs = _signature(fn, dtype, constants, float32)
     cc = capability[0] * 10 + capability[1]
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
@@ -335,7 +343,7 @@ def _compile_one(s, keep_ptx: bool) -> dict:
         if cfg is not None:
             report.config = asdict(cfg)
         ptx = compile_and_inspect(report, fn, s["dtype"], constants, options, s["capability"],
-                                  sass=s.get("sass", False))
+                                  sass=s.get("sass", False), float32=("Sinks",) if s.get("sinks") else ())
         # count the code only: the debug sections after it spell out file paths
         report.ptx_lines = ptx.split("\n\t.file", 1)[0].count("\n")
         report.ptx = ptx if keep_ptx else ""

@@ -9,7 +9,8 @@ with 8 kv heads, on a GPU with 132 multiprocessors. So the cache is cut into chu
         as ``_attn_fwd`` does, and writes a partial output and its log-sum-exp (float32);
     stage 2, ``_decode_merge``   grid (batch * kv_heads, row blocks): folds the splits'
         partials into the output with notebook 02's merge (each partial is a state whose
-        max is its lse and whose denominator is 1).
+        max is its lse and whose denominator is 1), starting from the attention sinks' state
+        where there are sinks (a partial with no value).
 
 Grouped-query attention: the q_heads // kv_heads query heads that share a kv head, and their
 new tokens, are stacked into the rows of one query block, (batch * kv_heads, group * new_tokens,
@@ -31,7 +32,7 @@ from .._checks import check_grid
 from ._mode import interpreting
 from .config import LOG2E, head_dim_pad
 from .forward import _finish, _finite, _load_rows, _online_update, _scores, triton
-from .rules import _LOG2E, _band, _key_range, _visible
+from .rules import _LOG2E, _band, _key_range, _sink_state, _visible, row_chunks
 
 import triton.language as tl  # noqa: E402  (after forward: it chose the interpreter mode)
 
@@ -166,13 +167,16 @@ def _merge_partial(m_i, l_i, acc, lse_s, out_s):
 
 @triton.jit
 def _decode_merge(Partial, PartialLse, Out, Lse, stride_pz, stride_pr, stride_oz, stride_or,
-                  NUM_SPLITS, ROWS, HEAD_DIM, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr):
-    """Out: (batch * kv_heads, ROWS, HEAD_DIM) in q's dtype; Lse: (batch * kv_heads, ROWS) float32."""
+                  NUM_SPLITS, ROWS, HEAD_DIM, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                  Sinks=None, KV_HEADS=1, NEW_TOKENS=1):
+    """Out: (batch * kv_heads, ROWS, HEAD_DIM) in q's dtype; Lse: (batch * kv_heads, ROWS) float32;
+    Sinks: (q_heads,) attention sinks or None (row r of kv head h belongs to query head
+    h * ROWS // NEW_TOKENS + r // NEW_TOKENS)."""
     off_z = tl.program_id(0).to(tl.int64)  # int64: offsets from it can pass 2^31
     offs_r = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
+    heads = (off_z % KV_HEADS) * (ROWS // NEW_TOKENS) + tl.minimum(offs_r, ROWS - 1) // NEW_TOKENS
+    m_i, l_i = _sink_state(Sinks, heads)  # (-inf, 0) without sinks
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
     for split in range(0, NUM_SPLITS):
         part = off_z * NUM_SPLITS + split
@@ -268,47 +272,61 @@ def _contiguous_last_dim(t: torch.Tensor) -> torch.Tensor:
 
 
 def _check_offsets(q_rows, k_cache, v_cache, block_table, num_splits, block_q):
-    """The grid's limits on a CUDA GPU (the kernels compute their element offsets in int64)."""
+    """The grid's limits on a CUDA GPU (the kernels compute their element offsets in int64; batch x
+    kv_heads, on axis 1, is launched in runs that fit)."""
     bz, rows, d = q_rows.shape
-    check_grid(DECODE_FN, (num_splits, bz, triton.cdiv(rows, block_q)), q_rows.device,
-               ("num_splits", "batch x kv_heads", "query row blocks"))
+    check_grid(DECODE_FN, (num_splits, 1, triton.cdiv(rows, block_q)), q_rows.device,
+               ("num_splits", "batch x kv_heads", "query row blocks (query heads per kv head x new tokens)"))
 
 
 def _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_lse, scale, softcap,
                   window_left, new_tokens, num_splits, block_q, cfg, input_precision):
-    """Stage 1 on q_rows (batch * kv_heads, rows, d); fills partial and partial_lse."""
+    """Stage 1 on q_rows (batch * kv_heads, rows, d); fills partial and partial_lse. Grid axis 1 holds
+    batch x kv_heads and CUDA takes at most 65,535 (rules.row_chunks): a larger batch is launched in
+    runs of whole sequences, on views of what the kernel indexes by sequence (its queries, lengths,
+    block table or contiguous cache, and partials)."""
     bz, rows, d = q_rows.shape
     kv_heads = k_cache.shape[1]
     paged = block_table is not None
-    table = block_table if paged else cache_seqlens  # not read by _contiguous_rows
-    grid = (num_splits, bz, triton.cdiv(rows, block_q))
-    _decode_split[grid](q_rows, k_cache, v_cache, partial, partial_lse, cache_seqlens, table, scale * LOG2E, softcap,
-                        window_left, q_rows.stride(0), q_rows.stride(1), k_cache.stride(0), k_cache.stride(1),
-                        stride_kn=k_cache.stride(2), stride_vb=v_cache.stride(0), stride_vh=v_cache.stride(1),
-                        stride_vn=v_cache.stride(2), stride_table=table.stride(0) if paged else 0,
-                        stride_pz=partial.stride(0), stride_pr=partial.stride(1), KV_HEADS=kv_heads,
-                        NUM_SPLITS=num_splits, ROWS=rows, NEW_TOKENS=new_tokens, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[2],
-                        HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
-                        KEY_ROWS=_paged_rows if paged else _contiguous_rows, SOFTCAP=softcap > 0,
-                        INPUT_PRECISION=input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    for run in row_chunks(bz, kv_heads):
+        seqs = slice(run.start // kv_heads, run.stop // kv_heads)
+        parts = slice(run.start * num_splits, run.stop * num_splits)
+        lengths = cache_seqlens[seqs]
+        table = block_table[seqs] if paged else lengths  # not read by _contiguous_rows
+        k_run, v_run = (k_cache, v_cache) if paged else (k_cache[seqs], v_cache[seqs])
+        grid = (num_splits, run.stop - run.start, triton.cdiv(rows, block_q))
+        _decode_split[grid](q_rows[run], k_run, v_run, partial[parts], partial_lse[parts], lengths, table,
+                            scale * LOG2E, softcap, window_left, q_rows.stride(0), q_rows.stride(1), k_cache.stride(0),
+                            k_cache.stride(1), stride_kn=k_cache.stride(2), stride_vb=v_cache.stride(0),
+                            stride_vh=v_cache.stride(1), stride_vn=v_cache.stride(2),
+                            stride_table=table.stride(0) if paged else 0, stride_pz=partial.stride(0),
+                            stride_pr=partial.stride(1), KV_HEADS=kv_heads, NUM_SPLITS=num_splits, ROWS=rows,
+                            NEW_TOKENS=new_tokens, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[2],
+                            HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
+                            KEY_ROWS=_paged_rows if paged else _contiguous_rows, SOFTCAP=softcap > 0,
+                            INPUT_PRECISION=input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def _launch_merge(partial, partial_lse, out, lse, num_splits, block_q):
+def _launch_merge(partial, partial_lse, out, lse, num_splits, block_q, sinks=None, kv_heads=1, new_tokens=1):
+    """Stage 2; its grid's batch x kv_heads is on axis 0, which takes 2^31 - 1."""
     bz, rows, d = out.shape
+    with_sinks = {} if sinks is None else dict(Sinks=sinks.to(torch.float32).contiguous(), KV_HEADS=kv_heads,
+                                               NEW_TOKENS=new_tokens)
     _decode_merge[(bz, triton.cdiv(rows, block_q))](
         partial, partial_lse, out, lse, partial.stride(0), partial.stride(1), out.stride(0), out.stride(1),
-        num_splits, rows, d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, num_warps=4, num_stages=1)
+        num_splits, rows, d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, num_warps=4, num_stages=1, **with_sinks)
 
 
 def decode_forward(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale: float, softcap: float = 0.0,
                    window_left: int = -1, num_splits: int | None = None, config: DecodeConfig | None = None,
-                   input_precision: str = "tf32"):
+                   input_precision: str = "tf32", sinks=None):
     """Both stages, on inputs :func:`flashlib.decode_attention` has checked (nothing here reads the
     lengths or the block table on the host, so the call can be captured in a CUDA graph).
 
     Returns out (batch, q_heads, new_tokens, d) in q's dtype and lse (batch, q_heads, new_tokens)
     float32. config: stage 1's tiles (default :func:`decode_config`); input_precision: how a
-    float32 ``tl.dot`` multiplies on a GPU ("tf32" or "ieee")."""
+    float32 ``tl.dot`` multiplies on a GPU ("tf32" or "ieee"); sinks: (q_heads,) attention sinks,
+    merged as one more partial with no value."""
     batch, q_heads, new_tokens, d = q.shape
     kv_heads = k_cache.shape[1]
     rows = q_heads // kv_heads * new_tokens
@@ -337,5 +355,5 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scal
                   window_left, new_tokens, num_splits, block_q, cfg, input_precision)
     out = torch.empty_like(q_rows)
     lse = torch.empty(batch * kv_heads, rows, dtype=torch.float32, device=q.device)
-    _launch_merge(partial, partial_lse, out, lse, num_splits, block_q)
+    _launch_merge(partial, partial_lse, out, lse, num_splits, block_q, sinks, kv_heads, new_tokens)
     return out.reshape(q.shape), lse.reshape(q.shape[:-1])
