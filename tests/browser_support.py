@@ -5,6 +5,7 @@ Everything here starts from a test fixture; nothing runs at import.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -18,6 +19,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+import nbformat
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -114,6 +117,8 @@ def start_lab(root_dir: Path, state_dir: Path, timeout: float = 90.0) -> LabServ
         PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
     )
     env.pop("JUPYTER_PATH", None)
+    # A learner's kernel starts without it; flashlib sets it in the kernel when it needs to.
+    env.pop("TRITON_INTERPRET", None)
     token = secrets.token_hex(24)
     port = free_port()
     log_path = state_dir / "jupyterlab.log"
@@ -308,3 +313,202 @@ def copy_notebooks(source: Path, destination: Path) -> Path:
         source, destination, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__")
     )
     return destination
+
+
+# --- the notebooks' widgets ----------------------------------------------------------
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def widget_cells(folder: Path) -> list[tuple[str, int]]:
+    """(notebook, code cell index) of every stored output that is a widget view, in course order."""
+    found = []
+    for path in sorted(folder.glob("*.ipynb")):
+        notebook = nbformat.read(path, as_version=4)
+        for index, cell in enumerate(notebook.cells):
+            outputs = cell.get("outputs", []) if cell.cell_type == "code" else []
+            if any(WIDGET_VIEW in output.get("data", {}) for output in outputs):
+                found.append((path.name, index))
+    return found
+
+
+def _python(source: str) -> str:
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    return TransformerManager().transform_cell(source)  # magics become plain calls
+
+
+def _names(source: str) -> tuple[set[str], set[str]]:
+    """(names a cell binds at top level, top-level names it reads without binding them)."""
+    import symtable
+
+    table = symtable.symtable(_python(source), "<cell>", "exec")
+    bound = {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()}
+    read = {s.get_name() for s in table.get_symbols() if s.is_referenced()}
+    stack = list(table.get_children())
+    while stack:  # names that functions and comprehensions read from the top level
+        child = stack.pop()
+        stack.extend(child.get_children())
+        read |= {s.get_name() for s in child.get_symbols() if s.is_global() and s.is_referenced()}
+    return bound, read - bound
+
+
+def cells_needed(path: Path, target: int) -> list[int]:
+    """The code cells that cell `target` of notebook `path` needs, and itself, in order.
+
+    A cell needs, for each top-level name it reads, the last earlier cell that binds it, and
+    what that cell needs in turn. Cells that act only through side effects are not found: a
+    notebook that relies on one fails its widget test with a NameError or a wrong picture.
+    """
+    cells = nbformat.read(path, as_version=4).cells
+    names = {i: _names(c.source) for i, c in enumerate(cells) if c.cell_type == "code"}
+    needed, todo = set(), [target]
+    while todo:
+        index = todo.pop()
+        if index in needed:
+            continue
+        needed.add(index)
+        for name in names[index][1]:
+            binders = [i for i in names if i < index and name in names[i][0]]
+            if binders:  # otherwise a builtin or one of IPython's (display)
+                todo.append(binders[-1])
+    return sorted(needed)
+
+
+_CELL_NODE_JS = "([name, index]) => {" + _FIND_PANEL + """
+  const cell = panel.content.widgets[index];
+  cell.node.setAttribute('data-test-cell', String(index));
+  return cell.model.type;
+}"""
+
+_RUN_CELL_JS = "([name, index]) => {" + _FIND_PANEL + """
+  panel.content.activeCellIndex = index;
+  panel.content.deselectAll();
+  window.jupyterapp.commands.execute('notebook:run-cell');
+}"""
+
+# The cell has run (a fresh execution count) or shows an error, and the kernel is idle.
+_CELL_DONE_JS = "([name, index]) => {" + _FIND_PANEL + """
+  const kernel = panel && panel.sessionContext.session && panel.sessionContext.session.kernel;
+  if (!kernel || kernel.status !== 'idle') return false;
+  const cell = panel.content.model.cells.get(index);
+  if (cell.outputs.toJSON().some(o => o.output_type === 'error')) return true;
+  return cell.executionCount != null;
+}"""
+
+
+_CURRENT_IDLE_JS = """() => {
+  const panel = window.jupyterapp.shell.currentWidget;
+  const kernel = panel && panel.sessionContext && panel.sessionContext.session
+                 && panel.sessionContext.session.kernel;
+  return !!kernel && kernel.status === 'idle';
+}"""
+
+
+def wait_for_idle_kernel(page, timeout_ms: int = 60_000) -> None:
+    """Wait until the current notebook's kernel is idle: every message of the last move is in."""
+    page.wait_for_function(_CURRENT_IDLE_JS, timeout=timeout_ms, polling=50)
+
+
+def wait_for_settled(page, selector: str, timeout_ms: int = 60_000) -> None:
+    """Wait until the kernel is idle and no widget under `selector` is still drawing frames
+    ahead (flashlib.course.widgets.FigureBox marks itself while it does)."""
+    wait_for_idle_kernel(page, timeout_ms)
+    page.wait_for_function("(selector) => !document.querySelector(selector + ' .flashlib-drawing-ahead')",
+                           arg=selector, timeout=timeout_ms, polling=50)
+
+
+def open_notebook(page, server: LabServer, name: str, timeout_ms: int = 180_000) -> None:
+    """Open notebook `name` in JupyterLab, wait for its kernel, and clear its stored outputs."""
+    page.goto(server.notebook_url(name), wait_until="domcontentloaded")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=timeout_ms)
+    page.wait_for_function(_KERNEL_IDLE_JS, arg=name, timeout=timeout_ms, polling=250)
+    _menu(page, "Edit", "Clear Outputs of All Cells")
+
+
+def run_cells(page, name: str, indices: list[int], timeout_ms: int = 180_000) -> None:
+    """Run the cells `indices` of the open notebook one by one, as "Run Selected Cell" does;
+    stop at the first that shows an error."""
+    for index in indices:
+        assert page.evaluate(_CELL_NODE_JS, [name, index]) == "code", f"{name} cell {index} is not code"
+        page.evaluate(_RUN_CELL_JS, [name, index])
+        page.wait_for_function(_CELL_DONE_JS, arg=[name, index], timeout=timeout_ms, polling=100)
+        if page.evaluate(_MODEL_ERRORS_JS, name):
+            return
+
+
+def cell_output(page, name: str, index: int):
+    """The output area of cell `index` of the open notebook."""
+    page.evaluate(_CELL_NODE_JS, [name, index])
+    return page.locator(f'[data-test-cell="{index}"] .jp-Cell-outputArea')
+
+
+# Watch one widget's figure across one move. Installed before the move: the time of the
+# first key press or pointer press (event.timeStamp, on performance.now()'s clock), then the
+# time the figure's <img> holds a new picture, decoded and ready to paint, and its pixels' hash.
+_WATCH_JS = """async (selector) => {
+  const root = document.querySelector(selector);
+  const image = () => root.querySelector('img');
+  const hash = async (img) => {
+    await img.decode();
+    const canvas = document.createElement('canvas');
+    canvas.width = img.naturalWidth; canvas.height = img.naturalHeight;
+    const context = canvas.getContext('2d');
+    context.drawImage(img, 0, 0);
+    const data = new Uint32Array(context.getImageData(0, 0, canvas.width, canvas.height).data.buffer);
+    let h = 2166136261;
+    for (let i = 0; i < data.length; i++) { h = Math.imul(h ^ data[i], 16777619) >>> 0; }
+    return `${canvas.width}x${canvas.height}:${h}`;
+  };
+  const before = image();
+  const state = {input: null, ready: null, before: await hash(before), after: null, src: before.src};
+  window.__testMove = state;
+  const onInput = (event) => { if (state.input === null) state.input = event.timeStamp; };
+  document.addEventListener('keydown', onInput, {capture: true, once: true});
+  document.addEventListener('pointerdown', onInput, {capture: true, once: true});
+  let seen = false;
+  const observer = new MutationObserver(async () => {
+    const img = image();
+    if (seen || !img || img.src === state.src) return;
+    seen = true;
+    observer.disconnect();
+    try { await img.decode(); } catch (error) { state.error = String(error); }
+    state.ready = performance.now();
+    state.after = await hash(img);
+  });
+  observer.observe(root, {subtree: true, childList: true, attributes: true, attributeFilter: ['src']});
+  return state.before;
+}"""
+
+_MOVE_DONE_JS = "() => window.__testMove && (window.__testMove.after !== null || !!window.__testMove.error)"
+
+
+@dataclass
+class Move:
+    control: str
+    ms: float | None  # from the input event to the new picture, ready to paint
+    changed: bool
+
+
+def watched_move(page, selector: str, act, control: str, timeout_ms: int = 30_000) -> Move:
+    """Do `act()` (one key press or click) and time the figure under `selector` changing."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    page.evaluate(_WATCH_JS, selector)
+    act()
+    try:
+        page.wait_for_function(_MOVE_DONE_JS, timeout=timeout_ms, polling=50)
+    except PlaywrightTimeout:
+        return Move(control, None, False)
+    state = page.evaluate("() => window.__testMove")
+    ms = None if state["input"] is None else state["ready"] - state["input"]
+    return Move(control, ms, state["after"] != state["before"])
+
+
+def watch_console(page) -> list[str]:
+    """Everything the page logs as an error, and uncaught exceptions, as they happen."""
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(f"console.{message.type}: {message.text}")
+            if message.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(f"uncaught: {error}"))
+    return errors

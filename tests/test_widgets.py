@@ -90,3 +90,49 @@ def test_benchmark_reports_both_medians(capsys):
     printed = capsys.readouterr().out
     assert len(results) == 2 and all(name in printed for name in results)
     assert all(ms > 0 for ms in results.values())
+
+
+def test_display_carries_the_current_frame_as_png():
+    """A stored notebook keeps the stepper's picture beside the widget view (for readers without a kernel)."""
+    import base64
+
+    for stepper in (TileStepper(*example()), OnlineSoftmaxStepper(torch.tensor([0.5, 2.0, -1.0]))):
+        stepper.step.value = 1
+        bundle = stepper._repr_mimebundle_()
+        assert "application/vnd.jupyter.widget-view+json" in bundle and "text/plain" in bundle
+        np.testing.assert_array_equal(pixels(base64.b64decode(bundle["image/png"])), pixels(stepper.image.value))
+        assert bundle["text/plain"] == repr(stepper)
+        stepper.close()
+
+
+def test_frames_one_move_away_are_drawn_ahead_in_a_running_loop():
+    """In a kernel (an event loop), the neighbours' frames are drawn while it idles, and the box
+    is marked until they are; a move to one then draws nothing."""
+    import asyncio
+
+    async def settle():
+        stepper = OnlineSoftmaxStepper(torch.tensor([0.5, 2.0, -1.0, 3.5, 1.0]), step=2)
+        assert stepper.AHEAD_CLASS in stepper._dom_classes
+        for _ in range(200):
+            if stepper.AHEAD_CLASS not in stepper._dom_classes:
+                break
+            await asyncio.sleep(0.05)
+        return stepper
+
+    stepper = asyncio.run(settle())
+    assert stepper.AHEAD_CLASS not in stepper._dom_classes
+    assert set(stepper._frames) == {1, 2, 3, 4}  # step 2 and the steps up to two moves away
+    drawn = []
+    stepper._draw = lambda step: drawn.append(step)
+    stepper.step.value = 3
+    assert drawn == [] and stepper.image.value == stepper._frames[3]
+    stepper.close()
+
+
+def test_tile_stepper_neighbours_are_one_move_away():
+    stepper = TileStepper(*example(), block_q=2, block_k=2, causal=False, loop="query", step=0)
+    got = list(stepper._neighbours(stepper._state()))
+    assert got == [(2, 2, False, "query", 1), (3, 2, False, "query", 0), (1, 2, False, "query", 0),
+                   (2, 3, False, "query", 0), (2, 1, False, "query", 0), (2, 2, True, "query", 0),
+                   (2, 2, False, "key", 0)]
+    stepper.close()
