@@ -1,0 +1,68 @@
+"""Notebook 12's pieces: the sink-gradient checker names each mistake, the paged cache writes where
+its block table says, and generation through flashlib's kernels equals transformers' eager."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None or importlib.util.find_spec("transformers") is None:
+    pytest.skip("needs Triton (Linux) and transformers", allow_module_level=True)
+
+from flashlib.course import models  # noqa: E402
+from flashlib.decode import gather_cache  # noqa: E402
+
+
+def test_the_checker_passes_the_rule_and_names_every_catalogued_mistake():
+    models.SINK_GRAD_HINTS.reset()
+    assert models.check_sink_grad(models.sink_grad_solution)
+    sinks, lse, delta, want = models._sink_case(0)
+    for mistake, wrong in models._sink_mistakes(sinks, lse, delta).items():
+        assert wrong.shape != want.shape or not torch.allclose(wrong, want), mistake  # each is wrong
+        verdict = models.check_sink_grad(lambda s, l, d, mistake=mistake: models._sink_mistakes(s, l, d)[mistake])
+        assert not verdict and mistake in verdict.message, (mistake, verdict)
+    assert "returns None" in models.check_sink_grad(lambda s, l, d: None).message
+    assert "no answer yet" in models.check_sink_grad(...).message
+
+
+def test_hints_step_from_the_idea_to_code_and_start_over_after_a_pass():
+    models.SINK_GRAD_HINTS.reset()
+    labels = [models.check_sink_grad(lambda s, l, d: s * 0).label for _ in range(4)]
+    assert labels == ["hint 1 of 3", "hint 2 of 3", "hint 3 of 3", "hint 3 of 3"]
+    assert models.check_sink_grad(models.sink_grad_solution)
+    assert models.check_sink_grad(lambda s, l, d: s * 0).label == "hint 1 of 3"
+
+
+def test_the_paged_cache_writes_each_position_where_its_block_table_points():
+    cache = models.PagedKVCache(1, 2, 3, 4, 21, page_size=5, seed=1)
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randn(2, 3, 21, 4, generator=g)
+    cache.append(0, keys[:, :, :13], keys[:, :, :13])
+    cache.advance(13)
+    for t in range(13, 21):  # then one position at a time
+        cache.append(0, keys[:, :, t:t + 1], keys[:, :, t:t + 1])
+        cache.advance(1)
+    assert cache.lengths.tolist() == [21, 21]
+    torch.testing.assert_close(gather_cache(cache.k[0], cache.block_table, 21), keys, atol=0, rtol=0)
+
+
+def test_generation_through_flashlib_equals_eager_and_each_mistake_is_seen():
+    model = models.tiny_gpt_oss(seed=0)
+    prompt = torch.randint(1, 97, (2, 5), generator=torch.Generator().manual_seed(3))
+    eager = models.generate_eager(model, prompt, 6)
+    tokens, cache = models.generate_paged(model, prompt, 6)
+    assert torch.equal(tokens, eager)
+    assert cache.lengths.tolist() == [10, 10]
+    assert model.config._attn_implementation == "eager"  # put back afterwards
+    # the window bites and the sinks matter: each mistake changes the logits of the first step
+    for mistake in models.MISTAKES:
+        wrong, _ = models.generate_paged(model, prompt, 6, mistake=mistake)
+        assert not torch.equal(wrong, eager), mistake
+    with pytest.raises(ValueError, match="argument 'mistake'"):
+        models.generate_paged(model, prompt, 1, mistake="typo")
+
+
+def test_the_attention_function_needs_its_cache():
+    with pytest.raises(RuntimeError, match="inside generate_paged"):
+        models.paged_attention(None, None, None, None, None)
