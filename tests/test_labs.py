@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -45,9 +47,20 @@ def edited(name: str, tmp_path: Path, *edits):
     return load(source, name, tmp_path)
 
 
+def counted(fn):
+    """fn, counting its calls: a PyTorch lab's checker calls the learner's function once per case."""
+    def wrapper(*args):
+        wrapper.calls += 1
+        return fn(*args)
+    wrapper.calls = 0
+    return wrapper
+
+
 @pytest.mark.parametrize("name", LAB_NAMES)
 def test_every_worked_solution_passes_its_checker_in_time(name, tmp_path, capsys):
     solution = load(labs.solution_source(name), name, tmp_path)
+    if not labs.LABS[name].triton:
+        solution = counted(solution)
     start = time.perf_counter()
     result = labs.check(name, solution)
     seconds = time.perf_counter() - start
@@ -55,6 +68,13 @@ def test_every_worked_solution_passes_its_checker_in_time(name, tmp_path, capsys
     assert result and result.passed and result.mistake is None, result.message
     assert printed.strip() == result.message and result.message.startswith("PASS")
     assert seconds < CHECKER_SECONDS
+    if labs.LABS[name].triton:
+        from flashlib.labs.kernel_labs import CASES
+        cases = len(CASES)
+    else:
+        cases = solution.calls
+    tries = ", ".join(labs.LABS[name].tries)
+    assert result.message == f"PASS: {name} is right in all {cases} cases, which between them try {tries}."
 
 
 @needs_triton
@@ -70,6 +90,9 @@ ONLINE = [
     ("no_rescale", [("l = l * torch.exp(m - shift) + ", "l = l + ")]),
     ("max_starts_at_zero", [('torch.tensor(float("-inf"))', "torch.tensor(0.0)")]),
     ("nan_empty_rows", [('shift = torch.where(m_new == float("-inf"), 0.0, m_new)', "shift = m_new")]),
+    ("swapped_outputs", [("    return m, l", "    return l, m")]),
+    ("exp2_for_exp", [("torch.exp(m - shift)", "torch.exp2(m - shift)"),
+                      ("torch.exp(block - shift[:, None])", "torch.exp2(block - shift[:, None])")]),
 ]
 MERGE = [
     ("no_rescale", [("l_a * torch.exp(m_a - shift) + l_b * torch.exp(m_b - shift)", "l_a + l_b")]),
@@ -78,6 +101,10 @@ MERGE = [
     ("nan_empty_rows", [('shift = torch.where(m == float("-inf"), 0.0, m)', "shift = m")]),
     ("overflow", [("l_a * torch.exp(m_a - shift) + l_b * torch.exp(m_b - shift)",
                    "(l_a * torch.exp(m_a) + l_b * torch.exp(m_b)) * torch.exp(-m)")]),
+    ("swapped_outputs", [("return m, l_a * torch.exp(m_a - shift) + l_b * torch.exp(m_b - shift)",
+                          "return l_a * torch.exp(m_a - shift) + l_b * torch.exp(m_b - shift), m")]),
+    ("exp2_for_exp", [("torch.exp(m_a - shift)", "torch.exp2(m_a - shift)"),
+                      ("torch.exp(m_b - shift)", "torch.exp2(m_b - shift)")]),
 ]
 FORWARD = [
     ("no_rescale", [("l_i = alpha * l_i + ", "l_i = l_i + ")]),
@@ -93,6 +120,23 @@ FORWARD = [
                       "s = (q @ k.transpose(-2, -1) * scale)[..., q0:q1, k0:k1]")]),
     ("unscaled_scores", [("scale = q.shape[-2], k.shape[-2], 1.0 / math.sqrt(q.shape[-1])",
                           "scale = q.shape[-2], k.shape[-2], 1.0")]),
+    ("unscaled_scores", [("scale = q.shape[-2], k.shape[-2], 1.0 / math.sqrt(q.shape[-1])",
+                          "scale = q.shape[-2], k.shape[-2], math.sqrt(q.shape[-1])")]),
+    ("exp2_for_exp", [("alpha = torch.exp(m_i - shift)", "alpha = torch.exp2(m_i - shift)"),
+                      ("p = torch.exp(s - shift[..., None])", "p = torch.exp2(s - shift[..., None])")]),
+    ("strict_diagonal", [("offs_k > offs_q + seq_k - seq_q", "offs_k >= offs_q + seq_k - seq_q")]),
+    ("lse_base2", [("m_i + torch.log(l_i)", "m_i + torch.log2(l_i)")]),
+    ("lse_without_max", [("m_i + torch.log(l_i)", "torch.log(l_i)")]),
+    ("not_normalised", [("out[..., q0:q1, :] = acc / torch.where(seen, l_i, 1.0)[..., None]",
+                         "out[..., q0:q1, :] = acc")]),
+    ("causal_mask_missing", [('s = s.masked_fill(offs_k > offs_q + seq_k - seq_q, float("-inf"))', "s = s")]),
+    ("causal_mask_missing", [('s = s.masked_fill(offs_k > offs_q + seq_k - seq_q, float("-inf"))', "s = s"),
+                             ("k_end = min(q1 + seq_k - seq_q, seq_k) if causal else seq_k", "k_end = seq_k")]),
+    ("last_tile_only", [("            m_new = torch.maximum(m_i, s.amax(dim=-1))",
+                         '            m_i = q.new_full(q_blk.shape[:-1], float("-inf"))\n'
+                         "            l_i = torch.zeros_like(m_i)\n"
+                         "            acc = torch.zeros_like(q_blk)\n"
+                         "            m_new = torch.maximum(m_i, s.amax(dim=-1))")]),
 ]
 BACKWARD = [
     ("no_delta", [("ds = p * (dp - delta[..., q0:q1, None])", "ds = p * dp")]),
@@ -105,6 +149,13 @@ BACKWARD = [
     ("dropped_last_tile", [("range(0, seq_q, block_q)", "range(0, seq_q // block_q * block_q, block_q)")]),
     ("full_matrix", [("p = torch.exp(s - lse[..., q0:q1, None])",
                       "p = torch.exp(q @ k.transpose(-2, -1) * scale - lse[..., None])[..., q0:q1, k0:k1]")]),
+    ("tile_delta", [("ds = p * (dp - delta[..., q0:q1, None])", "ds = p * (dp - (p * dp).sum(dim=-1, keepdim=True))")]),
+    ("swapped_outputs", [("return dq, dk, dv", "return dq, dv, dk")]),
+    ("scaled_twice", [("dk[..., k0:k1, :] += ds.transpose(-2, -1) @ q_blk * scale",
+                       "dk[..., k0:k1, :] += ds.transpose(-2, -1) @ q_blk * scale * scale")]),
+    ("causal_mask_missing", [('s = s.masked_fill(offs_k > offs_q + seq_k - seq_q, float("-inf"))', "s = s")]),
+    ("strict_diagonal", [("offs_k > offs_q + seq_k - seq_q", "offs_k >= offs_q + seq_k - seq_q")]),
+    ("exp2_for_exp", [("p = torch.exp(s - lse[..., q0:q1, None])", "p = torch.exp2(s - lse[..., q0:q1, None])")]),
 ]
 KERNEL_FORWARD = [
     ("masked_loads_missing", [("mask=kv_mask, other=0.0)\n        v_tile", ")\n        v_tile")]),
@@ -125,6 +176,17 @@ KERNEL_FORWARD = [
     ("natural_exp_base2", [("tl.math.exp2(m_i - shift)", "tl.exp(m_i - shift)"),
                            ("tl.math.exp2(s - shift[:, None])", "tl.exp(s - shift[:, None])")]),
     ("natural_exp_base2", [("tl.math.exp2(m_i - shift)", "tl.exp(m_i - shift)")]),
+    ("strict_diagonal", [("offs_k[None, :] <= offs_q[:, None] + (SEQ_K - SEQ_Q)",
+                          "offs_k[None, :] < offs_q[:, None] + (SEQ_K - SEQ_Q)")]),
+    ("padded_keys", [("visible = (offs_q[:, None] < SEQ_Q) & (offs_k[None, :] < SEQ_K)",
+                      "visible = offs_q[:, None] < SEQ_Q")]),
+    ("dot_shapes", [("tl.dot(q_blk, tl.trans(k_tile)", "tl.dot(q_blk, k_tile")]),
+    ("missing_cast", [("tl.dot(p.to(v_tile.dtype), v_tile", "tl.dot(p, v_tile")]),
+    ("no_input_precision", [("tl.dot(q_blk, tl.trans(k_tile), input_precision=INPUT_PRECISION)",
+                             "tl.dot(q_blk, tl.trans(k_tile))")]),
+    ("last_tile_only", [("        m_i = m_new\n", "")]),
+    ("unscaled_scores", [(") * qk_scale", ")")]),
+    ("bare_inf", [('tl.where(m_new == float("-inf"), 0.0, m_new)', "tl.where(m_new == -inf, 0.0, m_new)")]),
 ]
 KERNEL_DKDV = [
     ("masked_loads_missing", [("q_blk = tl.load(Q + offs_q[:, None] * stride_qm + offs_d[None, :], mask=qd_mask, "
@@ -137,13 +199,26 @@ KERNEL_DKDV = [
                         "        tl.store(Delta + offs_q, lse)\n        delta = tl.load(")]),
     ("nothing_done", [("range(q_start, SEQ_Q, BLOCK_Q)", "range(q_start, q_start, BLOCK_Q)")]),
     ("no_delta", [("ds_t = p_t * (dp_t - delta[None, :])", "ds_t = p_t * dp_t")]),
-    ("natural_exp_base2", [("lse * _LOG2E)", "lse)")]),
+    ("natural_exp_base2", [("lse * LOG2E)", "lse)")]),
     ("natural_exp_base2", [("p_t = tl.math.exp2(s_t - lse[None, :])", "p_t = tl.exp(s_t - lse[None, :])")]),
     ("top_left_causal", [("offs_k[:, None] <= offs_q[None, :] + (SEQ_K - SEQ_Q)",
                           "offs_k[:, None] <= offs_q[None, :]")]),
     ("causal_mask_missing", [("visible = visible & (offs_k[:, None] <= offs_q[None, :] + (SEQ_K - SEQ_Q))",
                               "visible = visible")]),
     ("dropped_last_tile", [("range(q_start, SEQ_Q, BLOCK_Q)", "range(q_start, SEQ_Q // BLOCK_Q * BLOCK_Q, BLOCK_Q)")]),
+    ("scaled_twice", [("dk += tl.dot(ds_t.to(q_blk.dtype), q_blk, input_precision=INPUT_PRECISION)",
+                       "dk += tl.dot(ds_t.to(q_blk.dtype), q_blk, input_precision=INPUT_PRECISION) * qk_scale")]),
+    ("scaled_twice", [("dk += tl.dot(ds_t.to(q_blk.dtype), q_blk, input_precision=INPUT_PRECISION)",
+                       "dk += tl.dot(ds_t.to(q_blk.dtype), q_blk, input_precision=INPUT_PRECISION) * "
+                       "(qk_scale / LOG2E)")]),
+    ("tile_delta", [("ds_t = p_t * (dp_t - delta[None, :])", "ds_t = p_t * (dp_t - tl.sum(p_t * dp_t, 0)[None, :])")]),
+    ("swapped_outputs", [("return dk, dv", "return dv, dk")]),
+    ("strict_diagonal", [("offs_k[:, None] <= offs_q[None, :] + (SEQ_K - SEQ_Q)",
+                          "offs_k[:, None] < offs_q[None, :] + (SEQ_K - SEQ_Q)")]),
+    ("dot_shapes", [("tl.dot(k_tile, tl.trans(q_blk)", "tl.dot(k_tile, q_blk")]),
+    ("missing_cast", [("tl.dot(p_t.to(do_blk.dtype), do_blk", "tl.dot(p_t, do_blk")]),
+    ("no_input_precision", [("dp_t = tl.dot(v_tile, tl.trans(do_blk), input_precision=INPUT_PRECISION)",
+                             "dp_t = tl.dot(v_tile, tl.trans(do_blk))")]),
 ]
 MISTAKEN = [pytest.param(lab, mistake, edits, marks=needs_triton if labs.LABS[lab].triton else (),
                          id=f"{lab}-{mistake}-{i}")
@@ -159,6 +234,46 @@ def test_a_known_mistake_is_named(name, mistake, edits, tmp_path, capsys):
     title = labs.MISTAKES[mistake][0]
     assert f"mistake: {title}" in capsys.readouterr().out
     assert result.message.startswith(f"NOT YET: {name}, case {result.case} of ")
+
+
+# Mistakes no catalogue entry names: the message says what is right, what is not, and where.
+GENERIC = [
+    ("tiled_forward", [("m_i + torch.log(l_i)", "(m_i + torch.log(l_i)) * 1.4426950408889634")],
+     ["out is right; lse is wrong", "lse is 1.443 times what it should be everywhere: a factor of log2 e"]),
+    ("tiled_forward", [("offs_k > offs_q + seq_k - seq_q", "offs_k > offs_q + seq_k - seq_q + 1")],
+     ["case 3 of 6", "query 0 gives key 9 weight 0.0533, but it must not see key 9 (query 0 sees keys 0–8)",
+      "every pair that differs has key j = i + 9, +1 from the diagonal j = i + 8"]),
+    ("tiled_backward", [("dk[..., k0:k1, :] += ds.transpose(-2, -1) @ q_blk * scale",
+                         "dk[..., k0:k1, :] += ds.transpose(-2, -1) @ q_blk * scale * 2")],
+     ["dq and dv are right; dk is wrong", "dk is 2 times what it should be everywhere"]),
+    ("tiled_backward", [("dq[..., q0:q1, :] += ds @ k_tile * scale", "dq[..., q0:q1, :] += ds @ k_tile * scale\n"
+                         "            if k1 == seq_k:\n                dq[..., q0:q1, :] += ds @ k_tile * scale")],
+     ["dk and dv are right; dq is wrong"]),
+    ("attn_fwd_inner", [("(offs_k[None, :] < SEQ_K)", "(offs_k[None, :] < SEQ_K - 1)")],
+     ["query 0 gives key 44 no weight, but it sees key 44",
+      "every pair that differs is in the last key tile (keys 32–44)"]),
+    ("attn_fwd_inner", [("offs_k[None, :] <= offs_q[:, None] + (SEQ_K - SEQ_Q)",
+                         "offs_k[None, :] <= offs_q[:, None] + (SEQ_K - SEQ_Q) + 1")],
+     ["The wrong rows are exactly the rows that see only some of the keys",
+      "every pair that differs has key j = i + 9, +1 from the diagonal j = i + 8"]),
+    ("attn_bwd_dkdv_inner", [("ds_t = p_t * (dp_t - delta[None, :])", "ds_t = p_t * (dp_t + delta[None, :])")],
+     ["dv is right; dk is wrong"]),
+    ("attn_bwd_dkdv_inner", [("dv += tl.dot(p_t.to(do_blk.dtype), do_blk, input_precision=INPUT_PRECISION)",
+                              "dv += tl.dot(p_t.to(do_blk.dtype), do_blk, input_precision=INPUT_PRECISION) * 0.5")],
+     ["dk is right; dv is wrong", "dv is 0.5 times what it should be everywhere: a factor of 1/2"]),
+    ("attn_bwd_dkdv_inner", [("p_t = tl.where(visible, p_t, 0.0)",
+                              "p_t = tl.where(visible & (offs_k[:, None] < SEQ_K - 5), p_t, 0.0)")],
+     ["In dk, the wrong keys are all among the keys of the last, shorter key tile (keys 32–44)"]),
+]
+
+
+@pytest.mark.parametrize("name, edits, said", [pytest.param(*g, marks=needs_triton if labs.LABS[g[0]].triton else (),
+                                                            id=f"{g[0]}-{i}") for i, g in enumerate(GENERIC)])
+def test_an_unknown_mistake_is_described(name, edits, said, tmp_path, capsys):
+    result = labs.check(name, edited(name, tmp_path, *edits))
+    assert not result and result.mistake is None, result.message
+    for text in said:
+        assert text in result.message
 
 
 STREAMING = {"online_softmax": {"read_after_next", "read_twice", "full_matrix"}}
@@ -204,7 +319,8 @@ def test_online_softmax_must_stream(fn, mistake, capsys):
 
 @needs_triton
 def test_a_stray_load_is_named_by_tensor_and_side(tmp_path, capsys):
-    past_rows = edited("attn_fwd_inner", tmp_path, ("mask=kv_mask, other=0.0)\n        v_tile", ")\n        v_tile"))
+    past_rows = edited("attn_fwd_inner", tmp_path, ("kv_mask = (offs_k[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)",
+                                                    "kv_mask = offs_d[None, :] < HEAD_DIM"))
     assert "a tl.load read K past its last row (row 45 >= 45)" in labs.check("attn_fwd_inner", past_rows).message
     past_columns = edited("attn_fwd_inner", tmp_path, ("(offs_d[None, :] < HEAD_DIM)", "(offs_d[None, :] < 32)"))
     message = labs.check("attn_fwd_inner", past_columns).message
@@ -224,12 +340,14 @@ from flashlib.labs.solutions.attn_fwd_inner import attn_fwd_inner
 
 for capability in ((7, 5), (9, 0)):
     for case in CASES:
-        for kernel, inner in ((harness.lab_attn_fwd, attn_fwd_inner), (harness.lab_attn_bwd_dkdv, attn_bwd_dkdv_inner)):
-            report = CompileReport(kernel=kernel.__name__, capability=capability, dtype="float32",
+        dtype = str(case.dtype).removeprefix("torch.")  # float16 tiles: tl.dot's operands must match
+        for kernel, inner, float32 in ((harness.lab_attn_fwd, attn_fwd_inner, ("Lse",)),
+                                       (harness.lab_attn_bwd_dkdv, attn_bwd_dkdv_inner, ("Lse", "Delta"))):
+            report = CompileReport(kernel=kernel.__name__, capability=capability, dtype=dtype,
                                    head_dim=case.head_dim, causal=case.causal, config={}, triton_version="")
             constants = dict(HEAD_DIM_PAD=head_dim_pad(case.head_dim), BLOCK_Q=case.block_q, BLOCK_K=case.block_k,
                              CAUSAL=case.causal, INPUT_PRECISION="ieee", INNER=inner)
-            compile_and_inspect(report, kernel, "float32", constants, {}, capability)
+            compile_and_inspect(report, kernel, dtype, constants, {}, capability, float32=float32)
 """
 
 
@@ -303,6 +421,16 @@ def test_hints_come_one_level_at_a_time_per_lab(capsys):
     labs.reset_hints()
 
 
+@pytest.mark.parametrize("name", list(labs.LABS))
+def test_hints_step_from_words_to_code(name):
+    idea, pointer, code = labs.LABS[name].hints
+    for token in ("=", "torch.", "tl.", "@", "range("):
+        assert token not in idea, f"hint 1 of {name} is already code: {token!r}"
+    assert "=" in code and len(code) > len(idea)
+    for hint in (idea, pointer, code):  # inf is not a Python or Triton name: compare with float("-inf")
+        assert re.search(r"[=!]=\s*-?inf\b", hint) is None, hint
+
+
 def test_solution_prints_its_source(capsys):
     labs.solution("merge_states")
     assert capsys.readouterr().out.strip() == labs.solution_source("merge_states").strip()
@@ -344,7 +472,7 @@ def test_insert_lab_cells_puts_them_before_the_summary_and_twice_changes_nothing
 
 def _solved(notebook: str, tmp_path: Path) -> tuple[Path, list[str]]:
     """A copy of the notebook with every lab stub replaced by its solution and the cells after the last lab
-    dropped (nothing after them depends on them)."""
+    and its reveal dropped (nothing after them depends on them)."""
     nb = nbformat.read(NOTEBOOKS / f"{notebook}.ipynb", as_version=4)
     names = cells.lab_names(notebook)
     where = {cells.marked(c.source): i for i, c in enumerate(nb.cells) if c.cell_type == "code"}
@@ -352,7 +480,8 @@ def _solved(notebook: str, tmp_path: Path) -> tuple[Path, list[str]]:
     assert not missing, f"{notebook} has no lab cell for {missing}: run python tools/insert_lab_cells.py"
     for name in names:
         nb.cells[where[name]].source = cells.code_cell(name, solved=True)
-    nb.cells = nb.cells[:max(where[n] for n in names) + 1]
+    last = max([where[n] for n in names] + [i for i, c in enumerate(nb.cells) if "labs.reveal(" in c.source])
+    nb.cells = nb.cells[:last + 1]
     path = tmp_path / f"{notebook}.ipynb"
     nbformat.write(nb, path)
     return path, names
@@ -371,3 +500,65 @@ def test_each_notebook_runs_its_labs_with_the_solutions(notebook, tmp_path):
         if name is not None:
             text = "".join(o.get("text", "") for o in cell.outputs)
             assert text.startswith(f"PASS: {name}"), f"{notebook}, lab {name}:\n{text}"
+        reveal = re.match(r'labs\.reveal\("(\w+)"\)', cell.source)
+        if reveal:  # once the lab passed, the course's own code
+            text = "".join(o.get("text", "") for o in cell.outputs)
+            for where in labs.LABS[reveal.group(1)].reveal:
+                assert f"@triton.jit\ndef {where.split(':')[1]}(" in text, f"{notebook}: {text[:300]}"
+
+
+def stored_cells(notebook: str) -> list:
+    return nbformat.read(NOTEBOOKS / f"{notebook}.ipynb", as_version=4).cells
+
+
+@pytest.mark.parametrize("notebook", sorted({spec.notebook for spec in labs.LABS.values()}))
+def test_the_stored_lab_cells_are_the_catalogs_and_import_nothing_private(notebook):
+    stored = {cells.marked(c.source): c.source for c in stored_cells(notebook) if cells.marked(c.source)}
+    for name in cells.lab_names(notebook):
+        assert stored[name] == cells.code_cell(name), f"{name}: run python tools/insert_lab_cells.py"
+        for line in stored[name].splitlines():
+            if line.startswith(("import ", "from ")):
+                assert re.search(r"\b_\w", line) is None, line
+
+
+@pytest.mark.parametrize("name", [n for n, spec in labs.LABS.items() if spec.reveal])
+def test_nothing_before_a_kernel_lab_prints_the_code_it_asks_for(name):
+    nb = stored_cells(labs.LABS[name].notebook)
+    lab_at = next(i for i, c in enumerate(nb) if c.cell_type == "code" and cells.marked(c.source) == name)
+    shown = "\n".join(c.source + "".join(o.get("text", "") for o in c.get("outputs", [])) for c in nb[:lab_at])
+    for where in labs.LABS[name].reveal:
+        assert f"@triton.jit\ndef {where.split(':')[1]}(" not in shown
+    assert f"def {name}(" not in shown
+    revealed = [i for i, c in enumerate(nb) if f'labs.reveal("{name}")' in c.source]
+    assert revealed and revealed[0] > lab_at
+    assert "printed here once" in "".join(o.get("text", "") for o in nb[revealed[0]].outputs)
+
+
+@needs_triton
+def test_reveal_waits_for_a_pass_or_the_solution(capsys, tmp_path):
+    labs.core._SEEN.discard("attn_fwd_inner")
+    labs.reveal("attn_fwd_inner")
+    assert "printed here once attn_fwd_inner passes labs.check" in capsys.readouterr().out
+    labs.check("attn_fwd_inner", edited("attn_fwd_inner", tmp_path, ("l_i = alpha * l_i + ", "l_i = l_i + ")))
+    capsys.readouterr()
+    labs.reveal("attn_fwd_inner")
+    assert "printed here once" in capsys.readouterr().out
+    labs.check("attn_fwd_inner", load(labs.solution_source("attn_fwd_inner"), "attn_fwd_inner", tmp_path))
+    capsys.readouterr()
+    labs.reveal("attn_fwd_inner")
+    shown = capsys.readouterr().out
+    assert shown.startswith("@triton.jit\ndef _online_update(") and "def _attn_fwd_inner(" in shown
+    labs.core._SEEN.discard("attn_bwd_dkdv_inner")
+    labs.solution("attn_bwd_dkdv_inner")
+    capsys.readouterr()
+    labs.reveal("attn_bwd_dkdv_inner")
+    assert "def _attn_bwd_dkdv_inner(" in capsys.readouterr().out
+
+
+@needs_triton
+def test_log2e_is_public_and_a_triton_constant():
+    import triton.language as tl
+
+    from flashlib.labs import LOG2E
+
+    assert isinstance(LOG2E, tl.constexpr) and abs(LOG2E.value - 1 / math.log(2)) < 1e-15

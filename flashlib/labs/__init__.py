@@ -4,7 +4,9 @@
                            the verdict (.passed, .message, .mistake: the known mistake recognised)
     hint(name)             print the next of three hints, from gentle to nearly the answer
     solution(name)         print a worked solution; solution_source(name) returns its text
+    reveal(name)           print the course's own code of the lab, once it has passed here
     LABS, MISTAKES         the labs in course order, and the mistakes the checkers name
+    LOG2E                  log2 e as a Triton constant, for a kernel lab's @triton.jit code (needs Triton)
 
 The labs, each at the end of its notebook:
 
@@ -20,7 +22,23 @@ course's own implementation of the same step. The Triton labs run inside a harne
 (:mod:`.harness`) through Triton's interpreter, with every tensor inside guard regions and
 every load checked against the tensor it belongs to (:mod:`.memory`).
 """
+from ..kernels._mode import ensure_mode, triton_installed
 from .catalog import LABS, MISTAKES, Lab
-from .core import LabResult, check, hint, reset_hints, solution, solution_source
+from .core import LabResult, check, hint, reset_hints, reveal, reveal_source, solution, solution_source
 
-__all__ = ["LABS", "MISTAKES", "Lab", "LabResult", "check", "hint", "reset_hints", "solution", "solution_source"]
+if triton_installed():
+    # a kernel lab's cell imports flashlib, then triton: without a GPU, Triton's CPU interpreter must be on
+    # before triton is first imported (it reads TRITON_INTERPRET then), whatever build of PyTorch this is
+    ensure_mode()
+
+__all__ = ["LABS", "MISTAKES", "Lab", "LabResult", "check", "hint", "reset_hints", "reveal", "reveal_source",
+           "solution", "solution_source"]
+
+
+def __getattr__(name):
+    if name == "LOG2E":  # a Triton constant: asking for it imports Triton, in the mode chosen above
+        from ..kernels._mode import require_triton
+        from ..kernels.config import LOG2E
+
+        return require_triton().language.constexpr(LOG2E)
+    raise AttributeError(f"module 'flashlib.labs' has no attribute {name!r}")

@@ -1,8 +1,9 @@
 """The labs and the mistakes their checkers know, as data: what cells, hints and messages are made of.
 
 A lab names the function the learner writes (the same name is its key in ``LABS``), the
-notebook it ends, its signature, the task, what its checker tries, three hints from gentle to
-nearly the answer, and the known mistakes its checker names.
+notebook it ends, its signature, the task, what its checker tries, three hints (an idea in words,
+then where in the notebook the step is, then something close to code), the known mistakes its
+checker names, and the course's own code that ``labs.reveal`` prints once the lab is passed.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class Lab:
     mistakes: tuple[str, ...]   # keys of MISTAKES the checker recognises
     hints: tuple[str, str, str]
     triton: bool = False
+    reveal: tuple[str, ...] = ()  # "module:function" of the course's code the lab rewrites
 
 
 # key -> the name a message gives the mistake, and why it is wrong
@@ -81,6 +83,54 @@ MISTAKES = {
                             "the _visible mask)."),
     "nothing_done": ("nothing computed yet",
                      "the function returned what it was given."),
+    "swapped_outputs": ("results returned in each other's place",
+                        "the values are right but in the wrong slots: return them in the order the signature "
+                        "gives."),
+    "exp2_for_exp": ("exp2 where exp is meant",
+                     "these scores and this max are natural (no log2 e folded in): 2^(s - m) is the softmax of "
+                     "s · ln 2, too flat. Use torch.exp; exp2 belongs to the kernels, whose scores are in base 2."),
+    "strict_diagonal": ("the diagonal itself masked",
+                        "query i sees key j when j <= i + seq_k - seq_q, the key on its diagonal included "
+                        "(a token attends to itself): the visible pairs are j <= i + seq_k - seq_q, not "
+                        "j < i + seq_k - seq_q."),
+    "lse_base2": ("lse in base 2",
+                  "lse is a natural logarithm, m_i + log(l_i): log2(l_i) mixes bases, and the backward pass "
+                  "recomputes P as exp(s - lse)."),
+    "lse_without_max": ("lse without the max",
+                        "l_i is a sum of exp(s - m_i), taken under the running max: log(l_i) lacks it. "
+                        "lse = m_i + log(l_i)."),
+    "not_normalised": ("the output not divided by l_i",
+                       "acc is the unnormalised sum of exp(s - m_i) v: after the last key tile, out = acc / l_i "
+                       "(0 where l_i is 0)."),
+    "last_tile_only": ("only the last key tile counts",
+                       "the running state must carry from one key tile to the next: start m_i, l_i and acc "
+                       "before the loop over key tiles, and at the end of each trip set m_i = m_new, so that "
+                       "the next tile's alpha rescales what came before instead of wiping it."),
+    "padded_keys": ("padded keys left in the scores",
+                    "the last key tile reaches past SEQ_K; its padded keys load as 0, so their scores are 0, "
+                    "not -inf, and they take a share of the softmax. Mask the scores with offs_k < SEQ_K (as "
+                    "well as the causal rule), not only the loads."),
+    "tile_delta": ("delta from one tile",
+                   "delta_i = sum over every key j of P_ij dP_ij = rowsum(dO ∘ O)_i, a whole row: the sum over "
+                   "one tile's p · dp leaves out the other tiles. Read delta (the lab's Delta, or "
+                   "(dout * out).sum(-1)) instead."),
+    "scaled_twice": ("the scale applied twice",
+                     "S = q kᵀ · scale puts the scale once in dq and once in dk. In the dK/dV kernel the "
+                     "program multiplies dk by the scale after the loop, so the loop itself leaves dk unscaled."),
+    "dot_shapes": ("a product of tiles whose shapes do not fit",
+                   "tl.dot(a, b) multiplies a (M, K) tile by a (K, N) tile. k_tile and q_blk are both (rows, "
+                   "HEAD_DIM_PAD): their product needs one of them transposed, tl.dot(q_blk, tl.trans(k_tile)) "
+                   "for (BLOCK_Q, BLOCK_K) scores, tl.dot(k_tile, tl.trans(q_blk)) for their transpose."),
+    "missing_cast": ("a tl.dot of two dtypes",
+                     "with float16 inputs the loaded tiles are float16 while p (or ds) is float32, and tl.dot "
+                     "needs both operands in one dtype (the tensor cores multiply 16-bit numbers): cast the "
+                     "float32 one, p.to(v_tile.dtype), before the product."),
+    "no_input_precision": ("a tl.dot without input_precision",
+                           "the interpreter multiplies float32 exactly whatever it is told, but on a GPU a float32 "
+                           "tl.dot defaults to tf32 (about 3 decimal digits). Pass "
+                           "input_precision=INPUT_PRECISION to every tl.dot, as the kernel asks."),
+    "bare_inf": ("-inf written as a name",
+                 "Triton reads kernels as Python: inf is not a name it knows. Write float(\"-inf\")."),
 }
 
 
@@ -94,22 +144,24 @@ LABS = {lab.name: lab for lab in (
          ("blocks of different widths", "rows whose max comes in a later block",
           "rows of large negative numbers", "rows that begin with -inf or are all -inf",
           "a block wiped once the next one is read"),
-         ("no_rescale", "max_starts_at_zero", "nan_empty_rows", "read_after_next", "read_twice", "full_matrix"),
+         ("no_rescale", "max_starts_at_zero", "nan_empty_rows", "read_after_next", "read_twice", "full_matrix",
+          "swapped_outputs", "exp2_for_exp"),
          ("Keep two tensors of shape (rows,) between blocks: the running max m (start: -inf) and the "
           "running sum l (start: 0). Each block updates both.",
           "For a block b: m_new = max(m, b.amax(dim=-1)). The old l was a sum of exp(x - m); under the new "
           "max it is l * exp(m - m_new). Add the block's own exp(b - m_new).sum(dim=-1).",
           "Where m_new is still -inf (only -inf seen so far) exp(m - m_new) is NaN: subtract "
-          "torch.where(m_new == -inf, 0, m_new) instead of m_new.")),
+          "torch.where(m_new == float(\"-inf\"), 0.0, m_new) instead of m_new.")),
     Lab("merge_states", "02_online_softmax", "Merge two partial states",
          "merge_states(m_a, l_a, m_b, l_b) -> (m, l)",
          "Two chunks of the same rows have states `(m_a, l_a)` and `(m_b, l_b)` (tensors of one shape). "
          "Return the state `(m, l)` of their concatenation. An empty state `(-inf, 0)` merges without NaN.",
          ("states of random chunks", "maxima in the hundreds", "one or both states empty"),
-         ("no_rescale", "inverted_rescale", "overflow", "nan_empty_rows"),
+         ("no_rescale", "inverted_rescale", "overflow", "nan_empty_rows", "swapped_outputs", "exp2_for_exp"),
          ("The merged max is the larger of the two maxima; each l must then be expressed relative to it.",
           "l = l_a * exp(m_a - m) + l_b * exp(m_b - m): both exponents are <= 0, nothing overflows.",
-          "When both maxima are -inf, m - m is NaN: shift by torch.where(m == -inf, 0, m) instead of m.")),
+          "When both maxima are -inf, m - m is NaN: shift by torch.where(m == float(\"-inf\"), 0.0, m) instead "
+          "of m.")),
     Lab("tiled_forward", "03_tiled_attention", "The tiled forward pass",
          "tiled_forward(q, k, v, block_q, block_k, causal) -> (out, lse)",
          "q is `(batch, heads, seq_q, d)`, k and v `(batch, heads, seq_k, d)`; the scale is `1/sqrt(d)`; causal "
@@ -118,16 +170,22 @@ LABS = {lab.name: lab for lab in (
          "Rows that see no key give zeros and `lse = -inf`. Hold one tile of scores at a time.",
          ("uneven last tiles", "seq_q < seq_k and seq_q > seq_k", "causal rows that see no key",
           "scores in the hundreds", "no (seq_q, seq_k) tensor created"),
-         ("full_matrix", "nan_empty_rows", "top_left_causal", "dropped_last_tile", "unscaled_scores",
-          "max_starts_at_zero", "no_rescale"),
-         ("For each query block q_blk = q[..., q0:q1, :] start m_i = -inf, l_i = 0, acc = 0; for each key tile "
-          "compute s = q_blk @ k_tile.transpose(-2, -1) * scale, a (block_q, block_k) tile.",
-          "Fold a tile in: m_new = max(m_i, s.amax(-1)); alpha = exp(m_i - m_new); p = exp(s - m_new); "
-          "l_i = alpha * l_i + p.sum(-1); acc = alpha * acc + p @ v_tile. After the last tile, out = acc / l_i "
-          "and lse = m_i + log(l_i).",
-          "Causal: build the tile's mask from indices, key j visible to query i when j <= i + seq_k - seq_q, and "
-          "fill s with -inf outside it. Shift by 0 where m_new is -inf, and give rows with l_i == 0 out = 0, "
-          "lse = -inf.")),
+         ("full_matrix", "nan_empty_rows", "top_left_causal", "strict_diagonal", "causal_mask_missing",
+          "dropped_last_tile", "last_tile_only", "unscaled_scores", "max_starts_at_zero", "no_rescale",
+          "exp2_for_exp", "lse_base2", "lse_without_max", "not_normalised"),
+         ("Two loops: query blocks outside, key tiles inside. A query block carries three things per row from "
+          "one key tile to the next (a running max, a running sum and an unnormalised output) and divides only "
+          "after its last key tile, so that only one tile of scores ever exists.",
+          "Each key tile is one step of notebook 02's online softmax applied to a tile of scores: this "
+          "notebook's \"The idea\" gives the step (m_new, alpha, P̃, then l_i, acc and m_i). After the last "
+          "tile, out = acc / l_i and lse = m_i + log(l_i). Causal is bottom-right: query i sees key j when "
+          "j <= i + seq_k - seq_q.",
+          "Per query block q_blk = q[..., q0:q1, :], start m_i at -inf, l_i and acc at 0; per key tile, "
+          "s = q_blk @ k[..., k0:k1, :].transpose(-2, -1) * scale with causal pairs filled with -inf; "
+          "m_new = torch.maximum(m_i, s.amax(-1)); shift = torch.where(m_new == float(\"-inf\"), 0.0, m_new); "
+          "alpha = torch.exp(m_i - shift); p = torch.exp(s - shift[..., None]); l_i = alpha * l_i + p.sum(-1); "
+          "acc = alpha[..., None] * acc + p @ v[..., k0:k1, :]; m_i = m_new. Rows whose l_i ends at 0 give "
+          "out = 0 and lse = -inf.")),
     Lab("tiled_backward", "04_backward", "The tiled backward pass",
          "tiled_backward(q, k, v, out, lse, dout, block_q, block_k, causal) -> (dq, dk, dv)",
          "From the forward's `out` and `lse` (never from a stored P), compute the gradients tile by tile: "
@@ -136,56 +194,83 @@ LABS = {lab.name: lab for lab in (
          "the forward.",
          ("uneven last tiles", "seq_q < seq_k and seq_q > seq_k", "causal rows that see no key",
           "scores in the hundreds", "no (seq_q, seq_k) tensor created"),
-         ("full_matrix", "nan_empty_rows", "no_delta", "unscaled_gradient", "top_left_causal",
-          "dropped_last_tile"),
-         ("Compute delta = (dout * out).sum(-1) once. Loop over key tiles outside and query blocks inside, "
-          "accumulating dk_j and dv_j for the key tile and adding into dq[..., q0:q1, :].",
-          "Per tile: s = q_blk @ k_tile.transpose(-2, -1) * scale (masked to -inf), p = exp(s - lse_blk[..., None]), "
-          "dv_j += p.transpose(-2, -1) @ do_blk, dp = do_blk @ v_tile.transpose(-2, -1), "
-          "ds = p * (dp - delta_blk[..., None]).",
-          "dq += ds @ k_tile * scale and dk_j += ds.transpose(-2, -1) @ q_blk * scale. Rows with lse = -inf saw "
-          "no key: replace their lse by +inf so that p = exp(-inf - inf) = 0.")),
+         ("full_matrix", "nan_empty_rows", "no_delta", "tile_delta", "unscaled_gradient", "scaled_twice",
+          "top_left_causal", "strict_diagonal", "causal_mask_missing", "dropped_last_tile", "swapped_outputs",
+          "exp2_for_exp"),
+         ("Nothing but sums is carried from tile to tile: with lse saved, each tile of P is rebuilt on its "
+          "own, with no running max and no rescaling. One number per query row is needed before the loops "
+          "start; then each (query block, key tile) pair adds its share to dv and dk of its keys and to dq "
+          "of its queries.",
+          "This notebook's \"Recomputation from the log-sum-exp\" rebuilds P from lse, \"δ without P\" gives "
+          "delta from dO and O alone, and \"The tiled backward\" lists the five products of a tile in order "
+          "(dV, dP, dS, dQ, dK). Loop over key tiles outside and query blocks inside.",
+          "Once: delta = (dout * out).sum(-1), and lse = torch.where(lse == float(\"-inf\"), float(\"inf\"), lse) "
+          "so that rows that saw no key get p = 0. Per tile: s = q_blk @ k_tile.transpose(-2, -1) * scale "
+          "(causal pairs -inf), p = torch.exp(s - lse_blk[..., None]), dv_j += p.transpose(-2, -1) @ do_blk, "
+          "dp = do_blk @ v_tile.transpose(-2, -1), ds = p * (dp - delta_blk[..., None]), "
+          "dq[..., q0:q1, :] += ds @ k_tile * scale, dk_j += ds.transpose(-2, -1) @ q_blk * scale.")),
     Lab("attn_fwd_inner", "06_fused_forward", "The kernel's loop over key tiles",
          "attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end, qk_scale, "
          "SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_K, CAUSAL, INPUT_PRECISION) -> (m_i, l_i, acc)",
          "Write, as a `@triton.jit` function, the loop of the forward kernel over the key/value tiles before "
          "`k_end`: load each tile, score it in base-2 units (`qk_scale` already holds `scale · log2 e`), mask "
-         "it, and fold it into `m_i`, `l_i`, `acc`. The checker launches it inside the course's forward kernel "
-         "through Triton's interpreter and watches every address it loads. The signature is that of the teaching "
-         "kernel's `_attn_fwd_inner` (`flashlib/kernels/forward.py`): write the body without its helpers "
-         "`_score_tile` and `_online_update`.",
-         ("uneven lengths", "causal rows that see no key", "a head dim that is not a power of two",
-          "scores in the hundreds", "loads outside K and V"),
+         "it, and fold it into `m_i`, `l_i`, `acc`. The checker launches it inside a copy of the course's forward "
+         "kernel (the program printed above, with your loop in place of `_attn_fwd_inner`); on a CPU, through "
+         "Triton's interpreter, it also watches every address the loop loads and every `tl.dot`. Write the loop in full, with "
+         "`tl.load`, `tl.dot`, `tl.where` and `tl.math.exp2`, rather than calling the kernel's helpers.",
+         ("uneven lengths", "causal rows that see no key", "head dims that are not powers of two",
+          "scores in the hundreds", "float16 inputs", "loads outside K and V", "the precision of every tl.dot"),
          ("masked_loads_missing", "store_outside", "nothing_done", "nan_empty_rows", "top_left_causal",
-          "causal_mask_missing", "dropped_last_tile", "natural_exp_base2", "no_rescale"),
-         ("for k0 in range(0, k_end, BLOCK_K): offs_k = k0 + tl.arange(0, BLOCK_K); load K and V rows offs_k "
-          "with a mask on rows < SEQ_K and columns offs_d < HEAD_DIM, other=0.0.",
-          "s = tl.dot(q_blk, tl.trans(k_tile), input_precision=INPUT_PRECISION) * qk_scale, then "
-          "tl.where(mask, s, float('-inf')) with the mask of pairs that exist and, if CAUSAL, "
-          "offs_k[None, :] <= offs_q[:, None] + SEQ_K - SEQ_Q.",
-          "m_new = tl.maximum(m_i, tl.max(s, 1)); shift = tl.where(m_new == -inf, 0, m_new); "
+          "strict_diagonal", "causal_mask_missing", "dropped_last_tile", "padded_keys", "last_tile_only",
+          "unscaled_scores", "natural_exp_base2", "no_rescale", "dot_shapes", "missing_cast",
+          "no_input_precision", "bare_inf"),
+         ("One trip of the loop is one step of notebook 03's inner loop, with three differences: the tiles come "
+          "from pointers, so the last one reaches past SEQ_K and its load must be masked; the scores are in "
+          "base 2, so every exponential is a power of 2; and a tile has a fixed size, so pairs that may not "
+          "attend are masked to -inf rather than cut off.",
+          "The loads are notebook 05's masked loads, of a (BLOCK_K, HEAD_DIM_PAD) tile: rows "
+          "offs_k = k0 + tl.arange(0, BLOCK_K), columns offs_d. The update is this notebook's \"The idea: one "
+          "multiplier, base 2\" (alpha = 2^(m_old - m_new)); _attn_fwd_block, above, shows what comes in and "
+          "what _finish expects back. Pairs that may not attend: keys past SEQ_K and, if CAUSAL, keys past "
+          "the bottom-right diagonal.",
+          "for k0 in range(0, k_end, BLOCK_K): load k_tile and v_tile with mask=(offs_k[:, None] < SEQ_K) & "
+          "(offs_d[None, :] < HEAD_DIM), other=0.0; s = tl.dot(q_blk, tl.trans(k_tile), "
+          "input_precision=INPUT_PRECISION) * qk_scale; s = tl.where(visible, s, float(\"-inf\")); "
+          "m_new = tl.maximum(m_i, tl.max(s, 1)); shift = tl.where(m_new == float(\"-inf\"), 0.0, m_new); "
           "alpha = tl.math.exp2(m_i - shift); p = tl.math.exp2(s - shift[:, None]); l_i = alpha * l_i + "
-          "tl.sum(p, 1); acc = alpha[:, None] * acc + tl.dot(p, v_tile); m_i = m_new."),
-         triton=True),
+          "tl.sum(p, 1); acc = alpha[:, None] * acc + tl.dot(p.to(v_tile.dtype), v_tile, "
+          "input_precision=INPUT_PRECISION); m_i = m_new."),
+         triton=True, reveal=("flashlib.kernels.forward:_online_update", "flashlib.kernels.forward:_attn_fwd_inner")),
     Lab("attn_bwd_dkdv_inner", "07_backward_kernels", "The dK/dV kernel's loop over query blocks",
          "attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d, "
          "q_start, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_Q, CAUSAL, INPUT_PRECISION) -> (dk, dv)",
          "Write, as a `@triton.jit` function, the loop of the dK/dV kernel over the query blocks from "
          "`q_start` on: load each block of q and dO with its rows of `Lse` (natural log) and `Delta`, recompute "
          "the transposed probabilities in base 2, and accumulate `dv` and `dk` for this program's key tile (the "
-         "kernel multiplies dk by the scale after the loop). The checker launches it inside the course's "
-         "dK/dV kernel through Triton's interpreter and watches every address it loads. The signature is that of "
-         "the teaching kernel's `_attn_bwd_dkdv_inner` (`flashlib/kernels/backward.py`).",
-         ("uneven lengths", "causal rows that see no key", "a head dim that is not a power of two",
-          "scores in the hundreds", "loads outside Q, dO, Lse and Delta"),
-         ("masked_loads_missing", "store_outside", "nothing_done", "natural_exp_base2", "no_delta",
-          "top_left_causal", "causal_mask_missing", "dropped_last_tile"),
-         ("for q0 in range(q_start, SEQ_Q, BLOCK_Q): offs_q = q0 + tl.arange(0, BLOCK_Q); load q and dO rows "
-          "with a mask (rows < SEQ_Q, columns < HEAD_DIM), and Lse, Delta with mask offs_q < SEQ_Q.",
-          "Keys are this program's rows, so work transposed: s_t = tl.dot(k_tile, tl.trans(q_blk)) * qk_scale "
-          "is (BLOCK_K, BLOCK_Q) in base 2; the lse must be too: lse * log2 e (+inf for padding rows and rows "
-          "that saw no key). p_t = tl.math.exp2(s_t - lse[None, :]), set to 0 outside the visible pairs.",
-          "dv += tl.dot(p_t, do_blk); dp_t = tl.dot(v_tile, tl.trans(do_blk)); ds_t = p_t * (dp_t - "
-          "delta[None, :]); dk += tl.dot(ds_t, q_blk). Return dk, dv."),
-         triton=True),
+         "kernel multiplies dk by the scale after the loop). The checker launches it inside a copy of the "
+         "course's dK/dV kernel (the program printed above, with your loop in place of `_attn_bwd_dkdv_inner`); "
+         "on a CPU, through Triton's interpreter, it also watches every address the loop loads and every "
+         "`tl.dot`. "
+         "`flashlib.labs.LOG2E` is log2 e as a Triton constant.",
+         ("uneven lengths", "causal rows that see no key", "head dims that are not powers of two",
+          "scores in the hundreds", "float16 inputs", "loads outside Q, dO, Lse and Delta",
+          "the precision of every tl.dot"),
+         ("masked_loads_missing", "store_outside", "nothing_done", "natural_exp_base2", "no_delta", "tile_delta",
+          "scaled_twice", "top_left_causal", "strict_diagonal", "causal_mask_missing", "dropped_last_tile",
+          "swapped_outputs", "dot_shapes", "missing_cast", "no_input_precision"),
+         ("This program owns one key tile: it keeps the tile and its dk and dv in registers while query blocks "
+          "stream past, and each block brings its rows of q, dO, lse and delta and adds its share. Work with "
+          "transposed tiles, keys as rows, so that each sum over queries is one product with the query block.",
+          "The arithmetic is notebook 04's tiled backward without dq (the other kernel's job), transposed. "
+          "This notebook's \"The idea\" gives P from the stored lse in base 2: lse is natural, so multiply it by "
+          "LOG2E, and rows that saw no key (lse = -inf) or lie past SEQ_Q need +inf so that their P is 0. "
+          "_attn_bwd_dkdv_block, above, multiplies dk by the scale after the loop.",
+          "for q0 in range(q_start, SEQ_Q, BLOCK_Q): offs_q = q0 + tl.arange(0, BLOCK_Q); load q_blk, do_blk "
+          "(mask rows < SEQ_Q and columns < HEAD_DIM), lse (other=float(\"inf\")) and delta (other=0.0); "
+          "s_t = tl.dot(k_tile, tl.trans(q_blk), input_precision=INPUT_PRECISION) * qk_scale; "
+          "p_t = tl.math.exp2(s_t - lse2[None, :]), 0 where the pair may not attend; dv += tl.dot(p_t.to("
+          "do_blk.dtype), do_blk, ...); dp_t = tl.dot(v_tile, tl.trans(do_blk), ...); ds_t = p_t * (dp_t - "
+          "delta[None, :]); dk += tl.dot(ds_t.to(q_blk.dtype), q_blk, ...). Return dk, dv."),
+         triton=True, reveal=("flashlib.kernels.backward:_attn_bwd_dkdv_inner",
+                              "flashlib.kernels.backward:_attn_bwd_dq_inner")),
 )}

@@ -4,7 +4,8 @@ Both cells start with a marker naming the lab (``<!-- LAB: name -->`` and ``# LA
 that ``tools/insert_lab_cells.py`` can put them at the end of their notebook (before the summary)
 or replace them there, and the notebook test can find the stub and put the worked solution in
 its place. The stub is made from the solution: its imports, its signature and docstring, and
-``...`` for a body; it ends by calling ``labs.check``.
+``...`` for a body; it ends by calling ``labs.check``. A kernel lab's cell imports flashlib before
+triton, so that it also runs as the first cell of a fresh kernel.
 """
 from __future__ import annotations
 
@@ -55,9 +56,13 @@ def code_cell(name: str, *, solved: bool = False) -> str:
     imports, function, head = _parts(solution_source(name))
     body = function if solved else head + "\n    ...  # your code here"
     third_party = [i for i in imports if "flashlib" not in i]
-    ours = [i for i in imports if "flashlib" in i] + ["from flashlib import labs"]
-    return "\n".join([MARKER + spec.name, *third_party, "", *sorted(ours), "", "", body, "", "",
-                      f'passed = labs.check("{name}", {name})'])
+    ours = sorted({i for i in imports if "flashlib" in i} | {"from flashlib import labs"})
+    if spec.triton:  # flashlib first: it chooses how kernels run here before triton is imported
+        ours[0] += "  # before triton: without a GPU, it switches on Triton's CPU interpreter"
+        top = [*ours, "", *third_party]
+    else:
+        top = [*third_party, "", *ours]
+    return "\n".join([MARKER + spec.name, *top, "", "", body, "", "", f'passed = labs.check("{name}", {name})'])
 
 
 def lab_names(notebook: str) -> list[str]:

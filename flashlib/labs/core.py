@@ -2,11 +2,14 @@
 
 ``check(name, fn)`` runs the lab's checker and prints its verdict; ``hint(name)`` prints the
 next of three hints; ``solution(name)`` prints a worked solution, whose text
-``solution_source(name)`` returns. Unknown names raise a ValueError that lists the labs.
+``solution_source(name)`` returns; ``reveal(name)`` prints the course's own code of the lab once
+it has passed (or its solution was shown) in this session. Unknown names raise a ValueError
+that lists the labs.
 """
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import textwrap
 from dataclasses import dataclass
@@ -64,6 +67,24 @@ def _checker(name: str):
     return kernel_labs.check_attn_fwd_inner if name == "attn_fwd_inner" else kernel_labs.check_attn_bwd_dkdv_inner
 
 
+_ORDER = ("Triton was imported before flashlib could switch on its CPU interpreter, so no kernel can run in "
+          "this Python process. Restart the kernel (Kernel > Restart) and run this lab's cell first: it imports "
+          "flashlib before triton.")
+
+
+def _run_checker(name: str, fn) -> Report | str:
+    """The checker's report, or why no checker can run here (Triton missing, or imported too early)."""
+    try:
+        checker = _checker(name)
+    except ImportError as error:
+        return str(error)
+    except RuntimeError as error:
+        if "imported before its CPU interpreter" not in str(error):
+            raise
+        return _ORDER
+    return checker(fn)
+
+
 def is_stub(fn) -> bool:
     """Whether ``fn``'s body is only a docstring and ``...`` or ``pass``: nothing written yet."""
     try:
@@ -78,7 +99,8 @@ def is_stub(fn) -> bool:
 
 def _message(spec: Lab, report: Report) -> str:
     if report.problem is None:
-        return f"{PASS}: {spec.name} is right in all {report.cases} cases: {', '.join(spec.tries)}."
+        return f"{PASS}: {spec.name} is right in all {report.cases} cases, which between them try " \
+               f"{', '.join(spec.tries)}."
     problem = report.problem
     lines = [f"{RETRY}: {spec.name}, case {report.failed} of {report.cases} ({report.case}): {problem.what}"]
     if problem.mistake is not None:
@@ -97,11 +119,19 @@ def check(name: str, fn) -> LabResult:
         result = LabResult(name, False, f"{RETRY}: expected a function {spec.signature}; got "
                                         f"{type(fn).__name__} {fn!r:.60}.")
     else:
-        report = _checker(name)(fn)
-        result = LabResult(name, report.problem is None, _message(spec, report),
-                           None if report.problem is None else report.problem.mistake, report.failed)
+        report = _run_checker(name, fn)
+        if isinstance(report, str):
+            result = LabResult(name, False, f"{RETRY}: {report}")
+        else:
+            result = LabResult(name, report.problem is None, _message(spec, report),
+                               None if report.problem is None else report.problem.mistake, report.failed)
+    if result.passed:
+        _SEEN.add(name)
     print(result.message)
     return result
+
+
+_SEEN: set[str] = set()  # labs passed, or whose solution was shown, in this session
 
 
 _HINTS_GIVEN: dict[str, int] = {}
@@ -135,3 +165,30 @@ def solution_source(name: str) -> str:
 def solution(name: str) -> None:
     """Print lab ``name``'s worked solution."""
     print(solution_source(name).rstrip())
+    _SEEN.add(name)
+
+
+def reveal_source(name: str) -> str:
+    """The source of the course's own code that lab ``name`` rewrites (its ``reveal`` functions), one after
+    another."""
+    spec = lab(name, "labs.reveal_source")
+    sources = []
+    for where in spec.reveal:
+        module, function = where.split(":")
+        fn = getattr(importlib.import_module(module), function)
+        sources.append(inspect.getsource(getattr(fn, "fn", fn)).rstrip())  # a @triton.jit function keeps .fn
+    return "\n\n".join(sources)
+
+
+def reveal(name: str) -> None:
+    """Print the course's own code of lab ``name`` once the lab has passed (or its solution was shown) here;
+    before that, say so."""
+    spec = lab(name, "labs.reveal")
+    if not spec.reveal:
+        print(f'{name} has no course code to show beyond labs.solution("{name}").')
+    elif name not in _SEEN:
+        names = " and ".join(w.split(":")[1] for w in spec.reveal)
+        print(f"The course's {names} are printed here once {name} passes labs.check (or after "
+              f'labs.solution("{name}")): run this cell again then.')
+    else:
+        print(reveal_source(name))

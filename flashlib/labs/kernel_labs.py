@@ -29,14 +29,18 @@ class KernelCase(Case):
         b, h, d = self.batch, self.heads, self.head_dim
         text = (f"Q {(b, h, self.seq_q, d)}, K and V {(b, h, self.seq_k, d)}, BLOCK_Q={self.block_q}, "
                 f"BLOCK_K={self.block_k}, HEAD_DIM={d}, CAUSAL={self.causal}")
+        if self.dtype != torch.float32:
+            text += f", {str(self.dtype).removeprefix('torch.')} inputs"
         return text + (", scores in the hundreds" if self.large else "")
 
 
+# Head dims pad to 32 or 64, never a block size: a tl.dot missing its transpose has shapes that do not fit.
 CASES = (
-    KernelCase(1, 2, 37, 45, 16, 16, 16, False, seed=0),              # uneven lengths
-    KernelCase(1, 2, 37, 45, 24, 16, 32, True, seed=2),               # head dim 24 padded to 32; causal
+    KernelCase(1, 2, 37, 45, 24, 16, 16, False, seed=0),              # uneven lengths; head dim 24 padded to 32
+    KernelCase(1, 2, 37, 45, 40, 16, 32, True, seed=2),               # head dim 40 padded to 64; causal
     KernelCase(1, 2, 45, 37, 24, 16, 16, True, seed=3),               # rows 0..7 see no key
-    KernelCase(1, 2, 33, 41, 16, 16, 16, False, large=True, seed=4),  # scores in the hundreds
+    KernelCase(1, 2, 33, 41, 20, 16, 16, False, large=True, seed=4),  # scores in the hundreds
+    KernelCase(1, 2, 37, 45, 24, 16, 16, True, seed=5, dtype=torch.float16),  # tl.dot's operands must match
 )
 
 
@@ -56,7 +60,20 @@ def _layout(case: Case, tensors: dict, fill: float) -> dict:
 _INPUTS = ("Q", "K", "V", "DO", "Lse", "Delta")
 
 
-def _launch(launch, tensors: dict, outputs) -> Problem | None:
+# what the interpreter or the compiler says, and the mistake it means
+_ERRORS = (("Both operands must be same dtype", "missing_cast"),
+           ("are not compatible for matmul", "dot_shapes"),
+           ("must have equal reduction dimensions", "dot_shapes"),
+           ("name 'inf' is not defined", "bare_inf"))
+
+
+def _raised(error) -> Problem:
+    text = error_text(error)
+    mistake = next((key for clue, key in _ERRORS if clue in text), None)
+    return Problem(f"the kernel raised {text}", mistake)
+
+
+def _launch(launch, tensors: dict, outputs, case: Case) -> Problem | None:
     """Run ``launch()`` watching memory; a stray access, an exception or a written guard becomes a Problem."""
     watch = AccessWatch(tensors.values()) if interpreting() else None
     try:
@@ -73,23 +90,31 @@ def _launch(launch, tensors: dict, outputs) -> Problem | None:
             if op == "load":
                 return Problem(f"a tl.load read {name} {side}.", "masked_loads_missing")
             return Problem(f"a tl.store wrote {name} {side}.", "store_outside")
-        return Problem(f"the kernel raised {error_text(error)}")
+        return _raised(error)
     for name in outputs:
         if not tensors[name].guards_intact(NAN):
             return Problem(f"something was stored outside {name}.", "store_outside")
+    if watch is not None and watch.float32_dots - {_PRECISION}:
+        asked = ", ".join(sorted(watch.float32_dots - {_PRECISION}))
+        return Problem(f"a tl.dot of float32 tiles ran with input_precision {asked!r}, not INPUT_PRECISION "
+                       f"({_PRECISION!r} here).", "no_input_precision")
     return None
+
+
+_PRECISION = "ieee"  # what the labs pass as INPUT_PRECISION: exact float32 products on a GPU too
 
 
 def _sizes(case: Case):
     return dict(HEAD_DIM_PAD=head_dim_pad(case.head_dim), BLOCK_Q=case.block_q, BLOCK_K=case.block_k,
-                CAUSAL=case.causal, INPUT_PRECISION="ieee")
+                CAUSAL=case.causal, INPUT_PRECISION=_PRECISION)
 
 
 def _strides(*views):
     return [s for v in views for s in v.stride()[:2]]
 
 
-def _forward_case(fn, case: Case, fill: float):
+def _run_forward(fn, case: Case, fill: float):
+    """(out, lse) of the harness with ``fn`` as its loop, or the Problem that stopped it."""
     q, k, v, _ = case.inputs()
     bh = case.batch * case.heads
     t = _layout(case, {"Q": _flat(q), "K": _flat(k), "V": _flat(v), "Out": torch.empty_like(_flat(q)),
@@ -101,11 +126,23 @@ def _forward_case(fn, case: Case, fill: float):
             *views, case.scale * LOG2E, *_strides(*views[:4]), views[4].stride(0), case.seq_q, case.seq_k,
             case.head_dim, **_sizes(case), INNER=fn)
 
-    problem = _launch(launch, t, ("Out", "Lse"))
+    problem = _launch(launch, t, ("Out", "Lse"), case)
     if problem is not None:
-        return problem, False
-    out, lse = views[3].reshape(q.shape).double().cpu(), views[4].reshape(q.shape[:-1]).double().cpu()
-    return forward_problem(case, q, k, v, (out, lse), kernel=True), bool(out.isnan().any())
+        return problem
+    return views[3].reshape(q.shape).double().cpu(), views[4].reshape(q.shape[:-1]).double().cpu()
+
+
+def _forward_case(fn, case: Case, fill: float):
+    got = _run_forward(fn, case, fill)
+    if isinstance(got, Problem):
+        return got, False
+
+    def probe(other: Case):
+        again = _run_forward(fn, other, NAN)
+        return None if isinstance(again, Problem) else again
+
+    q, k, v, _ = case.inputs()
+    return forward_problem(case, q, k, v, got, kernel=True, probe=probe), bool(got[0].isnan().any())
 
 
 def _dkdv_case(fn, case: Case, fill: float):
@@ -122,7 +159,7 @@ def _dkdv_case(fn, case: Case, fill: float):
             *views, case.scale * LOG2E, case.scale, *_strides(*views[:6]), views[6].stride(0),
             case.seq_q, case.seq_k, case.head_dim, **_sizes(case), INNER=fn)
 
-    problem = _launch(launch, t, ("DK", "DV"))
+    problem = _launch(launch, t, ("DK", "DV"), case)
     if problem is not None:
         return problem, False
     got = {"dk": views[4].reshape(k.shape).double().cpu(), "dv": views[5].reshape(v.shape).double().cpu()}

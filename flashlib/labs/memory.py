@@ -5,11 +5,13 @@ sentinel above and below every (batch * head) slice, and ``pad`` columns of it t
 every row, so that a tile loaded without its mask reads the sentinel (NaN for inputs) instead of
 a neighbour's data, and a store without its mask lands where it can be seen.
 
-In Triton's interpreter every ``tl.load`` and ``tl.store`` goes through two methods of its
-builder; :class:`AccessWatch` wraps them while a lab runs and checks each address whose mask is
-on against the tensors: the first one outside them (in a guard, or in no tensor at all) stops
-the kernel before it is read, and is reported by tensor and side. Compiled on a GPU there is no
-such hook; the guards' sentinel still shows a load or store that strayed.
+In Triton's interpreter every ``tl.load``, ``tl.store`` and ``tl.dot`` goes through a method of
+its builder; :class:`AccessWatch` wraps them while a lab runs and checks each address whose mask
+is on against the tensors: the first one outside them (in a guard, or in no tensor at all) stops
+the kernel before it is read, and is reported by tensor and side. It also records the precision
+each float32 ``tl.dot`` asked for, which the interpreter itself ignores (it multiplies in exact
+float32) but a GPU does not. Compiled on a GPU there is no such hook; the guards' sentinel still
+shows a load or store that strayed.
 """
 from __future__ import annotations
 
@@ -84,14 +86,15 @@ class AccessWatch:
     def __init__(self, tensors):
         self.tensors = list(tensors)
         self.violation: tuple[str, str, str] | None = None  # (load or store, tensor name, side)
+        self.float32_dots: set[str] = set()  # the input precisions float32 tl.dot calls asked for: "ieee", "tf32"
         self._saved = None
 
     def __enter__(self):
         from triton.runtime import interpreter
 
         builder = interpreter.InterpreterBuilder
-        self._saved = (builder, builder.create_masked_load, builder.create_masked_store)
-        load, store = self._saved[1:]
+        self._saved = (builder, builder.create_masked_load, builder.create_masked_store, builder.create_dot)
+        load, store, dot = self._saved[1:]
         watch = self
 
         def create_masked_load(self, ptrs, mask, *args):
@@ -102,11 +105,17 @@ class AccessWatch:
             watch.check("store", ptrs.data, mask.data)
             return store(self, ptrs, value, mask, *args)
 
+        def create_dot(self, a, b, d, input_precision, *args):
+            if a.dtype.name == "fp32" and b.dtype.name == "fp32":
+                watch.float32_dots.add(str(input_precision).rsplit(".", 1)[-1].lower())
+            return dot(self, a, b, d, input_precision, *args)
+
         builder.create_masked_load, builder.create_masked_store = create_masked_load, create_masked_store
+        builder.create_dot = create_dot
         return self
 
     def __exit__(self, *exc):
-        builder, builder.create_masked_load, builder.create_masked_store = self._saved
+        builder, builder.create_masked_load, builder.create_masked_store, builder.create_dot = self._saved
         return False
 
     def check(self, op: str, addresses, mask) -> None:

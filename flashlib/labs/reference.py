@@ -13,18 +13,20 @@ from ..kernels.config import LOG2E
 NEG_INF = float("-inf")
 
 
-def visible(seq_q: int, seq_k: int, causal: bool, *, top_left: bool = False, keys: int | None = None,
-            queries: int | None = None) -> torch.Tensor:
+def visible(seq_q: int, seq_k: int, causal: bool, *, top_left: bool = False, strict: bool = False,
+            keys: int | None = None, queries: int | None = None) -> torch.Tensor:
     """(seq_q, seq_k) bool: True where query i sees key j.
 
     Causal is aligned bottom-right (query i sees key j <= i + seq_k - seq_q) unless ``top_left``;
-    ``keys`` / ``queries`` keep only the first that many keys / query rows (a dropped last tile).
+    ``strict`` drops the diagonal itself (j < i + seq_k - seq_q); ``keys`` / ``queries`` keep only the
+    first that many keys / query rows (a dropped last tile).
     """
     i = torch.arange(seq_q)[:, None]
     j = torch.arange(seq_k)[None, :]
     mask = torch.ones(seq_q, seq_k, dtype=torch.bool)
     if causal:
-        mask = j <= i + (0 if top_left else seq_k - seq_q)
+        diagonal = i + (0 if top_left else seq_k - seq_q)
+        mask = j < diagonal if strict else j <= diagonal
     if keys is not None:
         mask = mask & (j < keys)
     if queries is not None:
@@ -54,9 +56,9 @@ def attention(q, k, v, scale: float, mask):
 def probabilities(q, k, lse, scale: float, mask, *, units: str = "natural"):
     """P = exp(S - lse) recomputed from a saved lse, as the backward pass does.
 
-    ``units`` models the kernel's unit mistakes: "lse_natural" is 2^(S log2 e - lse), scores in base 2
-    but lse left natural; "exp_natural" is exp(S log2 e - lse log2 e), both in base 2 but the natural
-    exp taken.
+    ``units`` models the unit mistakes: "lse_natural" is 2^(S log2 e - lse), scores in base 2 but lse
+    left natural; "exp_natural" is exp(S log2 e - lse log2 e), both in base 2 but the natural exp
+    taken; "exp2" is 2^(S - lse), base 2 where the natural exp is meant.
     """
     s = scores(q, k, scale, mask)
     shift = _shift(lse.double())[..., None]
@@ -64,23 +66,37 @@ def probabilities(q, k, lse, scale: float, mask, *, units: str = "natural"):
         return torch.exp2(s * LOG2E - shift)
     if units == "exp_natural":
         return torch.exp((s - shift) * LOG2E)
+    if units == "exp2":
+        return torch.exp2(s - shift)
     return torch.exp(s - shift)
 
 
-def gradients(p, q, k, v, out, dout, scale: float, *, delta: bool = True, scale_dq: bool = True,
-              scale_dk: bool = True):
+def gradients(p, q, k, v, out, dout, scale: float, *, delta: bool | list[int] = True, scale_dq: float = 1.0,
+              scale_dk: float = 1.0):
     """(dq, dk, dv) of attention from its probabilities p (batch, heads, seq_q, seq_k), in float64.
 
-    dS = P ∘ (dP - delta) with delta = rowsum(dO ∘ O); the flags drop a term, as a mistake would.
+    dS = P ∘ (dP - delta) with delta = rowsum(dO ∘ O). The options model mistakes: ``delta=False``
+    drops the term, ``delta=widths`` takes it from each key tile's own P ∘ dP (tiles of those widths);
+    ``scale_dq`` / ``scale_dk`` are the power of the scale in dq / dk (1 right, 0 not scaled, 2 twice).
     """
     q, k, v, out, dout = (t.double() for t in (q, k, v, out, dout))
     dv = p.transpose(-2, -1) @ dout
     dp = dout @ v.transpose(-2, -1)
-    row_term = (dout * out).sum(dim=-1, keepdim=True) if delta else 0.0
+    if isinstance(delta, list):  # (batch, heads, seq_q, seq_k): each tile's own rowsum, spread over the tile
+        row_term = torch.cat([(pt * dpt).sum(dim=-1, keepdim=True).expand_as(pt) for pt, dpt in
+                              zip(p.split(delta, dim=-1), dp.split(delta, dim=-1))], dim=-1)
+    else:
+        row_term = (dout * out).sum(dim=-1, keepdim=True) if delta else 0.0
     ds = p * (dp - row_term)
-    dq = (ds @ k) * (scale if scale_dq else 1.0)
-    dk = (ds.transpose(-2, -1) @ q) * (scale if scale_dk else 1.0)
+    dq = (ds @ k) * scale ** scale_dq
+    dk = (ds.transpose(-2, -1) @ q) * scale ** scale_dk
     return dq, dk, dv
+
+
+def softmax_state(s):
+    """(m, l) of each row of s (..., n): its max and sum exp(s - m); (-inf, 0) for a row of -inf."""
+    m = s.amax(dim=-1)
+    return m, torch.exp(s - torch.where(m == NEG_INF, 0.0, m)[..., None]).sum(dim=-1)
 
 
 def max_moves(s, widths) -> torch.Tensor:

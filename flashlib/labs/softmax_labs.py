@@ -5,11 +5,11 @@ the whole row; the known mistakes are recognised by which rows come out wrong, a
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
+from . import diagnose
 from .common import Problem, Report, call, first_failure, rows_summary, unpack, wrong_rows
 from .reference import max_moves
 from .watch import Stream
@@ -83,7 +83,20 @@ def _online_case(fn, case: RowCase) -> Problem | None:
     if not bad.any():
         return None
     what = rows_summary(bad_m, "m", got[0], m_want) if bad_m.any() else rows_summary(bad, "l", got[1], l_want)
-    return _online_diagnosis(fn, case, x, got, bad, what + ".")
+    return _swapped(got, (m_want, l_want)) or _online_diagnosis(fn, case, x, got, bad, what + ".")
+
+
+def _swapped(got, want) -> Problem | None:
+    """(l, m) returned for (m, l)."""
+    if not (wrong_rows(got[0], want[1], TOL, columns=False) | wrong_rows(got[1], want[0], TOL, columns=False)).any():
+        return Problem("m holds what l should and l what m should.", "swapped_outputs",
+                       "the results came back as (l, m): return (m, l).")
+    return None
+
+
+def _close(l, model, rows=None) -> bool:
+    bad = wrong_rows(l, model, TOL, columns=False)
+    return not (bad if rows is None else bad[rows]).any()
 
 
 def _online_diagnosis(fn, case, x, got, bad, what) -> Problem:
@@ -103,7 +116,12 @@ def _online_diagnosis(fn, case, x, got, bad, what) -> Problem:
     moved = max_moves(x.double(), case.widths)
     if not bad[~moved].any() and (l[bad] > l_want[bad]).all():
         return Problem(what, "no_rescale")
-    return Problem(what)
+    if _close(l, torch.exp2(x.double() - torch.where(m_want == NEG_INF, 0.0, m_want)[:, None]).sum(dim=-1)):
+        return Problem(what, "exp2_for_exp", "l = sum(exp(x - m)), a natural exp: 2^(x - m) is a different sum.")
+    groups = [("the rows whose max comes in a later block", moved), ("the rows near -300", m_want < -100),
+              ("the rows that start with -inf", starts_inf)]
+    detail = [diagnose.factor("l", l, l_want, bad, 1.0), diagnose.which(bad[None, None], groups)]
+    return Problem(" ".join([what] + [d + "." for d in detail if d]))
 
 
 def check_online_softmax(fn) -> Report:
@@ -146,6 +164,9 @@ def _merge_case(fn, case: MergeCase) -> Problem | None:
     if isinstance(got, Problem):
         return got
     m_want, l_want = state(torch.cat([a, b], dim=-1))
+    swapped = _swapped(got, (m_want, l_want))
+    if swapped is not None:
+        return swapped
     bad_m = wrong_rows(got[0], m_want, TOL, columns=False)
     if bad_m.any():
         return Problem(rows_summary(bad_m, "m", got[0], m_want) + ": m is max(m_a, m_b).")
@@ -168,9 +189,20 @@ def _merge_diagnosis(l, bad, states, m, what) -> Problem:
             return Problem(what, "no_rescale", "l = l_a + l_b adds sums taken under two different maxima: "
                            "rescale each to the merged max first, l_a * exp(m_a - m) + l_b * exp(m_b - m).")
         inverted = l_a * torch.exp(m - m_a) + l_b * torch.exp(m - m_b)
-        if not wrong_rows(l, inverted.nan_to_num(nan=math.nan), TOL, columns=False)[~empty].any():
+        if _close(l, inverted, ~empty):
             return Problem(what, "inverted_rescale")
-    return Problem(what)
+        shift = torch.where(m == NEG_INF, 0.0, m)
+        if _close(l, l_a * torch.exp2(m_a - shift) + l_b * torch.exp2(m_b - shift)):
+            return Problem(what, "exp2_for_exp", "each l is a sum of natural exps: rescale it by exp(m_part - m), "
+                           "not 2^(m_part - m).")
+    factor = diagnose.factor("l", l, _right_l(states, m), bad, 1.0)
+    return Problem(what + (f" {factor}." if factor else ""))
+
+
+def _right_l(states, m):
+    m_a, l_a, m_b, l_b = states
+    shift = torch.where(m == NEG_INF, 0.0, m)
+    return l_a * torch.exp(m_a - shift) + l_b * torch.exp(m_b - shift)
 
 
 def check_merge_states(fn) -> Report:

@@ -1,8 +1,8 @@
 # A worked solution of the lab attn_bwd_dkdv_inner (notebook 07): the dK/dV kernel's loop over query blocks.
+from flashlib.labs import LOG2E  # before triton: without a GPU, flashlib switches on Triton's CPU interpreter
+
 import triton
 import triton.language as tl
-
-from flashlib.kernels.forward import _LOG2E
 
 
 @triton.jit
@@ -19,7 +19,7 @@ def attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, st
         # lse is stored as a natural log and the scores are in base 2: convert it; +inf for padding rows
         # and rows that saw no key, so that their p is 2^-inf = 0
         lse = tl.load(Lse + offs_q, mask=in_rows, other=float("inf"))
-        lse = tl.where(lse == float("-inf"), float("inf"), lse * _LOG2E)
+        lse = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
         delta = tl.load(Delta + offs_q, mask=in_rows, other=0.0)
         # transposed tiles (BLOCK_K, BLOCK_Q): this program's keys are the rows
         s_t = tl.dot(k_tile, tl.trans(q_blk), input_precision=INPUT_PRECISION) * qk_scale

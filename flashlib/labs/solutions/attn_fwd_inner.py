@@ -1,4 +1,6 @@
 # A worked solution of the lab attn_fwd_inner (notebook 06): the forward kernel's loop over key tiles.
+from flashlib import labs  # noqa: F401  before triton: without a GPU, flashlib switches on Triton's CPU interpreter
+
 import triton
 import triton.language as tl
 
