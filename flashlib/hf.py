@@ -287,7 +287,9 @@ def register(name: str = NAME) -> str:
     separate query and key offsets when queries are fewer than keys (prefill and steps after it with a
     KV cache, left-padded prompts); one new token per sequence without gradients (greedy or sampled
     generation) runs :func:`flashlib.decode_attention`, with or without padding. A static cache's mask
-    (shorter than the keys) keeps its first positions, as transformers does.
+    (shorter than the keys) keeps its first positions, as transformers does. With causal attention a
+    padding position's output is zeros, where eager's is a mean over keys it may not see: a loss must
+    not read it (with left padding, label a sequence's first token -100 as well as its padding).
 
     Refused, each with a ValueError or TypeError naming the argument: a nonzero ``dropout``;
     ``output_attentions=True`` (no probabilities exist to return); any other keyword; ``sliding_window``
