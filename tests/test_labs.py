@@ -319,8 +319,9 @@ def test_online_softmax_must_stream(fn, mistake, capsys):
 
 @needs_triton
 def test_a_stray_load_is_named_by_tensor_and_side(tmp_path, capsys):
-    past_rows = edited("attn_fwd_inner", tmp_path, ("kv_mask = (offs_k[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)",
-                                                    "kv_mask = offs_d[None, :] < HEAD_DIM"))
+    past_rows = edited("attn_fwd_inner", tmp_path,
+                       ("kv_mask = (offs_k[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)",
+                        "kv_mask = offs_d[None, :] < HEAD_DIM"))
     assert "a tl.load read K past its last row (row 45 >= 45)" in labs.check("attn_fwd_inner", past_rows).message
     past_columns = edited("attn_fwd_inner", tmp_path, ("(offs_d[None, :] < HEAD_DIM)", "(offs_d[None, :] < 32)"))
     message = labs.check("attn_fwd_inner", past_columns).message
@@ -513,10 +514,11 @@ def stored_cells(notebook: str) -> list:
 
 @pytest.mark.parametrize("notebook", sorted({spec.notebook for spec in labs.LABS.values()}))
 def test_the_stored_lab_cells_are_the_catalogs_and_import_nothing_private(notebook):
-    stored = {cells.marked(c.source): c.source for c in stored_cells(notebook) if cells.marked(c.source)}
+    stored = {(cells.marked(c.source), c.cell_type): c.source for c in stored_cells(notebook) if cells.marked(c.source)}
     for name in cells.lab_names(notebook):
-        assert stored[name] == cells.code_cell(name), f"{name}: run python tools/insert_lab_cells.py"
-        for line in stored[name].splitlines():
+        assert stored[name, "markdown"] == cells.markdown_cell(name), f"{name}: run python tools/insert_lab_cells.py"
+        assert stored[name, "code"] == cells.code_cell(name), f"{name}: run python tools/insert_lab_cells.py"
+        for line in stored[name, "code"].splitlines():
             if line.startswith(("import ", "from ")):
                 assert re.search(r"\b_\w", line) is None, line
 

@@ -52,7 +52,8 @@ def stored_cell(name: str) -> str:
     return found[0]
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=needs_triton if s.triton else ()) for n, s in labs.LABS.items()])
+@pytest.mark.parametrize("name", [pytest.param(name, marks=needs_triton if spec.triton else ())
+                                  for name, spec in labs.LABS.items()])
 def test_a_labs_cell_runs_first_in_a_fresh_kernel(name):
     stub, solved = fresh_kernel(stored_cell(name), cells.code_cell(name, solved=True))
     assert stub.startswith("NOT YET: no answer yet; expected a function"), stub

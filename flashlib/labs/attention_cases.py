@@ -242,7 +242,7 @@ def _row_pattern(case, q, k, got, bads, want, what, kernel, probe) -> Problem:
     moved = reference.max_moves(s, case.widths())
     if not (bad & ~moved).any():
         return Problem(what, "no_rescale", _no_rescale_why(got[1], want[1], bad_lse, kernel))
-    return Problem(_forward_detail(case, got, want, bads, what, probe))
+    return Problem(_forward_detail(case, s, got, want, bads, what, probe))
 
 
 def _query_groups(case: Case, s) -> list:
@@ -257,10 +257,9 @@ def _query_groups(case: Case, s) -> list:
     return groups
 
 
-def _forward_detail(case: Case, got, want, bads, what, probe) -> str:
-    """What is right, what is not, and where, for a forward result no known mistake explains."""
+def _forward_detail(case: Case, s, got, want, bads, what, probe) -> str:
+    """What is right, what is not, and where, for a forward result no known mistake explains (s: the scores)."""
     bad_out, bad_lse = bads
-    s = reference.scores(*case.inputs()[:2], case.scale, case.mask())
     sentences = [diagnose.right_and_wrong({"out": bad_out, "lse": bad_lse})]
     for name, g, w, rows in (("out", got[0], want[0], bad_out), ("lse", got[1], want[1], bad_lse)):
         if rows.any():
@@ -285,8 +284,8 @@ def _probe_pairs(case: Case, probe) -> str | None:
         return None
     q, k, v, _ = pc.inputs()
     mask = pc.mask()
-    p_want = torch.exp(reference.scores(q, k, pc.scale, mask) - reference._shift(expected_forward(pc, q, k, v)[1])[..., None])
-    p_got = got[0][..., :pc.seq_k]
+    p_want = reference.probabilities(q, k, expected_forward(pc, q, k, v)[1], pc.scale, mask)
+    p_got = got[0][..., :pc.seq_k]  # v is the identity: out = P v = P
     text = diagnose.pairs(p_got, p_want, mask, pc.block_k)
     if text is None:
         return None
@@ -362,12 +361,13 @@ def _tiled_backward_models(case: Case, grads):
 def _kernel_backward_models(case: Case, grads):
     models = [("natural_exp_base2", "the lse was used in natural units against base-2 scores: multiply it "
                "by log2 e before 2^(s - lse).", grads(units="lse_natural")),
-              ("natural_exp_base2", "exp was taken of base-2 quantities: use tl.math.exp2.", grads(units="exp_natural")),
+              ("natural_exp_base2", "exp was taken of base-2 quantities: use tl.math.exp2.",
+               grads(units="exp_natural")),
               ("scaled_twice", None, grads(scale_dk=2))]
     dq, dk, dv = grads()
     models.append(("scaled_twice", "dk was multiplied by qk_scale inside the loop, and the kernel multiplies it "
-                   "by the scale after the loop: leave dk unscaled in the loop.", (dq, dk * case.scale * reference.LOG2E,
-                                                                                 dv)))
+                   "by the scale after the loop: leave dk unscaled in the loop.",
+                   (dq, dk * case.scale * reference.LOG2E, dv)))
     if case.causal:  # the kernel still starts at q_start, but nothing masks the pairs after it
         models.append(("causal_mask_missing", None, grads(_dkdv_tiles(case))))
     return models

@@ -56,8 +56,8 @@ MISTAKES = {
                  "dS = P ∘ (dP - delta) with delta = rowsum(dO ∘ O): softmax's Jacobian subtracts, for each "
                  "row, the probability-weighted mean of dP. Without it dq and dk are wrong while dv is right."),
     "unscaled_gradient": ("dq or dk not scaled",
-                          "S = q kᵀ · scale, so dq = dS k · scale and dk = dSᵀ q · scale: the scale appears once "
-                          "in each."),
+                          "S = q kᵀ · scale, so dq = dS k · scale and dk = dSᵀ q · scale: the scale appears "
+                          "once in each."),
     "masked_loads_missing": ("masked loads missing",
                              "a tile of BLOCK rows and HEAD_DIM_PAD columns reaches past the tensor at the last "
                              "tile and in the padded columns: load it with mask=(rows < n) & (cols < HEAD_DIM) "
@@ -216,8 +216,9 @@ LABS = {lab.name: lab for lab in (
          "`k_end`: load each tile, score it in base-2 units (`qk_scale` already holds `scale · log2 e`), mask "
          "it, and fold it into `m_i`, `l_i`, `acc`. The checker launches it inside a copy of the course's forward "
          "kernel (the program printed above, with your loop in place of `_attn_fwd_inner`); on a CPU, through "
-         "Triton's interpreter, it also watches every address the loop loads and every `tl.dot`. Write the loop in full, with "
-         "`tl.load`, `tl.dot`, `tl.where` and `tl.math.exp2`, rather than calling the kernel's helpers.",
+         "Triton's interpreter, it also watches every address the loop loads and every `tl.dot`. Write the loop "
+         "in full, with `tl.load`, `tl.dot`, `tl.where` and `tl.math.exp2`, rather than calling the kernel's "
+         "helpers.",
          ("uneven lengths", "causal rows that see no key", "head dims that are not powers of two",
           "scores in the hundreds", "float16 inputs", "loads outside K and V", "the precision of every tl.dot"),
          ("masked_loads_missing", "store_outside", "nothing_done", "nan_empty_rows", "top_left_causal",
@@ -267,6 +268,7 @@ LABS = {lab.name: lab for lab in (
           "_attn_bwd_dkdv_block, above, multiplies dk by the scale after the loop.",
           "for q0 in range(q_start, SEQ_Q, BLOCK_Q): offs_q = q0 + tl.arange(0, BLOCK_Q); load q_blk, do_blk "
           "(mask rows < SEQ_Q and columns < HEAD_DIM), lse (other=float(\"inf\")) and delta (other=0.0); "
+          "lse2 = tl.where(lse == float(\"-inf\"), float(\"inf\"), lse * LOG2E); "
           "s_t = tl.dot(k_tile, tl.trans(q_blk), input_precision=INPUT_PRECISION) * qk_scale; "
           "p_t = tl.math.exp2(s_t - lse2[None, :]), 0 where the pair may not attend; dv += tl.dot(p_t.to("
           "do_blk.dtype), do_blk, ...); dp_t = tl.dot(v_tile, tl.trans(do_blk), ...); ds_t = p_t * (dp_t - "

@@ -120,7 +120,8 @@ def pairs(p_got, p_want, mask, block_k: int) -> str | None:
     z = int(differ[:, i, j].nonzero()[0])
     got, want = p_got[z, i, j].item(), p_want[z, i, j].item()
     if not mask[i, j]:
-        text = f"query {i} gives key {j} weight {got:.3g}, but it must not see key {j} (query {i} {_visible_keys(mask[i])})"
+        text = f"query {i} gives key {j} weight {got:.3g}, but it must not see key {j} " \
+               f"(query {i} {_visible_keys(mask[i])})"
     elif not seen[z, i, j]:
         text = f"query {i} gives key {j} no weight, but it sees key {j} (weight {want:.3g}; query {i} " \
                f"{_visible_keys(mask[i])})"

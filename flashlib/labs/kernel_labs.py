@@ -4,7 +4,11 @@ The learner's ``@triton.jit`` loop is passed to a harness kernel (:mod:`.harness
 loop and launched over the cases below, through Triton's interpreter on a CPU (compiled on a
 GPU). Every tensor sits inside guard regions (:mod:`.memory`); in the interpreter every load and
 store is checked against them, so a missing mask is named with the tensor and the side it
-strayed past. Results are then read as in the PyTorch labs (:mod:`.attention_cases`).
+strayed past, and every float32 ``tl.dot`` must have asked for INPUT_PRECISION (the interpreter
+ignores it; a GPU would multiply in tf32). The last case's inputs are float16, so that a product
+of a float32 tile with a float16 one, which no GPU compiles, is named too. Results are then read
+as in the PyTorch labs (:mod:`.attention_cases`); what the interpreter or the compiler raises is
+matched against the mistakes it means (``_ERRORS``).
 """
 from __future__ import annotations
 

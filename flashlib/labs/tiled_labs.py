@@ -46,8 +46,10 @@ def _probe(fn, case: Case):
     """(out, lse) of the learner's function on a probe case, or None if it fails there."""
     q, k, v, _ = case.inputs()
     run = call(fn, "tiled_forward", q, k, v, case.block_q, case.block_k, case.causal, watch=False)
-    got = None if run.error else unpack(run.result, "tiled_forward", ("out", "lse"), (tuple(q.shape), tuple(q.shape[:-1])))
-    return None if got is None or isinstance(got, Problem) else got
+    if run.error:
+        return None
+    got = unpack(run.result, "tiled_forward", ("out", "lse"), (tuple(q.shape), tuple(q.shape[:-1])))
+    return None if isinstance(got, Problem) else got
 
 
 def check_tiled_forward(fn) -> Report:
