@@ -8,6 +8,7 @@
     SplitKVStepper                     the same figure under a ``num_splits`` slider
     paged_cache_figure(table, ...)     sequences' pages scattered in memory, found through a block table
     check_step_time, check_cache_gib, check_split_kv, check_gather   the exercises
+    solution("split_kv")                 the lab's answer at once (its checker steps its hints)
 
 Colours as everywhere in the course (:mod:`flashlib.course.viz`): teal partial outputs, black
 the final output, blue what is held, orange what is being read now, white hatched free.
@@ -28,6 +29,7 @@ from .. import decode
 from . import viz
 from .exercises import HintSteps
 from .ring import Verdict
+from .widgets import FigureBox
 
 H200_SMS = 132  # streaming multiprocessors of an H200 (NVIDIA's specification)
 
@@ -169,7 +171,7 @@ def split_kv_figure(q, k, v, seqlen: int, num_splits: int) -> Figure:
     return fig
 
 
-class SplitKVStepper(widgets.VBox):
+class SplitKVStepper(FigureBox):
     """:func:`split_kv_figure` under a ``num_splits`` slider."""
 
     def __init__(self, q, k, v, seqlen: int, *, num_splits: int = 3, max_splits: int = 8):
@@ -184,8 +186,14 @@ class SplitKVStepper(widgets.VBox):
     def figure(self) -> Figure:
         return split_kv_figure(self.q, self.k, self.v, self.seqlen, self.num_splits.value)
 
-    def redraw(self):
-        self.image.value = viz.figure_png(self.figure())
+    def _state(self):
+        return self.num_splits.value
+
+    def _draw(self, num_splits):
+        return viz.figure_png(split_kv_figure(self.q, self.k, self.v, self.seqlen, num_splits))
+
+    def _neighbours(self, num_splits):
+        return [n for n in (num_splits + 1, num_splits - 1) if 1 <= n <= self.num_splits.max]
 
     def __repr__(self):
         # Stored notebooks compare this text: no widget ids, no image bytes.

@@ -1,4 +1,5 @@
-"""Exercise checkers of notebook 09: tiles a window computes, the KV cache a model keeps, a mask function."""
+"""Exercise checkers of notebook 09: tiles a window computes, the KV cache a model keeps, a mask function
+(whose hints step from the idea to code; ``solution("sink_window")`` prints an answer at once)."""
 from __future__ import annotations
 
 import torch
