@@ -25,6 +25,7 @@ from matplotlib.patches import Circle, FancyArrowPatch, Patch, Rectangle
 from .. import dense_attention
 from .. import distributed as ring
 from . import viz
+from .widgets import FigureBox
 
 ROUNDING = 1e-12  # distances below this are float64 rounding, shown as such
 
@@ -262,7 +263,7 @@ def idle_figure(world_size: int = 4) -> Figure:
 
 # ----- the stepper --------------------------------------------------------------------
 
-class RingStepper(widgets.VBox):
+class RingStepper(FigureBox):
     """Step through a traced ring: a ``step`` slider and a ``layout`` toggle over
     :func:`run_ring_demo`'s result; the figure is :func:`ring_step_figure`."""
 
@@ -283,8 +284,17 @@ class RingStepper(widgets.VBox):
         """The current step as a regular matplotlib figure (shows without a kernel)."""
         return ring_step_figure(self.demos[self.layout_toggle.value], self.step.value)
 
-    def redraw(self):
-        self.image.value = viz.figure_png(self.figure())
+    def _state(self):
+        return self.layout_toggle.value, self.step.value
+
+    def _draw(self, state):
+        layout, step = state
+        return viz.figure_png(ring_step_figure(self.demos[layout], step))
+
+    def _neighbours(self, state):
+        layout, step = state
+        steps = [(layout, s) for s in (step + 1, step - 1) if 0 <= s <= self.step.max]
+        return steps + [(other, step) for other in self.demos if other != layout]
 
     def __repr__(self):
         # Stored notebooks compare this text: no widget ids, no image bytes.
