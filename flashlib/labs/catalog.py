@@ -215,7 +215,8 @@ LABS = {lab.name: lab for lab in (
          "Write, as a `@triton.jit` function, the loop of the forward kernel over the key/value tiles before "
          "`k_end`: load each tile, score it in base-2 units (`qk_scale` already holds `scale · log2 e`), mask "
          "it, and fold it into `m_i`, `l_i`, `acc`. The checker launches it inside a copy of the course's forward "
-         "kernel (the program printed above, with your loop in place of `_attn_fwd_inner`); on a CPU, through "
+         "kernel (`_attn_fwd_block`, printed under \"The kernel around its loop\", with your loop in place of "
+         "`_attn_fwd_inner`); on a CPU, through "
          "Triton's interpreter, it also watches every address the loop loads and every `tl.dot`. Write the loop "
          "in full, with `tl.load`, `tl.dot`, `tl.where` and `tl.math.exp2`, rather than calling the kernel's "
          "helpers.",
@@ -231,7 +232,7 @@ LABS = {lab.name: lab for lab in (
           "attend are masked to -inf rather than cut off.",
           "The loads are notebook 05's masked loads, of a (BLOCK_K, HEAD_DIM_PAD) tile: rows "
           "offs_k = k0 + tl.arange(0, BLOCK_K), columns offs_d. The update is this notebook's \"The idea: one "
-          "multiplier, base 2\" (alpha = 2^(m_old - m_new)); _attn_fwd_block, above, shows what comes in and "
+          "multiplier, base 2\" (alpha = 2^(m_old - m_new)); _attn_fwd_block shows what comes in and "
           "what _finish expects back. Pairs that may not attend: keys past SEQ_K and, if CAUSAL, keys past "
           "the bottom-right diagonal.",
           "for k0 in range(0, k_end, BLOCK_K): load k_tile and v_tile with mask=(offs_k[:, None] < SEQ_K) & "
@@ -249,7 +250,8 @@ LABS = {lab.name: lab for lab in (
          "`q_start` on: load each block of q and dO with its rows of `Lse` (natural log) and `Delta`, recompute "
          "the transposed probabilities in base 2, and accumulate `dv` and `dk` for this program's key tile (the "
          "kernel multiplies dk by the scale after the loop). The checker launches it inside a copy of the "
-         "course's dK/dV kernel (the program printed above, with your loop in place of `_attn_bwd_dkdv_inner`); "
+         "course's dK/dV kernel (`_attn_bwd_dkdv_block`, printed under \"The idea: two loops, each owning what it "
+         "writes\", with your loop in place of `_attn_bwd_dkdv_inner`); "
          "on a CPU, through Triton's interpreter, it also watches every address the loop loads and every "
          "`tl.dot`. "
          "`flashlib.labs.LOG2E` is log2 e as a Triton constant.",
@@ -265,7 +267,7 @@ LABS = {lab.name: lab for lab in (
           "The arithmetic is notebook 04's tiled backward without dq (the other kernel's job), transposed. "
           "This notebook's \"The idea\" gives P from the stored lse in base 2: lse is natural, so multiply it by "
           "LOG2E, and rows that saw no key (lse = -inf) or lie past SEQ_Q need +inf so that their P is 0. "
-          "_attn_bwd_dkdv_block, above, multiplies dk by the scale after the loop.",
+          "_attn_bwd_dkdv_block multiplies dk by the scale after the loop.",
           "for q0 in range(q_start, SEQ_Q, BLOCK_Q): offs_q = q0 + tl.arange(0, BLOCK_Q); load q_blk, do_blk "
           "(mask rows < SEQ_Q and columns < HEAD_DIM), lse (other=float(\"inf\")) and delta (other=0.0); "
           "lse2 = tl.where(lse == float(\"-inf\"), float(\"inf\"), lse * LOG2E); "

@@ -108,7 +108,7 @@ def rows_summary(bad, what: str, got=None, want=None) -> str:
     where = ", ".join(f"{axis} {i}" for axis, i in zip(("batch", "head", "row")[-len(index):], index))
     size = ""
     if got is not None and want is not None:
-        diff = (got - want).abs().nan_to_num(nan=float("inf"))
+        diff = (got - want).abs().nan_to_num(nan=float("inf"), posinf=float("inf"))
         diff = diff[bad] if diff.dim() == bad.dim() else diff[bad].amax(dim=-1)
         worst = diff.max().item()
         size = f" by up to {worst:.3g}" if worst != float("inf") else " (NaN or inf)"

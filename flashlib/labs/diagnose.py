@@ -53,12 +53,14 @@ def factor(name: str, got, want, rows, scale: float) -> str | None:
     """'lse is 0.6931 times what it should be everywhere: a factor of ln 2', when the ratio is one constant
     over the wrong ``rows`` (bool, got's shape without its last dim for (..., d) tensors)."""
     g, w = got[rows], want[rows]
+    where = "everywhere" if rows.all() else "in every wrong row"
+    if (g == 0).all():
+        return f"{name} is 0 {where}"
     ok = torch.isfinite(g) & torch.isfinite(w) & (w.abs() > 1e-6 * (1 + w.abs().nan_to_num(posinf=0).max()))
     if ok.sum() < 2:
         return None
     ratio = g[ok] / w[ok]
     c = ratio.median().item()
-    where = "everywhere" if rows.all() else "in every wrong row"
     if abs(c - 1) > 1e-3 and ((ratio - c).abs() <= 2e-3 * abs(c)).all():
         label = _label(c, scale)
         return f"{name} is {c:.4g} times what it should be {where}" + (f": a factor of {label}" if label else "")
