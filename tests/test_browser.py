@@ -54,7 +54,7 @@ SCREENSHOTS = REPO / "test-output" / "browser"
 LATENCY_MS = 300
 # Notebooks known to hold a widget: a stored output losing its widget view must not
 # silently drop a notebook from the test.
-COURSE_WIDGETS = {"02", "03", "09", "10", "11"}
+COURSE_WIDGETS = {"02", "03", "10", "11", "12"}
 WIDGETS = widget_cells(REPO / "notebooks")
 
 
