@@ -372,3 +372,88 @@ def test_packed_sequences_compiled_match_float64():
     want = _grads(reference, *(t.double() for t in (q, k, v, dout)))
     for name, g_, w in zip(("out", "dq", "dk", "dv"), got, want):
         assert _max_err(g_, w) <= 2e-2 * max(1.0, w.abs().max().item()), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_sinks_compiled_match_float64(dtype):
+    """Attention sinks compiled for this GPU (the teaching kernels: a query block starts from the
+    sink) with grouped heads and a causal window, out and every gradient, the sinks' included,
+    against float64 dense attention; float32 with exact products, half precision within its
+    rounding."""
+    seq = 700
+    q, _, _, dout = _inputs(2, 4, seq, seq, 64, torch.float32, seed=7)
+    g = torch.Generator(device=DEVICE).manual_seed(8)
+    k, v = (torch.randn(2, 2, seq, 64, device=DEVICE, generator=g) for _ in range(2))
+    sinks = torch.randn(4, device=DEVICE, generator=g) * 2
+    options = dict(causal=True, window=(300, 0))
+    cfg = replace(default_config(64, dtype, torch.cuda.get_device_capability()), input_precision="ieee")
+
+    def run(fn, tensors):
+        leaves = [t.detach().clone().requires_grad_() for t in tensors]
+        out = fn(*leaves)
+        return (out.detach(), *torch.autograd.grad(out, leaves, dout.to(out.dtype)))
+
+    got = run(lambda a, b, c, s: kernel_attention(a, b, c, config=cfg, sinks=s, **options),
+              [t.to(dtype) for t in (q, k, v)] + [sinks])
+    want = run(lambda a, b, c, s: dense_attention(a, b, c, sinks=s, **options),
+               [t.to(dtype).double() for t in (q, k, v)] + [sinks.double()])
+    tolerance = 2e-4 if dtype == torch.float32 else 2e-2
+    for name, g_, w in zip(("out", "dq", "dk", "dv", "dsinks"), got, want):
+        assert _max_err(g_, w) <= tolerance * max(1.0, w.abs().max().item()), name
+
+
+def test_sinks_in_packed_sequences_and_decoding_compiled():
+    from flashlib import decode_attention, decode_reference, flash_attention_varlen
+    from flashlib.decode import paged_cache
+
+    lens = [300, 0, 1, 129]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+    g = torch.Generator(device=DEVICE).manual_seed(9)
+    q = torch.randn(sum(lens), 4, 64, device=DEVICE, generator=g, dtype=torch.float16)
+    k, v = (torch.randn(sum(lens), 2, 64, device=DEVICE, generator=g, dtype=torch.float16) for _ in range(2))
+    sinks = torch.randn(4, device=DEVICE, generator=g)
+    out = flash_attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True, sinks=sinks)
+    for b, (s0, s1) in enumerate(zip(cu.tolist(), cu.tolist()[1:])):
+        if s1 == s0:
+            continue  # the empty sequence: no rows
+        one = (t[s0:s1].transpose(0, 1).double() for t in (q, k, v))
+        want = dense_attention(*one, causal=True, sinks=sinks.double()).transpose(0, 1)
+        assert _max_err(out[s0:s1], want) <= 2e-3, b
+    qd = torch.randn(3, 4, 2, 64, device=DEVICE, generator=g, dtype=torch.bfloat16)
+    caches = [torch.randn(3, 2, 4096, 64, device=DEVICE, generator=g, dtype=torch.bfloat16) for _ in range(2)]
+    lengths = torch.tensor([2, 4096, 1777], dtype=torch.int32, device=DEVICE)
+    *pages, table = paged_cache(*caches, 64, generator=torch.Generator().manual_seed(1))
+    for args, extra in ((caches, {}), (pages, dict(block_table=table))):
+        got = decode_attention(qd, *args, lengths, num_splits=8, sinks=sinks, **extra)
+        want = decode_reference(qd.double(), *(a.double() for a in args), lengths, sinks=sinks.double(), **extra)
+        assert _max_err(got, want) <= 2e-2
+
+
+def test_more_rows_than_a_grid_axis_compiled(monkeypatch):
+    """The launches split to fit CUDA's 65,535 rows per grid axis, run for real: the limit forced
+    down to 5 rows, the dense kernels, packed sequences and decoding against their references."""
+    from flashlib import decode_attention, decode_reference, flash_attention_varlen, varlen_reference
+    from flashlib.kernels import rules as kernel_rules
+
+    monkeypatch.setattr(kernel_rules, "MAX_GRID_ROWS", 5)
+    q, k, v, dout = _inputs(3, 4, 77, 77, 64, torch.float32, seed=10)
+    cfg = replace(default_config(64, torch.float32, torch.cuda.get_device_capability()), input_precision="ieee")
+    got = _grads(lambda a, b, c: kernel_attention(a, b, c, causal=True, config=cfg), q, k, v, dout)
+    want = _grads(lambda a, b, c: dense_attention(a, b, c, causal=True), *(t.double() for t in (q, k, v, dout)))
+    for name, g_, w in zip(("out", "dq", "dk", "dv"), got, want):
+        assert _max_err(g_, w) <= 2e-4 * max(1.0, w.abs().max().item()), name
+    lens = [40, 0, 77, 5, 19, 33]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+    qp, kp, vp = (t[0].transpose(0, 1).reshape(-1, 64)[:sum(lens)].reshape(sum(lens), 1, 64).expand(-1, 2, -1)
+                  .contiguous() for t in (q, k, v))
+    call = lambda a, b, c: flash_attention_varlen(a, b, c, cu, cu, 77, 77, causal=True)  # noqa: E731
+    reference = lambda a, b, c: varlen_reference(a, b, c, cu, cu, 77, 77, causal=True)  # noqa: E731
+    got = _grads(call, qp, kp, vp, torch.ones_like(qp))
+    want = _grads(reference, *(t.double() for t in (qp, kp, vp, torch.ones_like(qp))))
+    for name, g_, w in zip(("out", "dq", "dk", "dv"), got, want):
+        assert _max_err(g_, w) <= 2e-2 * max(1.0, w.abs().max().item()), name
+    qd = torch.randn(7, 2, 1, 64, device=DEVICE)
+    cache = torch.randn(7, 1, 300, 64, device=DEVICE)
+    lengths = torch.tensor([1, 300, 17, 256, 2, 99, 150], dtype=torch.int32, device=DEVICE)
+    got = decode_attention(qd, cache, cache, lengths, num_splits=3)
+    assert _max_err(got, decode_reference(qd.double(), cache.double(), cache.double(), lengths)) <= 2e-2
