@@ -82,16 +82,17 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
     one token with ``decode_attention`` on the pages. Sinks (``s_aux``), the sliding window and the
     scale are the layer's own. For one batch of unpadded sequences of one length."""
     from ..decode import decode_attention
+    from ..hf import _options
     from ..op import flash_attention
 
     cache = _CACHE.get()
     if cache is None:
         raise RuntimeError("paged_attention runs inside generate_paged, which holds its cache")
-    if dropout:
-        raise ValueError(f"paged_attention: dropout {dropout} is not supported (eval mode has none)")
-    sliding = kwargs.get("sliding_window")
-    window = None if sliding is None else (sliding - 1, 0)  # transformers: kv_idx > q_idx - sliding_window
-    options = dict(scale=scaling, window=window, softcap=kwargs.get("softcap"), sinks=kwargs.get("s_aux"))
+    # transformers' keywords in flashlib's terms, as flashlib.hf reads them (sliding_window w: window (w - 1, 0))
+    options = _options(module, query, dropout, scaling, kwargs.get("is_causal"), kwargs.get("sliding_window"),
+                       kwargs.get("softcap"), kwargs.get("s_aux")).op_kwargs()
+    options.pop("causal")  # a prompt is causal; a step's one query sees the whole cache
+    window = options["window"]
     if cache.mistake == "sinks dropped":
         options["sinks"] = None
     elif cache.mistake == "window one key wider" and window is not None:
