@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ._autograd import save, saved
 from ._checks import check_block
 from .dense import expand_kv
 from .rules import sink_grad, softcap_slope
@@ -105,14 +106,14 @@ class TiledAttentionFunction(torch.autograd.Function):
                 sinks=None):
         out, lse = tiled_forward(q, k, v, block_q=block_q, block_k=block_k, causal=causal, scale=scale, loop=loop,
                                  window=window, softcap=softcap, mask_mod=mask_mod, sinks=sinks, fn="tiled_attention")
-        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        save(ctx, q, k, v, out, lse, sinks)
         ctx.config = dict(block_q=block_q, block_k=block_k, causal=causal, scale=scale, window=window,
                           softcap=softcap, mask_mod=mask_mod)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, sinks = ctx.saved_tensors
+        q, k, v, out, lse, sinks = saved(ctx)
         dq, dk, dv, *dsinks = tiled_backward(q, k, v, out, lse, dout, dlse=dlse, sinks=sinks, **ctx.config)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *(None,) * 8, *(dsinks or [None])
 

@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from . import merge_partials, tiled_backward, tiled_forward
+from ._autograd import save, saved
 from ._checks import check_sinks
 from .rules import sink_grad
 from .softmax import merge_sink
@@ -457,13 +458,13 @@ class RingAttentionFunction(torch.autograd.Function):
         if sinks is not None:  # merged once, after the ring, like one more partial with no value
             out, lse = merge_sink(out.to(lse.dtype), lse, sinks)
             out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        save(ctx, q, k, v, out, lse, sinks)
         ctx.config = dict(causal=causal, scale=scale, layout=layout, group=group)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, sinks = ctx.saved_tensors
+        q, k, v, out, lse, sinks = saved(ctx)
         dout = dout.contiguous()
         # every block's P comes from the final lse, which holds the sinks: the ring is unchanged
         dq, dk, dv = ring_backward(q, k, v, out, lse, dout, **ctx.config)

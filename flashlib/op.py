@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from ._autograd import save, saved
 from ._checks import check_attention_inputs, check_sinks
 from .kernels import function as teaching
 from .kernels import varlen as packed
@@ -119,12 +120,12 @@ def _(q, k, v, out, lse, dout, dlse, causal, scale, window_left=-1, window_right
 def _setup_context(ctx, inputs, output):
     q, k, v, *options, sinks = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, sinks)  # never the (seq_q, seq_k) probabilities
+    save(ctx, q, k, v, out, lse, sinks)  # never the (seq_q, seq_k) probabilities
     ctx.options = options  # causal, scale, window_left, window_right, softcap
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, sinks = ctx.saved_tensors
+    q, k, v, out, lse, sinks = saved(ctx)
     if dout is None:
         dout = torch.zeros_like(out)
     if dlse is None:
@@ -262,12 +263,12 @@ def _(q, k, v, out, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
 
 def _varlen_setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, *options, sinks = inputs
-    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, sinks)
+    save(ctx, q, k, v, *output, cu_q, cu_k, sinks)
     ctx.options = options  # max_seqlen_q, max_seqlen_k, causal, scale, window_left, window_right, softcap
 
 
 def _varlen_backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, sinks = saved(ctx)
     dout = torch.zeros_like(out) if dout is None else dout.contiguous()
     dlse = torch.zeros_like(lse) if dlse is None else dlse
     dq, dk, dv, dsinks = _varlen_backward_op(q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.options, sinks)

@@ -14,6 +14,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from .._autograd import save, saved
 from .._checks import check_attention_inputs, check_mask_mod, check_sinks, check_softcap, check_window
 from ..dense import batch_and_heads
 from ..rules import PARTIAL, sink_grad
@@ -372,13 +373,13 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, cfg, variant=DEFAULT, sinks=None):
         out, lse = forward(q, k, v, causal=causal, scale=scale, config=cfg, sinks=sinks, **variant.options())
-        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        save(ctx, q, k, v, out, lse, sinks)
         ctx.causal, ctx.scale, ctx.cfg, ctx.variant = causal, scale, cfg, variant
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, sinks = ctx.saved_tensors
+        q, k, v, out, lse, sinks = saved(ctx)
         dq, dk, dv, *dsinks = backward(q, k, v, out, lse, dout, causal=ctx.causal, scale=ctx.scale, config=ctx.cfg,
                                        dlse=dlse, sinks=sinks, **ctx.variant.options())
         return dq, dk, dv, None, None, None, None, *(dsinks or [None])
