@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
+import threading
 from dataclasses import dataclass
 
 _HOW_TO_RUN = (
@@ -94,7 +95,32 @@ def require_triton():
             "here. Import flashlib.kernels before triton (or set TRITON_INTERPRET=1 before starting "
             "Python), then restart the kernel or interpreter."
         )
+    if mode == "interpreter":
+        _serialise_interpreted_launches()
     return triton
+
+
+# Triton's interpreter swaps triton.language's functions for interpreted ones at the start of each
+# launch and restores them at its end, process-wide, and keeps the grid index in one global: two
+# launches at once break each other (errors, or silently wrong numbers). One lock for them all.
+INTERPRETER_LOCK = threading.RLock()
+
+
+def _serialise_interpreted_launches() -> None:
+    """Make every interpreted launch in this process (flashlib's, the labs', a user's) take
+    INTERPRETER_LOCK; idempotent. GPU launches are untouched."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    run = InterpretedFunction.run
+    if getattr(run, "flashlib_locked", False):
+        return
+
+    def locked_run(self, *args, **kwargs):
+        with INTERPRETER_LOCK:
+            return run(self, *args, **kwargs)
+
+    locked_run.flashlib_locked = True
+    InterpretedFunction.run = locked_run
 
 
 def kernel_status() -> KernelStatus:
