@@ -81,7 +81,12 @@ def _check_heads(fn: str, name: str, t, q) -> None:
         raise ValueError(f"{fn}: argument '{name}' has batch dims {tuple(t.shape[:-3])} but 'q' has "
                          f"{tuple(q.shape[:-3])}; they must match exactly")
     heads, q_heads = t.shape[-3], q.shape[-3]
-    if heads < 1 or q_heads % heads:
+    if q_heads == 0:
+        return  # no query heads: an empty result, as with an empty batch
+    if heads == 0:
+        raise ValueError(f"{fn}: argument '{name}' has 0 heads but 'q' has {q_heads}; each query head needs a "
+                         "key/value head to read (give k and v at least one head, or q none)")
+    if q_heads % heads:
         raise ValueError(f"{fn}: argument '{name}' has {heads} heads but 'q' has {q_heads}; the query heads "
                          "must be a multiple of the key/value heads (grouped-query attention)")
 

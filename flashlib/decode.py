@@ -88,7 +88,10 @@ def _check_caches(fn, q, k_cache, v_cache, block_table):
     if cache_dim != head_dim or head_dim < 1:
         raise ValueError(f"{fn}: argument 'k_cache' has head_dim {cache_dim} but 'q' has {head_dim}; "
                          "they must be equal and >= 1")
-    if kv_heads < 1 or q_heads % kv_heads:
+    if q_heads and kv_heads < 1:
+        raise ValueError(f"{fn}: argument 'k_cache' has 0 heads but 'q' has {q_heads}; each query head needs a "
+                         "key/value head to read")
+    if q_heads and q_heads % kv_heads:  # no query heads: an empty result, as with an empty batch
         raise ValueError(f"{fn}: argument 'q' has {q_heads} heads and 'k_cache' {kv_heads}; the query "
                          "heads must be a multiple of the key/value heads (grouped-query attention)")
     if block_table is None:

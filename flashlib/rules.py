@@ -146,12 +146,11 @@ def sink_grad(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> to
     A sink is a score with no value: its probability is p = exp(sink - lse), and with v = 0 the
     softmax gradient dS = P * (dP - delta) gives dsink = -p * delta for each row, summed over the
     rows (and batch) of its head. A plain sum over a fixed shape: deterministic, no atomics."""
-    shape = lse.shape
     sink = sinks.to(delta.dtype).reshape(-1, 1)  # (heads, 1), against (..., heads, rows)
     p = torch.exp(sink - lse)
     p = torch.where(lse == float("-inf"), 0.0, p)  # a sink of -inf on a row that sees nothing: no share
-    per_head = -(p * delta).reshape(-1, *shape[-2:]).sum(dim=(0, 2))
-    return per_head.to(sinks.dtype)
+    others = tuple(d for d in range(lse.ndim) if d != lse.ndim - 2)  # every dim but the heads'
+    return (-(p * delta).sum(dim=others)).to(sinks.dtype)  # no rows (or batch 0): zeros
 
 
 # ----- the ladder's split: tiles seen whole, folded without a mask (kernels.rules._key_tiles) ------

@@ -329,9 +329,9 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scal
     merged as one more partial with no value."""
     batch, q_heads, new_tokens, d = q.shape
     kv_heads = k_cache.shape[1]
-    rows = q_heads // kv_heads * new_tokens
-    if q.numel() == 0:
+    if q.numel() == 0:  # no batch, heads or new tokens
         return torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
+    rows = q_heads // kv_heads * new_tokens
     # (B, Hq, Nnew, d) -> (B * Hkv, group * Nnew, d): the query heads of a kv head, stacked
     q_rows = _contiguous_last_dim(q.reshape(batch * kv_heads, rows, d))
     k_cache, v_cache = _contiguous_last_dim(k_cache), _contiguous_last_dim(v_cache)

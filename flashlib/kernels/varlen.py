@@ -193,7 +193,7 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
                    variant: Variant = DEFAULT, config=None, sinks=None):
     """(out (total_q, heads, d), lse (heads, total_q) float32) on inputs already checked; sinks: (heads,)."""
     cfg = resolve_config(VARLEN_FN, q, config)
-    if q.shape[0] == 0 or max_seqlen_q == 0:
+    if q.numel() == 0 or max_seqlen_q == 0:  # no rows, or no heads
         return torch.zeros_like(q), torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device)
     if max_seqlen_k == 0 and sinks is not None:  # no keys anywhere: out = 0, the lse of every row its sink
         return torch.zeros_like(q), sinks.detach().float()[:, None].expand(q.shape[1], q.shape[0]).clone()
@@ -209,7 +209,7 @@ def varlen_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seq
     """(dq, dk, dv, dsinks) of :func:`varlen_forward`, recomputing P tile by tile (dsinks None
     without sinks); dlse: an optional gradient with respect to lse (heads, total_q)."""
     cfg = resolve_config(VARLEN_FN, q, config)
-    if q.shape[0] == 0 or k.shape[0] == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
+    if q.numel() == 0 or k.numel() == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
         dsinks = None
         if sinks is not None:  # rows with no key still give the sink a share
             delta = (dout.float() * out.float()).sum(-1).transpose(0, 1) - (0 if dlse is None else dlse.float())
