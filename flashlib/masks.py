@@ -24,15 +24,17 @@ Ready masks: :func:`causal`, :func:`sliding_window`, :func:`prefix_lm`, :func:`d
 flex_attention's combinators :func:`and_masks`, :func:`or_masks`. They are closures, the way
 attention-gym writes masks, so each runs unchanged in ``flex_attention`` too.
 
-Writing a mask function that the kernels compile (:mod:`flashlib.kernels.maskfn` translates its
-source): use the four indices, numbers and tensors it captures (a closure cell or a global),
-indexing such a tensor by the indices (``document_id[q_idx]``, ``lengths[b]``); ``& | ~`` to
-combine, arithmetic, comparisons, ``//`` and ``%`` (rounded toward -inf, as PyTorch), and
-``torch.where``, ``torch.abs``, ``torch.minimum``, ``torch.maximum``; other plain functions it
-calls are compiled the same way. What it captures is read afresh at every call: a new number
-compiles new kernels, a tensor's new values need none. Not compiled (a TypeError says what to
-write instead): ``and``/``or``/``not``, ``if``, loops, ``x if c else y``, ``**``, methods of the
-indices, other libraries.
+Writing a mask function that the kernels compile (:mod:`flashlib.kernels.maskfn` traces what it
+does, calling it once on symbolic indices, however its source is laid out): use the four indices,
+numbers and tensors it captures (a closure cell, a global, an attribute of a callable object),
+indexing such a tensor by the indices in one subscript (``document_id[q_idx]``, ``bias[h, q_idx]``,
+``ids[q_idx - 5]``); ``& | ^ ~`` to combine, arithmetic, comparisons, ``//`` and ``%`` (rounded
+toward -inf, as PyTorch), ``torch.where``/``abs``/``minimum``/``maximum``/``clamp`` and their
+methods; helpers, decorators, ``functools.partial`` and the combinators trace through. What it
+captures is read afresh at every call: a new number compiles new kernels, a tensor's new values need
+none. Not compiled (a TypeError says what to write instead): anything that needs one Python truth
+value (``and``/``or``/``not``, ``if``, ``x if c else y``, ``a < b < c``, ``min``/``max``), loops over
+the indices, conversions to Python numbers, other libraries.
 """
 from __future__ import annotations
 

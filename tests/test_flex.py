@@ -169,8 +169,12 @@ def _upstream(out):
 @pytest.mark.parametrize("name", ["causal", "sliding_window", "document_causal", "lengths", "floor_band",
                                   "alternating_heads", "per_head_windows", "flashlib.document"])
 def test_gradients_equal_float64_attention_on_flex_masks(name):
+    check_gradients(_masks(61)[name], name)
+
+
+def check_gradients(mask_mod, name):
+    """flash_attention's out and gradients against float64 attention on flex's create_mask."""
     q, k, v = _inputs(45, 61, seed=3)
-    mask_mod = _masks(61)[name]
     expected = _reference_grads(q, k, v, mask_mod)
     q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
     out = flashlib.flash_attention(q, k, v, mask_mod=mask_mod)
@@ -223,13 +227,16 @@ def test_captured_tensors_of_any_stride_and_dtype():
 
 
 @pytest.mark.parametrize("body, construct", [
-    ("return (q_idx >= kv_idx) and (kv_idx > 2)", "'and'/'or' need Python booleans"),
+    ("return (q_idx >= kv_idx) and (kv_idx > 2)", "write (a) & (b)"),
     ("return not (q_idx >= kv_idx)", "write ~(x)"),
     ("return q_idx >= kv_idx if h == 0 else q_idx <= kv_idx", "torch.where(c, x, y)"),
-    ("return (q_idx - kv_idx) ** 2 < 9", "write x * x"),
-    ("return 0 <= q_idx - kv_idx < 4", "(a < b) & (b < c)"),
-    ("return q_idx.clamp(min=0) >= kv_idx", "keyword arguments"),
-    ("return torch.sin(q_idx) > kv_idx", "the call 'torch.sin(q_idx)'"),
+    ("return (q_idx - kv_idx) ** 0.5 < 9", "'**' with this exponent"),
+    ("return 0 <= q_idx - kv_idx < 4", "compare two values at a time"),
+    ("return min(q_idx, kv_idx) > 2", "torch.minimum(a, b)"),
+    ("return [0, 1, 2][h] < kv_idx", "torch.tensor(values)[q_idx]"),
+    ("return int(q_idx) > kv_idx", "turned into a Python number"),
+    ("return torch.sin(q_idx) > kv_idx", "the call torch.sin"),
+    ("return q_idx.sin() > kv_idx", "the method .sin()"),
 ])
 def test_constructs_the_kernels_cannot_compile_get_one_short_error(body, construct, tmp_path):
     namespace = {"torch": torch}

@@ -24,7 +24,7 @@ from ._mode import interpreting
 from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess, triton
 from .config import LOG2E, FlashConfig, default_config, head_dim_pad
 from .forward import _attn_fwd
-from .maskfn import compile_mask
+from .maskfn import compile_mask, symbol_bounds
 from .rules import _no_mask
 
 
@@ -304,9 +304,10 @@ def _masks(variant, causal, q, seq_k, block_q, block_k, cfg, backward=False):
     if not variant.masked:
         return None
     batch, heads = batch_and_heads(q.shape)
-    # translated before the block mask evaluates it: a construct the kernels cannot compile is named
-    # by the translation, not by PyTorch's error on index tensors
-    data = None if variant.mask_mod is None else compile_mask(FN, variant.mask_mod, q.device)
+    # traced before the block mask evaluates it: a construct the kernels cannot compile is named by
+    # the trace, not by PyTorch's error on index tensors
+    bounds = symbol_bounds(batch, heads, q.shape[-2], seq_k)
+    data = None if variant.mask_mod is None else compile_mask(FN, variant.mask_mod, q.device, bounds)
     kinds = _kinds(variant, causal, batch, heads, q.shape[-2], seq_k, block_q, block_k, q.device)
     if backward:
         return rows_of_16(kinds), rows_of_16(kinds.transpose(-1, -2)), data

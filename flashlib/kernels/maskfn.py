@@ -1,102 +1,106 @@
 """Mask functions, as FlexAttention users write them, compiled into the kernels.
 
 A mask function ``mask_mod(b, h, q_idx, kv_idx) -> bool`` runs as it is on PyTorch index tensors
-(the references, the block masks, ``flex_attention``). For a kernel it is translated, from its
-source, into a ``@triton.jit`` function ``MASK_MOD(b, h, q_idx, kv_idx, data)``:
+(the references, the block masks, ``flex_attention``). For a kernel it is traced
+(:mod:`flashlib.kernels.trace`: called once on symbolic indices, so what counts is what it does,
+not how its source is laid out) and the trace is written out as one ``@triton.jit`` function
+``MASK_MOD(b, h, q_idx, kv_idx, data)``:
 
-* what it reads from outside (closure cells, module globals, default arguments) is read again on
-  every call: numbers become literals of the generated source (a new value, a new kernel), and
-  tensors become loads from ``data``, a tuple of tensors passed at launch (their values are read
-  by the kernel itself, so a changed tensor needs no new kernel);
-* ``t[q_idx]``, ``t[b, h]``... index a captured tensor (any dtype, any strides, negative indices
-  counted from the end, as PyTorch does);
-* ``//`` and ``%`` round as PyTorch does (toward -inf), not as Triton does (toward zero);
-* ``torch.abs``, ``torch.where``, ``torch.minimum``, ``torch.maximum``, the builtin ``abs``,
-  ``& | ~ ^``, ``+ - * /``, comparisons, other plain functions it calls (compiled the same way),
-  and ``torch.nn.attention.flex_attention``'s ``and_masks``, ``or_masks`` and ``noop_mask``.
+* what it reads from outside is read again at every call: numbers become literals of the generated
+  source (a new value, a new kernel), and tensors become loads from ``data``, a tuple of tensors
+  passed at launch (their values are read by the kernel itself, so a changed tensor needs no new
+  kernel unless its values leave the bounds the source was written for);
+* ``t[q_idx]``, ``t[b, h]``, ``t[h][q_idx - 5]``... index a captured tensor (any dtype, any strides,
+  negative indices counted from the end, as PyTorch does);
+* arithmetic is PyTorch's: its dtypes (an index is int64), ``//`` and ``%`` rounding toward -inf
+  (Triton's round toward zero), and 64-bit integers wherever a value can leave int32 for the
+  call's lengths (the kernels' indices are int32; a product such as ``q_idx * 10_000_019`` is
+  widened first, as PyTorch's int64 would compute it);
+* operators, comparisons, ``& | ^ ~``, ``torch.where``/``abs``/``minimum``/``maximum``/``clamp``/
+  ``remainder``/``floor_divide``/``div``, the ``logical_`` and ``bitwise_`` functions, their methods,
+  ``.to``/``.long()``/``.bool()``..., and any plain function, decorator, ``functools.partial`` or
+  ``and_masks``/``or_masks``/``noop_mask`` built from them.
 
-Anything else (``and``/``or``/``not``, ``if``, loops, ``x if c else y``, ``**``, attributes of the
-indices, calls to other libraries) is refused with one short TypeError naming the construct, its
-line and what to write instead, before anything compiles.
+What the kernels cannot evaluate on tiles (``and``/``or``/``not``, ``if``, ``x if c else y``,
+loops, conversions to Python numbers, other libraries' calls) is refused with one TypeError that
+names ``mask_mod``, the construct, the line it is on and what to write instead, before anything
+compiles.
 """
 from __future__ import annotations
 
-import ast
-import builtins
 import hashlib
-import inspect
 import linecache
-import numbers
-import textwrap
-import types
+import threading
 from collections import OrderedDict
 from typing import NamedTuple
 
 import torch
-from torch.nn.attention import flex_attention as _flex
 
 from ._mode import require_triton
 from .rules import _floordiv, _floormod
+from .trace import INT32, Graph, Node, TraceError, trace
 
 triton = require_triton()
 import triton.language as tl  # noqa: E402
 
-_TORCH_CALLS = {"abs": "tl.abs", "where": "tl.where", "minimum": "tl.minimum", "maximum": "tl.maximum"}
-_OPERATORS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.BitAnd, ast.BitOr, ast.BitXor, ast.LShift, ast.RShift)
-_COMPARISONS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
-# what a construct the kernels cannot compile should be written as
-_FIXES = {
-    ast.BoolOp: "'and'/'or' need Python booleans: write (a) & (b) or (a) | (b), with parentheses",
-    ast.IfExp: "'x if c else y' needs a Python boolean: write torch.where(c, x, y)",
-    ast.If: "'if' needs a Python boolean: compute both sides and pick with torch.where(c, x, y)",
-    ast.For: "a loop cannot run on index tensors: write the terms out, or combine masks with and_masks/or_masks",
-    ast.While: "a loop cannot run on index tensors: write the terms out",
-    ast.Lambda: "a lambda inside a mask function: write a def beside it and call that",
-    ast.Pow: "'**' on indices: write x * x",
-    ast.Tuple: "a tuple: a mask function returns one boolean tensor",
-}
+# the most a kernel adds to a length: its indices run over whole tiles (BLOCK_Q, BLOCK_K <= 256)
+TILE_PAD = 256
+_INT32_MAX = INT32[1]
 
 
 class KernelMask(NamedTuple):
     """A mask function as the kernels call it: the compiled ``MASK_MOD``, its ``data`` (a tuple of
     the tensors it reads, on the kernels' device; None when it reads none) and the generated
-    Triton source (``MASK_MOD`` is its first function, the ones it calls follow)."""
+    Triton source."""
 
     jit: object
     data: tuple | None
     source: str
 
 
-_COMPILED: OrderedDict = OrderedDict()  # generated source -> its @triton.jit functions
+_COMPILED: OrderedDict = OrderedDict()  # generated source -> its @triton.jit function
 _MAX_COMPILED = 256
+_LOCK = threading.Lock()  # threads compiling masks at once share _COMPILED and linecache
 
 
-def compile_mask(fn: str, mask_mod, device) -> KernelMask:
-    """The kernels' MASK_MOD for ``mask_mod`` as it reads its data now (see the module docstring)."""
-    unit = _Unit(fn, device)
-    top = unit.function(mask_mod)
-    source = "\n\n".join(unit.sources)
-    if source not in _COMPILED:
-        _COMPILED[source] = _exec(source)
-        if len(_COMPILED) > _MAX_COMPILED:
-            _COMPILED.popitem(last=False)
-    _COMPILED.move_to_end(source)
-    return KernelMask(_COMPILED[source][top], tuple(unit.tensors) or None, source)
+def symbol_bounds(batch=None, heads=None, seq_q=None, seq_k=None) -> dict:
+    """{name: (lo, hi)} of the four indices as a kernel passes them: every tile's rows and columns
+    (past the lengths by up to a tile); an unknown size bounds its index by int32."""
+    def upto(n, pad=0):
+        return (0, _INT32_MAX) if n is None else (0, max(int(n) - 1, 0) + pad)
+
+    return {"b": upto(batch), "h": upto(heads), "q_idx": upto(seq_q, TILE_PAD), "kv_idx": upto(seq_k, TILE_PAD)}
 
 
-def _exec(source: str) -> dict:
-    """The generated functions, each a @triton.jit function; their source is registered with
-    linecache, where Triton's JIT (and a traceback) read it."""
+def compile_mask(fn: str, mask_mod, device, bounds: dict | None = None) -> KernelMask:
+    """The kernels' MASK_MOD for ``mask_mod`` as it reads its data now (see the module docstring);
+    bounds: :func:`symbol_bounds` of the call (default: int32 indices)."""
+    try:
+        graph = trace(mask_mod, bounds or symbol_bounds(), device=device)
+        tensors = [_narrow(t.detach().to(device), node) for t, node in zip(graph.tensors, _loads(graph))]
+        source = _Writer(graph, tensors).source()
+    except TraceError as exc:
+        raise TypeError(f"{fn}: argument 'mask_mod': {exc}") from None
+    with _LOCK:
+        if source not in _COMPILED:
+            _COMPILED[source] = _exec(source)
+            if len(_COMPILED) > _MAX_COMPILED:
+                _COMPILED.popitem(last=False)
+        _COMPILED.move_to_end(source)
+        jit = _COMPILED[source]
+    return KernelMask(jit, tuple(tensors) or None, source)
+
+
+def _exec(source: str):
+    """The generated @triton.jit function; its source is registered with linecache, where Triton's
+    JIT (and a traceback) read it."""
     filename = f"<flashlib mask {hashlib.sha1(source.encode()).hexdigest()[:12]}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     scope = {"__name__": "flashlib.kernels.maskfn.generated", "tl": tl, "_floordiv": _floordiv,
              "_floormod": _floormod, "_gather": _gather, "_index_offset": _index_offset,
              "_index_offset64": _index_offset64, "_index_ok": _index_ok}
-    exec(compile(source, filename, "exec"), scope)  # noqa: S102  (source generated above, from a parsed function)
-    names = [name for name in scope if name.startswith("_mask_")]
-    for name in names:
-        scope[name] = triton.jit(scope[name])
-    return {name: scope[name] for name in names}
+    exec(compile(source, filename, "exec"), scope)  # noqa: S102  (source written below, from a trace)
+    return triton.jit(scope["_mask_mod"])
 
 
 @triton.jit
@@ -107,7 +111,7 @@ def _index_offset(i, size, stride):
 
 @triton.jit
 def _index_offset64(i, size, stride):
-    """_index_offset in int64, for a tensor whose elements lie 2^31 or more apart."""
+    """_index_offset in int64, for offsets that can pass 2^31."""
     return tl.where(i < 0, i + size, i).to(tl.int64) * stride
 
 
@@ -122,266 +126,182 @@ def _gather(Ptr, offset, ok):
     return tl.load(Ptr + offset, mask=ok, other=0)
 
 
-# ----- from a Python function to generated source --------------------------------------------------
-
-def _and_or_codes():
-    """The code objects of flex_attention's combinators, so that their closures are recognised."""
-    noop = _flex.noop_mask
-    return _flex.and_masks(noop).__code__, _flex.or_masks(noop).__code__
-
-
-_AND_CODE, _OR_CODE = _and_or_codes()
-
-
-class _Unit:
-    """One compilation: the generated functions' sources, and the tensors they read (data slots)."""
-
-    def __init__(self, fn: str, device):
-        self.fn, self.device = fn, device
-        self.sources: list[str] = []
-        self.tensors: list[torch.Tensor] = []  # as the kernels read them
-        self.captured: list[torch.Tensor] = []  # as the mask function holds them
-        self.names: dict[int, str] = {}  # id(function) -> generated name, while this unit lives
-        self.keep: list = []  # the functions named, alive so that their ids stay theirs
-
-    def fail(self, what: str, fix: str, where: str = "") -> TypeError:
-        return TypeError(f"{self.fn}: argument 'mask_mod': {what}{where} cannot be compiled into the kernels; {fix}")
-
-    def function(self, f) -> str:
-        """The generated name of Python function f (compiled on first use in this unit)."""
-        if id(f) in self.names:
-            return self.names[id(f)]
-        if not isinstance(f, types.FunctionType):
-            raise self.fail(f"{type(f).__name__} {f!r}", "a mask function must be a def or a closure (not a "
-                            "functools.partial, a class instance or a builtin)")
-        name = self.names[id(f)] = f"_mask_{len(self.names)}"
-        self.keep.append(f)
-        if f.__code__ in (_AND_CODE, _OR_CODE):
-            self.sources.append(self._combinator(f, name))
-        elif f is _flex.noop_mask:
-            self.sources.append(f"def {name}(b, h, q_idx, kv_idx, data):\n    return True\n")
-        else:
-            self.sources.append(_Translator(self, f).source(name))
-        return name
-
-    def _combinator(self, f, name: str) -> str:
-        """and_masks(m1, m2, ...) / or_masks(...): the masks' calls joined by & or |."""
-        mods = dict(zip(f.__code__.co_freevars, (c.cell_contents for c in f.__closure__)))["mask_mods"]
-        join, empty = (" & ", "True") if f.__code__ is _AND_CODE else (" | ", "False")
-        calls = [f"{self.function(m)}(b, h, q_idx, kv_idx, data)" for m in mods]
-        return f"def {name}(b, h, q_idx, kv_idx, data):\n    return {join.join(f'({c})' for c in calls) or empty}\n"
-
-    def tensor(self, t: torch.Tensor) -> int:
-        """The data slot of a captured tensor (on the kernels' device)."""
-        for slot, seen in enumerate(self.captured):
-            if seen is t:
-                return slot
-        self.captured.append(t)
-        self.tensors.append(_narrow(t.to(self.device)))
-        return len(self.tensors) - 1
+def _loads(graph: Graph) -> list[Node]:
+    """A load node of each data slot, in slot order (the first met)."""
+    found: dict[int, Node] = {}
+    stack, seen = [graph.result], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op == "load":
+            found.setdefault(node.value, node)
+        stack.extend(node.args)
+    return [found[slot] for slot in range(len(graph.tensors))]
 
 
-def _narrow(t: torch.Tensor) -> torch.Tensor:
-    """int64 data whose values fit in int32, as an int32 copy (read at this call, like the rest): a
-    tile of int64 comparisons holds twice the registers, and spilled the document mask's forward."""
-    if t.dtype == torch.int64 and t.numel() and bool((t.min() >= -2**31) & (t.max() < 2**31)):
+def _narrow(t: torch.Tensor, node: Node) -> torch.Tensor:
+    """int64 data whose values fit in int32, as an int32 copy (the trace's bounds say so): a tile of
+    int64 comparisons holds twice the registers, and spilled the document mask's forward."""
+    if t.dtype == torch.int64 and _ctype(node) == "tl.int32":
         return t.to(torch.int32)
     return t
 
 
-def _function_node(unit: _Unit, f):
-    """The ast node (FunctionDef or Lambda) of f's source."""
-    label = getattr(f, "__qualname__", f.__name__)
-    try:
-        source = textwrap.dedent(inspect.getsource(f))
-    except (OSError, TypeError) as exc:
-        raise unit.fail(f"{label}, whose source cannot be read ({exc}),",
-                        "the kernels compile a mask function from its source: define it with def in a file or "
-                        "a notebook cell") from None
-    if f.__name__ == "<lambda>":
-        lambdas = [n for n in ast.walk(ast.parse(_whole_statement(source))) if isinstance(n, ast.Lambda)]
-        if len(lambdas) != 1:
-            raise unit.fail(f"a lambda on a line of {len(lambdas)} lambdas",
-                            "write the mask function as a def")
-        return lambdas[0], f.__code__.co_firstlineno
-    return ast.parse(source).body[0], f.__code__.co_firstlineno
+# ----- from the trace to Triton source -------------------------------------------------------------
+
+_TL = {torch.bool: "tl.int1", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.int16: "tl.int16",
+       torch.int32: "tl.int32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
+       torch.float32: "tl.float32", torch.float64: "tl.float64"}
+_RANK = {"tl.int1": 0, "tl.int8": 1, "tl.uint8": 1, "tl.int16": 2, "tl.int32": 3, "tl.int64": 4}
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "and": "&", "or": "|", "xor": "^", "lshift": "<<",
+          "rshift": ">>", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
+_CALLS = {"abs": "tl.abs", "minimum": "tl.minimum", "maximum": "tl.maximum", "where": "tl.where"}
 
 
-def _whole_statement(source: str) -> str:
-    """A lambda's source lines as a statement that parses (getsource may stop inside brackets)."""
-    for end in range(len(source), 0, -1):
-        try:
-            ast.parse(source[:end])
-            return source[:end]
-        except SyntaxError:
-            continue
-    return source
+def _fits32(lo, hi) -> bool:
+    return lo is not None and INT32[0] <= lo and hi <= INT32[1]
 
 
-class _Translator(ast.NodeTransformer):
-    """One Python function's body as Triton source: names resolved, operators PyTorch's."""
+def _ctype(node: Node) -> str:
+    """The Triton type a node is computed and held in: PyTorch's dtype, but an int64 whose values fit
+    int32 held in int32 (exact, and half the registers)."""
+    if node.dtype is torch.int64:
+        return "tl.int32" if _fits32(node.lo, node.hi) else "tl.int64"
+    return _TL[node.dtype]
 
-    def __init__(self, unit: _Unit, f):
-        self.unit, self.f = unit, f
-        self.label = getattr(f, "__qualname__", f.__name__)
-        self.node, self.first_line = _function_node(unit, f)
-        code = f.__code__
-        self.params = list(code.co_varnames[:code.co_argcount])
-        cells = dict(zip(code.co_freevars, (c.cell_contents for c in f.__closure__ or ())))
-        defaults = dict(zip(self.params[len(self.params) - len(f.__defaults__ or ()):], f.__defaults__ or ()))
-        self.outside = {**vars(builtins), **f.__globals__, **cells}
-        self.params = self.params[:len(self.params) - len(defaults)]
-        self.locals = set(self.params)
-        self.assigned: set[str] = set()  # names the body assigns (a parameter reassigned may be negative)
-        self.defaults = defaults
 
-    def where(self, node) -> str:
-        return f" (in {self.label}, line {self.first_line + getattr(node, 'lineno', 1) - 1})"
+def _widest(types) -> str:
+    floats = [t for t in types if t not in _RANK]
+    if floats:
+        return floats[0]
+    return max(types, key=_RANK.__getitem__)
 
-    def fail(self, node, what: str, fix: str) -> TypeError:
-        return self.unit.fail(what, fix, self.where(node))
 
-    def source(self, name: str) -> str:
-        data = "data" if "data" not in self.params else "_data_"
-        self.data = data
-        lines = [f"def {name}({', '.join(self.params + [data])}):"]
-        for key, value in self.defaults.items():
-            lines.append(f"    {key} = {ast.unparse(self.value(self.node, key, value))}")
-            self.locals.add(key)
-        body = [ast.Return(self.node.body)] if isinstance(self.node, ast.Lambda) else self.node.body
-        for i, stmt in enumerate(body):
-            if i == 0 and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
-                continue  # the docstring
-            lines.append("    " + self.statement(stmt))
-        if not isinstance(body[-1], ast.Return):
-            raise self.fail(body[-1], "a mask function that does not end with return", "end it with return <mask>")
-        return "\n".join(lines) + "\n"
+def _work_type(operands, also) -> str:
+    """The type an operation on ``operands`` is computed in: the widest of theirs (numbers aside,
+    which PyTorch lets take the tensor's type) and ``also``; int64 where a number needs it."""
+    work = _widest([_ctype(a) for a in operands if a.op != "const"] + also or [_ctype(operands[0])])
+    big = any(a.op == "const" and a.lo is not None and not _fits32(a.lo, a.hi) for a in operands)
+    return "tl.int64" if big and work in ("tl.int1", "tl.int32") else work
 
-    def statement(self, stmt) -> str:
-        if isinstance(stmt, ast.Return) and stmt.value is not None:
-            return "return " + ast.unparse(self.visit(stmt.value))
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            value = ast.unparse(self.visit(stmt.value))
-            self.locals.add(stmt.targets[0].id)
-            self.assigned.add(stmt.targets[0].id)
-            return f"{stmt.targets[0].id} = {value}"
-        raise self.fail(stmt, f"a statement '{type(stmt).__name__.lower()}'",
-                        _FIXES.get(type(stmt), "a mask function is assignments of names and one return"))
 
-    # ----- expressions ----------------------------------------------------------------------------
+class _Writer:
+    """The Triton source of one trace: nested expressions, a local for a value used twice."""
 
-    def generic_visit(self, node):
-        raise self.fail(node, f"'{ast.unparse(node)}' ({type(node).__name__})",
-                        _FIXES.get(type(node), "write it with the indices, numbers, captured tensors indexed by "
-                                               "them, & | ~, arithmetic, comparisons and torch.where/abs/minimum/"
-                                               "maximum"))
+    def __init__(self, graph: Graph, tensors: list[torch.Tensor]):
+        self.graph, self.tensors = graph, tensors
+        self.uses: dict[int, int] = {}
+        self._count(graph.result)
+        self.lines: list[str] = []
+        self.names: dict[int, str] = {}
 
-    def visit_Constant(self, node):
-        if isinstance(node.value, (bool, int, float)):
-            return node
-        return self.generic_visit(node)
+    def _count(self, node: Node):
+        self.uses[id(node)] = self.uses.get(id(node), 0) + 1
+        if self.uses[id(node)] == 1:
+            for a in node.args:
+                self._count(a)
 
-    def visit_Name(self, node):
-        if node.id in self.locals:
-            return ast.Name(self.data if node.id == "data" else node.id, ast.Load())
-        if node.id not in self.outside:
-            raise self.fail(node, f"the name '{node.id}'", "it is not defined where the mask function is")
-        return self.value(node, node.id, self.outside[node.id])
+    def source(self) -> str:
+        result = self.graph.result
+        if result.dtype is not torch.bool:
+            raise TraceError(f"a mask function that returns {str(result.dtype).replace('torch.', '')} values",
+                             "return a boolean: a comparison, or (x != 0)", where="")
+        value = self.expr(result)
+        body = [*self.lines, f"return {value}"]
+        return "def _mask_mod(b, h, q_idx, kv_idx, data):\n" + "".join(f"    {line}\n" for line in body)
 
-    def value(self, node, name: str, value):
-        """A value read from outside the function, as source: a literal, or a 0-d tensor's load."""
-        if isinstance(value, (bool, numbers.Integral, numbers.Real)) and not isinstance(value, torch.Tensor):
-            return ast.Constant(value if isinstance(value, bool) else
-                                int(value) if isinstance(value, numbers.Integral) else float(value))
-        if isinstance(value, torch.Tensor) and value.ndim == 0:
-            return self.load(node, value, [])
-        if isinstance(value, torch.Tensor):
-            raise self.fail(node, f"the tensor '{name}' {tuple(value.shape)} used without an index",
-                            f"index it with the indices, e.g. {name}[q_idx]")
-        raise self.fail(node, f"'{name}' ({type(value).__name__})", "a mask function reads numbers and tensors "
-                        "indexed by b, h, q_idx or kv_idx")
+    # ----- one node -----------------------------------------------------------------------------
 
-    def visit_Attribute(self, node):
-        base = node.value
-        if isinstance(base, ast.Name) and base.id not in self.locals and base.id in self.outside:
-            owner = self.outside[base.id]
-            if not isinstance(owner, types.ModuleType) and hasattr(owner, node.attr):
-                return self.value(node, ast.unparse(node), getattr(owner, node.attr))
-        return self.generic_visit(node)
+    def expr(self, node: Node) -> str:
+        """node's value as an expression in _ctype(node)."""
+        if id(node) in self.names:
+            return self.names[id(node)]
+        text = self._expr(node)
+        if self.uses[id(node)] > 1 and node.op not in ("sym", "const"):
+            name = f"t{len(self.names)}"
+            self.lines.append(f"{name} = {text}")
+            self.names[id(node)] = text = name
+        return text
 
-    def visit_Subscript(self, node):
-        tensor = self.captured_tensor(node.value)
-        index = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-        if any(isinstance(i, ast.Slice) for i in index) or len(index) != tensor.ndim:
-            raise self.fail(node, f"'{ast.unparse(node)}' (a {tensor.ndim}-d tensor with {len(index)} indices)",
-                            f"give one index per dim, no slices: the kernels read one element at a time")
-        return self.load(node, tensor, [self.visit(i) for i in index])
+    def as_type(self, node: Node, ctype: str) -> str:
+        """node's value in ctype (a cast where its own type differs; a number as a literal)."""
+        if node.op == "const":
+            return self._literal(node.value, ctype)
+        text = self.expr(node)
+        return text if _ctype(node) == ctype else f"{text}.to({ctype})"
 
-    def captured_tensor(self, node) -> torch.Tensor:
-        value = None
-        if isinstance(node, ast.Name) and node.id not in self.locals:
-            value = self.outside.get(node.id)
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            value = getattr(self.outside.get(node.value.id), node.attr, None)
-        if not isinstance(value, torch.Tensor):
-            raise self.fail(node, f"indexing '{ast.unparse(node)}'", "only a tensor captured by the mask function "
-                            "(a closure cell or a global) can be indexed")
-        if value.is_complex():
-            raise self.fail(node, f"the complex tensor '{ast.unparse(node)}'", "use an integer, bool or real tensor")
-        return value
+    @staticmethod
+    def _literal(value, ctype: str) -> str:
+        if ctype == "tl.int1":
+            return repr(bool(value))
+        if ctype in _RANK:
+            value = int(value)
+            # a small number takes the other operand's type in Triton, as in PyTorch; a large one is int64
+            return repr(value) if _fits32(value, value) else f"tl.full((), {value}, tl.int64)"
+        value = float(value)
+        text = repr(value) if value == value and abs(value) != float("inf") else f'float("{value}")'
+        return text if ctype == "tl.float32" else f"tl.full((), {text}, {ctype})"
 
-    def load(self, node, tensor: torch.Tensor, index: list):
-        slot = self.unit.tensor(tensor)
-        moved = self.unit.tensors[slot]
-        # int64 offsets only for a tensor whose elements lie 2^31 or more apart (registers are dear)
-        wide = sum((size - 1) * abs(stride) for size, stride in zip(moved.shape, moved.stride())) >= 2**31
+    def _expr(self, node: Node) -> str:
+        op, args = node.op, node.args
+        if op == "sym":
+            return node.value
+        if op == "const":
+            return self._literal(node.value, _ctype(node))
+        if op == "load":
+            return self._load(node)
+        if op == "cast":
+            return self.as_type(args[0], _ctype(node))
+        if op in _COMPARE:
+            operand = _work_type(args, [])
+            left, right = (self.as_type(a, operand) for a in args)
+            return f"({left} {_INFIX[op]} {right})"
+        # arithmetic: computed in the widest of its operands' and its own types, then held in its own
+        work = _ctype(node) if node.dtype.is_floating_point else _work_type(args[1:] if op == "where" else args,
+                                                                            [_ctype(node)])
+        text = self._arith(node, work)
+        return text if work == _ctype(node) else f"{text}.to({_ctype(node)})"
+
+    def _arith(self, node: Node, work: str) -> str:
+        op, args = node.op, node.args
+        if op == "where":
+            return f"tl.where({self.as_type(args[0], 'tl.int1')}, {self.as_type(args[1], work)}, " \
+                   f"{self.as_type(args[2], work)})"
+        operands = [self.as_type(a, work) for a in args]
+        if op in _CALLS:
+            return f"{_CALLS[op]}({', '.join(operands)})"
+        if op == "neg":
+            return f"(-{operands[0]})"
+        if op == "invert":
+            return f"(~{operands[0]})"
+        if op in ("floordiv", "mod"):
+            a, b = args
+            if work in _RANK and a.lo >= 0 and b.lo > 0:  # both non-negative: Triton's rounding is PyTorch's
+                return f"({operands[0]} {'//' if op == 'floordiv' else '%'} {operands[1]})"
+            if op == "floordiv" and work not in _RANK:
+                return f"tl.math.floor({operands[0]} / {operands[1]})"
+            return f"{'_floordiv' if op == 'floordiv' else '_floormod'}({operands[0]}, {operands[1]})"
+        return f"({operands[0]} {_INFIX[op]} {operands[1]})"
+
+    def _load(self, node: Node) -> str:
+        """data[slot][index...], with PyTorch's negative indices; out of range (padding rows) reads 0."""
+        t = self.tensors[node.value]
+        spans = [(max(abs(i.lo), abs(i.hi)) + size) * stride for i, size, stride in zip(node.args, t.shape, t.stride())]
+        wide = sum(spans) > _INT32_MAX or any(_ctype(i) == "tl.int64" for i in node.args)
         offsets, oks = [], []
-        for i, size, stride in zip(index, moved.shape, moved.stride()):
-            text = ast.unparse(i)
-            if text in self.params[:4] and text not in self.assigned and not wide:
-                # an index itself: never negative, past the end only on padding rows and columns
-                offsets.append(f"{text} * {stride}")
-                oks.append(f"({text} < {size})")
+        for i, size, stride in zip(node.args, t.shape, t.stride()):
+            index = self.as_type(i, "tl.int64" if wide else _ctype(i))
+            if i.lo >= 0:  # never negative: a plain offset
+                if stride:
+                    offsets.append(index if stride == 1 else f"{index} * {stride}")
+                if i.hi >= size:
+                    oks.append(f"({index} < {size})")
             else:
-                offsets.append(f"{'_index_offset64' if wide else '_index_offset'}({text}, {size}, {stride})")
-                oks.append(f"_index_ok({text}, {size})")
-        text = f"_gather({self.data}[{slot}], {' + '.join(offsets) or '0'}, {' & '.join(oks) or 'True'})"
-        return ast.parse(text, mode="eval").body
-
-    def visit_BinOp(self, node):
-        left, right = self.visit(node.left), self.visit(node.right)
-        if isinstance(node.op, (ast.FloorDiv, ast.Mod)):
-            helper = "_floordiv" if isinstance(node.op, ast.FloorDiv) else "_floormod"
-            return ast.Call(ast.Name(helper, ast.Load()), [left, right], [])
-        if not isinstance(node.op, _OPERATORS):
-            raise self.fail(node, f"the operator in '{ast.unparse(node)}'",
-                            _FIXES.get(type(node.op), "use + - * / // % & | ^ << >>"))
-        return ast.BinOp(left, node.op, right)
-
-    def visit_UnaryOp(self, node):
-        if isinstance(node.op, ast.Not):
-            raise self.fail(node, f"'{ast.unparse(node)}'", "'not' needs a Python boolean: write ~(x)")
-        return ast.UnaryOp(node.op, self.visit(node.operand))
-
-    def visit_Compare(self, node):
-        if len(node.ops) != 1 or not isinstance(node.ops[0], _COMPARISONS):
-            raise self.fail(node, f"the comparison '{ast.unparse(node)}'",
-                            "compare two values at a time and join with &: (a < b) & (b < c)")
-        return ast.Compare(self.visit(node.left), node.ops, [self.visit(node.comparators[0])])
-
-    def visit_Call(self, node):
-        if node.keywords:
-            raise self.fail(node, f"keyword arguments in '{ast.unparse(node)}'", "pass the arguments by position")
-        args = [self.visit(a) for a in node.args]
-        func = node.func
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
-                and self.outside.get(func.value.id) is torch and func.attr in _TORCH_CALLS:
-            return ast.Call(ast.parse(_TORCH_CALLS[func.attr], mode="eval").body, args, [])
-        target = self.outside.get(func.id) if isinstance(func, ast.Name) and func.id not in self.locals else None
-        if target is builtins.abs:
-            return ast.Call(ast.parse("tl.abs", mode="eval").body, args, [])
-        if isinstance(target, types.FunctionType):
-            name = self.unit.function(target)
-            return ast.Call(ast.Name(name, ast.Load()), args + [ast.Name(self.data, ast.Load())], [])
-        raise self.fail(node, f"the call '{ast.unparse(node)}'", "call torch.where, torch.abs, torch.minimum, "
-                        "torch.maximum, abs, or another def written the same way")
+                if stride:
+                    offsets.append(f"{'_index_offset64' if wide else '_index_offset'}({index}, {size}, {stride})")
+                if i.lo < -size or i.hi >= size:
+                    oks.append(f"_index_ok({index}, {size})")
+        return f"_gather(data[{node.value}], {' + '.join(offsets) or '0'}, {' & '.join(oks) or 'True'})"
