@@ -14,10 +14,11 @@ nbval would report it:
   config's regexes first;
 - a cell never run in the stored notebook (no execution count) is not compared.
 
-One marker of this project's own: ``# DEVICE_DEPENDENT_OUTPUT`` says that the cell's output
-depends on the machine (its GPU, or the Triton release that compiles for it). nbval does
-not know it, so CI compares such a cell as usual; elsewhere the runner may report its
-output without comparing it.
+One marker of this project's own: the cell tag ``device-dependent-output`` (or a first line
+``# DEVICE_DEPENDENT_OUTPUT``) says that the cell's output depends on the device (a GPU, or the
+Triton release that compiles for it). nbval does not know it, so CI compares such a cell as usual,
+and its CPU output must be the same on every CPU; on a GPU the runner may report its output
+without comparing it. A tag keeps the marker out of the code the student reads.
 """
 from __future__ import annotations
 

@@ -289,8 +289,10 @@ class _Writer:
     def _load(self, node: Node) -> str:
         """data[slot][index...], with PyTorch's negative indices; out of range (padding rows) reads 0."""
         t = self.tensors[node.value]
-        spans = [(max(abs(i.lo), abs(i.hi)) + size) * stride for i, size, stride in zip(node.args, t.shape, t.stride())]
-        wide = sum(spans) > _INT32_MAX or any(_ctype(i) == "tl.int64" for i in node.args)
+        # a lane that loads has every index in range, so its offset is within the tensor's extent (a
+        # masked lane's offset may wrap: it reads nothing)
+        extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+        wide = extent > _INT32_MAX or any(_ctype(i) == "tl.int64" for i in node.args)
         offsets, oks = [], []
         for i, size, stride in zip(node.args, t.shape, t.stride()):
             index = self.as_type(i, "tl.int64" if wide else _ctype(i))
