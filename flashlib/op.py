@@ -31,6 +31,7 @@ from ._autograd import save, saved
 from ._checks import check_attention_inputs, check_sinks
 from .kernels import function as teaching
 from .kernels import varlen as packed
+from .kernels.config import lse_base2, lse_natural
 from .kernels.function import capability, check_kernel_inputs, check_variant, with_block_mask
 from .varlen import check_varlen_values
 
@@ -55,82 +56,100 @@ def _window(window_left: int, window_right: int):
     return None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
 
 
-def flash_attention_forward(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
-                            softcap: float | None = None, mask_mod=None, sinks=None):
-    """The forward of :func:`flash_attention` without autograd: (out, lse), lse (..., seq_q) float32."""
+def flash_attention_forward(q, k, v, **options):
+    """The forward of :func:`flash_attention` without autograd: (out, lse), lse (..., seq_q) float32,
+    natural log. Options: causal, scale, window, softcap, mask_mod, sinks."""
+    out, lse2 = forward_base2(q, k, v, **options)
+    return out, lse_natural(lse2)
+
+
+def forward_base2(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
+                  softcap: float | None = None, mask_mod=None, sinks=None):
+    """:func:`flash_attention_forward` with the lse in base 2, as the kernels keep it."""
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
     check_kernel_inputs(FN, q)
     forward, _ = path_for(q, k, window=window, softcap=softcap, mask_mod=mask_mod, sinks=sinks)
     if forward == "teaching":
-        return teaching.forward(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                                mask_mod=mask_mod, fn=FN, sinks=sinks)
-    from .ladder.forward import forward as rung_forward
+        return teaching.forward_base2(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                                      mask_mod=mask_mod, fn=FN, sinks=sinks)
+    from .ladder.forward import forward_base2 as rung_forward
 
     return rung_forward(q, k, v, causal=causal, scale=scale, rung=forward)
 
 
-def flash_attention_backward(q, k, v, out, lse, dout, *, causal: bool = False, scale: float | None = None,
-                             dlse=None, window=None, softcap: float | None = None, mask_mod=None, sinks=None):
-    """(dq, dk, dv) of :func:`flash_attention` from its out and lse, without autograd, and dsinks
-    with ``sinks``; dlse is an optional gradient with respect to lse."""
+def flash_attention_backward(q, k, v, out, lse, dout, **options):
+    """(dq, dk, dv) of :func:`flash_attention` from its out and lse (natural log), without autograd,
+    and dsinks with ``sinks``; dlse is an optional gradient with respect to lse. The lse is
+    converted to base 2 here (an ulp from the forward's own, see :mod:`flashlib.kernels.config`)."""
+    return backward_base2(q, k, v, out, lse_base2(lse), dout, **options)
+
+
+def backward_base2(q, k, v, out, lse2, dout, *, causal: bool = False, scale: float | None = None, dlse=None,
+                   window=None, softcap: float | None = None, mask_mod=None, sinks=None):
+    """:func:`flash_attention_backward` from the forward's base-2 lse, :func:`forward_base2`'s."""
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
     _, backward = path_for(q, k, window=window, softcap=softcap, mask_mod=mask_mod, sinks=sinks)
     if backward == "teaching":
-        return teaching.backward(q, k, v, out, lse, dout, causal=causal, scale=scale, dlse=dlse, window=window,
-                                 softcap=softcap, mask_mod=mask_mod, sinks=sinks)
-    from .ladder.function import backward_pass
+        return teaching.backward_base2(q, k, v, out, lse2, dout, causal=causal, scale=scale, dlse=dlse,
+                                       window=window, softcap=softcap, mask_mod=mask_mod, sinks=sinks)
+    from .ladder.function import backward_pass_base2
 
-    return backward_pass(q, k, v, out, lse, dout, causal=causal, scale=scale, backward=backward, dlse=dlse)
+    return backward_pass_base2(q, k, v, out, lse2, dout, causal=causal, scale=scale, backward=backward, dlse=dlse)
 
 
 @torch.library.custom_op("flashlib::flash_attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
                   window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-                  sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    out, lse = flash_attention_forward(q, k, v, causal=causal, scale=scale, window=_window(window_left, window_right),
-                                       softcap=softcap or None, sinks=sinks)
-    return out.contiguous(), lse.contiguous()  # the layout the fake implementation promises
+                  sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, lse, lse2): the natural lse callers see, and the base-2 one the backward reads, as
+    (..., seq_q, 1) (kernels.function.save_lse)."""
+    out, lse2 = forward_base2(q, k, v, causal=causal, scale=scale, window=_window(window_left, window_right),
+                              softcap=softcap or None, sinks=sinks)
+    lse, column = teaching.save_lse(lse2.contiguous())
+    return out.contiguous(), lse, column  # the layouts the fake implementation promises
 
 
 @_attention_op.register_fake
 def _(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    rows = q.shape[:-1]
+    return q.new_empty(q.shape), q.new_empty(rows, dtype=torch.float32), q.new_empty((*rows, 1), dtype=torch.float32)
 
 
 @torch.library.custom_op("flashlib::flash_attention_backward", mutates_args=())
 def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                           lse: torch.Tensor, dout: torch.Tensor, dlse: torch.Tensor, causal: bool,
+                           lse2: torch.Tensor, dout: torch.Tensor, dlse: torch.Tensor, causal: bool,
                            scale: float, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                            sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                                        torch.Tensor]:
-    """(dq, dk, dv, dsinks); dsinks is empty, (0,), without sinks (an op returns tensors only)."""
-    grads = flash_attention_backward(q, k, v, out, lse, dout.contiguous(), causal=causal, scale=scale,
-                                     dlse=dlse, window=_window(window_left, window_right),
-                                     softcap=softcap or None, sinks=sinks)
+    """(dq, dk, dv, dsinks) from the forward's base-2 lse2 (..., seq_q); dsinks is empty, (0,), without
+    sinks (an op returns tensors only)."""
+    grads = backward_base2(q, k, v, out, lse2, dout.contiguous(), causal=causal, scale=scale, dlse=dlse,
+                           window=_window(window_left, window_right), softcap=softcap or None, sinks=sinks)
     dq, dk, dv = (g.contiguous() for g in grads[:3])
     return dq, dk, dv, grads[3] if sinks is not None else q.new_empty(0)
 
 
 @_attention_backward_op.register_fake
-def _(q, k, v, out, lse, dout, dlse, causal, scale, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
+def _(q, k, v, out, lse2, dout, dlse, causal, scale, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     dsinks = q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, *options, sinks = inputs
-    out, lse = output
-    save(ctx, q, k, v, out, lse, sinks)  # never the (seq_q, seq_k) probabilities
+    out, lse, column = output
+    ctx.mark_non_differentiable(column)
+    save(ctx, q, k, v, out, lse, column, sinks)  # never the (seq_q, seq_k) probabilities
     ctx.options = options  # causal, scale, window_left, window_right, softcap
 
 
-def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, sinks = saved(ctx)
+def _backward(ctx, dout, dlse, _):
+    q, k, v, out, lse, column, sinks = saved(ctx)
     if dout is None:
         dout = torch.zeros_like(out)
     if dlse is None:
         dlse = torch.zeros_like(lse)
-    dq, dk, dv, dsinks = _attention_backward_op(q, k, v, out, lse, dout, dlse, *ctx.options, sinks)
+    dq, dk, dv, dsinks = _attention_backward_op(q, k, v, out, column.squeeze(-1), dout, dlse, *ctx.options, sinks)
     return dq, dk, dv, *(None,) * len(ctx.options), dsinks if sinks is not None else None
 
 
@@ -205,7 +224,7 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     if variant.mask_mod is not None:
         out, lse = _with_mask_mod(q, k, v, causal, scale, variant, sinks)
     else:
-        out, lse = _attention_op(q, k, v, causal, scale, *variant.window, variant.softcap, sinks)
+        out, lse, _ = _attention_op(q, k, v, causal, scale, *variant.window, variant.softcap, sinks)
     return (out, lse) if return_lse else out
 
 
@@ -225,37 +244,39 @@ def _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
 def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float,
                window_left: int, window_right: int, softcap: float,
-               sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, lse, lse2), the lses (heads, total_q) and (heads, total_q, 1), as flashlib::flash_attention's."""
     _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     variant = check_variant(VARLEN_FN, _window(window_left, window_right), softcap or None)
-    out, lse = packed.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
-                                     scale=scale, variant=variant, sinks=sinks)
-    return out.contiguous(), lse.contiguous()
+    out, lse2 = packed.varlen_forward_base2(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                            causal=causal, scale=scale, variant=variant, sinks=sinks)
+    return (out.contiguous(), *teaching.save_lse(lse2.contiguous()))
 
 
 @_varlen_op.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left, window_right,
       softcap, sinks=None):
-    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    rows = (q.shape[1], q.shape[0])
+    return q.new_empty(q.shape), q.new_empty(rows, dtype=torch.float32), q.new_empty((*rows, 1), dtype=torch.float32)
 
 
 @torch.library.custom_op("flashlib::flash_attention_varlen_backward", mutates_args=())
-def _varlen_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+def _varlen_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse2: torch.Tensor,
                         dout: torch.Tensor, dlse: torch.Tensor, cu_seqlens_q: torch.Tensor,
                         cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
                         scale: float, window_left: int, window_right: int, softcap: float,
                         sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                                     torch.Tensor]:
-    """(dq, dk, dv, dsinks); dsinks is empty, (0,), without sinks."""
+    """(dq, dk, dv, dsinks) from the forward's base-2 lse2; dsinks is empty, (0,), without sinks."""
     variant = check_variant(VARLEN_FN, _window(window_left, window_right), softcap or None)
-    dq, dk, dv, dsinks = packed.varlen_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                max_seqlen_k, causal=causal, scale=scale, variant=variant, dlse=dlse,
-                                                sinks=sinks)
+    dq, dk, dv, dsinks = packed.varlen_backward_base2(q, k, v, out, lse2, dout, cu_seqlens_q, cu_seqlens_k,
+                                                      max_seqlen_q, max_seqlen_k, causal=causal, scale=scale,
+                                                      variant=variant, dlse=dlse, sinks=sinks)
     return dq.contiguous(), dk.contiguous(), dv.contiguous(), q.new_empty(0) if dsinks is None else dsinks
 
 
 @_varlen_backward_op.register_fake
-def _(q, k, v, out, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+def _(q, k, v, out, lse2, dout, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
       window_left, window_right, softcap, sinks=None):
     dsinks = q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
@@ -263,15 +284,17 @@ def _(q, k, v, out, lse, dout, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
 
 def _varlen_setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, *options, sinks = inputs
+    ctx.mark_non_differentiable(output[2])
     save(ctx, q, k, v, *output, cu_q, cu_k, sinks)
     ctx.options = options  # max_seqlen_q, max_seqlen_k, causal, scale, window_left, window_right, softcap
 
 
-def _varlen_backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_q, cu_k, sinks = saved(ctx)
+def _varlen_backward(ctx, dout, dlse, _):
+    q, k, v, out, lse, column, cu_q, cu_k, sinks = saved(ctx)
     dout = torch.zeros_like(out) if dout is None else dout.contiguous()
     dlse = torch.zeros_like(lse) if dlse is None else dlse
-    dq, dk, dv, dsinks = _varlen_backward_op(q, k, v, out, lse, dout, dlse, cu_q, cu_k, *ctx.options, sinks)
+    dq, dk, dv, dsinks = _varlen_backward_op(q, k, v, out, column.squeeze(-1), dout, dlse, cu_q, cu_k, *ctx.options,
+                                             sinks)
     return dq, dk, dv, *(None,) * (2 + len(ctx.options)), dsinks if sinks is not None else None
 
 
@@ -311,6 +334,6 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     max_q, max_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
     left, right = (min(side, max_q + max_k) for side in variant.window)
     check_sinks(VARLEN_FN, sinks, q.shape[1], q.device)
-    out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, causal, scale, left, right,
-                          variant.softcap, sinks)
+    out, lse, _ = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, causal, scale, left, right,
+                             variant.softcap, sinks)
     return (out, lse) if return_lse else out

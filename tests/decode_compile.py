@@ -17,7 +17,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-_POINTERS = {"Partial": "*fp32", "PartialLse": "*fp32", "Lse": "*fp32", "SeqLens": "*i32", "Table": "*i32",
+_POINTERS = {"Partial": "*fp32", "PartialML": "*fp32", "Lse": "*fp32", "SeqLens": "*i32", "Table": "*i32",
              "Sinks": "*fp32"}
 
 

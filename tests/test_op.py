@@ -101,8 +101,9 @@ def test_the_op_is_registered_with_its_fake():
 
     with FakeTensorMode() as mode:
         fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
-        out, lse = torch.ops.flashlib.flash_attention(fq, fk, fv, False, 0.5)
+        out, lse, lse2 = torch.ops.flashlib.flash_attention(fq, fk, fv, False, 0.5)
     assert out.shape == q.shape and lse.shape == q.shape[:-1] and lse.dtype == torch.float32
+    assert lse2.shape == (*q.shape[:-1], 1) and lse2.dtype == torch.float32
 
 
 def test_rows_that_see_no_key_give_zeros_and_zero_gradients():
@@ -185,13 +186,14 @@ def test_the_op_takes_window_and_softcap_and_fakes_grouped_shapes():
 
     with FakeTensorMode() as mode:
         fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
-        out, lse = torch.ops.flashlib.flash_attention(fq, fk, fv, True, 0.25, 4, 0, 30.0)
+        out, lse, lse2 = torch.ops.flashlib.flash_attention(fq, fk, fv, True, 0.25, 4, 0, 30.0)
         dq, dk, dv, dsinks = torch.ops.flashlib.flash_attention_backward(fq, fk, fv, out, lse, out, lse, True, 0.25, 4,
                                                                          0, 30.0)
         fs = mode.from_tensor(torch.zeros(q.shape[1]))
         *_, sink_grad = torch.ops.flashlib.flash_attention_backward(fq, fk, fv, out, lse, out, lse, True, 0.25, 4, 0,
                                                                     30.0, fs)
     assert out.shape == q.shape and lse.shape == q.shape[:-1] and dk.shape == k.shape and dv.shape == v.shape
+    assert lse2.shape == (*q.shape[:-1], 1)  # the base-2 lse the backward reads
     assert dsinks.shape == (0,) and sink_grad.shape == (q.shape[1],)  # no sinks: an empty gradient
 
 

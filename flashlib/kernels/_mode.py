@@ -97,6 +97,7 @@ def require_triton():
         )
     if mode == "interpreter":
         _serialise_interpreted_launches()
+        _exactly_rounded_interpreted_dots()
     return triton
 
 
@@ -121,6 +122,32 @@ def _serialise_interpreted_launches() -> None:
 
     locked_run.flashlib_locked = True
     InterpretedFunction.run = locked_run
+
+
+def _exactly_rounded_interpreted_dots() -> None:
+    """Make the interpreter's float tl.dot exactly rounded: products and sums in float64, one rounding
+    to the accumulator's dtype; idempotent. The interpreter computes a dot with numpy's float32
+    matmul, whose rounding depends on the BLAS kernel the CPU selects (and on the tile's shape):
+    kernel results, and the accuracy tests on them, would differ from one CPU to the next (by 4-20
+    float32 ulps at seq_q = 1). Rounded once, they are the same on every CPU, and an accuracy test
+    measures the kernel's own arithmetic (exp2, the online softmax, the lse), not the host's BLAS.
+    A GPU rounds more (tf32, or float32 sums per k-step); its tests allow for it."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    dot = interpreter.InterpreterBuilder.create_dot
+    if getattr(dot, "flashlib_exact", False):
+        return
+
+    def exact_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        floats = all(t.data.dtype in (np.float16, np.float32, np.float64) for t in (a, b, d))
+        if not floats:  # bfloat16 and float8 (held as integers by the interpreter), integer dots
+            return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        total = np.matmul(a.data.astype(np.float64), b.data.astype(np.float64)) + d.data.astype(np.float64)
+        return interpreter.TensorHandle(total.astype(d.data.dtype), d.dtype.scalar)
+
+    exact_dot.flashlib_exact = True
+    interpreter.InterpreterBuilder.create_dot = exact_dot
 
 
 def kernel_status() -> KernelStatus:

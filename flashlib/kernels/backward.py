@@ -27,7 +27,7 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402
 
 from .forward import _dot_scores, _load_rows  # noqa: E402
-from .rules import (_LOG2E, _SKIPPED, _key_range, _query_range, _query_range_start,  # noqa: E402,F401
+from .rules import (_SKIPPED, _key_range, _query_range, _query_range_start,  # noqa: E402,F401
                     _softcap_slope, _tile_kind, _visible, _visible_mod)
 
 
@@ -46,9 +46,10 @@ def _attn_bwd_preprocess(Out, DO, Delta, stride_oz, stride_om, stride_doz, strid
 
 @triton.jit
 def _lse_base2(Lse, offs_q, SEQ_Q):
-    """lse in base-2 units; +inf for padding rows and rows that saw no key, so 2^(s - lse) = 0."""
+    """The forward's lse, in base 2 as it wrote it; +inf for padding rows and rows that saw no key,
+    so 2^(s - lse) = 0."""
     lse = tl.load(Lse + offs_q, mask=offs_q < SEQ_Q, other=float("inf"))
-    return tl.where(lse == float("-inf"), float("inf"), lse * _LOG2E)
+    return tl.where(lse == float("-inf"), float("inf"), lse)
 
 
 @triton.jit

@@ -14,6 +14,22 @@ INPUT_PRECISIONS = ("tf32", "ieee")
 # 1 / ln(2): exp(x) = 2^(x * LOG2E). The kernels fold it into the softmax scale and use exp2,
 # which GPUs compute in one instruction; every kernel reads it from here.
 LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+# The kernels keep the log-sum-exp in base 2, lse2 = m_i + log2(l_i), from the forward that
+# writes it to the backward that reads it: a row that sees one key has lse2 = its score exactly,
+# so the backward's p = 2^(s - lse2) is exactly 1. Converting to the natural log and back would
+# move lse2 by an ulp, and every p of the row by several of theirs. Functions named *_base2 take
+# or return lse2; every other function, and everything public, speaks the natural log.
+def lse_natural(lse2: torch.Tensor) -> torch.Tensor:
+    """The natural-log lse of the kernels' base-2 one (-inf stays -inf)."""
+    return lse2 * LN2
+
+
+def lse_base2(lse: torch.Tensor) -> torch.Tensor:
+    """The kernels' base-2 lse from a natural-log one (one rounding: within an ulp of the forward's)."""
+    return lse.float() * LOG2E
 
 
 @dataclass(frozen=True)
@@ -113,9 +129,14 @@ def default_config(head_dim: int, dtype: torch.dtype, capability: tuple[int, int
         table = _TURING
     elif capability is not None and tuple(capability) >= (9, 0):
         table = _HOPPER_FP32 if wide else _HOPPER_16BIT
-    else:  # Ampere and Ada; the interpreter uses the same tiles (bigger tiles, fewer Python steps)
+    else:  # Ampere and Ada; the interpreter uses their forward tiles (bigger tiles, fewer Python steps)
         table = _AMPERE_FP32 if wide else _AMPERE_16BIT
     (bm, bn, w, st), (bbm, bbn, bw, bst) = table.get(head_dim_pad(head_dim), table[d])
+    if capability is None:
+        # the backward's tiles are the forward's: the interpreter's dot (numpy's) rounds a score
+        # by the shape of its tile, and the backward must recompute exactly the forward's scores
+        # (a row that sees one key then has p = 2^(s - lse2) = 1 exactly)
+        bbm, bbn = bm, bn
     return FlashConfig(block_q=bm, block_k=bn, num_warps=w, num_stages=st,
                        bwd_block_q=bbm, bwd_block_k=bbn, bwd_num_warps=bw, bwd_num_stages=bst)
 

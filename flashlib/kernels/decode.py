@@ -30,9 +30,9 @@ import torch
 
 from .._checks import check_grid
 from ._mode import interpreting
-from .config import LOG2E, head_dim_pad
+from .config import LOG2E, head_dim_pad, lse_natural
 from .forward import _finish, _finite, _load_rows, _online_update, _scores, triton
-from .rules import _LOG2E, _band, _key_range, _sink_state, _visible, row_chunks
+from .rules import _band, _key_range, _sink_state, _visible, row_chunks
 
 import triton.language as tl  # noqa: E402  (after forward: it chose the interpreter mode)
 
@@ -112,14 +112,15 @@ def _decode_inner(m_i, l_i, acc, q_blk, K, V, Table, stride_table, off_b, stride
 
 
 @triton.jit
-def _decode_split(Q, K, V, Partial, PartialLse, SeqLens, Table, qk_scale, softcap, window_left,
+def _decode_split(Q, K, V, Partial, PartialML, SeqLens, Table, qk_scale, softcap, window_left,
                   stride_qz, stride_qr, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                   stride_table, stride_pz, stride_pr, KV_HEADS, NUM_SPLITS, ROWS, NEW_TOKENS, HEAD_DIM, PAGE_SIZE,
                   HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                   KEY_ROWS: tl.constexpr, SOFTCAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Q: (batch * kv_heads, ROWS, HEAD_DIM), a kv head's query heads and new tokens stacked;
     K, V: caches (blocks, kv_heads, rows per block, HEAD_DIM); Partial: (batch * kv_heads *
-    NUM_SPLITS, ROWS, HEAD_DIM) float32, PartialLse: (batch * kv_heads * NUM_SPLITS, ROWS) float32."""
+    NUM_SPLITS, ROWS, HEAD_DIM) float32, each split's normalised output; PartialML: (batch * kv_heads *
+    NUM_SPLITS, ROWS, 2) float32, its rows' base-2 max m and denominator l."""
     split = tl.program_id(0)
     off_z = tl.program_id(1).to(tl.int64)  # batch * KV_HEADS + kv head; int64: offsets from it can pass 2^31
     q0 = tl.program_id(2) * BLOCK_Q
@@ -143,30 +144,33 @@ def _decode_split(Q, K, V, Partial, PartialLse, SeqLens, Table, qk_scale, softca
                                   softcap=softcap, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, BLOCK_K=BLOCK_K,
                                   KEY_ROWS=KEY_ROWS, SOFTCAP=SOFTCAP, INPUT_PRECISION=INPUT_PRECISION)
 
-    out, lse = _finish(m_i, l_i, acc)  # an empty chunk: out = 0, lse = -inf, a weight of 0 in the merge
+    out, _ = _finish(m_i, l_i, acc)  # an empty chunk: out = 0, m = -inf, l = 0, a weight of 0 in the merge
     part = off_z * NUM_SPLITS + split
     o_mask = (offs_r[:, None] < ROWS) & (offs_d[None, :] < HEAD_DIM)
     rows = offs_r[:, None].to(tl.int64) * stride_pr
     tl.store(Partial + part * stride_pz + rows + offs_d[None, :], out, mask=o_mask)
-    tl.store(PartialLse + part * ROWS + offs_r, lse, mask=offs_r < ROWS)
+    # the split's state as notebook 02 merges two: its max and denominator, not their lse, whose ulp
+    # at scores near 72 (base 2) is 8e-6, an error every split's weight would carry into the merge
+    stats = PartialML + (part * ROWS + offs_r) * 2
+    tl.store(stats, m_i, mask=offs_r < ROWS)
+    tl.store(stats + 1, l_i, mask=offs_r < ROWS)
 
 
 # ----- stage 2: the merge ---------------------------------------------------------------------
 
 @triton.jit
-def _merge_partial(m_i, l_i, acc, lse_s, out_s):
-    """Fold one split's normalised output and lse into the running (m_i, l_i, acc): a state whose
-    max is lse_s (in base 2) and whose denominator is 1, notebook 02's merge."""
-    m_s = lse_s * _LOG2E
+def _merge_partial(m_i, l_i, acc, m_s, l_s, out_s):
+    """Fold one split's state (max m_s, denominator l_s, normalised output out_s) into the running
+    (m_i, l_i, acc): notebook 02's merge of two partial states, in base 2."""
     m_new = tl.maximum(m_i, m_s)
     shift = _finite(m_new)
     alpha = tl.math.exp2(m_i - shift)
-    weight = tl.math.exp2(m_s - shift)  # 0 for an empty split (lse = -inf)
+    weight = tl.math.exp2(m_s - shift) * l_s  # 0 for an empty split (m_s = -inf, l_s = 0)
     return m_new, alpha * l_i + weight, alpha[:, None] * acc + weight[:, None] * out_s
 
 
 @triton.jit
-def _decode_merge(Partial, PartialLse, Out, Lse, stride_pz, stride_pr, stride_oz, stride_or,
+def _decode_merge(Partial, PartialML, Out, Lse, stride_pz, stride_pr, stride_oz, stride_or,
                   NUM_SPLITS, ROWS, HEAD_DIM, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                   Sinks=None, KV_HEADS=1, NEW_TOKENS=1):
     """Out: (batch * kv_heads, ROWS, HEAD_DIM) in q's dtype; Lse: (batch * kv_heads, ROWS) float32;
@@ -180,9 +184,11 @@ def _decode_merge(Partial, PartialLse, Out, Lse, stride_pz, stride_pr, stride_oz
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
     for split in range(0, NUM_SPLITS):
         part = off_z * NUM_SPLITS + split
-        lse_s = tl.load(PartialLse + part * ROWS + offs_r, mask=offs_r < ROWS, other=float("-inf"))
+        stats = PartialML + (part * ROWS + offs_r) * 2
+        m_s = tl.load(stats, mask=offs_r < ROWS, other=float("-inf"))
+        l_s = tl.load(stats + 1, mask=offs_r < ROWS, other=0.0)
         out_s = _load_rows(Partial + part * stride_pz, stride_pr, offs_r, offs_d, ROWS, HEAD_DIM)
-        m_i, l_i, acc = _merge_partial(m_i, l_i, acc, lse_s, out_s)
+        m_i, l_i, acc = _merge_partial(m_i, l_i, acc, m_s, l_s, out_s)
     out, lse = _finish(m_i, l_i, acc)
     Out += off_z * stride_oz
     o_mask = (offs_r[:, None] < ROWS) & (offs_d[None, :] < HEAD_DIM)
@@ -279,9 +285,9 @@ def _check_offsets(q_rows, k_cache, v_cache, block_table, num_splits, block_q):
                ("num_splits", "batch x kv_heads", "query row blocks (query heads per kv head x new tokens)"))
 
 
-def _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_lse, scale, softcap,
+def _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_ml, scale, softcap,
                   window_left, new_tokens, num_splits, block_q, cfg, input_precision):
-    """Stage 1 on q_rows (batch * kv_heads, rows, d); fills partial and partial_lse. Grid axis 1 holds
+    """Stage 1 on q_rows (batch * kv_heads, rows, d); fills partial and partial_ml. Grid axis 1 holds
     batch x kv_heads and CUDA takes at most 65,535 (rules.row_chunks): a larger batch is launched in
     runs of whole sequences, on views of what the kernel indexes by sequence (its queries, lengths,
     block table or contiguous cache, and partials)."""
@@ -295,7 +301,7 @@ def _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial,
         table = block_table[seqs] if paged else lengths  # not read by _contiguous_rows
         k_run, v_run = (k_cache, v_cache) if paged else (k_cache[seqs], v_cache[seqs])
         grid = (num_splits, run.stop - run.start, triton.cdiv(rows, block_q))
-        _decode_split[grid](q_rows[run], k_run, v_run, partial[parts], partial_lse[parts], lengths, table,
+        _decode_split[grid](q_rows[run], k_run, v_run, partial[parts], partial_ml[parts], lengths, table,
                             scale * LOG2E, softcap, window_left, q_rows.stride(0), q_rows.stride(1), k_cache.stride(0),
                             k_cache.stride(1), stride_kn=k_cache.stride(2), stride_vb=v_cache.stride(0),
                             stride_vh=v_cache.stride(1), stride_vn=v_cache.stride(2),
@@ -307,13 +313,13 @@ def _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial,
                             INPUT_PRECISION=input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def _launch_merge(partial, partial_lse, out, lse, num_splits, block_q, sinks=None, kv_heads=1, new_tokens=1):
+def _launch_merge(partial, partial_ml, out, lse, num_splits, block_q, sinks=None, kv_heads=1, new_tokens=1):
     """Stage 2; its grid's batch x kv_heads is on axis 0, which takes 2^31 - 1."""
     bz, rows, d = out.shape
     with_sinks = {} if sinks is None else dict(Sinks=sinks.to(torch.float32).contiguous(), KV_HEADS=kv_heads,
                                                NEW_TOKENS=new_tokens)
     _decode_merge[(bz, triton.cdiv(rows, block_q))](
-        partial, partial_lse, out, lse, partial.stride(0), partial.stride(1), out.stride(0), out.stride(1),
+        partial, partial_ml, out, lse, partial.stride(0), partial.stride(1), out.stride(0), out.stride(1),
         num_splits, rows, d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, num_warps=4, num_stages=1, **with_sinks)
 
 
@@ -350,10 +356,10 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scal
     num_splits = min(num_splits, max(1, triton.cdiv(keys, cfg.block_k)))
     _check_offsets(q_rows, k_cache, v_cache, block_table, num_splits, block_q)
     partial = torch.empty(batch * kv_heads * num_splits, rows, d, dtype=torch.float32, device=q.device)
-    partial_lse = torch.empty(batch * kv_heads * num_splits, rows, dtype=torch.float32, device=q.device)
-    _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_lse, scale, softcap,
+    partial_ml = torch.empty(batch * kv_heads * num_splits, rows, 2, dtype=torch.float32, device=q.device)
+    _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_ml, scale, softcap,
                   window_left, new_tokens, num_splits, block_q, cfg, input_precision)
     out = torch.empty_like(q_rows)
     lse = torch.empty(batch * kv_heads, rows, dtype=torch.float32, device=q.device)
-    _launch_merge(partial, partial_lse, out, lse, num_splits, block_q, sinks, kv_heads, new_tokens)
-    return out.reshape(q.shape), lse.reshape(q.shape[:-1])
+    _launch_merge(partial, partial_ml, out, lse, num_splits, block_q, sinks, kv_heads, new_tokens)
+    return out.reshape(q.shape), lse_natural(lse).reshape(q.shape[:-1])  # base 2 until here

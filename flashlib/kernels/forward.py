@@ -29,7 +29,7 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402
 
 # which keys a query sees and soft-capping: the course's rules, written once (kernels/rules.py)
-from .rules import (_FULL, _LOG2E, _PARTIAL, _SKIPPED, _key_range, _key_range_end, _no_mask,  # noqa: E402,F401
+from .rules import (_FULL, _PARTIAL, _SKIPPED, _key_range, _key_range_end, _no_mask,  # noqa: E402,F401
                     _sink_state, _softcap, _tile_kind, _visible, _visible_mod)
 
 
@@ -85,11 +85,12 @@ def _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION: tl.constexpr):
 
 @triton.jit
 def _finish(m_i, l_i, acc):
-    """Normalise once at the end; a row that saw no key (l_i == 0) gives out = 0 and lse = -inf."""
+    """Normalise once at the end: (out, lse2), the lse in base 2 (kernels.config says why); a row
+    that saw no key (l_i == 0) gives out = 0 and lse2 = -inf."""
     empty = l_i == 0  # NaN is not 0: a NaN row stays NaN
     l_safe = tl.where(empty, 1.0, l_i)
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) / _LOG2E)  # natural log
-    return acc / l_safe[:, None], lse
+    lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_safe))
+    return acc / l_safe[:, None], lse2
 
 
 @triton.jit

@@ -22,7 +22,7 @@ from ..softmax import merge_sink
 from ..tiled import BlockMask, block_mask
 from ._mode import interpreting
 from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess, triton
-from .config import LOG2E, FlashConfig, default_config, head_dim_pad
+from .config import LOG2E, FlashConfig, default_config, head_dim_pad, lse_base2, lse_natural
 from .forward import _attn_fwd
 from .maskfn import compile_mask, symbol_bounds
 from .rules import _no_mask
@@ -197,8 +197,9 @@ def variant_args(variant: Variant, *, group: int = 1, heads: int = 1, kinds=None
 # ----- launchers ------------------------------------------------------------------------------
 
 def _launch_forward(q, k, v, causal, scale, cfg, variant=DEFAULT, heads=1, masks=None, sinks=None):
-    """q: (B*H, seq_q, d), k, v: (B*H_kv, seq_k, d). Returns out (B*H, seq_q, d) and lse (B*H, seq_q)
-    float32. heads: H (query heads per batch row); masks: (kinds, data) for the mask path; sinks: (H,)."""
+    """q: (B*H, seq_q, d), k, v: (B*H_kv, seq_k, d). Returns out (B*H, seq_q, d) and lse2 (B*H, seq_q)
+    float32, in base 2. heads: H (query heads per batch row); masks: (kinds, data) for the mask path;
+    sinks: (H,)."""
     from .rules import row_chunks
 
     bh, seq_q, d = q.shape
@@ -238,7 +239,8 @@ def preprocess(out, dout, dlse, cfg, heads_first: bool = False):
 
 def _launch_backward(q, k, v, out, lse, dout, dlse, causal, scale, cfg, variant=DEFAULT, heads=1, masks=None,
                      sinks=None):
-    """All (B*H or B*H_kv, seq, d) but lse and dlse (B*H, seq_q); dlse may be None. Returns dq, dk, dv
+    """All (B*H or B*H_kv, seq, d) but lse (base 2, as the forward wrote it) and dlse (of the
+    natural lse) (B*H, seq_q); dlse may be None. Returns dq, dk, dv
     and dsinks (None without sinks). masks: (kinds by query block, kinds by key tile, data) for the
     mask path. The lse holds the sinks, so the three kernels are the same with and without them."""
     from .rules import row_chunks
@@ -286,7 +288,8 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, causal, scale, cfg, variant=
                                                                                     SEQ_Q=seq_q, SEQ_K=seq_k,
                                                                                     HEAD_DIM=d, ROW0=rows.start,
                                                                                     **common, **by_query)
-    dsinks = None if sinks is None else sink_grad(sinks, lse.reshape(-1, heads, seq_q), delta.reshape(-1, heads, seq_q))
+    dsinks = None if sinks is None else sink_grad(sinks, lse_natural(lse).reshape(-1, heads, seq_q),
+                                                  delta.reshape(-1, heads, seq_q))
     return dq, dk, dv, dsinks
 
 
@@ -323,10 +326,16 @@ def _heads(q) -> int:
     return q.shape[-3] if q.ndim >= 3 else 1
 
 
-def forward(q, k, v, *, causal=False, scale=None, window=None, softcap=None, mask_mod=None, block_mask=None,
-            config=None, fn=FN, sinks=None):
-    """The teaching forward without autograd: (out, lse), lse (..., seq_q) float32, -inf for
-    rows that see no key. Same conventions as :func:`attention`."""
+def forward(q, k, v, **options):
+    """The teaching forward without autograd: (out, lse), lse (..., seq_q) float32 (natural log),
+    -inf for rows that see no key. Same arguments and conventions as :func:`attention`."""
+    out, lse2 = forward_base2(q, k, v, **options)
+    return out, lse_natural(lse2)
+
+
+def forward_base2(q, k, v, *, causal=False, scale=None, window=None, softcap=None, mask_mod=None, block_mask=None,
+                  config=None, fn=FN, sinks=None):
+    """:func:`forward` with the lse in base 2, as the kernels keep it for the backward."""
     scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True)
     sinks = check_sinks(fn, sinks, _heads(q), q.device)
     causal, window, mask_mod = with_block_mask(fn, q, k, causal, window, mask_mod, block_mask)
@@ -336,18 +345,25 @@ def forward(q, k, v, *, causal=False, scale=None, window=None, softcap=None, mas
     if q.numel() == 0 or (q.shape[-2] > 0 and k.shape[-2] == 0 and sinks is None):
         return empty_result(q)
     if k.shape[-2] == 0:  # nothing to attend to but the sinks: out = 0, lse = sink
-        return merge_sink(*empty_result(q), sinks)
+        out, lse = merge_sink(*empty_result(q), sinks)
+        return out, lse_base2(lse)
     masks = _masks(variant, causal, q, k.shape[-2], cfg.block_q, cfg.block_k, cfg)
     out, lse = _launch_forward(flat(q), flat(k), flat(v), causal, scale, cfg, variant, batch_and_heads(q.shape)[1],
                                masks, sinks)
     return out.reshape(q.shape), lse.reshape(q.shape[:-1])
 
 
-def backward(q, k, v, out, lse, dout, *, causal=False, scale=None, window=None, softcap=None, mask_mod=None,
-             block_mask=None, config=None, dlse=None, sinks=None):
-    """(dq, dk, dv) from the forward's out and lse, recomputing P tile by tile (no autograd); with
-    ``sinks`` (the forward's), (dq, dk, dv, dsinks). dlse: an optional gradient with respect to lse
-    (..., seq_q)."""
+def backward(q, k, v, out, lse, dout, **options):
+    """(dq, dk, dv) from the forward's out and lse (natural log), recomputing P tile by tile (no
+    autograd); with ``sinks`` (the forward's), (dq, dk, dv, dsinks). dlse: an optional gradient with
+    respect to lse (..., seq_q). Same options as :func:`attention`. The lse is converted to base 2
+    here (an ulp from the forward's own): :func:`backward_base2` takes the forward's as it was."""
+    return backward_base2(q, k, v, out, lse_base2(lse), dout, **options)
+
+
+def backward_base2(q, k, v, out, lse2, dout, *, causal=False, scale=None, window=None, softcap=None, mask_mod=None,
+                   block_mask=None, config=None, dlse=None, sinks=None):
+    """:func:`backward` from the forward's base-2 lse, :func:`forward_base2`'s."""
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
     sinks = check_sinks(FN, sinks, _heads(q), q.device)
     causal, window, mask_mod = with_block_mask(FN, q, k, causal, window, mask_mod, block_mask)
@@ -358,31 +374,39 @@ def backward(q, k, v, out, lse, dout, *, causal=False, scale=None, window=None, 
         if sinks is None:
             return zeros
         delta = (dout.float() * out.float()).sum(-1) - (0 if dlse is None else dlse.float())
-        return *zeros, sink_grad(sinks, lse, delta)  # rows with no key still give the sink a share
+        return *zeros, sink_grad(sinks, lse_natural(lse2), delta)  # rows with no key still give the sink a share
     seq_q = q.shape[-2]
     masks = _masks(variant, causal, q, k.shape[-2], cfg.bwd_block_q, cfg.bwd_block_k, cfg, backward=True)
-    dq, dk, dv, dsinks = _launch_backward(flat(q), flat(k), flat(v), flat(out), lse.reshape(-1, seq_q), flat(dout),
+    dq, dk, dv, dsinks = _launch_backward(flat(q), flat(k), flat(v), flat(out), lse2.reshape(-1, seq_q), flat(dout),
                                           None if dlse is None else dlse.reshape(-1, seq_q).float(), causal, scale,
                                           cfg, variant, batch_and_heads(q.shape)[1], masks, sinks)
     grads = dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
     return grads if sinks is None else (*grads, dsinks)
 
 
+def save_lse(lse2):
+    """(lse, lse2 as saved): the natural lse that callers see, and the kernels' base-2 one as a
+    (..., seq_q, 1) column, so that the saved tensors hold exactly one (..., seq_q) tensor, the lse,
+    where courses' tests look for it, while the backward reads the forward's lse2 unrounded."""
+    return lse_natural(lse2), lse2.unsqueeze(-1)
+
+
 class AttentionFunction(torch.autograd.Function):
-    """Saves (q, k, v, out, lse) — never the (seq_q, seq_k) probabilities."""
+    """Saves (q, k, v, out, lse, lse2) — never the (seq_q, seq_k) probabilities."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, cfg, variant=DEFAULT, sinks=None):
-        out, lse = forward(q, k, v, causal=causal, scale=scale, config=cfg, sinks=sinks, **variant.options())
-        save(ctx, q, k, v, out, lse, sinks)
+        out, lse2 = forward_base2(q, k, v, causal=causal, scale=scale, config=cfg, sinks=sinks, **variant.options())
+        lse, column = save_lse(lse2)
+        save(ctx, q, k, v, out, lse, column, sinks)
         ctx.causal, ctx.scale, ctx.cfg, ctx.variant = causal, scale, cfg, variant
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, sinks = saved(ctx)
-        dq, dk, dv, *dsinks = backward(q, k, v, out, lse, dout, causal=ctx.causal, scale=ctx.scale, config=ctx.cfg,
-                                       dlse=dlse, sinks=sinks, **ctx.variant.options())
+        q, k, v, out, _, lse2, sinks = saved(ctx)
+        dq, dk, dv, *dsinks = backward_base2(q, k, v, out, lse2.squeeze(-1), dout, causal=ctx.causal, scale=ctx.scale,
+                                             config=ctx.cfg, dlse=dlse, sinks=sinks, **ctx.variant.options())
         return dq, dk, dv, None, None, None, None, *(dsinks or [None])
 
 

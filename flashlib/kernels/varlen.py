@@ -20,7 +20,7 @@ import torch
 from ..rules import PARTIAL, sink_grad
 from ..varlen import check_varlen_inputs
 from .backward import _attn_bwd_dkdv_block, _attn_bwd_dq_block
-from .config import LOG2E, head_dim_pad
+from .config import LOG2E, head_dim_pad, lse_natural
 from .forward import _attn_fwd_block, triton
 from .rules import _no_mask, row_chunks
 from .function import DEFAULT, Variant, check_kernel_inputs, check_variant, preprocess, resolve_config
@@ -181,7 +181,7 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, ca
             q, k, v, dout, dq, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale, softcap,
             *_strides(q, k, v, dout, dq), total_q, heads, group, d, left, right, **common, **switches)
     # the lse (heads, total_q) holds the sinks: the kernels are unchanged; the sinks' gradient from delta
-    dsinks = None if sinks is None else sink_grad(sinks, lse, delta)
+    dsinks = None if sinks is None else sink_grad(sinks, lse_natural(lse), delta)
     return dq, dk, dv, dsinks
 
 
@@ -189,14 +189,15 @@ def _contiguous_last_dim(t):
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale,
-                   variant: Variant = DEFAULT, config=None, sinks=None):
-    """(out (total_q, heads, d), lse (heads, total_q) float32) on inputs already checked; sinks: (heads,)."""
+def varlen_forward_base2(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale,
+                         variant: Variant = DEFAULT, config=None, sinks=None):
+    """(out (total_q, heads, d), lse2 (heads, total_q) float32, the lse in base 2) on inputs already
+    checked; sinks: (heads,)."""
     cfg = resolve_config(VARLEN_FN, q, config)
     if q.numel() == 0 or max_seqlen_q == 0:  # no rows, or no heads
         return torch.zeros_like(q), torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device)
     if max_seqlen_k == 0 and sinks is not None:  # no keys anywhere: out = 0, the lse of every row its sink
-        return torch.zeros_like(q), sinks.detach().float()[:, None].expand(q.shape[1], q.shape[0]).clone()
+        return torch.zeros_like(q), (sinks.detach().float() * LOG2E)[:, None].expand(q.shape[1], q.shape[0]).clone()
     q, k, v = (_contiguous_last_dim(t) for t in (q, k, v))
     # the cumulative lengths as the kernels read them: contiguous (a view such as t[::2] is copied)
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
@@ -204,16 +205,17 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
                            variant, sinks)
 
 
-def varlen_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-                    causal=False, scale, variant: Variant = DEFAULT, config=None, dlse=None, sinks=None):
-    """(dq, dk, dv, dsinks) of :func:`varlen_forward`, recomputing P tile by tile (dsinks None
-    without sinks); dlse: an optional gradient with respect to lse (heads, total_q)."""
+def varlen_backward_base2(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                          causal=False, scale, variant: Variant = DEFAULT, config=None, dlse=None, sinks=None):
+    """(dq, dk, dv, dsinks) of :func:`varlen_forward_base2` from its base-2 lse, recomputing P tile by
+    tile (dsinks None without sinks); dlse: an optional gradient with respect to the natural lse
+    (heads, total_q)."""
     cfg = resolve_config(VARLEN_FN, q, config)
     if q.numel() == 0 or k.numel() == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
         dsinks = None
         if sinks is not None:  # rows with no key still give the sink a share
             delta = (dout.float() * out.float()).sum(-1).transpose(0, 1) - (0 if dlse is None else dlse.float())
-            dsinks = sink_grad(sinks, lse, delta)
+            dsinks = sink_grad(sinks, lse_natural(lse), delta)
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsinks
     q, k, v, out, dout = (_contiguous_last_dim(t) for t in (q, k, v, out, dout))
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()

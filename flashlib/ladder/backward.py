@@ -43,7 +43,7 @@ import triton.language as tl  # noqa: E402
 
 from ..kernels.backward import _lse_base2  # noqa: E402
 from ..kernels.forward import _load_rows  # noqa: E402
-from ..kernels.rules import _LOG2E, _key_tiles, _query_tiles, _visible, row_chunks  # noqa: E402
+from ..kernels.rules import _key_tiles, _query_tiles, _visible, row_chunks  # noqa: E402
 from .forward import (_load_full_rows, _query_block, empty_rows, ensure_allocator, int32_rows,  # noqa: E402
                       tma_eligible, tma_hardware)
 
@@ -58,7 +58,7 @@ def _lse_delta(Lse, Delta, offs_q, SEQ_Q, MASKED: tl.constexpr):
         lse = _lse_base2(Lse, offs_q, SEQ_Q)
         delta = tl.load(Delta + offs_q, mask=offs_q < SEQ_Q, other=0.0)
     else:
-        lse = tl.load(Lse + offs_q) * _LOG2E
+        lse = tl.load(Lse + offs_q)  # base 2, as the forward wrote it
         delta = tl.load(Delta + offs_q)
     return lse, delta
 

@@ -31,7 +31,7 @@ import torch
 
 from .._checks import check_attention_inputs
 from ..kernels._mode import require_triton
-from ..kernels.config import LOG2E, FlashConfig, head_dim_pad, seq_bucket
+from ..kernels.config import LOG2E, FlashConfig, head_dim_pad, lse_natural, seq_bucket
 from . import autotune
 from .rungs import LADDER, SPLIT_FORWARD, TEACHING_FORWARD, TMA_FORWARD, Rung, kernel_function, rung as rung_named
 
@@ -349,9 +349,17 @@ def autotuned_choice(q, causal: bool, rung: str = "autotuned", seq: int | None =
 RUNGS = tuple(r.name for r in LADDER)
 
 
-def forward(q, k, v, *, causal: bool = False, scale: float | None = None, rung: str = "tma",
-            config: FlashConfig | None = None):
-    """The forward of one rung: returns (out, lse), out like q, lse (..., seq_q) float32.
+def forward(q, k, v, **options):
+    """The forward of one rung: (out, lse), out like q, lse (..., seq_q) float32, natural log;
+    the options of :func:`forward_base2`."""
+    out, lse2 = forward_base2(q, k, v, **options)
+    return out, lse_natural(lse2)
+
+
+def forward_base2(q, k, v, *, causal: bool = False, scale: float | None = None, rung: str = "tma",
+                  config: FlashConfig | None = None):
+    """The forward of one rung: returns (out, lse2), out like q, lse2 (..., seq_q) float32, the lse
+    in base 2 as the backward reads it (:mod:`flashlib.kernels.config`).
 
     Same contract as :func:`flashlib.kernels.function.forward` (bottom-right causal diagonal,
     zeros and lse = -inf for rows that see no key). ``config`` fixes the tiles; by default

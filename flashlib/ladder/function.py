@@ -4,49 +4,59 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_attention_inputs
+from .._autograd import save, saved
 from ..kernels import function as teaching
-from ..kernels.function import check_kernel_inputs, flat, resolve_config
+from ..kernels.config import lse_base2
+from ..kernels.function import check_kernel_inputs, flat, resolve_config, save_lse
 from .autotune import autotunes
 from .backward import launch_backward
 from .forward import FN, RUNGS
-from .forward import forward as rung_forward
+from .forward import forward_base2 as rung_forward
 from .rungs import BACKWARD_BY_NAME
 from .rungs import backward as backward_named
 
 BACKWARDS = tuple(BACKWARD_BY_NAME)
 
 
-def backward_pass(q, k, v, out, lse, dout, *, causal: bool, scale: float, backward: str = "tuned",
-                  config=None, dlse=None):
-    """(dq, dk, dv) of one backward of the ladder from the forward's out and lse (no autograd).
-    config None: tiles autotuned on a GPU for 16-bit inputs, the shipped ones elsewhere."""
+def backward_pass(q, k, v, out, lse, dout, **options):
+    """(dq, dk, dv) of one backward of the ladder from the forward's out and lse, natural log (no
+    autograd); the options of :func:`backward_pass_base2`."""
+    return backward_pass_base2(q, k, v, out, lse_base2(lse), dout, **options)
+
+
+def backward_pass_base2(q, k, v, out, lse2, dout, *, causal: bool, scale: float, backward: str = "tuned",
+                        config=None, dlse=None):
+    """(dq, dk, dv) of one backward of the ladder from the forward's out and base-2 lse2 (no
+    autograd). config None: tiles autotuned on a GPU for 16-bit inputs, the shipped ones elsewhere."""
     if not backward_named(backward).tiles:  # the teaching kernels, with the shipped tiles
-        return teaching.backward(q, k, v, out, lse, dout, causal=causal, scale=scale, config=config, dlse=dlse)
+        return teaching.backward_base2(q, k, v, out, lse2, dout, causal=causal, scale=scale, config=config,
+                                       dlse=dlse)
     if out.numel() == 0 or k.shape[-2] == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     cfg = None if autotunes(q.dtype, config) else resolve_config(FN, q, config)
     seq_q = q.shape[-2]
-    dq, dk, dv = launch_backward(flat(q), flat(k), flat(v), flat(out), lse.reshape(-1, seq_q), flat(dout),
+    dq, dk, dv = launch_backward(flat(q), flat(k), flat(v), flat(out), lse2.reshape(-1, seq_q), flat(dout),
                                  causal, scale, cfg, backward=backward,
                                  dlse=None if dlse is None else dlse.reshape(-1, seq_q).float())
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
 class LadderFunction(torch.autograd.Function):
-    """Saves (q, k, v, out, lse), never the probabilities, like every FlashAttention."""
+    """Saves (q, k, v, out, lse, lse2), never the probabilities, like every FlashAttention."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, forward, backward, config):
-        out, lse = rung_forward(q, k, v, causal=causal, scale=scale, rung=forward, config=config)
-        ctx.save_for_backward(q, k, v, out, lse)
+        out, lse2 = rung_forward(q, k, v, causal=causal, scale=scale, rung=forward, config=config)
+        lse, column = save_lse(lse2)
+        save(ctx, q, k, v, out, lse, column)
         ctx.causal, ctx.scale, ctx.backward, ctx.config = causal, scale, backward, config
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        grads = backward_pass(q, k, v, out, lse, dout, causal=ctx.causal, scale=ctx.scale, backward=ctx.backward,
-                              config=ctx.config, dlse=dlse)
+        q, k, v, out, _, column = saved(ctx)
+        grads = backward_pass_base2(q, k, v, out, column.squeeze(-1), dout, causal=ctx.causal, scale=ctx.scale,
+                                    backward=ctx.backward, config=ctx.config, dlse=dlse)
         return *grads, None, None, None, None, None
 
 
