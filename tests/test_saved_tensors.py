@@ -80,3 +80,16 @@ def test_varlen_saves_tensors_only():
     cu = torch.tensor([0, 4, 11], dtype=torch.int32)
     out = flashlib.flash_attention_varlen(q, k, v, cu, cu, 7, 7, causal=True)
     _saved(out)
+
+
+@pytest.mark.parametrize("name", ["flash_attention", "tiled_attention", "teaching kernels"])
+def test_the_three_dimensional_layout_of_the_course_saves_one_lse(name):
+    """The course's own layout, (batch, n_queries, D): the one saved (batch, n_queries) tensor is the lse."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(4, 33, 16, generator=g).requires_grad_() for _ in range(3))
+    out = ENTRY_POINTS[name](q, k, v, True)
+    rows = [t for t in _saved(out) if t.shape == (4, 33)]
+    assert len(rows) == 1
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(16)
+    s = s.masked_fill(~torch.ones(33, 33, dtype=torch.bool).tril(), float("-inf"))
+    torch.testing.assert_close(rows[0].double(), torch.logsumexp(s, -1), rtol=1e-2, atol=1e-2)
