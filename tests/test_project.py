@@ -1,5 +1,6 @@
 """The project's promises about itself: pins in step, two commands, CI calling the README's."""
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -7,6 +8,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,13 +19,58 @@ def _norm(req: str) -> str:
     return re.sub(r"\s+", "", req).replace("'", '"')
 
 
-def test_environment_yml_pins_match_pyproject():
+def _constraints() -> dict:
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def _declared() -> list[Requirement]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = {_norm(r) for r in project["dependencies"] + project["optional-dependencies"]["course"]}
+    extras = project["optional-dependencies"]
+    return [Requirement(r) for r in project["dependencies"] + extras["course"] + extras["test"] + extras["site"]]
+
+
+def test_every_declared_range_holds_its_pin_in_the_lock():
+    pins = _constraints()
+    for req in _declared():
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} has no pin in constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} outside {req}"
+        assert not any(s.operator in ("==", "===", "<", "<=", "~=") for s in req.specifier), (
+            f"{req}: the package declares lower bounds only, so a runtime keeps its own newer torch or Triton")
+
+
+def test_environment_yml_installs_the_locked_set():
     lines = (ROOT / "environment.yml").read_text().splitlines()
     start = lines.index("  - pip:")
-    pip_section = {_norm(line.strip()[2:]) for line in lines[start + 1:] if line.strip().startswith("- ")}
-    assert pip_section - {"-e."} == wanted
+    pip_section = [line.strip()[2:] for line in lines[start + 1:] if line.strip().startswith("- ")]
+    assert pip_section == ["-c constraints.txt", "torch", "-e .[course]"]
+
+
+def test_makefile_installs_through_the_lock():
+    makefile = (ROOT / "Makefile").read_text()
+    assert "PIP    := $(PY) -m pip install --disable-pip-version-check -c constraints.txt" in makefile
+    installs = re.findall(r"^\t\$\(PY\) -m pip install (.*)$", makefile, re.M)
+    assert all("--target" in line for line in installs), installs  # only Triton 3.6's side folder bypasses it
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs the test environment")
+def test_installing_flashlib_keeps_the_environments_torch_triton_and_numpy(tmp_path):
+    """pip's own resolver, asked what installing flashlib here would do (--dry-run): this environment
+    already holds torch, Triton and numpy in range, as a GPU runtime does, and pip must take nothing
+    but flashlib."""
+    report = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--no-build-isolation",
+                           "--disable-pip-version-check", "--report", str(report), str(ROOT)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    names = sorted(item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"])
+    assert names == ["flashlib"], names
 
 
 def test_readme_shows_the_two_commands_and_ci_runs_the_test_one():
