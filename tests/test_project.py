@@ -1,6 +1,7 @@
 """The project's promises about itself: pins in step, two commands, CI calling the README's."""
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -130,3 +131,36 @@ def test_evidence_tools_still_run(tool, expect):
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "experiments" / tool)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(re.findall(expect, done.stdout)) >= 1, done.stdout
+
+
+def test_the_wheel_carries_the_recorded_runs_and_every_module(tmp_path):
+    """A wheel built from the repository (what a runtime's pip install of a clone or of FLASHLIB_SOURCE
+    builds) holds every package of the tree and data/bench/'s runs as flashlib/recorded, where
+    flashlib.bench.records.bench_dir() finds them without the repository beside it."""
+    import zipfile
+
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+                           "--disable-pip-version-check", "-w", str(tmp_path), str(ROOT)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    names = set(zipfile.ZipFile(next(tmp_path.glob("*.whl"))).namelist())
+    packages = {str(p.parent.relative_to(ROOT)) for p in (ROOT / "flashlib").rglob("__init__.py")}
+    assert {p + "/__init__.py" for p in packages} <= names
+    recorded = {"flashlib/recorded/" + p.name for p in (ROOT / "data" / "bench").glob("*.json")}
+    assert recorded and recorded <= names
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "flashlib").rglob("*.py")}
+    assert modules <= names, sorted(modules - names)
+    # installed alone, away from the repository, it reads the runs it carries
+    target, elsewhere = tmp_path / "site", tmp_path / "cwd"
+    elsewhere.mkdir()
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--disable-pip-version-check",
+                           "--target", str(target), str(next(tmp_path.glob("*.whl")))],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    probe = ("import flashlib; from flashlib.bench import records; d = records.bench_dir(); "
+             "print(d.relative_to(d.parent.parent), sorted(p.name for p in d.glob('*.json')) == "
+             f"{sorted(p.name for p in (ROOT / 'data' / 'bench').glob('*.json'))!r})")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=elsewhere, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(target)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["flashlib/recorded", "True"], done.stdout

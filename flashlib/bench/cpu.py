@@ -23,7 +23,9 @@ from pathlib import Path
 
 import torch
 
-DATA_DIR = Path(__file__).resolve().parent.parent.parent / "data" / "bench"
+from .records import BENCH_DIR
+
+DATA_DIR = BENCH_DIR  # where a measurement is written: beside the recorded runs it joins
 CPU_SIZES = (1024, 2048, 4096, 8192, 16384)
 CPU_BLOCK = 512  # tiled block_q = block_k on CPU: large enough to amortise Python overhead
 

@@ -436,11 +436,11 @@ def main(argv=None):
     parser.add_argument("--no-sweeps", action="store_true", help="measure the points only")
     args = parser.parse_args(argv)
     if args.result is None:
+        from .records import BENCH_DIR
         from .results import device_slug
 
         name = device_slug(torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
-        args.result = str(Path(__file__).resolve().parent.parent.parent / "data" / "bench" /
-                          f"decode-{name}-{time.strftime('%Y-%m-%dT%H%MZ', time.gmtime())}.json")
+        args.result = str(BENCH_DIR / f"decode-{name}-{time.strftime('%Y-%m-%dT%H%MZ', time.gmtime())}.json")
     path = Path(args.result)
     path.parent.mkdir(parents=True, exist_ok=True)
 

@@ -11,7 +11,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent.parent.parent / "data" / "bench"
+_PACKAGE = Path(__file__).resolve().parent.parent  # the flashlib folder
+
+
+def bench_dir() -> Path:
+    """Where the recorded runs are: the repository's ``data/bench/`` when flashlib runs from a clone
+    (or an editable install), else the copy installed with the package (``flashlib/recorded``, the
+    same files: pyproject.toml ships them). Never a path relative to where Jupyter started."""
+    repository = _PACKAGE.parent / "data" / "bench"
+    return repository if repository.is_dir() else _PACKAGE / "recorded"
+
+
+BENCH_DIR = bench_dir()
 
 
 # The method names of the ladder benchmark changed once: runs written before (no "vocabulary"
