@@ -45,6 +45,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest tests -m "not browser" -x -q
 
 notebooks: $(STAMP)
+	$(PY) tools/notebook_setup.py
 	$(PY) tools/execute_notebooks.py notebooks/*.ipynb
 
 # Never executes a notebook; any Sphinx warning fails it (tools/build_site.py).

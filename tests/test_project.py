@@ -164,3 +164,21 @@ def test_the_wheel_carries_the_recorded_runs_and_every_module(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(target)})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["flashlib/recorded", "True"], done.stdout
+
+
+def test_every_notebook_opens_with_its_badge_and_setup_cell():
+    """tools/notebook_setup.py keeps them in step with [project.urls] Repository; --check says where not."""
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "notebook_setup.py"), "--check"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    import nbformat
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import notebook_setup
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        badge, setup = nbformat.read(path, as_version=4).cells[:2]
+        assert notebook_setup.colab_url(path.name) in badge.source
+        assert 'os.environ.get("FLASHLIB_SOURCE"' in setup.source and setup.outputs == []  # silent where importable
