@@ -7,11 +7,14 @@ generates from the package (docs/_ext/course_pages.py).
 from __future__ import annotations
 
 import sys
+import tomllib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "_ext"))
 sys.path.insert(0, str(HERE.parent))  # the package, as the notebooks import it
+
+REPOSITORY = tomllib.loads((HERE.parent / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
 
 project = "flashlib: FlashAttention, tile by tile"
 author = "flashlib"
@@ -63,6 +66,13 @@ html_theme_options = {
     "use_download_button": True,
     "use_fullscreen_button": False,
     "navigation_with_keys": False,
+    # every notebook page: the repository and a Colab launch button for that notebook, from the one
+    # URL in pyproject.toml (as the notebooks' own badges: tools/notebook_setup.py)
+    "repository_url": REPOSITORY,
+    "repository_branch": "main",
+    "path_to_docs": "",
+    "use_repository_button": True,
+    "launch_buttons": {"colab_url": "https://colab.research.google.com"},
 }
 # a mode in the page itself: with none stored yet, the theme's script logs an error
 html_context = {"default_mode": "light"}

@@ -3,7 +3,7 @@
     python tools/build_site.py [--out build/site]
 
 1. Lays out the sources in build/site-src: docs/'s pages and every notebook as stored,
-   never executed; a widget view (which needs a kernel) is replaced by the frame the widget
+   never executed, without its badge and setup cells (each page has a launch button); a widget view (which needs a kernel) is replaced by the frame the widget
    stored beside it as image/png, with a note. A widget without a stored frame stops the
    build: re-execute its notebook (`make notebooks`).
 2. Runs Sphinx with myst-nb (docs/conf.py): the notebooks in course order, math by MathJax
@@ -25,6 +25,7 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+SETUP_TAG = "flashlib-setup"  # tools/notebook_setup.py's cells
 STILL_NOTE = ('<p class="flashlib-still-note">A still of the widget above, as it opens: run this '
               "notebook in JupyterLab to move its controls.</p>")
 
@@ -65,6 +66,9 @@ def lay_out(docs: Path, notebooks: Path, source: Path) -> list[str]:
         wanted.add(source / page.name)
     for path in sorted(notebooks.glob("*.ipynb")):
         notebook = nbformat.read(path, as_version=4)
+        # the badge and setup cells are for a runtime that opened the notebook alone; a page has
+        # the theme's launch button instead (and the badge's image would be fetched from afar)
+        notebook.cells = [c for c in notebook.cells if SETUP_TAG not in c.get("metadata", {}).get("tags", [])]
         problems += [f"notebooks/{path.name} {m}" for m in still_frames(notebook)]
         target = source / "notebooks" / path.name
         _write_if_changed(target, nbformat.writes(notebook) + "\n")

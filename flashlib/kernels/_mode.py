@@ -150,6 +150,18 @@ def _exactly_rounded_interpreted_dots() -> None:
     interpreter.InterpreterBuilder.create_dot = exact_dot
 
 
+def gpu_plan(device=None) -> str:
+    """What the course's kernels can do on this CUDA GPU: its name and compute capability, its
+    half-precision dtypes, and the ladder's rungs it cannot run as written."""
+    import torch
+
+    name, (major, minor) = torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
+    dtypes = "float16 and bfloat16" if (major, minor) >= (8, 0) else "float16 (bfloat16 needs compute capability 8.0)"
+    rungs = "" if (major, minor) >= (9, 0) else "; the ladder's TMA rungs need 9.0 and run rung 2's kernel here"
+    return (f"Triton kernels compile for this machine's {name} (compute capability {major}.{minor}): "
+            f"{dtypes}, and float32{rungs}.")
+
+
 def kernel_status() -> KernelStatus:
     """A cheap answer for notebooks: can the fused kernels run here, and how?"""
     if not triton_installed():
@@ -162,8 +174,7 @@ def kernel_status() -> KernelStatus:
         triton_version = None
     mode = ensure_mode()
     if mode == "gpu":
-        return KernelStatus(True, mode, triton_version,
-                            "Triton kernels compile for this machine's CUDA GPU.")
+        return KernelStatus(True, mode, triton_version, gpu_plan())
     return KernelStatus(True, mode, triton_version,
                         "No CUDA GPU: Triton kernels run in the CPU interpreter "
                         "(exact but slow; inputs are CPU tensors).")
