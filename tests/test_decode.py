@@ -273,7 +273,9 @@ def test_greedy_generation_with_a_cache_gives_the_same_tokens():
 SPECS = [spec("split", (9, 0), "bfloat16", 128), spec("split", (9, 0), "bfloat16", 128, paged=True),
          spec("split", (8, 0), "float16", 64, paged=True, softcap=True, rows=8),
          spec("split", (8, 0), "float32", 128), spec("split", (9, 0), "bfloat16", 256, paged=True, rows=16),
-         spec("merge", (9, 0), "bfloat16", 128), spec("merge", (8, 0), "float16", 64, rows=8, sinks=True)]
+         spec("merge", (9, 0), "bfloat16", 128), spec("merge", (8, 0), "float16", 64, rows=8, sinks=True),
+         # Colab's T4 (sm_75) in float16: notebook 10's decoding there
+         spec("split", (7, 5), "float16", 64, paged=True, softcap=True, rows=8), spec("merge", (7, 5), "float16", 64)]
 
 
 def _compile_and_launch(specs, triton_path=None):
@@ -293,13 +295,13 @@ def _version(compiled, version):
 
 
 @pytest.mark.parametrize("version", ["pinned", "3.6"])
-def test_kernels_compile_for_sm80_and_sm90(compiled, version):
+def test_kernels_compile_for_sm75_sm80_and_sm90(compiled, version):
     reports = _version(compiled, version)["reports"]
     for s, r in zip(SPECS, reports):
         assert r["ok"], (s, r["error"])
         assert (r["spill_stores"], r["spill_loads"]) == (0, 0), (s, r["registers"])
         assert r["shared"] <= SHARED_LIMIT[tuple(s["capability"])]
-        if s["kernel"] == "split":  # 16 stacked query rows: mma.sync, too few rows for wgmma
+        if s["kernel"] == "split" and tuple(s["capability"]) >= (8, 0):  # mma.sync: too few rows for wgmma
             assert r["mma_sync_ops"] > 0 and r["wgmma_ops"] == 0, s
     want = "3.6.0" if version == "3.6" else importlib.metadata.version("triton")
     assert {r["triton_version"] for r in reports} == {want}

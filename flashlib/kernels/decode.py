@@ -209,14 +209,15 @@ class DecodeConfig(NamedTuple):
 
 def decode_config(head_dim: int, dtype: torch.dtype, capability=None) -> DecodeConfig:
     """The shipped tiles: about 32 KB of K and V per tile (memory-bound: bytes in flight are what
-    count), three stages from sm_80 on (96 KB of shared memory at most), two on sm_75 (64 KB)."""
+    count), three stages from sm_80 on (96 KB of shared memory at most), two on sm_75 (64 KB), with
+    8 warps there (4 spilled registers at head dim 64 with a soft-cap)."""
     if capability is None:  # the interpreter: tiles small enough that short test caches span several
         return DecodeConfig(32, 4, 1)
     per_tile = 128 if head_dim_pad(head_dim) <= 64 else 64 if head_dim_pad(head_dim) <= 128 else 32
     if dtype == torch.float32:
         per_tile //= 2
     if tuple(capability) < (8, 0):
-        return DecodeConfig(max(16, per_tile // 2), 4, 2)
+        return DecodeConfig(max(16, per_tile // 2), 8, 2)
     return DecodeConfig(per_tile, 4, 3)
 
 
