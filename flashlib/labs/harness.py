@@ -15,7 +15,10 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402
 
 from ..kernels.backward import _query_range_start  # noqa: E402
+from ..kernels.config import LN2  # noqa: E402
 from ..kernels.forward import _finish, _key_range_end, _load_rows  # noqa: E402
+
+_LN2 = tl.constexpr(LN2)
 
 
 @triton.jit
@@ -43,9 +46,10 @@ def lab_attn_fwd(Q, K, V, Out, Lse, qk_scale,
     k_end = _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
     m_i, l_i, acc = INNER(m_i, l_i, acc, q_blk, K + off_z * stride_kz, V + off_z * stride_vz, stride_kn, stride_vn,
                           offs_q, offs_d, k_end, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_K, CAUSAL, INPUT_PRECISION)
-    out, lse = _finish(m_i, l_i, acc)
+    out, lse2 = _finish(m_i, l_i, acc)
     _store_rows(Out + off_z * stride_oz, stride_om, offs_q, offs_d, SEQ_Q, HEAD_DIM, out)
-    tl.store(Lse + off_z * stride_lz + offs_q, lse, mask=offs_q < SEQ_Q)
+    # the natural log, as the lab's checker (and every caller of flashlib) reads the lse
+    tl.store(Lse + off_z * stride_lz + offs_q, lse2 * _LN2, mask=offs_q < SEQ_Q)
 
 
 @triton.jit
