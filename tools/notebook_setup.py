@@ -3,7 +3,7 @@
     python tools/notebook_setup.py            # rewrite them where they differ
     python tools/notebook_setup.py --check    # exit 1 and name the notebooks that differ
 
-The first cell of each notebook is a Markdown cell with an "Open in Colab" badge for that
+The first cell of each notebook is a Markdown cell with an "Open in Colab" link for that
 notebook; the second is a code cell that installs flashlib where it cannot be imported (a GPU
 runtime that opened the notebook alone) and does nothing, printing nothing, where it can (a
 clone, `make lab`, CI). It installs from the environment variable ``FLASHLIB_SOURCE`` when that is
@@ -44,7 +44,9 @@ def colab_url(notebook: str, repo: str | None = None) -> str:
 
 
 def badge_source(notebook: str, repo: str) -> str:
-    return (f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(notebook, repo)})\n"
+    # a text link, not the usual badge image: an image fetched from afar fails where the network is
+    # closed (a classroom's JupyterLab, CI's browser test), and the link does the same
+    return (f"**[Open this notebook in Colab]({colab_url(notebook, repo)})**\n"
             "\n"
             "On a GPU runtime that opened this notebook alone (Colab, Kaggle), the next cell installs flashlib and "
             "keeps the runtime's own torch and Triton; where flashlib is already importable it does nothing.")
@@ -90,6 +92,8 @@ def update(path: Path, repo: str) -> bool:
         kept = old.get(cell.cell_type)
         if kept is not None and kept.get("id"):
             cell["id"] = kept["id"]
+        if kept is not None and cell.cell_type == "code" and kept.source == cell.source:
+            cell.execution_count, cell.outputs = kept.execution_count, kept.outputs  # as it ran
     nb.cells = new + [c for c in nb.cells if not _tagged(c)]
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         nbformat.write(nb, f)

@@ -174,7 +174,10 @@ def kernel_status() -> KernelStatus:
         triton_version = None
     mode = ensure_mode()
     if mode == "gpu":
-        return KernelStatus(True, mode, triton_version, gpu_plan())
+        import torch
+
+        plan = gpu_plan() if torch.cuda.is_available() else "Triton kernels compile for this machine's CUDA GPU."
+        return KernelStatus(True, mode, triton_version, plan)
     return KernelStatus(True, mode, triton_version,
                         "No CUDA GPU: Triton kernels run in the CPU interpreter "
                         "(exact but slow; inputs are CPU tensors).")
