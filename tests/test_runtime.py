@@ -101,10 +101,12 @@ def _kernel_manager(python: Path):
 
 
 def _runtime_env(source: Path) -> dict:
-    """This process's environment without what points at the test environment or its flashlib."""
+    """This process's environment without what points at the test environment or its flashlib. The
+    runtime's matplotlib keeps its font cache beside it: in the user's cache it would list fonts inside
+    this temporary environment, and every later notebook would warn that they are gone."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TRITON", "VIRTUAL_ENV"))}
     env.update(FLASHLIB_SOURCE=str(source), OMP_NUM_THREADS="1", PYTHONHASHSEED="0",
-               MPLBACKEND="module://matplotlib_inline.backend_inline")
+               MPLBACKEND="module://matplotlib_inline.backend_inline", MPLCONFIGDIR=str(source.parent / "mpl"))
     return env
 
 
