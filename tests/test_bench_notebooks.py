@@ -1,18 +1,21 @@
-"""The notebooks on any machine (flashlib.bench.nbcompare, nbexec, notebooks): nbval's rules
-without Jupyter, checked against nbval itself on a notebook with planted passes and failures."""
+"""The notebooks on any machine (flashlib.bench.notebooks, nbval_results): each notebook under
+nbval in its own process, its entry in the results file written cell by cell, checked against
+nbval run as CI runs it on a notebook with planted passes and failures."""
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
-import warnings
+import venv
 from pathlib import Path
 
 import pytest
 
-from flashlib.bench import nbcompare, nbexec, notebooks, processes
+from flashlib.bench import notebooks
+from flashlib.bench.nbval_results import DEVICE_TAG, first_line, text_of, write_entry
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -47,16 +50,18 @@ PLANTED = [
     ('{}["missing"]', [], "failed"),                                                   # an exception
     ('print("to stderr", file=sys.stderr)', [_stream("to stderr\n", "stderr")], "passed"),
     ('print("a")\nprint("b")', [_stream("a\n"), _stream("b\n")], "passed"),             # streams joined
-    ('# DEVICE_DEPENDENT_OUTPUT\nprint("on this machine")', [_stream("on another machine\n")], "failed"),
+    ('print("on this machine")', [_stream("on another machine\n")], "failed"),          # tagged device-dependent
     ("x = 1", [], "passed"),                                                           # never run when stored
 ]
+TAGGED = 13  # the cell tagged device-dependent-output
 
 
 def planted_notebook(path: Path) -> Path:
     cells = [{"cell_type": "markdown", "id": "title", "metadata": {}, "source": ["# planted\n"]}]
     for i, (source, outputs, _) in enumerate(PLANTED):
         cells.append({"cell_type": "code", "execution_count": None if source == "x = 1" else i + 1,
-                      "id": f"cell-{i}", "metadata": {}, "outputs": outputs, "source": source.splitlines(True)})
+                      "id": f"cell-{i}", "metadata": {"tags": [DEVICE_TAG]} if i == TAGGED else {},
+                      "outputs": outputs, "source": source.splitlines(True)})
     nb = {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
           "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}}}
     path.write_text(json.dumps(nb, indent=1))
@@ -66,7 +71,7 @@ def planted_notebook(path: Path) -> Path:
 def _nbval_says(path: Path) -> dict[int, str]:
     """{cell: passed/failed/skipped} from nbval itself, as CI runs it."""
     done = subprocess.run([sys.executable, "-m", "pytest", str(path), "--nbval", "--nbval-sanitize-with",
-                           str(nbcompare.SANITIZE_CFG), "-p", "no:cacheprovider", "-v", "--color=no"],
+                           str(notebooks.SANITIZE_CFG), "-p", "no:cacheprovider", "-v", "--color=no"],
                           capture_output=True, text=True, timeout=300, cwd=path.parent)
     said = {int(cell): verdict.lower() for cell, verdict in
             re.findall(r"::Cell (\d+) (PASSED|FAILED|SKIPPED)", done.stdout)}
@@ -74,77 +79,43 @@ def _nbval_says(path: Path) -> dict[int, str]:
     return said
 
 
-def _runner_says(path: Path, result: Path, device_dependent="compare", site=None) -> dict:
-    env = dict(os.environ, **notebooks.fixed_env())
-    if site is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
-    subprocess.run([sys.executable, "-m", "flashlib.bench.nbexec", str(path), "--result", str(result),
-                    "--device-dependent", device_dependent], env=processes.with_root_on_path(env), timeout=300,
-                   check=False, cwd=path.parent)
-    (entry,) = json.loads(result.read_text())["notebooks"]
-    return entry
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    return planted_notebook(tmp_path_factory.mktemp("planted") / "planted.ipynb")
 
 
-def test_the_runner_agrees_with_nbval_on_a_planted_notebook(tmp_path):
-    pytest.importorskip("nbval")
-    path = planted_notebook(tmp_path / "planted.ipynb")
+def test_the_runner_says_what_nbval_says_on_a_planted_notebook(planted, tmp_path):
     expected = {i: verdict for i, (_, _, verdict) in enumerate(PLANTED)}
-    assert _nbval_says(path) == expected
+    assert _nbval_says(planted) == expected
     # through the course runner, in the environment the stored outputs were written in
-    (entry,) = notebooks.run_course([path], tmp_path / "results.json", budget_s=300, log=lambda *a: None)["notebooks"]
+    (entry,) = notebooks.run_course([planted], tmp_path / "results.json", budget_s=300, log=lambda *a: None)["notebooks"]
     ours = {c["cell"]: {"differed": "failed"}.get(c["status"], c["status"]) for c in entry["cells"]}
     assert ours == expected and entry["status"] == "failed"
     by_cell = {c["cell"]: c for c in entry["cells"]}
-    assert by_cell[9]["difference"] == "mismatch 'stdout': stored 'answer: 41\\n', now 'answer: 42\\n'"
+    assert by_cell[9]["status"] == "differed" and "answer: 42" in by_cell[9]["difference"]
+    assert by_cell[9]["outputs"] == "answer: 42\n"
     assert by_cell[10]["error"] == "KeyError: 'missing'" and "KeyError" in by_cell[10]["traceback"]
     assert by_cell[6]["outputs"] and by_cell[6]["note"].startswith("output not compared")
+    assert by_cell[TAGGED]["status"] == "differed"  # compared, as CI compares it
+    assert [c["index"] for c in entry["cells"]] == list(range(1, len(PLANTED) + 1))
+    assert by_cell[4]["line"] == "import ipywidgets" and all(c["seconds"] >= 0 for c in entry["cells"])
 
 
-def test_markers_are_read_as_nbval_reads_them():
-    plugin = pytest.importorskip("nbval.plugin")
-    sources = ["# NBVAL_IGNORE_OUTPUT\nx", "x  # NBVAL_SKIP", "  ## NBVAL_SKIP  \nx", "# NBVAL_RAISES_EXCEPTION",
-               "# NBVAL_CHECK_OUTPUT\n# NBVAL_IGNORE_OUTPUT", "# nbval_skip", "# DEVICE_DEPENDENT_OUTPUT"]
-    for source in sources:
-        with warnings.catch_warnings():  # nbval warns of the conflicting pair, and keeps the last
-            warnings.simplefilter("ignore")
-            theirs = dict(plugin.find_comment_markers(source))
-        ours = nbcompare.cell_options({"source": source})
-        for key in ("check", "check_exception", "skip"):
-            assert ours[key] == theirs.get(key, key == "check"), (source, key)
-    for tags in (["nbval-ignore-output"], ["raises-exception"], ["nbval-skip", "other"]):
-        theirs = dict(plugin.find_metadata_tags({"tags": tags}))
-        ours = nbcompare.cell_options({"source": "x", "metadata": {"tags": tags}})
-        assert {k: ours[k] for k in theirs} == theirs
-    assert nbcompare.cell_options({"source": "# DEVICE_DEPENDENT_OUTPUT\nx"})["device_dependent"]
-    assert nbcompare.sanitize_patterns() == plugin.get_sanitize_patterns(nbcompare.SANITIZE_CFG.read_text())
+def test_a_device_dependent_cell_is_run_and_reported_but_not_compared(planted, tmp_path):
+    (entry,) = notebooks.run_course([planted], tmp_path / "results.json", budget_s=300, device_dependent="report",
+                                    log=lambda *a: None)["notebooks"]
+    cell = {c["cell"]: c for c in entry["cells"]}[TAGGED]
+    assert cell["status"] == "not compared" and cell["outputs"] == "on this machine\n"
+    assert "on another machine" in cell["would_differ"]
+    assert {c["cell"]: c["status"] for c in entry["cells"] if c["status"] != "passed"} == {
+        8: "skipped", 9: "differed", 10: "failed", TAGGED: "not compared"}
 
 
-def test_outputs_are_compared_as_nbval_compares_them():
-    patterns = nbcompare.sanitize_patterns()
-    same = nbcompare.compare_outputs
-    assert same([_stream("a\nb\n")], [_stream("a\n"), _stream("b\n")]) is None
-    assert same([_stream("step 1\rstep 2\n")], [_stream("step 2\n")]) is None
-    assert same([_stream("0x7f3a2b1c4d5e\n")], [_stream("0xdeadbeef\n")], patterns) is None
-    assert same([_stream("cuda:0\n")], [_stream("cuda:1\n")], patterns) is None
-    assert same([_result("2", **{"image/png": "A"})], [_result("2", **{"image/png": "B"})]) is None
-    assert same([_result("<Figure>", kind="display_data")], [_result("<Figure>")]) is None  # the kind is not compared
-    assert "Missing output fields" in same([], [_stream("a\n")])
-    assert "Unexpected output fields" in same([_stream("a\n", "stderr")], [])
-    assert "dissimilar number of outputs for key 'text/plain'" in same([_result("1"), _result("2")], [_result("1")])
-    assert same([_result("1")], [_result("2")]) == "mismatch 'text/plain': stored '2', now '1'"
-    error = {"output_type": "error", "ename": "ValueError", "evalue": "x", "traceback": ["now"]}
-    assert same([error], [dict(error, traceback=["stored"])]) is None
-    assert same([error], [dict(error, evalue="y")]) == "mismatch 'evalue': stored 'y', now 'x'"
-
-
-def test_a_notebook_is_read_as_nbformat_reads_it(tmp_path):
-    nbformat = pytest.importorskip("nbformat")
-    path = planted_notebook(tmp_path / "planted.ipynb")
-    ours = nbcompare.read_notebook(path)
-    theirs = nbformat.read(str(path), as_version=4)
-    assert [c["source"] for c in ours["cells"]] == [c.source for c in theirs.cells]
-    assert [c.get("outputs") for c in ours["cells"]] == [c.get("outputs") for c in theirs.cells]
-    assert [i for i, _ in nbcompare.code_cells(ours)] == list(range(1, len(PLANTED) + 1))
+def test_cells_are_named_and_shown_by_their_text():
+    assert first_line("# a comment\n\nx = f(1)\ny") == "x = f(1)"
+    assert first_line("# NBVAL_SKIP") == "# NBVAL_SKIP"
+    assert text_of([_stream("a\n"), _result("2"), {"output_type": "error", "ename": "E", "evalue": "v"},
+                    _result("<Figure>", kind="display_data", **{"image/png": "A"})]) == "a\n2\nE: v\n<Figure>\n"
 
 
 def test_the_environment_is_the_one_the_stored_outputs_were_written_in(tmp_path):
@@ -163,7 +134,7 @@ def test_the_course_runs_in_order_within_its_budget(tmp_path):
     def run(path, order, result_path, timeout_s, device_dependent):
         calls.append((path.name, order, timeout_s, device_dependent))
         now[0] += {0: 100.0, 1: 300.0}.get(order, 1.0)
-        nbexec.write_entry(result_path, dict(notebook=path.name, order=order, status="passed", cells=[]))
+        write_entry(result_path, dict(notebook=path.name, order=order, status="passed", cells=[]))
 
     results = notebooks.run_course(paths, tmp_path / "r.json", budget_s=420.0, device_dependent="report",
                                    clock=lambda: now[0], run=run, log=lambda *a: None)
@@ -179,7 +150,7 @@ def test_the_course_runs_in_order_within_its_budget(tmp_path):
 
 def test_a_notebook_stopped_while_a_cell_runs_says_which(tmp_path):
     path = tmp_path / "r.json"
-    nbexec.write_entry(path, dict(notebook="07_x.ipynb", order=6, status="running", cells=[
+    write_entry(path, dict(notebook="07_x.ipynb", order=6, status="running", cells=[
         dict(cell=0, index=1, line="import torch", status="passed"),
         dict(cell=1, index=3, line="train()", status="running")]))
     notebooks._close_entry(path, "07_x.ipynb", 6, "stopped at the time limit of 180 s", 180.2)
@@ -193,45 +164,45 @@ def test_a_notebook_stopped_while_a_cell_runs_says_which(tmp_path):
     assert json.loads(path.read_text())["notebooks"][1]["status"] == "failed"  # never wrote an entry itself
 
 
-def test_a_device_dependent_cell_is_reported_where_it_is_not_compared():
-    source, stored, _ = PLANTED[13]
-    cell = {"source": source, "execution_count": 14, "outputs": stored}
-    options = nbcompare.cell_options(cell)
-    now = [_stream("on this machine\n")]
-    assert nbexec.verdict(cell, options, now, ())["status"] == "differed"  # as nbval, in CI
-    marked = nbexec.verdict(cell, options, now, (), device_dependent="report")
-    assert marked["status"] == "not compared" and marked["outputs"] == "on this machine\n"
-    assert marked["would_differ"].startswith("mismatch 'stdout'")
-    assert nbexec.notebook_status([dict(marked), dict(status="passed"), dict(status="skipped")]) == "passed"
+# what the GPU machine's image has (and the carried wheels leave out); torch first, the pinned build
+GPU_IMAGE = ["torch", "triton", "numpy", "matplotlib", "pytest", "psutil", "packaging", "python-dateutil", "attrs",
+             "pygments", "typing-extensions", "coverage"]
 
 
-def test_verdicts_say_what_nbval_would():
-    cell = {"execution_count": 1, "outputs": [_stream("a\n")]}
-    options = nbcompare.cell_options({"source": "x"})
-    assert nbexec.verdict(cell, options, [_stream("a\n")], ())["status"] == "passed"
-    assert nbexec.verdict(dict(cell, execution_count=None), options, [], ())["status"] == "failed"
-    assert nbexec.verdict(dict(cell, execution_count=None, outputs=[]), options, [_stream("b\n")], ())["status"] \
-        == "passed"
-    with pytest.raises(ValueError, match="'device_dependent'"):
-        nbexec.run_notebook(ROOT / "notebooks" / "01_dense_attention.ipynb", "unused.json", device_dependent="skip")
-
-
-def test_wheels_carried_for_the_gpu_machine_install_and_serve_the_runner(tmp_path):
-    """Where .whl/ holds the notebooks' wheels (tools/notebook_wheels.sh fetches them): they
-    install without an index, and IPython and ipywidgets then come from there."""
-    wheels = sorted((ROOT / ".whl").glob("*.whl"))
-    if not wheels:
-        pytest.skip("no wheels in .whl/ (tools/notebook_wheels.sh fetches them)")
-    target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                    "--target", str(target), *map(str, wheels)], check=True, timeout=300)
-    probe = ("import IPython, ipywidgets, matplotlib_inline, traitlets, comm; "
-             "print(ipywidgets.__file__, IPython.__file__)")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=str(target)))
-    assert done.returncode == 0, done.stderr
-    assert all(p.startswith(str(target)) for p in done.stdout.split())
-    path = planted_notebook(tmp_path / "planted.ipynb")
-    entry = _runner_says(path, tmp_path / "results.json", site=target)
-    assert {c["cell"]: c["status"] for c in entry["cells"] if c["status"] != "passed"} == {
-        8: "skipped", 9: "differed", 10: "failed", 13: "differed"}
+@pytest.mark.skipif(sys.platform != "linux", reason="the carried wheels are for x86-64 Linux")
+def test_the_carried_wheels_run_the_notebooks_under_nbval_in_a_fresh_interpreter(planted, tmp_path):
+    """The GPU machine's mechanism on the CPU: a fresh environment holding only what that machine's
+    image has, the wheels tools/notebook_wheels.sh fetches (for this CPython) installed with
+    --no-index into a folder on PYTHONPATH, and the course runner (nbval) on the planted notebook
+    and on notebook 01, which must run as stored."""
+    env_dir, wheels, site = tmp_path / "env", tmp_path / "wheels", tmp_path / "site"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    python = env_dir / "bin" / "python"
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    constraints = ["-c", str(ROOT / "constraints.txt")]
+    subprocess.run([*pip, *constraints, "torch"], check=True, timeout=600, capture_output=True)
+    subprocess.run([*pip, *constraints, *GPU_IMAGE], check=True, timeout=600, capture_output=True)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    done = subprocess.run(["sh", str(ROOT / "tools" / "notebook_wheels.sh")], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, PYTHON=sys.executable, PYVER=version, DEST=str(wheels)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    # as tools/gpu_check.sh installs them there
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--target", str(site), *map(str, sorted(wheels.glob("*.whl")))], check=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "JUPYTER"))}
+    env["PYTHONPATH"] = str(site)
+    probe = "import IPython, ipykernel, nbval, zmq, ipywidgets; print(nbval.__file__, zmq.__file__, IPython.__file__)"
+    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0 and all(p.startswith(str(site)) for p in done.stdout.split()), done.stderr
+    course = tmp_path / "course"
+    course.mkdir()
+    shutil.copy(planted, course / "planted.ipynb")
+    shutil.copy(ROOT / "notebooks" / "01_dense_attention.ipynb", course)
+    done = subprocess.run([str(python), "-m", "flashlib.bench.notebooks", "01_dense_attention.ipynb", "planted.ipynb",
+                           "--result", str(tmp_path / "r.json"), "--device-dependent", "report"], cwd=course,
+                          env=dict(env, PYTHONPATH=f"{site}{os.pathsep}{ROOT}"), capture_output=True, text=True,
+                          timeout=900)
+    first, planted_entry = json.loads((tmp_path / "r.json").read_text())["notebooks"]
+    assert first["notebook"] == "01_dense_attention.ipynb" and first["status"] == "passed", done.stdout[-3000:]
+    assert {c["cell"]: c["status"] for c in planted_entry["cells"] if c["status"] != "passed"} == {
+        8: "skipped", 9: "differed", 10: "failed", TAGGED: "not compared"}

@@ -224,6 +224,32 @@ def test_kernel_status_here_is_the_interpreter():
     assert os.environ["TRITON_INTERPRET"] == "1"
 
 
+@pytest.mark.parametrize("capability, name, timed, rungs", [
+    ((7, 5), "Tesla T4", "float16", True), ((8, 0), "NVIDIA A100", "bfloat16", True),
+    ((9, 0), "NVIDIA H200", "bfloat16", False)])
+def test_gpu_plan_names_the_gpu_and_the_dtype_the_notebooks_time_in(monkeypatch, capability, name, timed, rungs):
+    from flashlib.bench.point import measure_ceilings  # noqa: F401  (imports as on a GPU)
+    from flashlib.kernels import gpu_plan, half_dtype
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    plan = gpu_plan()
+    assert half_dtype() == getattr(torch, timed)
+    assert f"{name} (compute capability {capability[0]}.{capability[1]})" in plan
+    assert f"time them in {timed}" in plan
+    assert ("bfloat16 needs compute capability 8.0" in plan) == (capability < (8, 0))
+    assert ("TMA rungs need 9.0" in plan) == rungs
+
+
+def test_a_runs_matmul_ceiling_is_read_in_either_half_dtype():
+    from flashlib.bench.point import matmul_ceiling
+
+    assert matmul_ceiling({"bf16_matmul_tflops": 700.0, "copy_gbps": 1.0}) == (700.0, "bf16")
+    assert matmul_ceiling({"fp16_matmul_tflops": 65.0, "copy_gbps": 1.0}) == (65.0, "fp16")
+    with pytest.raises(KeyError, match="no matmul rate"):
+        matmul_ceiling({"copy_gbps": 1.0})
+
+
 def _python(code):
     env = dict(os.environ, PYTHONPATH=ROOT)
     env.pop("TRITON_INTERPRET", None)

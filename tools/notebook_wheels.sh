@@ -1,26 +1,43 @@
 #!/bin/sh
-# The pure-Python wheels the GPU check's notebooks need on a machine without IPython and
-# ipywidgets and without a package index (the H200 the check runs on): downloaded here into
-# .whl/ (ignored by git), carried with the working tree, and installed there by
-# tools/gpu_check.sh with --no-index --no-deps into a temporary folder. The versions are the
-# ones the CI environment runs the notebooks with; widgetsnbextension and jupyterlab_widgets
-# (browser assets, never imported) are left out.
-#   sh tools/notebook_wheels.sh          (PYTHON=... to use another interpreter's pip)
+# The wheels the GPU check's notebooks need on a machine that has torch, Triton, numpy, matplotlib
+# and pytest but neither Jupyter nor a package index (the H200 the check runs on, Python 3.12):
+# nbval and the kernel it starts (ipykernel, jupyter_client, pyzmq, ...), IPython and ipywidgets.
+# Downloaded here into .whl/ (ignored by git), carried with the working tree, and installed
+# there by tools/gpu_check.sh with --no-index --no-deps into a temporary folder. The versions
+# are the ones this checkout's environment runs the notebooks with (read from .venv, which
+# `make test` installs through constraints.txt). Left out, because that machine has them:
+# pytest, psutil, packaging, python-dateutil, attrs, pygments, typing-extensions, coverage; and
+# what is never imported there: debugpy (ipykernel's optional debugger), widgetsnbextension and
+# jupyterlab_widgets (browser assets).
+#   sh tools/notebook_wheels.sh                  wheels for CPython 3.12 on x86-64 Linux, in .whl/
+#   PYVER=3.11 DEST=dir sh tools/notebook_wheels.sh   for another CPython (the CPU proof of the set)
+# PYTHON (default .venv/bin/python) names the interpreter whose pip downloads and whose versions count.
 set -eu
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
-WHEELS="ipywidgets==8.1.9 comm==0.2.3 traitlets==5.16.1 ipython==9.18.1 ipython_pygments_lexers==1.1.1
-matplotlib-inline==0.2.2 jedi==0.20.1 parso==0.8.7 pexpect==4.9.0 ptyprocess==0.7.0 prompt_toolkit==3.0.53
-wcwidth==0.9.4 stack_data==0.6.3 executing==2.3.0 asttokens==3.0.2 pure_eval==0.2.4"
-rm -rf .whl
-mkdir -p .whl
-# --platform any: only wheels without compiled code (wcwidth has both kinds)
-# shellcheck disable=SC2086  # one argument per wheel
-"$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform any -d .whl $WHEELS
-for wheel in .whl/*.whl; do
-    case "$wheel" in
-        *-none-any.whl) ;;
-        *) echo "not pure Python, would not run on every machine: $wheel" >&2; exit 1 ;;
-    esac
+PYVER=${PYVER:-3.12}
+DEST=${DEST:-.whl}
+NAMES="nbval nbformat fastjsonschema jsonschema jsonschema-specifications referencing rpds-py
+jupyter_client jupyter_core platformdirs pyzmq tornado ipykernel comm nest-asyncio2 traitlets
+ipython ipython_pygments_lexers matplotlib-inline jedi parso pexpect ptyprocess prompt_toolkit
+wcwidth stack_data executing asttokens pure_eval ipywidgets"
+# shellcheck disable=SC2086  # one argument per name
+PINS=$("$PYTHON" -c 'import sys, importlib.metadata as m; print(" ".join(f"{n}=={m.version(n)}" for n in sys.argv[1:]))' $NAMES)
+rm -rf "$DEST"
+mkdir -p "$DEST"
+# binary wheels (pyzmq, tornado, rpds-py) for that CPython on manylinux x86-64, the rest pure Python
+PLATFORMS=""
+for tag in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_26_x86_64 manylinux_2_24_x86_64 \
+           manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 linux_x86_64 any; do
+    PLATFORMS="$PLATFORMS --platform $tag"
 done
-du -sh .whl
+# shellcheck disable=SC2086
+"$PYTHON" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    --python-version "$PYVER" --implementation cp $PLATFORMS -d "$DEST" $PINS
+count=$(ls "$DEST"/*.whl | wc -l)
+expected=$(echo $NAMES | wc -w)
+if [ "$count" -ne "$expected" ]; then
+    echo "notebook_wheels: $count wheels for $expected packages in $DEST" >&2
+    exit 1
+fi
+du -sh "$DEST"

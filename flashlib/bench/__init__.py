@@ -13,7 +13,7 @@
     check      the GPU check: GPU tests and notebooks side by side, then the ladder benchmark
                (``python -m flashlib gpu-check``, ``make gpu-check``); processes: its children
     notebooks  the course's notebooks executed on this machine and judged as nbval judges them
-               (nbexec: one notebook in one process; nbcompare: nbval's rules)
+               (each under nbval in its own process; nbval_results: its entry, cell by cell)
     records    reading the JSON files in data/bench/ under today's method names; plots: their figures
     report     what a recorded run says against the expectations in data/bench/LOG.md
                (``python -m flashlib.bench.report``)

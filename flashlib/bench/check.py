@@ -4,14 +4,14 @@ On a CUDA machine, with its own torch and Triton, in one command within a time b
 (default 480 s: the GPU machine is lent for 15 minutes, its start included, and the check is
 to end within 9, installing and writing included). Nothing is
 installed here (``make gpu-check`` first unpacks the wheels carried in ``.whl/``, for the
-notebooks' IPython and ipywidgets, where the machine lacks them). In order, so that a run
+notebooks' nbval, kernel, IPython and ipywidgets, where the machine lacks them). In order, so that a run
 stopped at any point keeps what matters most:
 
 1. At once, side by side, each within half of the budget:
    ``tests/test_gpu.py`` with pytest in a subprocess (forward and backward against dense
    attention in float32 and against ``scaled_dot_product_attention`` in float16/bfloat16);
-   every notebook in course order, each in a fresh process, its outputs compared with the
-   stored ones as nbval compares them (:mod:`flashlib.bench.notebooks`);
+   every notebook in course order, each under nbval in a fresh process, its outputs compared
+   with the stored ones as CI compares them (:mod:`flashlib.bench.notebooks`);
    and in this process, on the other cores, compiling every kernel the ladder will launch
    (:func:`flashlib.bench.gpu.precompile`; ``--no-precompile`` leaves it out).
    Neither subprocess is timed: the benchmark waits for both.

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import processes
 from .grid import point_key
+from .point import matmul_ceiling
 from .results import memory_ratios, target_ratios
 
 FRESH_MIN_S = 60  # below this a fresh process would spend its time starting and compiling
@@ -71,7 +72,7 @@ def continue_after_device_lost(result: dict, deadline: float, *, run_fresh=None,
     if losses:
         ladder["devices_lost"] = [{k: v for k, v in loss.items() if k != "pending"} for loss in losses]
         ladder["device_lost"] = ladder["devices_lost"][0]
-        matmul = (ladder.get("ceilings") or {}).get("bf16_matmul_tflops")
+        matmul = matmul_ceiling(ladder["ceilings"])[0] if ladder.get("ceilings") else None
         ladder["target_ratios"] = target_ratios(ladder["points"], matmul)
         ladder["memory_ratios"] = memory_ratios(ladder["points"])
     return result

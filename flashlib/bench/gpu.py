@@ -27,7 +27,7 @@ import torch
 from .fresh import continue_after_device_lost, run_fresh_process  # noqa: F401  (the check's steps, here too)
 from .grid import CAUSALS, DS, DTYPES, MODES, NS, plan, run_plan
 from .methods import PUBLIC_OP, four_warp_backward, is_ours, methods, sdpa  # noqa: F401
-from .point import REP_MS, WARMUP_MS, DeviceLost, device_usable, measure_ceilings, measure_point, shape
+from .point import REP_MS, WARMUP_MS, DeviceLost, device_usable, matmul_ceiling, measure_ceilings, measure_point, shape
 from .records import VOCABULARY
 from .results import autotuned_choices, format_ladder, memory_ratios, target_ratios, write_result  # noqa: F401
 
@@ -132,8 +132,8 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
     log(f"ladder benchmark on {info['device']} (budget {budget_s:.0f} s)")
     measured = measure_ceilings(device) if ceilings else None
     if measured:
-        log(f"  ceilings: bf16 matmul {measured['bf16_matmul_tflops']:.0f} TFLOP/s, "
-            f"copy {measured['copy_gbps']:.0f} GB/s")
+        rate, kind = matmul_ceiling(measured)
+        log(f"  ceilings: {kind} matmul {rate:.0f} TFLOP/s, copy {measured['copy_gbps']:.0f} GB/s")
     chosen = {mode: {name: fn for name, fn in methods(mode).items() if name not in exclude} for mode in modes}
     grid = plan(ds, ns, dtypes, causals, modes) if points is None else [dict(p) for p in points]
     compiled = _compile_ahead(grid, device, tokens, hidden, log) if compile_ahead else None
@@ -145,7 +145,7 @@ def run_ladder_bench(budget_s: float = 200.0, *, ds=DS, ns=NS, dtypes=DTYPES, ca
     autotuned, autotuned_by_n = _autotuned(ds, dtypes, causals, ns)
     if skipped:
         log(f"  time budget reached: {len(skipped)} grid points skipped (listed in the JSON)")
-    matmul = measured["bf16_matmul_tflops"] if measured else None
+    matmul = matmul_ceiling(measured)[0] if measured else None
     return {"ladder": {
         "provenance": info, "vocabulary": VOCABULARY,
         "config": {"tokens": tokens, "hidden": hidden, "ds": list(ds), "ns": list(ns), "dtypes": list(dtypes),

@@ -3,13 +3,13 @@
     python -m flashlib.bench.notebooks [NOTEBOOK ...] --result FILE [--budget S]
                                        [--device-dependent compare|report]
 
-Each notebook runs in a fresh process (:mod:`flashlib.bench.nbexec`: a fresh namespace, as
-nbval's fresh kernel, and a crash or a lost GPU ends one notebook, not the run), with the
-environment ``tools/execute_notebooks.py`` writes the stored outputs in (:func:`fixed_env`),
-and the repository on the path. FILE holds an entry per notebook (passed, or which cells failed or differed
-and how), rewritten after every cell; a notebook still running at its time limit is stopped
-and its entry says which cell was running, and notebooks the budget leaves out are listed
-as not run.
+Each notebook runs under nbval in a fresh pytest process (a fresh kernel of this interpreter,
+its outputs compared as CI compares them, ``notebooks/sanitize.cfg``; a crash or a lost GPU ends
+one notebook, not the run), with the environment ``tools/execute_notebooks.py`` writes the stored
+outputs in (:func:`fixed_env`) and the repository on the path. FILE holds an entry per notebook
+(passed, or which cells failed or differed and how), rewritten as each cell starts and ends
+(:mod:`flashlib.bench.nbval_results`); a notebook still running at its time limit is stopped and
+its entry says which cell was running, and notebooks the budget leaves out are listed as not run.
 """
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 
 from . import processes
-from .nbexec import write_entry
+from .nbval_results import write_entry
 from .processes import ROOT
 
 NOTEBOOK_DIR = ROOT / "notebooks"
+SANITIZE_CFG = NOTEBOOK_DIR / "sanitize.cfg"  # nbval's regexes, as CI runs it
 WRITER = ROOT / "tools" / "execute_notebooks.py"  # writes the stored outputs, in its FIXED_ENV
 NOTEBOOK_TIMEOUT_S = 180.0  # one notebook at most: a hung cell must not take the others' time
 MIN_START_S = 20.0          # below this left, a notebook is not started
@@ -49,7 +50,17 @@ def fixed_env(writer=WRITER) -> dict:
 
 
 def _child_env() -> dict:
-    return dict(os.environ, **fixed_env(), IPYTHONDIR=tempfile.mkdtemp(prefix="flashlib-ipython-"))
+    env = dict(os.environ, **fixed_env(), IPYTHONDIR=tempfile.mkdtemp(prefix="flashlib-ipython-"))
+    return processes.with_root_on_path(env)
+
+
+def nbval_command(path: Path, result_path: Path, order: int, device_dependent: str, timeout_s: float) -> list:
+    """pytest with nbval on one notebook, in a kernel of this interpreter, writing its entry."""
+    return [sys.executable, "-m", "pytest", str(path), "--nbval", "--nbval-current-env",
+            "--nbval-sanitize-with", str(SANITIZE_CFG), "--nbval-cell-timeout", f"{max(timeout_s, 1):.0f}",
+            "-p", "flashlib.bench.nbval_results", "--flashlib-result", str(result_path),
+            "--flashlib-order", str(order), "--flashlib-device-dependent", device_dependent,
+            "-p", "no:cacheprovider", "-q", "--color=no"]
 
 
 def _mark_stopped(entry: dict, note: str) -> None:
@@ -87,8 +98,7 @@ def close_results(results: dict, paths, note: str) -> dict:
 
 def run_one(path: Path, order: int, result_path: Path, timeout_s: float, device_dependent: str) -> None:
     """One notebook in a fresh process, stopped after timeout_s."""
-    cmd = [sys.executable, "-m", "flashlib.bench.nbexec", str(path), "--result", str(result_path),
-           "--device-dependent", device_dependent, "--order", str(order)]
+    cmd = nbval_command(path, result_path, order, device_dependent, timeout_s)
     done = processes.finish(processes.start(cmd, timeout_s, env=_child_env(), cwd=path.parent), log=lambda *_: None)
     if done["returncode"] == -1:
         note = f"stopped at the time limit of {timeout_s:.0f} s"

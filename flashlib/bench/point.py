@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..roofline import attention_flops, tflops
+from ..kernels._mode import half_dtype
 from .methods import is_ours, sdpa
 
 # do_bench's warm-up and repetition windows, in milliseconds: short enough that the grid fits
@@ -59,11 +60,15 @@ def peak_bytes(fn) -> int:
     return int(torch.cuda.max_memory_allocated() - base)
 
 
-def measure_ceilings(device="cuda") -> dict:
-    """The device's bf16 matmul rate (8192³) and copy bandwidth (1 GiB), measured now."""
+def measure_ceilings(device="cuda", dtype=None) -> dict:
+    """The device's 16-bit matmul rate (8192³) and copy bandwidth (1 GiB), measured now. dtype:
+    the matmul's, by default bfloat16 (float16 on a GPU without bfloat16 tensor cores, such as
+    a T4); the rate is stored as ``bf16_matmul_tflops`` or ``fp16_matmul_tflops``."""
+    if dtype is None:
+        dtype = half_dtype(device) if torch.device(device).type == "cuda" else torch.bfloat16
     n = 8192
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     matmul_ms = bench_ms(lambda: a @ b, warmup=25, rep=100)
     del a, b
     x = torch.empty(2**28, device=device, dtype=torch.float32)  # 1 GiB
@@ -71,8 +76,19 @@ def measure_ceilings(device="cuda") -> dict:
     copy_ms = bench_ms(lambda: y.copy_(x), warmup=25, rep=100)
     nbytes = 2 * x.numel() * x.element_size()  # read once, write once
     del x, y
-    return {"bf16_matmul_tflops": tflops(2.0 * n ** 3, matmul_ms), "matmul_shape": [n, n, n],
+    return {MATMUL_KEYS[dtype]: tflops(2.0 * n ** 3, matmul_ms), "matmul_shape": [n, n, n],
             "copy_gbps": nbytes / (copy_ms * 1e-3) / 1e9, "copy_bytes": nbytes}
+
+
+MATMUL_KEYS = {torch.bfloat16: "bf16_matmul_tflops", torch.float16: "fp16_matmul_tflops"}
+
+
+def matmul_ceiling(ceilings: dict) -> tuple[float, str]:
+    """(TFLOP/s, "bf16" or "fp16"): the matmul rate a run's ceilings hold, bfloat16's where both."""
+    for key in ("bf16_matmul_tflops", "fp16_matmul_tflops"):
+        if key in ceilings:
+            return ceilings[key], key[:4]
+    raise KeyError(f"ceilings hold no matmul rate (one of {sorted(MATMUL_KEYS.values())}): {sorted(ceilings)}")
 
 
 class DeviceLost(RuntimeError):

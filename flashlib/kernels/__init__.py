@@ -11,11 +11,11 @@ first use; without Triton that import raises an ImportError saying how to run th
               mask_mod, config, return_lse)                    notebook 07's backward
     FlashConfig, default_config                                their tiles, warps and stages
 """
-from ._mode import KernelStatus, kernel_status, preselect_without_cuda_build, triton_installed
+from ._mode import KernelStatus, gpu_plan, half_dtype, kernel_status, preselect_without_cuda_build, triton_installed
 
 preselect_without_cuda_build()  # cheap: reads torch.version only, never a GPU driver
 
-__all__ = ["KernelStatus", "kernel_status", "triton_installed", "attention", "AttentionFunction",
+__all__ = ["KernelStatus", "kernel_status", "gpu_plan", "half_dtype", "triton_installed", "attention", "AttentionFunction",
            "FlashConfig", "default_config", "head_dim_pad"]
 
 

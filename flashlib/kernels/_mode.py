@@ -150,16 +150,25 @@ def _exactly_rounded_interpreted_dots() -> None:
     interpreter.InterpreterBuilder.create_dot = exact_dot
 
 
+def half_dtype(device=None):
+    """The 16-bit dtype the course times its kernels in on this CUDA GPU: bfloat16 from compute
+    capability 8.0 (Ampere), float16 before it (a T4 is 7.5: Triton has no bfloat16 there)."""
+    import torch
+
+    return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
+
+
 def gpu_plan(device=None) -> str:
     """What the course's kernels can do on this CUDA GPU: its name and compute capability, its
-    half-precision dtypes, and the ladder's rungs it cannot run as written."""
+    half-precision dtypes, the one the notebooks time in, and the ladder's rungs it cannot run."""
     import torch
 
     name, (major, minor) = torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
     dtypes = "float16 and bfloat16" if (major, minor) >= (8, 0) else "float16 (bfloat16 needs compute capability 8.0)"
+    timed = str(half_dtype(device)).removeprefix("torch.")
     rungs = "" if (major, minor) >= (9, 0) else "; the ladder's TMA rungs need 9.0 and run rung 2's kernel here"
     return (f"Triton kernels compile for this machine's {name} (compute capability {major}.{minor}): "
-            f"{dtypes}, and float32{rungs}.")
+            f"{dtypes}, and float32; the notebooks time them in {timed}{rungs}.")
 
 
 def kernel_status() -> KernelStatus:
