@@ -7,8 +7,8 @@
     split_kv_figure(q, k, v, seqlen, num_splits)   the chunks, their partial outputs and weights, the merge
     SplitKVStepper                     the same figure under a ``num_splits`` slider
     paged_cache_figure(table, ...)     sequences' pages scattered in memory, found through a block table
-    check_step_time, check_cache_gib, check_split_kv, check_gather   the exercises
-    solution("split_kv")                 the lab's answer at once (its checker steps its hints)
+    check_step_time, check_cache_gib, check_gather   the exercises
+    check_split_kv                     the lab, labs.check("split_kv", fn) (hints: labs.hint("split_kv"))
 
 Colours as everywhere in the course (:mod:`flashlib.course.viz`): teal partial outputs, black
 the final output, blue what is held, orange what is being read now, white hatched free.
@@ -27,7 +27,6 @@ from matplotlib.patches import Patch, Rectangle
 
 from .. import decode
 from . import viz
-from .exercises import HintSteps
 from .ring import Verdict
 from .widgets import FigureBox
 
@@ -298,135 +297,19 @@ def check_cache_gib(answer) -> Verdict:
                          hint="2 x layers x kv heads x tokens x head dim x 2 bytes, divided by 2^30")
 
 
-def _softmax_attention(q, k, v, scale=None):
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    p = torch.softmax(k @ q * scale, dim=0)
-    return p @ v
+def check_split_kv(split_kv):
+    """The split-KV lab, ``labs.check("split_kv", split_kv)``: prints and returns its verdict. Hints come from
+    ``labs.hint("split_kv")``, only when asked; the checker is :mod:`flashlib.labs.split_kv_lab`."""
+    from .. import labs
 
-
-def _chunks(length, num_splits):
-    size = -(-length // num_splits)
-    return [(a, min(a + size, length)) for a in range(0, length, size)]
-
-
-def _wrong_merges(q, k, v, num_splits):
-    """The outputs of the usual wrong merges, with what each forgot."""
-    outs, lses = [], []
-    for a, b in _chunks(k.shape[0], num_splits):
-        s = k[a:b] @ q / math.sqrt(q.shape[-1])
-        outs.append(torch.softmax(s, 0) @ v[a:b])
-        lses.append(torch.logsumexp(s, 0))
-    outs, lses = torch.stack(outs), torch.stack(lses)
-    return [(outs.mean(0), "that averages the partial outputs; each chunk weighs e^(lse_s - lse), its share of "
-                           "the softmax denominator, not 1/num_splits"),
-            ((torch.exp(lses)[:, None] * outs).sum(0), "the weights e^(lse_s) are not divided by their sum "
-                                                       "e^lse: subtract lse = logsumexp(lse_s) first"),
-            (outs.sum(0), "that adds the partial outputs; each chunk weighs e^(lse_s - lse), its share of the "
-                          "softmax denominator"),
-            (outs[-1], "that is the last chunk's output alone: merge every chunk")]
-
-
-SPLIT_KV_HINTS = HintSteps(
-    "a chunk's output is normalised over the chunk alone, so the outputs cannot simply be added or averaged; "
-    "what a chunk brings to the whole softmax is its denominator, and lse_s = log(sum_j e^(s_j)) over the chunk "
-    "holds it",
-    "size = ceil(L / num_splits); for each start in range(0, L, size): the scores of keys [start, start + size), "
-    "out_s = softmax(s) @ v_chunk and lse_s = logsumexp(s). Then lse = logsumexp of the lse_s, and chunk s "
-    "weighs e^(lse_s - lse), its share of the denominator (the shares add up to 1; subtracting lse first keeps "
-    "large scores finite)",
-    "def split_kv(q, k, v, num_splits):\n"
-    "    size = -(-k.shape[0] // num_splits)\n"
-    "    outs, lses = [], []\n"
-    "    for start in range(0, k.shape[0], size):\n"
-    "        s = k[start:start + size] @ q / math.sqrt(q.shape[0])\n"
-    "        outs.append(torch.softmax(s, 0) @ v[start:start + size])\n"
-    "        lses.append(torch.logsumexp(s, 0))\n"
-    "    lses = torch.stack(lses)\n"
-    "    weights = torch.exp(lses - torch.logsumexp(lses, 0))\n"
-    "    return (weights[:, None] * torch.stack(outs)).sum(0)")
-SOLUTIONS = {"split_kv": SPLIT_KV_HINTS}
+    return labs.check("split_kv", split_kv)
 
 
 def solution(name: str) -> None:
-    """Print an answer to exercise ``name`` at once (the checker gives it only after repeated tries)."""
-    if name not in SOLUTIONS:
-        raise ValueError(f"solution: argument 'name' is {name!r}; the exercises with one are {', '.join(SOLUTIONS)}")
-    print(SOLUTIONS[name].answer)
+    """``labs.solution(name)``: the worked solution of a lab, split_kv among them."""
+    from .. import labs
 
-
-def _retry(message: str) -> Verdict:
-    """A wrong try: its diagnosis and the next hint (the answer only after repeated tries)."""
-    label, text = SPLIT_KV_HINTS.next()
-    return Verdict(False, message, text, label)
-
-
-def _split_kv_mistake(got, q, k, v, num_splits) -> str | None:
-    """What a wrong output of split_kv is, where it can be recognised."""
-    def same(x):
-        return torch.allclose(got, x, rtol=0, atol=1e-9)
-
-    want = _softmax_attention(q, k, v)
-    factor = (got @ want / (want @ want)).item()
-    if math.isfinite(factor) and not math.isclose(factor, 1.0, rel_tol=1e-6) and same(factor * want):
-        return f"your output is {viz.fmt4(factor)} times the right one: softmax weights, and the chunks' shares of " \
-               "the denominator, add up to 1"
-    d = q.shape[-1]
-    for wrong_scale, advice in ((1.0, "the scores are not scaled by 1/sqrt(d)"),
-                                (math.log2(math.e) / math.sqrt(d), "the scores are scaled by log2(e) too: an exp2 "
-                                                                   "needs that factor, torch.exp and softmax do not"),
-                                (math.log(2) / math.sqrt(d), "the scores are multiplied by ln 2: torch.exp2 on "
-                                                             "natural-log scores")):
-        if same(_softmax_attention(q, k, v, scale=wrong_scale)):
-            return f"that is attention with the wrong scale: {advice}"
-    for n in range(1, k.shape[0]):
-        if same(_softmax_attention(q, k[:n], v[:n])):
-            return f"that is attention over the first {n} of the {k.shape[0]} keys: the chunks must cover every key " \
-                   f"(ceil(L / num_splits) keys each, the last may be shorter)"
-    if num_splits == 1:  # one chunk: only the attention inside a chunk can be wrong
-        return "with one split there is one chunk, so the output must be attention over all the keys, and it is " \
-               "not: the attention inside a chunk is wrong (scores k_chunk @ q / sqrt(d), softmax over the keys)"
-    for wrong, advice in _wrong_merges(q, k, v, num_splits):
-        if same(wrong):
-            return advice
-    return None
-
-
-def check_split_kv(split_kv) -> Verdict:
-    """Exercise 3 (lab): ``split_kv(q, k, v, num_splits)`` for one query, q (d,), k and v (L, d),
-    float64: cut the L keys into chunks of ceil(L / num_splits), attend over each alone (its
-    output and log-sum-exp), merge. Compared with softmax attention over all keys at once. A
-    wrong try gets a diagnosis and the next of :data:`SPLIT_KV_HINTS`."""
-    if split_kv is None or split_kv is Ellipsis:
-        return Verdict(False, "no answer yet; expected a function split_kv(q, k, v, num_splits) returning "
-                              "the output, a tensor of shape (d,).")
-    if not callable(split_kv):
-        return _retry(f"expected a function, got {type(split_kv).__name__}.")
-    g = torch.Generator().manual_seed(0)
-    passed = []
-    for length, num_splits, size in ((7, 1, 1.0), (7, 3, 1.0), (40, 7, 1.0), (40, 40, 1.0), (33, 4, 2000.0)):
-        q, k, v = (torch.randn(*shape, generator=g, dtype=torch.float64) for shape in ((8,), (length, 8), (length, 8)))
-        q = q * size  # size 2000: scores past 1000, where e^lse overflows float64 unless shifted
-        want = _softmax_attention(q, k, v)
-        where = f"with {length} keys and num_splits={num_splits}"
-        try:
-            got = torch.as_tensor(split_kv(q, k, v, num_splits), dtype=torch.float64)
-        except Exception as error:  # a learner's bug becomes feedback, not a traceback
-            return _retry(f"{where}: split_kv raised {type(error).__name__}: {error}.")
-        if got.shape != want.shape:
-            return _retry(f"{where}: expected shape {tuple(want.shape)}, got {tuple(got.shape)}.")
-        if torch.allclose(got, want, rtol=0, atol=1e-9):
-            passed.append(where)
-            continue
-        if not torch.isfinite(got).all():
-            return _retry(f"{where}: the output holds inf or NaN; e^lse_s overflows for large scores: "
-                          "work with exp(lse_s - lse), never exp(lse_s) alone.")
-        mistake = _split_kv_mistake(got, q, k, v, num_splits)
-        if mistake is not None:
-            return _retry(f"{where}: {mistake}.")
-        right = f" ({passed[0]} it is right, so each chunk's attention is; the merge is not)" if passed else ""
-        return _retry(f"{where}: off by up to {viz.fmt4((got - want).abs().max())}{right}.")
-    SPLIT_KV_HINTS.reset()
-    return Verdict(True, "your chunks merge to attention over all the keys, large scores included.")
+    labs.solution(name)
 
 
 def check_gather(gather) -> Verdict:

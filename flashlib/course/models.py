@@ -8,7 +8,7 @@ sliding-window and full layers, grouped-query heads; nothing downloaded) generat
                 one token per step through :func:`flashlib.decode_attention` over a paged KV cache
                 (:class:`PagedKVCache`) that the attention function fills itself
 
-and the tokens must agree one for one. The exercise: the sinks' gradient from the lse and delta.
+and the tokens must agree one for one. The lab, ``sink_grad``, is :mod:`flashlib.labs.sink_lab`.
 """
 from __future__ import annotations
 
@@ -17,9 +17,6 @@ import contextvars
 
 import torch
 
-from .. import rules
-from .exercises import HintSteps
-from .ring import Verdict
 
 NAME = "paged"  # a name without "flash": transformers takes those for kernels to download
 
@@ -163,91 +160,11 @@ def generate_eager(model, prompt: torch.Tensor, steps: int) -> torch.Tensor:
                               min_new_tokens=steps, do_sample=False)
 
 
-# ----- the exercise: the sinks' gradient ----------------------------------------------------------
+# ----- the lab: the sinks' gradient ----------------------------------------------------------------
 
-SINK_GRAD_HINTS = HintSteps(
-    "A sink is one more score in each row's softmax, with no value. Ask what dS is for a score "
-    "whose value vector is zero.",
-    "For a score j, dS_j = P_j (dP_j - delta); the sink's dP is dO . v_sink = 0. Its probability, "
-    "like every P, comes from the lse: P = exp(sink - lse).",
-    "Per row: -exp(sink - lse) * delta. Then one number per head: sum over the batch and the rows "
-    "of that head.",
-)
+def check_sink_grad(sink_grad):
+    """The sink-gradient lab, ``labs.check("sink_grad", sink_grad)``: prints and returns its verdict. Hints
+    come from ``labs.hint("sink_grad")``, only when asked; the checker is :mod:`flashlib.labs.sink_lab`."""
+    from .. import labs
 
-
-def _sink_case(seed, batch=2, heads=3, seq_q=5, seq_k=7, d=4):
-    """Inputs and the float64 autograd answer for one case."""
-    from ..dense import dense_attention
-
-    g = torch.Generator().manual_seed(seed)
-    q, dout = (torch.randn(batch, heads, seq_q, d, generator=g, dtype=torch.float64) for _ in range(2))
-    k, v = (torch.randn(batch, heads, seq_k, d, generator=g, dtype=torch.float64) for _ in range(2))
-    sinks = (torch.randn(heads, generator=g, dtype=torch.float64) * 2).requires_grad_()
-    out = dense_attention(q, k, v, causal=True, sinks=sinks)
-    scores = (q @ k.transpose(-1, -2)) * d ** -0.5
-    visible = torch.ones(seq_q, seq_k, dtype=torch.bool).tril(seq_k - seq_q)
-    scores = torch.cat((scores.masked_fill(~visible, float("-inf")), sinks.detach()[:, None, None].expand(
-        batch, heads, seq_q, 1)), dim=-1)
-    lse = torch.logsumexp(scores, dim=-1)
-    (want,) = torch.autograd.grad(out, sinks, dout)
-    delta = (dout * out.detach()).sum(-1)
-    return sinks.detach(), lse, delta, want
-
-
-def _sink_mistakes(sinks, lse, delta):
-    """What common wrong answers give, by name: each is a plausible slip in the derivation."""
-    p = torch.exp(sinks[:, None] - lse)  # (batch, heads, rows)
-    return {
-        "the sign: the sink takes a share of the denominator, so raising it lowers every other probability and "
-        "its gradient is -p * delta, not +p * delta": (p * delta).sum((0, 2)),
-        "delta is missing: dS = P * (dP - delta) with dP = 0 leaves -P * delta, not -P": -p.sum((0, 2)),
-        "exp(sink) alone is not a probability: divide by the row's denominator, exp(sink - lse)":
-            -(torch.exp(sinks)[:, None] * delta).sum((0, 2)),
-        "the lse is a natural log here: exp(sink - lse), not 2^(sink - lse)": -(torch.exp2(sinks[:, None] - lse)
-                                                                                 * delta).sum((0, 2)),
-        "sum over the batch too: one gradient per head, summed over every row of that head in every sequence":
-            -(p * delta)[0].sum(-1),
-        "the mean is not the gradient: sum the rows, do not average them": -(p * delta).mean((0, 2)),
-    }
-
-
-def check_sink_grad(sink_grad) -> Verdict:
-    """Exercise: ``sink_grad(sinks, lse, delta)`` -> (heads,), with sinks (heads,), lse and delta
-    (batch, heads, rows), float64. Compared with autograd through attention with sinks; a wrong
-    try gets a diagnosis and the next of :data:`SINK_GRAD_HINTS`."""
-    if sink_grad is None or sink_grad is Ellipsis:
-        return Verdict(False, "no answer yet; expected a function sink_grad(sinks, lse, delta) returning a tensor "
-                              "of one gradient per head.")
-    if not callable(sink_grad):
-        return _retry(f"expected a function, got {type(sink_grad).__name__}.")
-    for seed in (0, 1):
-        sinks, lse, delta, want = _sink_case(seed)
-        try:
-            got = sink_grad(sinks.clone(), lse.clone(), delta.clone())
-            if got is None:
-                return Verdict(False, "sink_grad returns None; return a tensor of one gradient per head.")
-            got = torch.as_tensor(got, dtype=torch.float64)
-        except Exception as error:  # a learner's bug becomes feedback, not a traceback
-            return _retry(f"sink_grad raised {type(error).__name__}: {error}.")
-        if got.shape != want.shape:
-            return _retry(f"expected one gradient per head, shape {tuple(want.shape)}; got {tuple(got.shape)}.")
-        if torch.allclose(got, want, rtol=1e-9, atol=1e-12):
-            continue
-        for mistake, wrong in _sink_mistakes(sinks, lse, delta).items():
-            if wrong.shape == got.shape and torch.allclose(got, wrong, rtol=1e-9, atol=1e-12):
-                return _retry(f"{mistake}.")
-        worst = (got - want).abs().argmax().item()
-        return _retry(f"head {worst}: got {got[worst].item():.6g}, autograd says {want[worst].item():.6g}.")
-    SINK_GRAD_HINTS.reset()
-    return Verdict(True, "your gradient equals autograd's for every head, and it needs only the lse and delta "
-                         "that the backward pass already has.")
-
-
-def _retry(message: str) -> Verdict:
-    label, text = SINK_GRAD_HINTS.next()
-    return Verdict(False, message, text, label)
-
-
-def sink_grad_solution(sinks, lse, delta):
-    """The answer, for checking the checker: flashlib's own rule."""
-    return rules.sink_grad(sinks, lse, delta)
+    return labs.check("sink_grad", sink_grad)

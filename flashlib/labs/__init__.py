@@ -5,6 +5,7 @@
     hint(name)             print the next of three hints, from gentle to nearly the answer
     solution(name)         print a worked solution; solution_source(name) returns its text
     reveal(name)           print the course's own code of the lab, once it has passed here
+    progress()             print which labs this student has passed (kept beside the notebooks)
     LABS, MISTAKES         the labs in course order, and the mistakes the checkers name
     LOG2E                  log2 e as a Triton constant, for a kernel lab's @triton.jit code (needs Triton)
 
@@ -16,6 +17,12 @@ The labs, each at the end of its notebook:
     tiled_backward(q, k, v, out, lse, dout, block_q, block_k, causal)         04
     attn_fwd_inner(...)        the forward kernel's loop over key tiles       06 (Triton)
     attn_bwd_dkdv_inner(...)   the dK/dV kernel's loop over query blocks      07 (Triton)
+    split_kv(q, k, v, num_splits) -> out    one query's attention over chunks, merged     10
+    sink_grad(sinks, lse, delta) -> dsinks  the gradient of attention sinks            12
+
+The student edition (``make student``) has no worked solutions: ``solution`` and ``reveal`` say so.
+The grader, ``python -m flashlib labs grade NOTEBOOK...`` (:mod:`.grade`), runs every lab and checked
+exercise cell of saved notebooks, each in a fresh kernel.
 
 Expected results come from the definitions in float64 (:mod:`.reference`), never from the
 course's own implementation of the same step. The Triton labs run inside a harness kernel
@@ -24,15 +31,17 @@ every load checked against the tensor it belongs to (:mod:`.memory`).
 """
 from ..kernels._mode import ensure_mode, triton_installed
 from .catalog import LABS, MISTAKES, Lab
-from .core import LabResult, check, hint, reset_hints, reveal, reveal_source, solution, solution_source
+from .core import (LabResult, check, has_solutions, hint, reset_hints, reveal, reveal_source, solution,
+                   solution_source)
+from .progress import progress
 
 if triton_installed():
     # a kernel lab's cell imports flashlib, then triton: without a GPU, Triton's CPU interpreter must be on
     # before triton is first imported (it reads TRITON_INTERPRET then), whatever build of PyTorch this is
     ensure_mode()
 
-__all__ = ["LABS", "MISTAKES", "Lab", "LabResult", "check", "hint", "reset_hints", "reveal", "reveal_source",
-           "solution", "solution_source"]
+__all__ = ["LABS", "MISTAKES", "Lab", "LabResult", "check", "has_solutions", "hint", "progress", "reset_hints",
+           "reveal", "reveal_source", "solution", "solution_source"]
 
 
 def __getattr__(name):

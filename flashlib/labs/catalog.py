@@ -131,6 +131,42 @@ MISTAKES = {
                            "input_precision=INPUT_PRECISION to every tl.dot, as the kernel asks."),
     "bare_inf": ("-inf written as a name",
                  "Triton reads kernels as Python: inf is not a name it knows. Write float(\"-inf\")."),
+    "wrong_stride": ("one tensor's stride used for another",
+                     "K, V, Q and dO each have their own row stride (here they differ on purpose): the rows of "
+                     "a tile of V are stride_vn apart, those of K stride_kn, those of Q stride_qm, those of dO "
+                     "stride_dom."),
+    "causal_tiles_not_skipped": ("causal tiles computed that could be skipped",
+                                 "with CAUSAL, the tiles past the diagonal hold no pair that may attend: the "
+                                 "kernel hands the loop its range (k_end for the forward's key tiles, q_start "
+                                 "for the dK/dV kernel's query blocks) so that it never loads them. The mask "
+                                 "gives the right output either way; skipping them is about half the work."),
+    "transposed_broadcast": ("a row term broadcast along the wrong axis",
+                             "in the transposed (BLOCK_K, BLOCK_Q) tiles the keys are rows and the queries "
+                             "columns: a number per query (lse, delta) spreads along the rows, lse[None, :] "
+                             "and delta[None, :]; lse[:, None] gives key r the lse of query r of the block."),
+    "averaged_partials": ("the partial outputs averaged",
+                          "that averages the partial outputs: each chunk's output is normalised over the chunk "
+                          "alone, and it weighs e^(lse_s - lse), its share of the softmax denominator, not "
+                          "1/num_splits."),
+    "summed_partials": ("the partial outputs added",
+                        "that adds the partial outputs: each chunk weighs e^(lse_s - lse), its share of the "
+                        "softmax denominator, and the shares add up to 1."),
+    "unnormalised_weights": ("the chunks' weights not divided by their sum",
+                             "the weights e^(lse_s) are not divided by their sum e^lse: weigh chunk s by "
+                             "e^(lse_s - lse), with lse = logsumexp of the lse_s."),
+    "last_chunk_only": ("only the last chunk kept",
+                        "that is the last chunk's output alone: every chunk's partial output enters the merge."),
+    "sink_sign": ("the sign of the sink's gradient",
+                  "the sink takes a share of the denominator, so raising it lowers every other probability: "
+                  "its gradient is -p · delta, not +p · delta."),
+    "sink_not_normalised": ("exp(sink) taken for a probability",
+                            "exp(sink) alone is not a probability: divide by the row's denominator, "
+                            "p = exp(sink - lse)."),
+    "flipped_exponent": ("the exponent's sign flipped",
+                         "the sink's probability is exp(sink - lse), at most 1; exp(lse - sink) is its inverse."),
+    "sum_axes": ("the wrong sum",
+                 "one gradient per head: the sum of -p · delta over every row of that head in every sequence "
+                 "(the batch and the rows), neither a mean nor one sequence alone."),
 }
 
 
@@ -225,7 +261,7 @@ LABS = {lab.name: lab for lab in (
          ("masked_loads_missing", "store_outside", "nothing_done", "nan_empty_rows", "top_left_causal",
           "strict_diagonal", "causal_mask_missing", "dropped_last_tile", "padded_keys", "last_tile_only",
           "unscaled_scores", "natural_exp_base2", "no_rescale", "dot_shapes", "missing_cast",
-          "no_input_precision", "bare_inf"),
+          "no_input_precision", "bare_inf", "wrong_stride", "causal_tiles_not_skipped"),
          ("One trip of the loop is one step of notebook 03's inner loop, with three differences: the tiles come "
           "from pointers, so the last one reaches past SEQ_K and its load must be masked; the scores are in "
           "base 2, so every exponential is a power of 2; and a tile has a fixed size, so pairs that may not "
@@ -260,7 +296,8 @@ LABS = {lab.name: lab for lab in (
           "the precision of every tl.dot"),
          ("masked_loads_missing", "store_outside", "nothing_done", "natural_exp_base2", "no_delta", "tile_delta",
           "scaled_twice", "top_left_causal", "strict_diagonal", "causal_mask_missing", "dropped_last_tile",
-          "swapped_outputs", "dot_shapes", "missing_cast", "no_input_precision"),
+          "swapped_outputs", "dot_shapes", "missing_cast", "no_input_precision", "wrong_stride",
+          "causal_tiles_not_skipped", "transposed_broadcast"),
          ("This program owns one key tile: it keeps the tile and its dk and dv in registers while query blocks "
           "stream past, and each block brings its rows of q, dO, lse and delta and adds its share. Work with "
           "transposed tiles, keys as rows, so that each sum over queries is one product with the query block.",
@@ -277,4 +314,43 @@ LABS = {lab.name: lab for lab in (
           "delta[None, :]); dk += tl.dot(ds_t.to(q_blk.dtype), q_blk, ...). Return dk, dv."),
          triton=True, reveal=("flashlib.kernels.backward:_attn_bwd_dkdv_inner",
                               "flashlib.kernels.backward:_attn_bwd_dq_inner")),
+    Lab("split_kv", "10_inference", "Split-KV for one query",
+         "split_kv(q, k, v, num_splits) -> out",
+         "`q` has shape `(d,)`, `k` and `v` `(L, d)`, float64. Cut the L keys into chunks of "
+         "⌈L / num_splits⌉ (the last may be shorter); for each, compute the scores `s = k_chunk q / sqrt(d)`, "
+         "the partial output `softmax(s) v_chunk` and its log-sum-exp; merge the chunks and return the output, "
+         "shape `(d,)`. In one case the scores are large enough that `e^(lse_s)` overflows. Try it without "
+         "`merge_partials`.",
+         ("one split, and as many splits as keys", "chunks of uneven length",
+          "scores past 1000, where e^lse overflows"),
+         ("averaged_partials", "summed_partials", "unnormalised_weights", "last_chunk_only", "overflow",
+          "unscaled_scores", "dropped_last_tile", "exp2_for_exp"),
+         ("A chunk's output is normalised over its own keys alone, so the outputs of different chunks cannot "
+          "simply be added or averaged. What each chunk brings to the whole softmax is its denominator, and its "
+          "log-sum-exp holds it.",
+          "This notebook's \"Split-KV: work for every multiprocessor\" gives the merge: lse = log Σ e^(lse_s), "
+          "and chunk s weighs e^(lse_s - lse), its share of the denominator. Notebook 02's merge is the same "
+          "step for two states; subtracting lse before the exponential keeps scores past 1000 finite.",
+          "size = -(-L // num_splits); for each start in range(0, L, size): s = k[start:start + size] @ q / "
+          "math.sqrt(d), keep torch.softmax(s, 0) @ v[start:start + size] and torch.logsumexp(s, 0); then "
+          "weights = torch.exp(lses - torch.logsumexp(lses, 0)) over the stacked lse_s, and the output is the "
+          "weighted sum of the stacked partial outputs.")),
+    Lab("sink_grad", "12_real_models", "The sink's gradient",
+         "sink_grad(sinks, lse, delta) -> dsinks",
+         "`sinks` has shape `(heads,)`; `lse` (the log-sum-exp, the sink in it) and `delta = rowsum(dO ∘ O)` "
+         "have shape `(batch, heads, rows)`; all float64. Return the gradient of the loss with respect to each "
+         "sink, shape `(heads,)`, from these alone. A row that sees no key, in a head whose sink is -inf, has "
+         "lse = -inf.",
+         ("causal rows in two sequences", "rows that see no key", "a head whose sink is -inf"),
+         ("sink_sign", "no_delta", "sink_not_normalised", "exp2_for_exp", "flipped_exponent", "sum_axes",
+          "nan_empty_rows"),
+         ("A sink is one more score in each row's softmax, with no value vector. Ask what softmax's gradient "
+          "gives a score whose value is zero, and how many rows share one head's sink.",
+          "This notebook's \"The sink's gradient\" applies notebook 04's dS = P ∘ (dP - delta) to the sink: its "
+          "dP is dO · 0 = 0, and its probability, like every P the backward pass recomputes, comes from the lse: "
+          "exp(sink - lse). Every row of a head, in every sequence, shares that head's sink.",
+          "p = torch.exp(sinks[:, None] - lse), shape (batch, heads, rows), with torch.where(lse == "
+          "float(\"-inf\"), 0.0, p) for rows that see nothing; then -(p * delta), summed over the batch "
+          "(dim 0) and the rows (dim 2)."),
+         reveal=("flashlib.rules:sink_grad",)),
 )}

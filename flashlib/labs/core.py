@@ -1,15 +1,18 @@
 """check, hint and solution: what a notebook calls.
 
-``check(name, fn)`` runs the lab's checker and prints its verdict; ``hint(name)`` prints the
-next of three hints; ``solution(name)`` prints a worked solution, whose text
+``check(name, fn)`` runs the lab's checker and prints its verdict (a pass is also written to the
+progress file beside the notebooks, :mod:`.progress`); ``hint(name)`` prints the next of three
+hints, only when asked; ``solution(name)`` prints a worked solution, whose text
 ``solution_source(name)`` returns; ``reveal(name)`` prints the course's own code of the lab once
-it has passed (or its solution was shown) in this session. Unknown names raise a ValueError
-that lists the labs.
+it has passed (or its solution was shown) in this session. The student edition of the course
+(``make student``) ships no worked solutions: there ``solution`` and ``reveal`` say so. Unknown
+names raise a ValueError that lists the labs.
 """
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import textwrap
 from dataclasses import dataclass
@@ -17,6 +20,7 @@ from importlib import resources
 
 from ..course.exercises import PASS, RETRY
 from .catalog import LABS, MISTAKES, Lab
+from . import progress
 from .common import Report
 
 
@@ -49,22 +53,31 @@ def lab(name, fn: str = "labs.check") -> Lab:
     return LABS[name]
 
 
-def _checker(name: str):
-    if name == "online_softmax":
-        from .softmax_labs import check_online_softmax
-        return check_online_softmax
-    if name == "merge_states":
-        from .softmax_labs import check_merge_states
-        return check_merge_states
-    if name == "tiled_forward":
-        from .tiled_labs import check_tiled_forward
-        return check_tiled_forward
-    if name == "tiled_backward":
-        from .tiled_labs import check_tiled_backward
-        return check_tiled_backward
-    from . import kernel_labs  # needs Triton: imported only for the kernel labs
+# name -> (module, function) of its checker; the kernel labs' module imports Triton, so each is imported on use
+_CHECKERS = {"online_softmax": ("softmax_labs", "check_online_softmax"),
+             "merge_states": ("softmax_labs", "check_merge_states"),
+             "tiled_forward": ("tiled_labs", "check_tiled_forward"),
+             "tiled_backward": ("tiled_labs", "check_tiled_backward"),
+             "attn_fwd_inner": ("kernel_labs", "check_attn_fwd_inner"),
+             "attn_bwd_dkdv_inner": ("kernel_labs", "check_attn_bwd_dkdv_inner"),
+             "split_kv": ("split_kv_lab", "check_split_kv"),
+             "sink_grad": ("sink_lab", "check_sink_grad")}
 
-    return kernel_labs.check_attn_fwd_inner if name == "attn_fwd_inner" else kernel_labs.check_attn_bwd_dkdv_inner
+
+def _checker(name: str):
+    module, function = _CHECKERS[name]
+    return getattr(importlib.import_module(f"{__package__}.{module}"), function)
+
+
+def has_solutions() -> bool:
+    """Whether this edition of the course ships the worked solutions (the student edition does not)."""
+    return importlib.util.find_spec(f"{__package__}.solutions") is not None
+
+
+def _no_solutions(name: str) -> str:
+    return (f"This is the student edition of the course: it has no worked solutions and no course code to reveal. "
+            f'labs.hint("{name}") gives the next hint (three, one at a time); labs.check("{name}", {name}) '
+            "says what is wrong.")
 
 
 _ORDER = ("Triton was imported before flashlib could switch on its CPU interpreter, so no kernel can run in "
@@ -106,7 +119,8 @@ def _message(spec: Lab, report: Report) -> str:
     if problem.mistake is not None:
         title, why = MISTAKES[problem.mistake]
         lines.append(f"  mistake: {title} — {problem.why or why}")
-    lines.append(f'  labs.hint("{spec.name}") gives a hint; labs.solution("{spec.name}") a worked solution.')
+    more = f'; labs.solution("{spec.name}") a worked solution' if has_solutions() else ""
+    lines.append(f'  labs.hint("{spec.name}") gives a hint{more}.')
     return "\n".join(lines)
 
 
@@ -127,6 +141,7 @@ def check(name: str, fn) -> LabResult:
                                None if report.problem is None else report.problem.mistake, report.failed)
     if result.passed:
         _SEEN.add(name)
+        progress.record(name)
     print(result.message)
     return result
 
@@ -142,7 +157,8 @@ def hint(name: str) -> None:
     spec = lab(name, "labs.hint")
     level = _HINTS_GIVEN.get(name, 0) + 1
     if level > len(spec.hints):
-        print(f'No more hints for {name}: labs.solution("{name}") shows a worked solution.')
+        more = f': labs.solution("{name}") shows a worked solution' if has_solutions() else ""
+        print(f"No more hints for {name}{more}.")
         return
     _HINTS_GIVEN[name] = level
     print(f"hint {level} of {len(spec.hints)} for {name}: {spec.hints[level - 1]}")
@@ -159,11 +175,17 @@ def reset_hints(name: str | None = None) -> None:
 def solution_source(name: str) -> str:
     """The source of lab ``name``'s worked solution: its imports and the function, ready for a cell."""
     spec = lab(name, "labs.solution_source")
+    if not has_solutions():
+        raise RuntimeError(_no_solutions(name))
     return resources.files("flashlib.labs.solutions").joinpath(f"{spec.name}.py").read_text(encoding="utf-8")
 
 
 def solution(name: str) -> None:
-    """Print lab ``name``'s worked solution."""
+    """Print lab ``name``'s worked solution (in the student edition, that there is none)."""
+    lab(name, "labs.solution")
+    if not has_solutions():
+        print(_no_solutions(name))
+        return
     print(solution_source(name).rstrip())
     _SEEN.add(name)
 
@@ -172,6 +194,8 @@ def reveal_source(name: str) -> str:
     """The source of the course's own code that lab ``name`` rewrites (its ``reveal`` functions), one after
     another."""
     spec = lab(name, "labs.reveal_source")
+    if not has_solutions():
+        raise RuntimeError(_no_solutions(name))
     sources = []
     for where in spec.reveal:
         module, function = where.split(":")
@@ -184,11 +208,14 @@ def reveal(name: str) -> None:
     """Print the course's own code of lab ``name`` once the lab has passed (or its solution was shown) here;
     before that, say so."""
     spec = lab(name, "labs.reveal")
-    if not spec.reveal:
+    if not has_solutions():
+        print(_no_solutions(name))
+    elif not spec.reveal:
         print(f'{name} has no course code to show beyond labs.solution("{name}").')
     elif name not in _SEEN:
         names = " and ".join(w.split(":")[1] for w in spec.reveal)
-        print(f"The course's {names} are printed here once {name} passes labs.check (or after "
+        verb = "is" if len(spec.reveal) == 1 else "are"
+        print(f"The course's {names} {verb} printed here once {name} passes labs.check (or after "
               f'labs.solution("{name}")): run this cell again then.')
     else:
         print(reveal_source(name))
