@@ -1,4 +1,4 @@
-"""Command line: ``python -m flashlib {demo, bench cpu, bench widgets, gpu-check}``."""
+"""Command line: ``python -m flashlib {demo, bench cpu, bench widgets, gpu-check, labs grade}``."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +16,14 @@ def main(argv=None) -> int:
     bench.add_argument("--out-dir", help="where to write the JSON (default data/bench/)")
     sub.add_parser("gpu-check", help="GPU tests, the notebooks and the ladder benchmark (CUDA machine only)",
                    add_help=False)
+    labs = sub.add_parser("labs", help="the labs: grade saved notebooks")
+    labs_sub = labs.add_subparsers(dest="labs_command", required=True)
+    grade = labs_sub.add_parser("grade", help="run every lab and checked exercise cell of the notebooks, each in a "
+                                              "fresh kernel, and print a table of the verdicts")
+    grade.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="saved notebooks (.ipynb)")
+    grade.add_argument("--json", metavar="FILE", help="also write the verdicts as a JSON list of objects with the "
+                                                      "keys notebook, lab, passed, message, seconds")
+    grade.add_argument("--timeout", type=int, default=600, help="seconds a cell may run (default 600)")
     args, rest = parser.parse_known_args(argv)
 
     if args.command == "demo":
@@ -32,6 +40,9 @@ def main(argv=None) -> int:
         from .course.widgets import benchmark_redraw
         benchmark_redraw()
         return 0
+    if args.command == "labs":
+        from .labs.grade import main as grade_main
+        return grade_main(args.notebooks, args.json, args.timeout)
     if args.command == "gpu-check":
         from .bench.check import main as gpu_main
         return gpu_main(rest)

@@ -231,11 +231,45 @@ KERNEL_DKDV = [
     ("no_input_precision", [("dp_t = tl.dot(v_tile, tl.trans(do_blk), input_precision=INPUT_PRECISION)",
                              "dp_t = tl.dot(v_tile, tl.trans(do_blk))")]),
 ]
+KERNEL_FORWARD += [
+    ("wrong_stride", [("V + offs_k[:, None] * stride_vn", "V + offs_k[:, None] * stride_kn")]),
+    ("causal_tiles_not_skipped", [("range(0, k_end, BLOCK_K)", "range(0, SEQ_K, BLOCK_K)")]),
+]
+KERNEL_DKDV += [
+    ("wrong_stride", [("DO + offs_q[:, None] * stride_dom", "DO + offs_q[:, None] * stride_qm")]),
+    ("causal_tiles_not_skipped", [("range(q_start, SEQ_Q, BLOCK_Q)", "range(0, SEQ_Q, BLOCK_Q)")]),
+    ("transposed_broadcast", [("p_t = tl.math.exp2(s_t - lse[None, :])", "p_t = tl.math.exp2(s_t - lse[:, None])")]),
+    ("transposed_broadcast", [("ds_t = p_t * (dp_t - delta[None, :])", "ds_t = p_t * (dp_t - delta[:, None])")]),
+]
+SPLIT_KV = [
+    ("averaged_partials", [("(shares[:, None] * torch.stack(outs)).sum(dim=0)", "torch.stack(outs).mean(dim=0)")]),
+    ("summed_partials", [("(shares[:, None] * torch.stack(outs)).sum(dim=0)", "torch.stack(outs).sum(dim=0)")]),
+    ("unnormalised_weights", [("torch.exp(lses - torch.logsumexp(lses, dim=0))", "torch.exp(lses)")]),
+    ("last_chunk_only", [("(shares[:, None] * torch.stack(outs)).sum(dim=0)", "outs[-1]")]),
+    ("overflow", [("torch.exp(lses - torch.logsumexp(lses, dim=0))", "torch.exp(lses) / torch.exp(lses).sum()")]),
+    ("unscaled_scores", [(" / math.sqrt(q.shape[0])", "")]),
+    ("dropped_last_tile", [("range(0, k.shape[0], size)", "range(0, k.shape[0] - 1, size)"),
+                           ("v[start:start + size]", "v[start:min(start + size, k.shape[0] - 1)]"),
+                           ("s = k[start:start + size]", "s = k[start:min(start + size, k.shape[0] - 1)]")]),
+    ("exp2_for_exp", [(" / math.sqrt(q.shape[0])", " / math.sqrt(q.shape[0]) * math.log(2)")]),
+]
+SINK_GRAD = [
+    ("sink_sign", [("return -(p_sink * delta)", "return (p_sink * delta)")]),
+    ("no_delta", [("return -(p_sink * delta)", "return -(p_sink)")]),
+    ("sink_not_normalised", [("torch.exp(sinks[:, None] - lse)", "torch.exp(sinks[:, None]) + 0 * lse")]),
+    ("exp2_for_exp", [("torch.exp(sinks[:, None] - lse)", "torch.exp2(sinks[:, None] - lse)")]),
+    ("flipped_exponent", [("torch.exp(sinks[:, None] - lse)", "torch.exp(lse - sinks[:, None])")]),
+    ("sum_axes", [(".sum(dim=(0, 2))", "[0].sum(dim=-1)")]),
+    ("sum_axes", [(".sum(dim=(0, 2))", ".mean(dim=(0, 2))")]),
+    ("sum_axes", [(".sum(dim=(0, 2))", ".mean(dim=2).sum(dim=0)")]),  # a factor of the row count
+    ("nan_empty_rows", [('p_sink = torch.where(lse == float("-inf"), 0.0, p_sink)', "pass")]),
+]
 MISTAKEN = [pytest.param(lab, mistake, edits, marks=needs_triton if labs.LABS[lab].triton else (),
                          id=f"{lab}-{mistake}-{i}")
             for i, (lab, mistake, edits) in enumerate((lab, mistake, edits) for lab, table in (
     ("online_softmax", ONLINE), ("merge_states", MERGE), ("tiled_forward", FORWARD), ("tiled_backward", BACKWARD),
-    ("attn_fwd_inner", KERNEL_FORWARD), ("attn_bwd_dkdv_inner", KERNEL_DKDV)) for mistake, edits in table)]
+    ("attn_fwd_inner", KERNEL_FORWARD), ("attn_bwd_dkdv_inner", KERNEL_DKDV), ("split_kv", SPLIT_KV),
+    ("sink_grad", SINK_GRAD)) for mistake, edits in table)]
 
 
 @pytest.mark.parametrize("name, mistake, edits", MISTAKEN)

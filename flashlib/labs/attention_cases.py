@@ -36,6 +36,7 @@ class Case:
     seed: int = 0
     dtype: torch.dtype = torch.float32
     probe: bool = False  # v = the identity (head_dim >= seq_k): each output row is that query's row of P
+    probe_grad: bool = False  # q = dO = the identity (head_dim >= seq_q): dv holds Pᵀ and dk / scale dSᵀ
 
     @property
     def scale(self) -> float:
@@ -70,6 +71,9 @@ class Case:
             k = size * u + 0.05 * k
         if self.probe:
             v = torch.eye(self.seq_k, self.head_dim).expand(*lead, -1, -1).contiguous()
+        if self.probe_grad:
+            q = torch.eye(self.seq_q, self.head_dim).expand(*lead, -1, -1).contiguous()
+            dout = q.clone()
         return tuple(t.to(self.dtype) for t in (q, k, v, dout))
 
     def mask(self, causal: bool | None = None, **mistake) -> torch.Tensor:
@@ -91,6 +95,12 @@ def probe_of(case: Case) -> Case:
     """The case's shapes, tiles and mask with v = the identity, in float32 and without large scores."""
     return replace(case, batch=1, heads=1, head_dim=max(case.seq_k, 16), large=False, seed=case.seed + 100,
                    dtype=torch.float32, probe=True)
+
+
+def backward_probe_of(case: Case) -> Case:
+    """The case's shapes, tiles and mask with q = dO = the identity, in float32 and without large scores."""
+    return replace(case, batch=1, heads=1, head_dim=max(case.seq_q, case.seq_k, 16), large=False,
+                   seed=case.seed + 100, dtype=torch.float32, probe_grad=True)
 
 
 def expected_forward(case: Case, q, k, v):
@@ -341,6 +351,8 @@ def backward_models(case: Case, q, k, v, out, lse, dout, *, kernel: bool):
         models.append(("dropped_last_tile", "the last, shorter query block was left out. " + _DROPPED,
                        grads(case.mask(queries=case.full_queries()))))
     models += _kernel_backward_models(case, grads) if kernel else _tiled_backward_models(case, grads)
+    if kernel:
+        models += _transposed_models(case, q, k, v, out, lse, dout)
     return models
 
 
@@ -373,6 +385,33 @@ def _kernel_backward_models(case: Case, grads):
     return models
 
 
+def _transposed_models(case: Case, q, k, v, out, lse, dout):
+    """lse or delta broadcast along the keys of the transposed (BLOCK_K, BLOCK_Q) tile: key k0 + a takes the
+    row term of query q0 + a of the block (only when the tiles are square, else the shapes do not fit)."""
+    if case.block_q != case.block_k:
+        return []
+    i, j = torch.arange(case.seq_q)[:, None], torch.arange(case.seq_k)[None, :]
+    index = i // case.block_q * case.block_q + j % case.block_k  # (seq_q, seq_k): whose term pair (i, j) gets
+    inside = index < case.seq_q  # past SEQ_Q the kernel's loads give lse = +inf, delta = 0
+    index = index.clamp(max=case.seq_q - 1)
+    lse, delta = lse.double(), (dout.double() * out.double()).sum(dim=-1)
+    s = reference.scores(q, k, case.scale, case.mask())
+    lse_t = torch.where(inside, lse[..., index], float("inf"))
+    p_t = torch.exp(s - torch.where(lse_t == NEG_INF, float("inf"), lse_t))
+    p = reference.probabilities(q, k, lse, case.scale, case.mask())
+    dp = dout.double() @ v.double().transpose(-2, -1)
+
+    def grads(p, row_term):
+        ds = p * (dp - row_term)
+        return None, (ds.transpose(-2, -1) @ q.double()) * case.scale, p.transpose(-2, -1) @ dout.double()
+
+    return [("transposed_broadcast", "lse was broadcast along the keys, lse[:, None]: in the transposed tile the "
+             "queries are the columns, so lse[None, :].", grads(p_t, delta[..., None])),
+            ("transposed_broadcast", "delta was broadcast along the keys, delta[:, None]: in the transposed tile the "
+             "queries are the columns, so delta[None, :].",
+             grads(p, torch.where(inside, delta[..., index], 0.0)))]
+
+
 def _swapped(got: dict, want: dict, tol: float, after: dict) -> Problem | None:
     """Two outputs of one shape returned in each other's place; ``after[name]`` multiplies what the learner's
     code returns in that slot before it is read (the dK/dV kernel scales dk after the loop)."""
@@ -400,7 +439,32 @@ def _key_groups(case: Case) -> list:
     return groups
 
 
-def _backward_detail(case: Case, got: dict, want: dict, bad: dict, what: str) -> str:
+def _backward_probe(case: Case, probe) -> str | None:
+    """Run the learner's loop with q = dO = the identity: dv holds Pᵀ and dk / scale dSᵀ; name the first
+    (query, key) pair whose P, or else whose dS, differs."""
+    if probe is None:
+        return None
+    pc = backward_probe_of(case)
+    got = probe(pc)
+    if got is None:
+        return None
+    q, k, v, dout = pc.inputs()
+    out, lse = expected_forward(pc, q, k, v)
+    mask = pc.mask()
+    p = reference.probabilities(q, k, lse, pc.scale, mask)
+    ds = p * (dout.double() @ v.double().transpose(-2, -1) - (dout.double() * out).sum(dim=-1)[..., None])
+    n = pc.seq_q
+    p_got = got["dv"][..., :n].transpose(-2, -1) if "dv" in got else None
+    ds_got = (got["dk"] / pc.scale)[..., :n].transpose(-2, -1) if "dk" in got else None
+    prefix = "With q and dO the identity, dv holds Pᵀ and dk / scale holds dSᵀ: "
+    if p_got is not None:
+        text = diagnose.pairs(p_got, p, mask, pc.block_k, prefix=prefix)
+        if text is not None:
+            return text
+    return None if ds_got is None else diagnose.pairs(ds_got, ds, mask, pc.block_k, prefix=prefix, noun="dS")
+
+
+def _backward_detail(case: Case, got: dict, want: dict, bad: dict, what: str, probe=None) -> str:
     sentences = [diagnose.right_and_wrong(bad)]
     for name, rows in bad.items():
         if rows.any():
@@ -409,11 +473,15 @@ def _backward_detail(case: Case, got: dict, want: dict, bad: dict, what: str) ->
                 case, reference.scores(*case.inputs()[:2], case.scale, case.mask()))
             place = diagnose.which(rows, groups, "rows" if name == "dq" else "keys")
             sentences.append(f"In {name}, {place[0].lower()}{place[1:]}" if place else None)
+    sentences.append(_backward_probe(case, probe))
     return " ".join([what] + [_sentence(x) for x in sentences if x])
 
 
-def backward_problem(case: Case, inputs, got: dict, *, kernel: bool = False) -> Problem | None:
-    """None if the gradients in ``got`` ({"dq": ..., "dk": ..., "dv": ...}, any subset) are right."""
+def backward_problem(case: Case, inputs, got: dict, *, kernel: bool = False, probe=None) -> Problem | None:
+    """None if the gradients in ``got`` ({"dq": ..., "dk": ..., "dv": ...}, any subset) are right.
+
+    ``probe(case) -> got or None`` runs the learner's function on another case; it is called only to
+    describe a mistake no model explains."""
     q, k, v, dout = inputs
     out, lse, want = expected_backward(case, q, k, v, dout)
     want = dict(zip(("dq", "dk", "dv"), want))
@@ -437,4 +505,4 @@ def backward_problem(case: Case, inputs, got: dict, *, kernel: bool = False) -> 
         model = dict(zip(("dq", "dk", "dv"), model))
         if not any(wrong_rows(t, model[n], tol, whole=True).any() for n, t in got.items()):
             return Problem(what, key, why)
-    return Problem(_backward_detail(case, got, want, bad, what))
+    return Problem(_backward_detail(case, got, want, bad, what, probe))

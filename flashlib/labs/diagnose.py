@@ -108,9 +108,13 @@ def _visible_keys(mask_row) -> str:
     return f"sees keys {spans(keys)}" if keys else "sees no key"
 
 
-def pairs(p_got, p_want, mask, block_k: int) -> str | None:
-    """The first (query, key) pair whose weight differs, from probabilities (batch, heads, seq_q, seq_k) read
-    back from a probe, with what the others that differ have in common."""
+_PROBE = "With v = the identity, each output row is that query's row of P: "
+
+
+def pairs(p_got, p_want, mask, block_k: int, *, prefix: str = _PROBE, noun: str = "weight") -> str | None:
+    """The first (query, key) pair whose weight (or, with ``noun="dS"``, whose dS) differs, from
+    (batch, heads, seq_q, seq_k) tensors read back from a probe, with what the others that differ have in
+    common."""
     p_got, p_want = p_got.reshape(-1, *p_got.shape[-2:]), p_want.reshape(-1, *p_want.shape[-2:])
     differ = ~((p_got - p_want).abs() <= 1e-4)  # NaN differs
     if not differ.any():
@@ -121,15 +125,17 @@ def pairs(p_got, p_want, mask, block_k: int) -> str | None:
     i, j = (int(x) for x in cells.nonzero()[0])
     z = int(differ[:, i, j].nonzero()[0])
     got, want = p_got[z, i, j].item(), p_want[z, i, j].item()
+    what = (f"query {i} gives key {j} weight {got:.3g}" if noun == "weight"
+            else f"the {noun} of query {i} and key {j} is {got:.3g}")
     if not mask[i, j]:
-        text = f"query {i} gives key {j} weight {got:.3g}, but it must not see key {j} " \
-               f"(query {i} {_visible_keys(mask[i])})"
+        text = f"{what}, but it must not see key {j} (query {i} {_visible_keys(mask[i])})"
     elif not seen[z, i, j]:
-        text = f"query {i} gives key {j} no weight, but it sees key {j} (weight {want:.3g}; query {i} " \
-               f"{_visible_keys(mask[i])})"
+        text = (f"query {i} gives key {j} no weight" if noun == "weight" else f"the {noun} of query {i} and key {j} "
+                "is 0") + f", but it sees key {j} ({noun} {want:.3g}; query {i} {_visible_keys(mask[i])})"
     else:
-        text = f"query {i} gives key {j} weight {got:.3g} where it should give {want:.3g}"
-    return "With v = the identity, each output row is that query's row of P: " + text + _pattern(cells, mask, block_k)
+        text = f"{what} where it should be {want:.3g}" if noun != "weight" else \
+            f"query {i} gives key {j} weight {got:.3g} where it should give {want:.3g}"
+    return prefix + text + _pattern(cells, mask, block_k)
 
 
 def _pattern(cells, mask, block_k: int) -> str:

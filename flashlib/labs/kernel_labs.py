@@ -54,14 +54,18 @@ def _flat(t):
 
 def _layout(case: Case, tensors: dict, fill: float) -> dict:
     """Each tensor inside guards: a tile's worth of rows above and below, and padded columns to the right
-    (one more than the head dim's padding, so that the row stride is never HEAD_DIM)."""
+    (more than the head dim's padding, so that the row stride is never HEAD_DIM), a different number for
+    each tensor, so that no two share a row stride and a tile read with another's stride is seen."""
     device = "cpu" if interpreting() else "cuda"
     guard, pad = max(case.block_q, case.block_k), head_dim_pad(case.head_dim) - case.head_dim + 1
-    return {name: guarded(name, t.to(device), guard, pad, fill if name in _INPUTS else NAN)
+    return {name: guarded(name, t.to(device), guard, pad + _EXTRA.get(name, 0), fill if name in _INPUTS else NAN)
             for name, t in tensors.items()}
 
 
 _INPUTS = ("Q", "K", "V", "DO", "Lse", "Delta")
+_EXTRA = {"Q": 1, "K": 0, "V": 3, "DO": 5, "Out": 2, "DK": 4, "DV": 6}  # extra columns: every row stride differs
+# the loop's argument for each tensor's row stride
+_STRIDES = {"K": "stride_kn", "V": "stride_vn", "Q": "stride_qm", "DO": "stride_dom"}
 
 
 # what the interpreter or the compiler says, and the mistake it means
@@ -77,9 +81,10 @@ def _raised(error) -> Problem:
     return Problem(f"the kernel raised {text}", mistake)
 
 
-def _launch(launch, tensors: dict, outputs, case: Case) -> Problem | None:
-    """Run ``launch()`` watching memory; a stray access, an exception or a written guard becomes a Problem."""
-    watch = AccessWatch(tensors.values()) if interpreting() else None
+def _launch(launch, tensors: dict, outputs, case: Case, strides: dict, counts: dict | None = None) -> Problem | None:
+    """Run ``launch()`` watching memory; a stray access, an exception or a written guard becomes a Problem.
+    In the interpreter, ``counts`` (if given) receives how many loads touched each tensor."""
+    watch = AccessWatch(tensors.values(), strides) if interpreting() else None
     try:
         # the interpreter computes with numpy, which warns where a GPU silently gives inf (masked off later)
         with np.errstate(over="ignore", invalid="ignore"):
@@ -89,12 +94,16 @@ def _launch(launch, tensors: dict, outputs, case: Case) -> Problem | None:
                 with watch:
                     launch()
     except Exception as error:  # the learner's kernel: report, never raise
+        if watch is not None and watch.wrong_stride is not None:
+            return Problem(watch.wrong_stride, "wrong_stride")
         if watch is not None and watch.violation is not None:
             op, name, side = watch.violation
             if op == "load":
                 return Problem(f"a tl.load read {name} {side}.", "masked_loads_missing")
             return Problem(f"a tl.store wrote {name} {side}.", "store_outside")
         return _raised(error)
+    if watch is not None and counts is not None:
+        counts.update(watch.loads)
     for name in outputs:
         if not tensors[name].guards_intact(NAN):
             return Problem(f"something was stored outside {name}.", "store_outside")
@@ -117,7 +126,7 @@ def _strides(*views):
     return [s for v in views for s in v.stride()[:2]]
 
 
-def _run_forward(fn, case: Case, fill: float):
+def _run_forward(fn, case: Case, fill: float, counts: dict | None = None):
     """(out, lse) of the harness with ``fn`` as its loop, or the Problem that stopped it."""
     q, k, v, _ = case.inputs()
     bh = case.batch * case.heads
@@ -130,14 +139,15 @@ def _run_forward(fn, case: Case, fill: float):
             *views, case.scale * LOG2E, *_strides(*views[:4]), views[4].stride(0), case.seq_q, case.seq_k,
             case.head_dim, **_sizes(case), INNER=fn)
 
-    problem = _launch(launch, t, ("Out", "Lse"), case)
+    problem = _launch(launch, t, ("Out", "Lse"), case, {n: _STRIDES[n] for n in ("K", "V")}, counts)
     if problem is not None:
         return problem
     return views[3].reshape(q.shape).double().cpu(), views[4].reshape(q.shape[:-1]).double().cpu()
 
 
 def _forward_case(fn, case: Case, fill: float):
-    got = _run_forward(fn, case, fill)
+    counts: dict = {}
+    got = _run_forward(fn, case, fill, counts)
     if isinstance(got, Problem):
         return got, False
 
@@ -146,10 +156,46 @@ def _forward_case(fn, case: Case, fill: float):
         return None if isinstance(again, Problem) else again
 
     q, k, v, _ = case.inputs()
-    return forward_problem(case, q, k, v, got, kernel=True, probe=probe), bool(got[0].isnan().any())
+    problem = forward_problem(case, q, k, v, got, kernel=True, probe=probe)
+    if problem is None and counts:
+        problem = _tiles_problem(case, counts.get("K", 0), forward=True)
+    return problem, bool(got[0].isnan().any())
 
 
-def _dkdv_case(fn, case: Case, fill: float):
+def _tiles_needed(case: Case, forward: bool) -> tuple[int, int]:
+    """(tiles the loop must load, tiles there are) over every program of the case: the forward's key tiles
+    before k_end (_key_range_end), or the dK/dV kernel's query blocks from q_start on (_query_range_start)."""
+    lead = case.batch * case.heads
+    if forward:
+        ends = [case.seq_k if not case.causal else min(max(q0 + case.block_q + case.seq_k - case.seq_q, 0), case.seq_k)
+                for q0 in range(0, case.seq_q, case.block_q)]
+        return lead * sum(-(-e // case.block_k) for e in ends), lead * len(ends) * -(-case.seq_k // case.block_k)
+    starts = [0 if not case.causal else max(k0 - (case.seq_k - case.seq_q), 0) // case.block_q * case.block_q
+              for k0 in range(0, case.seq_k, case.block_k)]
+    needed = sum(-(-(case.seq_q - s) // case.block_q) for s in starts)
+    return lead * needed, lead * len(starts) * -(-case.seq_q // case.block_q)
+
+
+def _tiles_problem(case: Case, loaded: int, forward: bool) -> Problem | None:
+    """A right result from more tiles than the loop needs: causal tiles that should have been skipped."""
+    needed, every = _tiles_needed(case, forward)
+    if loaded <= needed:
+        return None
+    tensor, tiles, bound = ("K", "key tiles", "k_end") if forward else ("Q", "query blocks", "q_start")
+    what = (f"the result is right, but the loop loaded {loaded} tiles of {tensor} where {needed} are needed "
+            f"({tiles} over every program).")
+    if case.causal and loaded > needed and loaded % every == 0:
+        return Problem(what, "causal_tiles_not_skipped",
+                       f"the loop ran over every one of the {tiles}, not only those the kernel's {bound} leaves it: "
+                       f"the tiles past the diagonal hold no pair that may attend, so the mask gives the right "
+                       f"output from work whose every result is thrown away. Loop over the range the kernel hands "
+                       f"you ({bound}).")
+    return Problem(what + f" Load each of the {tiles} once, and only those the kernel's {bound} leaves the loop.")
+
+
+def _run_dkdv(fn, case: Case, fill: float, counts: dict | None = None):
+    """{"dk", "dv"} of the harness with ``fn`` as its loop (dk scaled, as the kernel stores it), or the Problem
+    that stopped it."""
     q, k, v, dout = case.inputs()
     out, lse, _ = expected_backward(case, q, k, v, dout)
     bh = case.batch * case.heads
@@ -163,11 +209,26 @@ def _dkdv_case(fn, case: Case, fill: float):
             *views, case.scale * LOG2E, case.scale, *_strides(*views[:6]), views[6].stride(0),
             case.seq_q, case.seq_k, case.head_dim, **_sizes(case), INNER=fn)
 
-    problem = _launch(launch, t, ("DK", "DV"), case)
+    problem = _launch(launch, t, ("DK", "DV"), case, {n: _STRIDES[n] for n in ("Q", "DO")}, counts)
     if problem is not None:
-        return problem, False
-    got = {"dk": views[4].reshape(k.shape).double().cpu(), "dv": views[5].reshape(v.shape).double().cpu()}
-    return backward_problem(case, (q, k, v, dout), got, kernel=True), any(g.isnan().any() for g in got.values())
+        return problem
+    return {"dk": views[4].reshape(k.shape).double().cpu(), "dv": views[5].reshape(v.shape).double().cpu()}
+
+
+def _dkdv_case(fn, case: Case, fill: float):
+    counts: dict = {}
+    got = _run_dkdv(fn, case, fill, counts)
+    if isinstance(got, Problem):
+        return got, False
+
+    def probe(other: Case):
+        again = _run_dkdv(fn, other, NAN)
+        return None if isinstance(again, Problem) else again
+
+    problem = backward_problem(case, case.inputs(), got, kernel=True, probe=probe)
+    if problem is None and counts:
+        problem = _tiles_problem(case, counts.get("Q", 0), forward=False)
+    return problem, any(g.isnan().any() for g in got.values())
 
 
 def _run_case(run, fn, case: Case) -> Problem | None:

@@ -81,12 +81,21 @@ class OutOfBounds(Exception):
 
 
 class AccessWatch:
-    """While active, checks every masked-on address of every tl.load and tl.store (interpreter only)."""
+    """While active, checks every masked-on address of every tl.load and tl.store (interpreter only).
 
-    def __init__(self, tensors):
+    It also counts the loads that touch each tensor (``loads``: how many tiles a loop read), and
+    checks that a 2-D tile is read with its own tensor's row stride: ``strides`` maps a tensor's name
+    to the argument that holds its stride (``{"K": "stride_kn", ...}``), so a tile of V read with K's
+    stride is named as such rather than as a load that strayed.
+    """
+
+    def __init__(self, tensors, strides: dict[str, str] | None = None):
         self.tensors = list(tensors)
+        self.strides = strides or {}
         self.violation: tuple[str, str, str] | None = None  # (load or store, tensor name, side)
+        self.wrong_stride: str | None = None  # what the first tile read with another stride was
         self.float32_dots: set[str] = set()  # the input precisions float32 tl.dot calls asked for: "ieee", "tf32"
+        self.loads: dict[str, int] = {}
         self._saved = None
 
     def __enter__(self):
@@ -119,18 +128,38 @@ class AccessWatch:
         return False
 
     def check(self, op: str, addresses, mask) -> None:
-        addresses = np.broadcast_to(np.asarray(addresses), np.shape(mask))[np.asarray(mask, dtype=bool)]
-        addresses = addresses.astype(np.int64).ravel()
+        tile = np.broadcast_to(np.asarray(addresses), np.shape(mask)).astype(np.int64)
+        addresses = tile[np.asarray(mask, dtype=bool)].ravel()
         known = np.zeros(addresses.shape, dtype=bool)
         for t in self.tensors:
             base, size = t.buffer.data_ptr(), t.buffer.element_size()
             inside = (addresses >= base) & (addresses < base + t.buffer.numel() * size)
+            if op == "load" and inside.any():
+                self.loads[t.name] = self.loads.get(t.name, 0) + 1
+                self._check_stride(t, tile)
             known |= inside
             side = t.first_outside((addresses[inside] - base) // size)
             if side is not None:
                 self._stop(op, t.name, side)
         if not known.all():
             self._stop(op, "no tensor", "at an address outside every tensor the kernel was given")
+
+    def _check_stride(self, t: Guarded, tile: np.ndarray) -> None:
+        """Stop at a 2-D tile of ``t`` whose rows are not ``t``'s row stride apart (its columns 1 apart)."""
+        if tile.ndim != 2 or min(tile.shape) < 2 or t.view.dim() != 3 or t.name not in self.strides:
+            return
+        size = t.buffer.element_size()
+        steps = {int(tile[1, 0] - tile[0, 0]) // size, int(tile[0, 1] - tile[0, 0]) // size}
+        own = t.view.stride(1)
+        if 1 not in steps or steps == {1, own}:
+            return  # a tile of another shape (or gathered rows) is for the values to judge
+        step = max(steps - {1})
+        other = next((n for n in self.tensors if n.name != t.name and n.name in self.strides
+                      and n.view.stride(1) == step), None)
+        whose = f": that is {other.name}'s, {self.strides[other.name]}" if other is not None else ""
+        self.wrong_stride = (f"a tl.load read a tile of {t.name} with its rows {step} elements apart, but {t.name}'s "
+                             f"rows are {own} apart ({self.strides[t.name]}){whose}.")
+        self._stop("load", t.name, "with another tensor's row stride")
 
     def _stop(self, op, name, side):
         self.violation = (op, name, side)

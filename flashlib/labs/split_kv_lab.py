@@ -87,10 +87,9 @@ def _diagnose(got, q, k, v, case: SplitCase, what: str, passed: list) -> Problem
             return Problem(f"{what} That is attention over the first {n} of the {k.shape[0]} keys.",
                            "dropped_last_tile", "the chunks must cover every key: ceil(L / num_splits) keys each, "
                            "the last may be shorter.")
-    if case.num_splits > 1:
-        for key, wrong in _wrong_merges(q, k, v, case.num_splits):
-            if same(wrong):
-                return Problem(what, key)
+    for key, wrong in _wrong_merges(q, k, v, case.num_splits):
+        if same(wrong):
+            return Problem(what, key)
     factor = (got @ want / (want @ want)).item()
     if math.isfinite(factor) and not math.isclose(factor, 1.0, rel_tol=1e-6) and same(factor * want):
         return Problem(f"{what} Your output is {factor:.4g} times the right one: softmax weights, and the chunks' "
