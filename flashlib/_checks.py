@@ -170,6 +170,29 @@ def check_mask_mod(fn: str, mask_mod):
     return mask_mod
 
 
+def check_score_mod(fn: str, score_mod, softcap=None):
+    """None, or a function score_mod(score, b, h, q_idx, kv_idx) -> score; not with softcap too
+    (softcap is the score function flashlib.scores.softcap: compose the two in one)."""
+    if score_mod is None:
+        return None
+    if not callable(score_mod):
+        raise TypeError(f"{fn}: argument 'score_mod' must be None or a function score_mod(score, b, h, q_idx, "
+                        f"kv_idx) -> score, got {type(score_mod).__name__}")
+    if softcap is not None:
+        raise ValueError(f"{fn}: arguments 'softcap' and 'score_mod' were both given; softcap is the score "
+                         "function flashlib.scores.softcap(c): apply it inside yours, "
+                         "lambda s, b, h, q, k: cap(mine(s, b, h, q, k), b, h, q, k)")
+    try:
+        params = inspect.signature(score_mod).parameters.values()
+    except (TypeError, ValueError):
+        return score_mod
+    if len([p for p in params if p.default is inspect.Parameter.empty]) != 5:
+        raise TypeError(f"{fn}: argument 'score_mod' must take five arguments (score, b, h, q_idx, kv_idx), as "
+                        f"flex_attention's score functions do; {getattr(score_mod, '__name__', score_mod)} takes "
+                        f"({', '.join(p.name for p in params)})")
+    return score_mod
+
+
 INT32_MAX = 2**31 - 1
 
 

@@ -368,6 +368,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
                         "bfloat16 or float32 (or flashlib.decode_reference for float64)")
     check_kernel_inputs(FN, q)
     check_decode_values(FN, cache_seqlens, block_table, q.shape[2], args, k_cache.shape[0])
+    from .kernels.function import Variant, kernel_score
+
+    score = kernel_score(Variant(softcap=args.softcap), q.device)  # soft-capping is a score function
     out, _ = decode_forward(q, k_cache, v_cache, cache_seqlens, block_table=block_table, scale=args.scale,
-                            softcap=args.softcap, window_left=args.window_left, num_splits=num_splits, sinks=sinks)
+                            score=score, window_left=args.window_left, num_splits=num_splits, sinks=sinks)
     return out

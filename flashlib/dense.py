@@ -13,8 +13,8 @@ import math
 
 import torch
 
-from ._checks import check_attention_inputs, check_mask_mod, check_sinks, check_softcap, check_window
-from .rules import Visibility, softcap as _softcap
+from ._checks import check_attention_inputs, check_mask_mod, check_score_mod, check_sinks, check_softcap, check_window
+from .rules import Visibility, scored, softcap as _softcap
 
 
 def head_indices(batch: int, heads: int, device=None):
@@ -85,7 +85,8 @@ def expand_kv(t: torch.Tensor, q_heads: int) -> torch.Tensor:
 
 
 def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
-                    softcap: float | None = None, mask_mod=None, sinks=None, return_scores: bool = False):
+                    softcap: float | None = None, mask_mod=None, sinks=None, score_mod=None,
+                    return_scores: bool = False):
     """softmax(q kᵀ · scale) v, materialising the full score matrix.
 
     Args:
@@ -100,6 +101,9 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
             seq_q; -1 for no limit on a side. ANDed with causal and mask_mod (:class:`Visibility`).
         softcap: c > 0 caps the scores: s = c * tanh(scale * q kᵀ / c) (Gemma 2).
         mask_mod: mask_mod(b, h, q_idx, kv_idx) -> bool tensor, called once on index tensors.
+        score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score (:mod:`flashlib.scores`), called
+            once on the scaled scores and index tensors, before the mask; differentiable, the
+            tensors it captures included (plain autograd). Not with softcap (compose them).
         sinks: attention sinks, (heads,): one more score per row, sinks[h] for every row of head
             h, with no value: it joins each softmax as an extra column that is dropped afterwards
             (so the row's probabilities sum to less than 1). Differentiable.
@@ -112,6 +116,7 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     fn = "dense_attention"
     scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True)
     rule = Visibility(causal, check_window(fn, window), check_mask_mod(fn, mask_mod))
+    score_mod = check_score_mod(fn, score_mod, softcap)
     softcap = check_softcap(fn, softcap)
     heads = q.shape[-3] if q.ndim >= 3 else 1
     sinks = check_sinks(fn, sinks, heads, q.device)
@@ -119,6 +124,11 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     s = (q @ k.transpose(-2, -1)) * scale  # (B, H, Nq, Nk): the N^2 memory
     s = _softcap(s, softcap)
     seq_q, seq_k = q.shape[-2], k.shape[-2]
+    if score_mod is not None:  # on (B, H, Nq, Nk) views of s, as flex_attention calls it
+        batch, h_count = batch_and_heads(q.shape)
+        rows, cols = torch.arange(seq_q, device=q.device)[:, None], torch.arange(seq_k, device=q.device)[None, :]
+        s4 = s.reshape(batch, h_count, seq_q, seq_k)
+        s = scored(score_mod, s4, *head_indices(batch, h_count, q.device), rows, cols).reshape(s.shape)
     if not rule.everything:  # (without a rule no index tensor is made: notebook 01 measures this peak)
         rows, cols = torch.arange(seq_q, device=q.device)[:, None], torch.arange(seq_k, device=q.device)[None, :]
         visible = rule.pairs(rows, cols, seq_q, seq_k, *head_indices(*batch_and_heads(q.shape), q.device))

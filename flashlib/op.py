@@ -41,12 +41,12 @@ FAST_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def path_for(q: torch.Tensor, k: torch.Tensor | None = None, *, window=None, softcap=None,
-             mask_mod=None, sinks=None) -> tuple[str, str]:
+             mask_mod=None, sinks=None, score_mod=None) -> tuple[str, str]:
     """(forward, backward) that :func:`flash_attention` runs for inputs like q (and k: fewer heads
     than q is grouped-query attention) with these options."""
     grouped = k is not None and q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] != q.shape[-3]
     options = (grouped or window not in (None, (-1, -1)) or softcap is not None or mask_mod is not None
-               or sinks is not None)
+               or sinks is not None or score_mod is not None)
     if not options and q.device.type == "cuda" and q.dtype in FAST_DTYPES and capability(q.device) >= (8, 0):
         return "tma", "tuned"
     return "teaching", "teaching"
@@ -64,14 +64,14 @@ def flash_attention_forward(q, k, v, **options):
 
 
 def forward_base2(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
-                  softcap: float | None = None, mask_mod=None, sinks=None):
+                  softcap: float | None = None, mask_mod=None, sinks=None, score_mod=None):
     """:func:`flash_attention_forward` with the lse in base 2, as the kernels keep it."""
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
     check_kernel_inputs(FN, q)
-    forward, _ = path_for(q, k, window=window, softcap=softcap, mask_mod=mask_mod, sinks=sinks)
+    forward, _ = path_for(q, k, window=window, softcap=softcap, mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
     if forward == "teaching":
         return teaching.forward_base2(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                                      mask_mod=mask_mod, fn=FN, sinks=sinks)
+                                      mask_mod=mask_mod, fn=FN, sinks=sinks, score_mod=score_mod)
     from .ladder.forward import forward_base2 as rung_forward
 
     return rung_forward(q, k, v, causal=causal, scale=scale, rung=forward)
@@ -85,13 +85,15 @@ def flash_attention_backward(q, k, v, out, lse, dout, **options):
 
 
 def backward_base2(q, k, v, out, lse2, dout, *, causal: bool = False, scale: float | None = None, dlse=None,
-                   window=None, softcap: float | None = None, mask_mod=None, sinks=None):
-    """:func:`flash_attention_backward` from the forward's base-2 lse, :func:`forward_base2`'s."""
+                   window=None, softcap: float | None = None, mask_mod=None, sinks=None, score_mod=None):
+    """:func:`flash_attention_backward` from the forward's base-2 lse, :func:`forward_base2`'s (dq, dk,
+    dv and dsinks; the gradients of what a score function captures come from autograd only)."""
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
-    _, backward = path_for(q, k, window=window, softcap=softcap, mask_mod=mask_mod, sinks=sinks)
+    _, backward = path_for(q, k, window=window, softcap=softcap, mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
     if backward == "teaching":
         return teaching.backward_base2(q, k, v, out, lse2, dout, causal=causal, scale=scale, dlse=dlse,
-                                       window=window, softcap=softcap, mask_mod=mask_mod, sinks=sinks)
+                                       window=window, softcap=softcap, mask_mod=mask_mod, sinks=sinks,
+                                       score_mod=score_mod)
     from .ladder.function import backward_pass_base2
 
     return backward_pass_base2(q, k, v, out, lse2, dout, causal=causal, scale=scale, backward=backward, dlse=dlse)
@@ -157,15 +159,17 @@ _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 @torch.compiler.disable
-def _with_mask_mod(q, k, v, causal, scale, variant, sinks=None):
-    """A mask function is Python code, not an op argument: the teaching kernels' autograd Function, eagerly."""
+def _eager(q, k, v, causal, scale, variant, sinks=None):
+    """A mask or score function is Python code, not an op argument: the teaching kernels' autograd
+    Function, eagerly (with the tensors a score function captures as its inputs, for their gradients)."""
     cfg = teaching.resolve_config(FN, q, None)
-    return teaching.AttentionFunction.apply(q, k, v, causal, scale, cfg, variant, sinks)
+    return teaching.AttentionFunction.apply(q, k, v, causal, scale, cfg, variant, sinks,
+                                            *teaching.captured_inputs(variant, q, k))
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
                     softcap: float | None = None, mask_mod=None, block_mask=None, sinks=None,
-                    return_lse: bool = False):
+                    score_mod=None, return_lse: bool = False):
     """Exact attention softmax(q kᵀ · scale) v, fused, differentiable (the lse too).
 
     Args:
@@ -191,7 +195,15 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
             convention); ANDed with causal. Key tiles outside the window are never visited:
             the cost is O(seq * window).
         softcap: c > 0: scores become c * tanh(scale * q.k / c) (Gemma 2's soft-capping), with
-            its gradient; the lse is that of the capped scores.
+            its gradient; the lse is that of the capped scores. It is the score function
+            ``flashlib.scores.softcap(c)``.
+        score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score, as flex_attention takes one:
+            applied to each scaled score before the mask (:mod:`flashlib.scores`: ALiBi, a bias
+            table, a temperature, soft-capping). q_idx and kv_idx are positions within the
+            sequences (the queries' and the keys'). Compiled into the teaching kernels from what it
+            does, with its derivative for the backward's dS; a tensor it captures that requires
+            grad gets its gradient (a deterministic pass, :func:`flashlib.scores.captured_grads`).
+            Not with ``softcap`` (compose the two in one function).
         mask_mod: mask_mod(b, h, q_idx, kv_idx) -> bool, as flex_attention takes one: a ``def``, a
             lambda or a closure using arithmetic, comparisons, & | ~ and the tensors it captures,
             indexed by the indices (:mod:`flashlib.masks` says what compiles and has ready ones),
@@ -218,11 +230,11 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     """
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
     causal, window, mask_mod = with_block_mask(FN, q, k, causal, window, mask_mod, block_mask)
-    variant = check_variant(FN, window, softcap, mask_mod, block_mask)
+    variant = check_variant(FN, window, softcap, mask_mod, block_mask, score_mod)
     check_kernel_inputs(FN, q)
     check_sinks(FN, sinks, q.shape[-3] if q.ndim >= 3 else 1, q.device)
-    if variant.mask_mod is not None:
-        out, lse = _with_mask_mod(q, k, v, causal, scale, variant, sinks)
+    if variant.mask_mod is not None or variant.score_mod is not None:
+        out, lse = _eager(q, k, v, causal, scale, variant, sinks)
     else:
         out, lse, _ = _attention_op(q, k, v, causal, scale, *variant.window, variant.softcap, sinks)
     return (out, lse) if return_lse else out

@@ -1,5 +1,6 @@
 """The rules the course teaches, written once in PyTorch: which keys a query sees (element by
-element and tile by tile), soft-capping and the gradient of attention sinks.
+element and tile by tile), score functions (soft-capping among them) and the gradient of attention
+sinks.
 
 The references (:mod:`flashlib.dense`, :mod:`flashlib.tiled`, :mod:`flashlib.backward`), the block
 masks (:mod:`flashlib.masks`) and the decoding reference (:mod:`flashlib.decode`) ask these;
@@ -135,6 +136,22 @@ def softcap(s: torch.Tensor, cap: float) -> torch.Tensor:
 def softcap_slope(ds: torch.Tensor, capped: torch.Tensor, cap: float) -> torch.Tensor:
     """ds times the cap's slope at the capped scores: d/ds cap * tanh(s / cap) = 1 - (capped / cap)²."""
     return ds * (1 - (capped / cap) ** 2) if cap else ds
+
+
+# ----- score functions ---------------------------------------------------------------------------
+
+def scored(score_mod, s: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
+    """s through a score function (flashlib.scores), on index tensors broadcast against s; s itself
+    for None. What it returns must be a floating tensor that broadcasts to s's shape."""
+    if score_mod is None:
+        return s
+    new = score_mod(s, b, h, q_idx, kv_idx)
+    if not isinstance(new, torch.Tensor) or not new.is_floating_point():
+        name = getattr(score_mod, "__name__", repr(score_mod))
+        kind = type(new).__name__ if not isinstance(new, torch.Tensor) else f"a {new.dtype} tensor"
+        raise TypeError(f"argument 'score_mod': {name} returned {kind}; a score function returns the new scores "
+                        "(a floating tensor)")
+    return new.expand(s.shape) if new.shape != s.shape else new
 
 
 # ----- attention sinks -----------------------------------------------------------------------------

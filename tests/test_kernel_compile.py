@@ -198,6 +198,10 @@ VARIANT_SPECS = [
     # Colab's T4 (sm_75), in float16 (it has no bfloat16): notebook 09's options and packed sequences
     variant_spec("t4-document-window", (7, 5), "float16", 64, causal=True, window=(32, 0), mask="document"),
     variant_spec("t4-varlen-gqa-softcap", (7, 5), "float16", 64, causal=True, group=2, softcap=30.0, varlen=True),
+    # score functions reading data: ALiBi's slopes by head, a bias table by distance
+    variant_spec("alibi", (9, 0), "bfloat16", 128, causal=True, group=4, score="alibi"),
+    variant_spec("bias-window", (8, 0), "float16", 64, causal=True, window=(128, 0), score="bias"),
+    variant_spec("t4-alibi", (7, 5), "float16", 64, causal=True, score="alibi"),
 ]
 # the kernels a spec launches, by the name compile.expected_tensor_core_op knows them
 VARIANT_KERNELS = {False: {"_attn_fwd": "forward", "_attn_bwd_dkdv": "bwd_dkdv", "_attn_bwd_dq": "bwd_dq"},

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flashlib
+from flashlib.kernels.function import Variant, kernel_score
 from flashlib import rules
 from flashlib.kernels import attention
 from flashlib.kernels import rules as kr
@@ -105,9 +106,10 @@ def test_an_unbounded_window_written_as_the_largest_int_is_no_window():
 # ----- soft-capping ------------------------------------------------------------------------------
 
 @triton.jit
-def _softcap_kernel(X, Out, qk_scale, softcap, N: tl.constexpr):
+def _softcap_kernel(X, Out, scale, qk_scale, SCORE_MOD: tl.constexpr, N: tl.constexpr):
     offs = tl.arange(0, N)
-    capped = kr._softcap(tl.load(X + offs), qk_scale, softcap)  # (the interpreter wants it named before the store)
+    # soft-capping as the kernels compute it: the score function flashlib.scores.softcap, compiled
+    capped = kr._mod_scores(tl.load(X + offs), scale, qk_scale, 0, 0, offs, offs, None, SCORE_MOD)
     tl.store(Out + offs, capped)
 
 
@@ -120,7 +122,8 @@ def test_the_kernels_softcap_is_float32_rounding_from_float64(cap):
     x = torch.cat([torch.randn(288) * 30, torch.logspace(-8, 3, 112), -torch.logspace(-8, 3, 112)]).float()
     scale = 0.125
     out = torch.empty(512)
-    _softcap_kernel[(1,)](x, out, scale * math.log2(math.e), cap, N=512)
+    score = kernel_score(Variant(softcap=cap), "cpu")
+    _softcap_kernel[(1,)](x, out, scale, scale * math.log2(math.e), score.jit, N=512)
     exact = cap * torch.tanh(x.double() * scale / cap) * math.log2(math.e)
     ulp = torch.finfo(torch.float32).eps
     err = ((out.double() - exact).abs() / exact.abs().clamp_min(1e-30))

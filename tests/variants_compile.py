@@ -19,16 +19,18 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MASKS = ("document", "prefix_lm", "plain")
+SCORES = ("alibi", "bias")
 
 
 def spec(name: str, capability, dtype: str, head_dim: int, *, causal=False, group=1, window=None, softcap=None,
-         mask=None, varlen=False, sass=False):
+         mask=None, varlen=False, sass=False, score=None):
     """One forward and backward launch: ``group`` query heads per kv head, a window (left, right),
     a soft-cap, a mask (one of MASKS: masks.document, masks.prefix_lm, or masks.causal as a plain
-    def), and ``varlen`` for packed sequences; sass: also read each kernel's first tensor-core loop
-    from its machine code (flashlib.kernels.compile.first_mma_loop)."""
+    def), a score function (one of SCORES: flashlib.scores.alibi or relative_bias) and ``varlen``
+    for packed sequences; sass: also read each kernel's first tensor-core loop from its machine
+    code (flashlib.kernels.compile.first_mma_loop)."""
     return dict(name=name, capability=list(capability), dtype=dtype, head_dim=head_dim, causal=causal, group=group,
-                window=window, softcap=softcap, mask=mask, varlen=varlen, sass=sass)
+                window=window, softcap=softcap, mask=mask, varlen=varlen, sass=sass, score=score)
 
 
 def compile_variants(specs, *, triton_path: str | None = None, timeout: float = 600) -> list[dict]:
@@ -73,6 +75,17 @@ def _mask(name, seq):
             "plain": lambda: masks.causal}[name]()
 
 
+def _score(name, heads, seq):
+    import torch
+
+    from flashlib import scores
+
+    if name is None:
+        return None
+    return {"alibi": lambda: scores.alibi(scores.alibi_slopes(heads)),
+            "bias": lambda: scores.relative_bias(torch.zeros(2 * seq - 1))}[name]()
+
+
 def _launch(s):
     """Run the spec's forward and backward launchers on CPU stand-ins (under recording: noted only)."""
     import torch
@@ -83,7 +96,8 @@ def _launch(s):
     dtype = getattr(torch, s["dtype"])
     cfg = default_config(s["head_dim"], dtype, tuple(s["capability"]))
     kv_heads, heads, seq, d = 2, 2 * s["group"], 512, s["head_dim"]
-    variant = function.check_variant("compile", s["window"], s["softcap"], _mask(s["mask"], seq))
+    variant = function.check_variant("compile", s["window"], s["softcap"], _mask(s["mask"], seq),
+                                     score_mod=_score(s.get("score"), heads, seq))
     if s["varlen"]:
         cu = torch.tensor([0, 200, 512], dtype=torch.int32)
         q, out, dout = (torch.zeros(seq, heads, d, dtype=dtype) for _ in range(3))

@@ -15,8 +15,8 @@ gradients. The price is computing P and dP twice (once per kernel).
 The variants use the forward's helpers. Grouped-query attention: a dK/dV program owns one
 kv head's key tile and loops over the BLOCK_H query heads that read it (the kv head's group, a
 block of heads: a compile-time size, so that the loop vanishes for BLOCK_H = 1), summing their
-contributions in registers (no atomics, still deterministic). Soft-capping: dS picks up the
-cap's slope 1 - tanh² (:func:`_softcap_slope`). A window or a mask function: each key tile
+contributions in registers (no atomics, still deterministic). A score function (soft-capping,
+ALiBi...): dS picks up its slope at the score, derived from the function (:func:`_mod_slope`). A window or a mask function: each key tile
 visits the query blocks of :func:`_query_range` and skips those its block mask row skips.
 """
 from __future__ import annotations
@@ -26,9 +26,9 @@ from ._mode import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402
 
-from .forward import _dot_scores, _load_rows  # noqa: E402
-from .rules import (_SKIPPED, _key_range, _query_range, _query_range_start,  # noqa: E402,F401
-                    _softcap_slope, _tile_kind, _visible, _visible_mod)
+from .forward import _load_rows  # noqa: E402
+from .rules import (_SKIPPED, _key_range, _mod_scores, _mod_slope, _query_range, _query_range_start,  # noqa: E402,F401
+                    _tile_kind, _visible, _visible_mod)
 
 
 @triton.jit
@@ -56,8 +56,8 @@ def _lse_base2(Lse, offs_q, SEQ_Q):
 def _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d,
                          q_start, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
                          BLOCK_Q: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                         q_end=None, softcap=0.0, window_left=-1, window_right=-1, off_b=0, off_h=0, MaskData=None,
-                         Tiles=None, SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None):
+                         q_end=None, scale=1.0, window_left=-1, window_right=-1, off_b=0, off_h=0, MaskData=None,
+                         Tiles=None, ScoreData=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None):
     """Accumulate one key tile's dk, dv over the query blocks that can see it, [q_start, q_end)
     (q_end: SEQ_Q if None); with a mask function, blocks its block mask row (Tiles) skips are passed over."""
     if q_end is None:
@@ -71,7 +71,9 @@ def _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, s
             lse = _lse_base2(Lse, offs_q, SEQ_Q)
             delta = tl.load(Delta + offs_q, mask=offs_q < SEQ_Q, other=0.0)
             # transposed tiles (BLOCK_K, BLOCK_Q): keys are this program's rows
-            s_t = _dot_scores(k_tile, q_blk, qk_scale, softcap, SOFTCAP, INPUT_PRECISION)
+            x_t = tl.dot(k_tile, tl.trans(q_blk), input_precision=INPUT_PRECISION)
+            s_t = _mod_scores(x_t, scale, qk_scale, off_b, off_h, offs_q[None, :], offs_k[:, None], ScoreData,
+                              SCORE_MOD)
             p_t = tl.math.exp2(s_t - lse[None, :])
             visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL)
             visible = _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right, off_b, off_h,
@@ -79,19 +81,20 @@ def _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, s
             p_t = tl.where(tl.trans(visible), p_t, 0.0)
             dv += tl.dot(p_t.to(do_blk.dtype), do_blk, input_precision=INPUT_PRECISION)
             dp_t = tl.dot(v_tile, tl.trans(do_blk), input_precision=INPUT_PRECISION)
-            ds_t = _softcap_slope(p_t * (dp_t - delta[None, :]), s_t, softcap, SOFTCAP)
+            ds_t = _mod_slope(p_t * (dp_t - delta[None, :]), x_t, scale, off_b, off_h, offs_q[None, :], offs_k[:, None],
+                              ScoreData, tl.trans(visible), SCORE_MOD)
             dk += tl.dot(ds_t.to(q_blk.dtype), q_blk, input_precision=INPUT_PRECISION)
     return dk, dv
 
 
 @triton.jit
-def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, qk_scale, scale, softcap,
+def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, ScoreData, qk_scale, scale,
                          stride_qh, stride_qm, stride_kn, stride_vn, stride_doh, stride_dom, stride_dkn, stride_dvn,
                          stride_lh, k0, SEQ_Q, SEQ_K, HEAD_DIM, window_left, window_right, off_b, off_h,
                          stride_tb, stride_th, stride_tr,
                          HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                          BLOCK_H: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                         SOFTCAP: tl.constexpr, MASK_MOD: tl.constexpr):
+                         SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr):
     """One key tile (k0 ..) of one kv head: K, V, DK, DV point at its first key; Q, DO, Lse and Delta
     at the first of the BLOCK_H query heads that read it (query head off_h), the next ones a head
     stride (stride_qh, stride_doh, stride_lh) further."""
@@ -110,9 +113,10 @@ def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, qk_sc
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q + g * stride_qh, DO + g * stride_doh,
                                       Lse + g * stride_lh, Delta + g * stride_lh, stride_qm, stride_dom, offs_k, offs_d,
                                       q_start, qk_scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, BLOCK_Q=BLOCK_Q,
-                                      CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, q_end=q_end, softcap=softcap,
+                                      CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, q_end=q_end, scale=scale,
                                       window_left=window_left, window_right=window_right, off_b=off_b, off_h=off_h + g,
-                                      MaskData=MaskData, Tiles=row, SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD)
+                                      MaskData=MaskData, Tiles=row, ScoreData=ScoreData, SCORE_MOD=SCORE_MOD,
+                                      MASK_MOD=MASK_MOD)
     mask = (offs_k[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)
     dk = dk * scale  # s = scale * q kᵀ, so dk picks up the scale once, at the end
     rows = offs_k[:, None].to(tl.int64)  # int64: a row stride times a row can pass 2^31
@@ -127,9 +131,9 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
                    SEQ_Q, SEQ_K, HEAD_DIM,
                    HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                    CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                   HEADS=1, softcap=0.0, window_left=-1, window_right=-1, MaskData=None,
+                   HEADS=1, window_left=-1, window_right=-1, MaskData=None,
                    Tiles=None, stride_tb=0, stride_th=0, stride_tr=0, BLOCK_H: tl.constexpr = 1,
-                   SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None, ROW0=0):
+                   SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, ROW0=0, ScoreData=None):
     """One program per key tile of one kv head: the grid is (key tiles, B*H_kv); BLOCK_H = H / H_kv.
     Tiles: the block mask's kinds by key tile, (B or 1, H or 1, key tiles, query blocks). ROW0: where
     K's rows start among all B*H_kv, on a batch boundary (a launch takes at most 65,535 rows:
@@ -140,21 +144,21 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
     off_b = off_q // HEADS + ROW0 * BLOCK_H // HEADS  # what a mask function is told
     _attn_bwd_dkdv_block(Q + off_q * stride_qz, K + off_z * stride_kz, V + off_z * stride_vz, DO + off_q * stride_doz,
                          DK + off_z * stride_dkz, DV + off_z * stride_dvz, Lse + off_q * SEQ_Q, Delta + off_q * SEQ_Q,
-                         Tiles, MaskData, qk_scale, scale, softcap, stride_qz, stride_qm=stride_qm, stride_kn=stride_kn,
+                         Tiles, MaskData, ScoreData, qk_scale, scale, stride_qz, stride_qm=stride_qm, stride_kn=stride_kn,
                          stride_vn=stride_vn, stride_doh=stride_doz, stride_dom=stride_dom, stride_dkn=stride_dkn,
                          stride_dvn=stride_dvn, stride_lh=SEQ_Q, k0=k0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
                          window_left=window_left, window_right=window_right, off_b=off_b, off_h=off_q % HEADS,
                          stride_tb=stride_tb, stride_th=stride_th, stride_tr=stride_tr, HEAD_DIM_PAD=HEAD_DIM_PAD,
                          BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H, CAUSAL=CAUSAL,
-                         INPUT_PRECISION=INPUT_PRECISION, SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD)
+                         INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
 
 
 @triton.jit
 def _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end,
                        qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
                        BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                       k_start=0, softcap=0.0, window_left=-1, window_right=-1, off_b=0, off_h=0, MaskData=None,
-                       Tiles=None, SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None):
+                       k_start=0, scale=1.0, window_left=-1, window_right=-1, off_b=0, off_h=0, MaskData=None,
+                       Tiles=None, ScoreData=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None):
     """Accumulate one query block's dq over the key tiles it can see, [k_start, k_end); with a mask
     function, tiles its block mask row (Tiles) skips are passed over."""
     for k0 in range(k_start, k_end, BLOCK_K):
@@ -163,24 +167,26 @@ def _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_tile = _load_rows(K, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)
             v_tile = _load_rows(V, stride_vn, offs_k, offs_d, SEQ_K, HEAD_DIM)
-            s = _dot_scores(q_blk, k_tile, qk_scale, softcap, SOFTCAP, INPUT_PRECISION)  # (BLOCK_Q, BLOCK_K)
+            x = tl.dot(q_blk, tl.trans(k_tile), input_precision=INPUT_PRECISION)  # (BLOCK_Q, BLOCK_K)
+            s = _mod_scores(x, scale, qk_scale, off_b, off_h, offs_q[:, None], offs_k[None, :], ScoreData, SCORE_MOD)
             p = tl.math.exp2(s - lse[:, None])
             visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL)
             visible = _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right, off_b, off_h,
                                    MaskData, kind, MASK_MOD)
             p = tl.where(visible, p, 0.0)
             dp = tl.dot(do_blk, tl.trans(v_tile), input_precision=INPUT_PRECISION)
-            ds = _softcap_slope(p * (dp - delta[:, None]), s, softcap, SOFTCAP)
+            ds = _mod_slope(p * (dp - delta[:, None]), x, scale, off_b, off_h, offs_q[:, None], offs_k[None, :],
+                            ScoreData, visible, SCORE_MOD)
             dq += tl.dot(ds.to(k_tile.dtype), k_tile, input_precision=INPUT_PRECISION)
     return dq
 
 
 @triton.jit
-def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, Tiles, MaskData, qk_scale, scale, softcap,
+def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, Tiles, MaskData, ScoreData, qk_scale, scale,
                        stride_qm, stride_kn, stride_vn, stride_dom, stride_dqm, q0, SEQ_Q, SEQ_K, HEAD_DIM,
                        window_left, window_right, off_b, off_h,
                        HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                       CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
+                       CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr,
                        MASK_MOD: tl.constexpr):
     """One query block (rows q0 ..) of one sequence and head: Q, DO, DQ, Lse, Delta point at the
     head's first row, K, V at its kv head's first key, Tiles at the block's row of the block mask."""
@@ -195,9 +201,9 @@ def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, Tiles, MaskData, qk_scale, s
                                 MASK_MOD is not None)
     dq = _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end, qk_scale,
                             SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
-                            INPUT_PRECISION=INPUT_PRECISION, k_start=k_start, softcap=softcap, window_left=window_left,
+                            INPUT_PRECISION=INPUT_PRECISION, k_start=k_start, scale=scale, window_left=window_left,
                             window_right=window_right, off_b=off_b, off_h=off_h, MaskData=MaskData, Tiles=Tiles,
-                            SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD)
+                            ScoreData=ScoreData, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
     mask = (offs_q[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
     tl.store(DQ + offs_q[:, None].to(tl.int64) * stride_dqm + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=mask)
@@ -210,9 +216,9 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
                  SEQ_Q, SEQ_K, HEAD_DIM,
                  HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                  CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                 GROUP=1, HEADS=1, softcap=0.0, window_left=-1, window_right=-1, MaskData=None,
+                 GROUP=1, HEADS=1, window_left=-1, window_right=-1, MaskData=None,
                  Tiles=None, stride_tb=0, stride_th=0, stride_tr=0,
-                 SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None, ROW0=0):
+                 SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, ROW0=0, ScoreData=None):
     """One program per query block of one head: the grid is (query blocks, B*H). ROW0: where Q's
     rows start among all B*H, on a batch boundary (a launch takes at most 65,535 rows: rules.row_chunks)."""
     q0 = tl.program_id(0) * BLOCK_Q
@@ -222,9 +228,9 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
     if MASK_MOD is not None:  # the block mask's row of this block
         Tiles += off_b * stride_tb + off_h * stride_th + q0 // BLOCK_Q * stride_tr
     _attn_bwd_dq_block(Q + off_z * stride_qz, K + off_kv * stride_kz, V + off_kv * stride_vz, DO + off_z * stride_doz,
-                       DQ + off_z * stride_dqz, Lse + off_z * SEQ_Q, Delta + off_z * SEQ_Q, Tiles, MaskData, qk_scale,
-                       scale, softcap, stride_qm, stride_kn, stride_vn=stride_vn, stride_dom=stride_dom,
+                       DQ + off_z * stride_dqz, Lse + off_z * SEQ_Q, Delta + off_z * SEQ_Q, Tiles, MaskData, ScoreData,
+                       qk_scale, scale, stride_qm, stride_kn, stride_vn=stride_vn, stride_dom=stride_dom,
                        stride_dqm=stride_dqm, q0=q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
                        window_left=window_left, window_right=window_right, off_b=off_b, off_h=off_h,
                        HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
-                       INPUT_PRECISION=INPUT_PRECISION, SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD)
+                       INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)

@@ -119,9 +119,9 @@ def compile_kernels(specs, *, triton_path: str | None = None, keep_ptx: bool = F
     return [CompileReport(**{**r, "capability": tuple(r["capability"])}) for r in json.loads(done.stdout)]
 
 
-# Pointer arguments a launch passes only for an option (attention sinks), compiled as None unless a
+# Pointer arguments a launch passes only for an option (attention sinks, a score function's data), compiled as None unless a
 # spec gives them; a pointer given is float32.
-OPTIONAL_POINTERS = ("Sinks",)
+OPTIONAL_POINTERS = ("Sinks", "ScoreData")  # ScoreData: a score function's tensors, a tuple
 
 
 def _with_defaults(fn, constexprs: dict, pointers=()) -> dict:

@@ -33,6 +33,7 @@ from ._mode import interpreting
 from .config import LOG2E, head_dim_pad, lse_natural
 from .forward import _finish, _finite, _load_rows, _online_update, _scores, triton
 from .rules import _band, _key_range, _sink_state, _visible, row_chunks
+from .scorefn import score_args
 
 import triton.language as tl  # noqa: E402  (after forward: it chose the interpreter mode)
 
@@ -96,9 +97,10 @@ def _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, offset, window_left)
 @triton.jit
 def _decode_inner(m_i, l_i, acc, q_blk, K, V, Table, stride_table, off_b, stride_kb, stride_kn,
                   stride_vb, stride_vn, offs_r, offs_d, k_lo, k_hi, ROWS, NEW_TOKENS, offset, window_left,
-                  qk_scale, softcap, HEAD_DIM, PAGE_SIZE, BLOCK_K: tl.constexpr, KEY_ROWS: tl.constexpr,
-                  SOFTCAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """Fold every key/value tile of [k_lo, k_hi) into (m_i, l_i, acc); q_blk stays in registers."""
+                  qk_scale, scale, heads, positions, ScoreData, HEAD_DIM, PAGE_SIZE, BLOCK_K: tl.constexpr,
+                  KEY_ROWS: tl.constexpr, SCORE_MOD: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Fold every key/value tile of [k_lo, k_hi) into (m_i, l_i, acc); q_blk stays in registers. heads,
+    positions (BLOCK_Q, 1): each row's query head and position in its sequence, for SCORE_MOD."""
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         valid = offs_k < k_hi
@@ -106,17 +108,19 @@ def _decode_inner(m_i, l_i, acc, q_blk, K, V, Table, stride_table, off_b, stride
         k_tile = _load_cache_rows(K, stride_kb, stride_kn, blocks, rows, valid, offs_d, HEAD_DIM)
         v_tile = _load_cache_rows(V, stride_vb, stride_vn, blocks, rows, valid, offs_d, HEAD_DIM)
         visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, offset, window_left)
-        s = _scores(q_blk, k_tile, qk_scale, softcap, visible, SOFTCAP, INPUT_PRECISION)
+        s = _scores(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION, scale, off_b, heads, positions,
+                    offs_k[None, :], ScoreData, SCORE_MOD)
         m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION)
     return m_i, l_i, acc
 
 
 @triton.jit
-def _decode_split(Q, K, V, Partial, PartialML, SeqLens, Table, qk_scale, softcap, window_left,
+def _decode_split(Q, K, V, Partial, PartialML, SeqLens, Table, qk_scale, scale, window_left,
                   stride_qz, stride_qr, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                   stride_table, stride_pz, stride_pr, KV_HEADS, NUM_SPLITS, ROWS, NEW_TOKENS, HEAD_DIM, PAGE_SIZE,
                   HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                  KEY_ROWS: tl.constexpr, SOFTCAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+                  KEY_ROWS: tl.constexpr, INPUT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr = None,
+                  ScoreData=None):
     """Q: (batch * kv_heads, ROWS, HEAD_DIM), a kv head's query heads and new tokens stacked;
     K, V: caches (blocks, kv_heads, rows per block, HEAD_DIM); Partial: (batch * kv_heads *
     NUM_SPLITS, ROWS, HEAD_DIM) float32, each split's normalised output; PartialML: (batch * kv_heads *
@@ -134,6 +138,9 @@ def _decode_split(Q, K, V, Partial, PartialML, SeqLens, Table, qk_scale, softcap
     offs_r = q0 + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     q_blk = _load_rows(Q, stride_qr, offs_r, offs_d, ROWS, HEAD_DIM)
+    # what a score function is told of each row: its query head and its position in the sequence
+    heads = ((off_z % KV_HEADS) * (ROWS // NEW_TOKENS) + offs_r // NEW_TOKENS)[:, None]
+    positions = (offset + offs_r % NEW_TOKENS)[:, None]
 
     m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
@@ -141,8 +148,9 @@ def _decode_split(Q, K, V, Partial, PartialML, SeqLens, Table, qk_scale, softcap
     m_i, l_i, acc = _decode_inner(m_i, l_i, acc, q_blk, K, V, Table, stride_table, off_b, stride_kb, stride_kn,
                                   stride_vb, stride_vn, offs_r, offs_d=offs_d, k_lo=k_lo, k_hi=k_hi, ROWS=ROWS,
                                   NEW_TOKENS=NEW_TOKENS, offset=offset, window_left=window_left, qk_scale=qk_scale,
-                                  softcap=softcap, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, BLOCK_K=BLOCK_K,
-                                  KEY_ROWS=KEY_ROWS, SOFTCAP=SOFTCAP, INPUT_PRECISION=INPUT_PRECISION)
+                                  scale=scale, heads=heads, positions=positions, ScoreData=ScoreData,
+                                  HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, BLOCK_K=BLOCK_K, KEY_ROWS=KEY_ROWS,
+                                  SCORE_MOD=SCORE_MOD, INPUT_PRECISION=INPUT_PRECISION)
 
     out, _ = _finish(m_i, l_i, acc)  # an empty chunk: out = 0, m = -inf, l = 0, a weight of 0 in the merge
     part = off_z * NUM_SPLITS + split
@@ -286,7 +294,7 @@ def _check_offsets(q_rows, k_cache, v_cache, block_table, num_splits, block_q):
                ("num_splits", "batch x kv_heads", "query row blocks (query heads per kv head x new tokens)"))
 
 
-def _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_ml, scale, softcap,
+def _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_ml, scale, score,
                   window_left, new_tokens, num_splits, block_q, cfg, input_precision):
     """Stage 1 on q_rows (batch * kv_heads, rows, d); fills partial and partial_ml. Grid axis 1 holds
     batch x kv_heads and CUDA takes at most 65,535 (rules.row_chunks): a larger batch is launched in
@@ -303,15 +311,15 @@ def _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial,
         k_run, v_run = (k_cache, v_cache) if paged else (k_cache[seqs], v_cache[seqs])
         grid = (num_splits, run.stop - run.start, triton.cdiv(rows, block_q))
         _decode_split[grid](q_rows[run], k_run, v_run, partial[parts], partial_ml[parts], lengths, table,
-                            scale * LOG2E, softcap, window_left, q_rows.stride(0), q_rows.stride(1), k_cache.stride(0),
+                            scale * LOG2E, scale, window_left, q_rows.stride(0), q_rows.stride(1), k_cache.stride(0),
                             k_cache.stride(1), stride_kn=k_cache.stride(2), stride_vb=v_cache.stride(0),
                             stride_vh=v_cache.stride(1), stride_vn=v_cache.stride(2),
                             stride_table=table.stride(0) if paged else 0, stride_pz=partial.stride(0),
                             stride_pr=partial.stride(1), KV_HEADS=kv_heads, NUM_SPLITS=num_splits, ROWS=rows,
                             NEW_TOKENS=new_tokens, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[2],
                             HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
-                            KEY_ROWS=_paged_rows if paged else _contiguous_rows, SOFTCAP=softcap > 0,
-                            INPUT_PRECISION=input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                            KEY_ROWS=_paged_rows if paged else _contiguous_rows, INPUT_PRECISION=input_precision,
+                            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **score_args(score))
 
 
 def _launch_merge(partial, partial_ml, out, lse, num_splits, block_q, sinks=None, kv_heads=1, new_tokens=1):
@@ -324,7 +332,7 @@ def _launch_merge(partial, partial_ml, out, lse, num_splits, block_q, sinks=None
         num_splits, rows, d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, num_warps=4, num_stages=1, **with_sinks)
 
 
-def decode_forward(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale: float, softcap: float = 0.0,
+def decode_forward(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale: float, score=None,
                    window_left: int = -1, num_splits: int | None = None, config: DecodeConfig | None = None,
                    input_precision: str = "tf32", sinks=None):
     """Both stages, on inputs :func:`flashlib.decode_attention` has checked (nothing here reads the
@@ -333,7 +341,9 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scal
     Returns out (batch, q_heads, new_tokens, d) in q's dtype and lse (batch, q_heads, new_tokens)
     float32. config: stage 1's tiles (default :func:`decode_config`); input_precision: how a
     float32 ``tl.dot`` multiplies on a GPU ("tf32" or "ieee"); sinks: (q_heads,) attention sinks,
-    merged as one more partial with no value."""
+    merged as one more partial with no value; score: a score function compiled
+    (:func:`flashlib.kernels.function.kernel_score`: soft-capping is one), told each new token's
+    position in its sequence."""
     batch, q_heads, new_tokens, d = q.shape
     kv_heads = k_cache.shape[1]
     if q.numel() == 0:  # no batch, heads or new tokens
@@ -358,7 +368,7 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scal
     _check_offsets(q_rows, k_cache, v_cache, block_table, num_splits, block_q)
     partial = torch.empty(batch * kv_heads * num_splits, rows, d, dtype=torch.float32, device=q.device)
     partial_ml = torch.empty(batch * kv_heads * num_splits, rows, 2, dtype=torch.float32, device=q.device)
-    _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_ml, scale, softcap,
+    _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_ml, scale, score,
                   window_left, new_tokens, num_splits, block_q, cfg, input_precision)
     out = torch.empty_like(q_rows)
     lse = torch.empty(batch * kv_heads, rows, dtype=torch.float32, device=q.device)

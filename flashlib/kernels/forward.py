@@ -16,7 +16,9 @@ The variants enter through small helpers, each a no-op for the defaults, so that
 compiles as before without them:
 
     grouped-query attention   K, V point at kv head h // GROUP (the kernel's first lines)
-    soft-capping (SOFTCAP)    _dot_scores: softcap * tanh(scale * q.k / softcap)
+    a score function          _dot_scores: SCORE_MOD(scale * q.k, b, h, q_idx, kv_idx, data), e.g.
+      (SCORE_MOD)             soft-capping, ALiBi, a bias table (flashlib.scores), compiled from
+                              what the function does (flashlib.kernels.scorefn)
     a window or a mask        _key_range: the window's key tiles only; _tile_kind: the block
       function (MASK_MOD)     mask's word for a tile (skipped, partial, full); _visible_mod: the
                               window's band and MASK_MOD(b, h, q_idx, kv_idx, data) in partial tiles
@@ -29,8 +31,8 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402
 
 # which keys a query sees and soft-capping: the course's rules, written once (kernels/rules.py)
-from .rules import (_FULL, _PARTIAL, _SKIPPED, _key_range, _key_range_end, _no_mask,  # noqa: E402,F401
-                    _sink_state, _softcap, _tile_kind, _visible, _visible_mod)
+from .rules import (_FULL, _PARTIAL, _SKIPPED, _key_range, _key_range_end, _mod_scores, _no_mask,  # noqa: E402,F401
+                    _sink_state, _tile_kind, _visible, _visible_mod)
 
 
 @triton.jit
@@ -48,27 +50,28 @@ def _load_rows(Ptr, stride, offs_rows, offs_d, n_rows, HEAD_DIM):
 
 
 @triton.jit
-def _dot_scores(a, b, qk_scale, softcap, SOFTCAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """a bᵀ scaled to base-2 units, soft-capped if SOFTCAP: the scores (a = q_blk, b = k_tile) or
-    their transpose (a = k_tile, b = q_blk)."""
-    s = tl.dot(a, tl.trans(b), input_precision=INPUT_PRECISION)
-    if SOFTCAP:
-        s = _softcap(s, qk_scale, softcap)
-    else:
-        s = s * qk_scale
-    return s
+def _dot_scores(a, b, qk_scale, INPUT_PRECISION: tl.constexpr, scale=1.0, off_b=0, off_h=0, q_idx=0, kv_idx=0,
+                ScoreData=None, SCORE_MOD: tl.constexpr = None):
+    """a bᵀ in base-2 units, through the score function if SCORE_MOD (told the pairs' b, h, q_idx,
+    kv_idx): the scores (a = q_blk, b = k_tile) or their transpose (a = k_tile, b = q_blk)."""
+    x = tl.dot(a, tl.trans(b), input_precision=INPUT_PRECISION)
+    return _mod_scores(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, SCORE_MOD)
 
 
 @triton.jit
-def _scores(q_blk, k_tile, qk_scale, softcap, visible, SOFTCAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """(BLOCK_Q, BLOCK_K) scores in base-2 units, soft-capped if SOFTCAP; pairs that may not attend get -inf."""
-    return tl.where(visible, _dot_scores(q_blk, k_tile, qk_scale, softcap, SOFTCAP, INPUT_PRECISION), float("-inf"))
+def _scores(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION: tl.constexpr, scale=1.0, off_b=0, off_h=0, q_idx=0,
+            kv_idx=0, ScoreData=None, SCORE_MOD: tl.constexpr = None):
+    """(BLOCK_Q, BLOCK_K) scores in base-2 units, through the score function if SCORE_MOD; pairs that
+    may not attend get -inf."""
+    s = _dot_scores(q_blk, k_tile, qk_scale, INPUT_PRECISION, scale, off_b, off_h, q_idx, kv_idx, ScoreData,
+                    SCORE_MOD)
+    return tl.where(visible, s, float("-inf"))
 
 
 @triton.jit
 def _score_tile(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION: tl.constexpr):
     """(BLOCK_Q, BLOCK_K) scores in base-2 units; pairs that may not attend get -inf."""
-    return _scores(q_blk, k_tile, qk_scale, 0.0, visible, False, INPUT_PRECISION)
+    return _scores(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION)
 
 
 @triton.jit
@@ -97,8 +100,8 @@ def _finish(m_i, l_i, acc):
 def _attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end,
                     qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
                     BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                    k_start=0, softcap=0.0, window_left=-1, window_right=-1, off_b=0, off_h=0, MaskData=None,
-                    Tiles=None, SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None):
+                    k_start=0, scale=1.0, window_left=-1, window_right=-1, off_b=0, off_h=0, MaskData=None,
+                    Tiles=None, ScoreData=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None):
     """Fold every key/value tile of [k_start, k_end) into (m_i, l_i, acc); q_blk stays in registers.
     With a mask function, the tiles the block mask's row (Tiles) marks skipped are passed over."""
     for k0 in range(k_start, k_end, BLOCK_K):
@@ -110,20 +113,22 @@ def _attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, of
             visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL)
             visible = _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right, off_b, off_h,
                                    MaskData, kind, MASK_MOD)
-            s = _scores(q_blk, k_tile, qk_scale, softcap, visible, SOFTCAP, INPUT_PRECISION)
+            s = _scores(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION, scale, off_b, off_h, offs_q[:, None],
+                        offs_k[None, :], ScoreData, SCORE_MOD)
             m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION)
     return m_i, l_i, acc
 
 
 @triton.jit
-def _attn_fwd_block(Q, K, V, Out, Lse, Tiles, MaskData, qk_scale, softcap, stride_qm, stride_kn, stride_vn, stride_om,
+def _attn_fwd_block(Q, K, V, Out, Lse, Tiles, MaskData, qk_scale, scale, stride_qm, stride_kn, stride_vn, stride_om,
                     q0, SEQ_Q, SEQ_K, HEAD_DIM, window_left, window_right, off_b, off_h,
                     HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                    CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr, MASK_MOD: tl.constexpr,
-                    Sinks=None):
+                    CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr,
+                    MASK_MOD: tl.constexpr, Sinks=None, ScoreData=None):
     """One query block (rows q0 ..) of one sequence and head: Q, Out point at the head's first row,
     K, V at its kv head's first key, Lse at its first lse, Tiles at the block's row of the block mask;
-    Sinks: the attention sinks (one logit per query head) or None."""
+    Sinks: the attention sinks (one logit per query head) or None; ScoreData: what SCORE_MOD reads.
+    Rows and keys are numbered from the sequence's start: what a score or mask function is told."""
     offs_q = q0 + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # HEAD_DIM padded to a power of two; the pad is masked
     q_blk = _load_rows(Q, stride_qm, offs_q, offs_d, SEQ_Q, HEAD_DIM)
@@ -134,9 +139,10 @@ def _attn_fwd_block(Q, K, V, Out, Lse, Tiles, MaskData, qk_scale, softcap, strid
                                 MASK_MOD is not None)
     m_i, l_i, acc = _attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end, qk_scale,
                                     SEQ_Q, SEQ_K, HEAD_DIM=HEAD_DIM, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
-                                    INPUT_PRECISION=INPUT_PRECISION, k_start=k_start, softcap=softcap,
+                                    INPUT_PRECISION=INPUT_PRECISION, k_start=k_start, scale=scale,
                                     window_left=window_left, window_right=window_right, off_b=off_b, off_h=off_h,
-                                    MaskData=MaskData, Tiles=Tiles, SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD)
+                                    MaskData=MaskData, Tiles=Tiles, ScoreData=ScoreData, SCORE_MOD=SCORE_MOD,
+                                    MASK_MOD=MASK_MOD)
 
     out, lse = _finish(m_i, l_i, acc)
     o_mask = (offs_q[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
@@ -151,13 +157,13 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
               SEQ_Q, SEQ_K, HEAD_DIM,
               HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
               CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-              GROUP=1, HEADS=1, softcap=0.0, window_left=-1, window_right=-1, MaskData=None,
+              GROUP=1, HEADS=1, scale=1.0, window_left=-1, window_right=-1, MaskData=None,
               Tiles=None, stride_tb=0, stride_th=0, stride_tr=0,
-              SOFTCAP: tl.constexpr = False, MASK_MOD: tl.constexpr = None, ROW0=0, Sinks=None):
+              SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, ROW0=0, Sinks=None, ScoreData=None):
     """Q, Out: (B*H, seq, HEAD_DIM); K, V: (B*H_kv, seq, HEAD_DIM), H = GROUP * H_kv; last dims
     contiguous. Lse: (B*H, SEQ_Q) float32. Tiles: the block mask's kinds (B or 1, H or 1, query
     blocks, key tiles), strides 0 where broadcast; MaskData: what MASK_MOD reads (or None); Sinks:
-    (H,) attention sinks (or None).
+    (H,) attention sinks (or None); scale, ScoreData: the natural scale and what SCORE_MOD reads.
     ROW0: where Q's rows start among all B*H, on a batch boundary (a launch takes at most 65,535
     rows: rules.row_chunks)."""
     q0 = tl.program_id(0) * BLOCK_Q  # the grid replaces the reference's loop over query blocks
@@ -167,7 +173,8 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     if MASK_MOD is not None:  # the block mask's row of this block
         Tiles += off_b * stride_tb + off_h * stride_th + q0 // BLOCK_Q * stride_tr
     _attn_fwd_block(Q + off_z * stride_qz, K + off_kv * stride_kz, V + off_kv * stride_vz, Out + off_z * stride_oz,
-                    Lse + off_z * SEQ_Q, Tiles, MaskData, qk_scale, softcap, stride_qm, stride_kn, stride_vn, stride_om,
+                    Lse + off_z * SEQ_Q, Tiles, MaskData, qk_scale, scale, stride_qm, stride_kn, stride_vn, stride_om,
                     q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, window_left=window_left, window_right=window_right,
                     off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K,
-                    CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD, Sinks=Sinks)
+                    CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD,
+                    Sinks=Sinks, ScoreData=ScoreData)

@@ -15,8 +15,10 @@ from typing import Callable, NamedTuple
 import torch
 
 from .._autograd import save, saved
-from .._checks import check_attention_inputs, check_mask_mod, check_sinks, check_softcap, check_window
-from ..dense import batch_and_heads
+from .._checks import check_attention_inputs, check_mask_mod, check_score_mod, check_sinks, check_softcap, check_window
+from ..dense import batch_and_heads, expand_kv, head_indices
+from ..rules import Visibility
+from ..scores import captured_grads, softcap as softcap_score, trainable
 from ..rules import PARTIAL, sink_grad
 from ..softmax import merge_sink
 from ..tiled import BlockMask, block_mask
@@ -25,6 +27,7 @@ from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess, triton
 from .config import LOG2E, FlashConfig, default_config, head_dim_pad, lse_base2, lse_natural
 from .forward import _attn_fwd
 from .maskfn import compile_mask, symbol_bounds
+from .scorefn import compile_score, score_args, score_bounds, score_tensors
 from .rules import _no_mask
 
 
@@ -89,13 +92,19 @@ def empty_result(q: torch.Tensor):
 
 class Variant(NamedTuple):
     """The options beyond the causal rule, checked: a window (-1: no limit on a side), a soft-cap
-    (0.0: none), a mask function (flashlib.masks) and the block mask built from them once
-    (flashlib.masks.create_block_mask), if one was passed."""
+    (0.0: none), a mask function (flashlib.masks), the block mask built from them once
+    (flashlib.masks.create_block_mask), if one was passed, and a score function (flashlib.scores)."""
 
     window: tuple[int, int] = (-1, -1)
     softcap: float = 0.0
     mask_mod: Callable | None = None
     block_mask: BlockMask | None = None
+    score_mod: Callable | None = None
+
+    @property
+    def score_function(self) -> Callable | None:
+        """The score function the kernels compile: score_mod, or soft-capping as one, or None."""
+        return self.score_mod or (softcap_score(self.softcap) if self.softcap else None)
 
     @property
     def masked(self) -> bool:
@@ -105,15 +114,23 @@ class Variant(NamedTuple):
     def options(self) -> dict:
         """The keyword arguments that give this variant again (softcap None for none)."""
         return dict(window=self.window, softcap=self.softcap or None, mask_mod=self.mask_mod,
-                    block_mask=self.block_mask)
+                    block_mask=self.block_mask, score_mod=self.score_mod)
 
 
 DEFAULT = Variant()
 
 
-def check_variant(fn: str, window=None, softcap=None, mask_mod=None, block_mask=None) -> Variant:
-    variant = Variant(check_window(fn, window), check_softcap(fn, softcap), check_mask_mod(fn, mask_mod))
+def check_variant(fn: str, window=None, softcap=None, mask_mod=None, block_mask=None, score_mod=None) -> Variant:
+    variant = Variant(check_window(fn, window), check_softcap(fn, softcap), check_mask_mod(fn, mask_mod),
+                      score_mod=check_score_mod(fn, score_mod, softcap))
     return variant if block_mask is None else variant._replace(block_mask=block_mask)
+
+
+def kernel_score(variant: Variant, device, *, batch=None, heads=None, seq_q=None, seq_k=None):
+    """The variant's score function compiled for the kernels (:mod:`flashlib.kernels.scorefn`), for
+    indices within these sizes; None without one."""
+    fn = variant.score_function
+    return None if fn is None else compile_score(FN, fn, device, score_bounds(batch, heads, seq_q, seq_k))
 
 
 def with_block_mask(fn: str, q, k, causal: bool, window, mask_mod, block_mask):
@@ -172,19 +189,20 @@ def rows_of_16(kinds: torch.Tensor) -> torch.Tensor:
     return padded[..., :tiles]
 
 
-def variant_args(variant: Variant, *, group: int = 1, heads: int = 1, kinds=None, data=None, sinks=None) -> dict:
+def variant_args(variant: Variant, *, group: int = 1, heads: int = 1, kinds=None, data=None, sinks=None,
+                 score=None) -> dict:
     """The keyword arguments a kernel launch adds for grouped heads and the variants (none for the
     defaults, so that their launch is the one it always was). kinds: (B or 1, H or 1, rows,
     tiles) as the kernel walks them, broadcast over the batch and heads by zero strides; data: the
     mask function compiled (a :class:`~flashlib.kernels.maskfn.KernelMask`), None for a window alone;
-    sinks: the forward's attention sinks (H,), float32 contiguous, or None."""
+    sinks: the forward's attention sinks (H,), float32 contiguous, or None; score: the score
+    function compiled (:func:`kernel_score`), or None."""
     args = {}
-    if group > 1 or variant.mask_mod is not None or sinks is not None:
-        args.update(GROUP=group, HEADS=heads)
+    if group > 1 or variant.mask_mod is not None or sinks is not None or score is not None:
+        args.update(GROUP=group, HEADS=heads)  # the kernels tell mask and score functions the head
     if sinks is not None:
         args.update(Sinks=sinks)
-    if variant.softcap:
-        args.update(softcap=variant.softcap, SOFTCAP=True)
+    args.update(score_args(score))
     if variant.masked:
         left, right = variant.window
         args.update(window_left=left, window_right=right, MaskData=None if data is None else data.data, Tiles=kinds,
@@ -207,12 +225,16 @@ def _launch_forward(q, k, v, causal, scale, cfg, variant=DEFAULT, heads=1, masks
     out = torch.empty_like(q)
     lse = torch.empty(bh, seq_q, dtype=torch.float32, device=q.device)
     kinds, data = masks or (None, None)
+    score = kernel_score(variant, q.device, batch=bh // heads, heads=heads, seq_q=seq_q, seq_k=k.shape[1])
     options = dict(HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, CAUSAL=causal,
                    INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                   **variant_args(variant, group=group, heads=heads, kinds=kinds, data=data, sinks=_sinks32(sinks)))
+                   **variant_args(variant, group=group, heads=heads, kinds=kinds, data=data, sinks=_sinks32(sinks),
+                                  score=score))
+    if score is not None:
+        options.update(scale=scale)  # a score function gets the natural scaled score
     # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where the
-    # kernel is told the head (masks and sinks)
-    for rows in row_chunks(bh, heads if variant.masked or sinks is not None else group):
+    # kernel is told the head (masks, sinks and score functions)
+    for rows in row_chunks(bh, heads if variant.masked or sinks is not None or score is not None else group):
         kv = slice(rows.start // group, rows.stop // group)
         _attn_fwd[(triton.cdiv(seq_q, cfg.block_q), rows.stop - rows.start)](
             q[rows], k[kv], v[kv], out[rows], lse[rows], scale * LOG2E,
@@ -254,9 +276,11 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, causal, scale, cfg, variant=
                   num_stages=cfg.bwd_num_stages)
     by_query, by_key, data = masks or (None, None, None)
     group = bh // k.shape[0]
-    by_key = _block_h(variant_args(variant, group=group, heads=heads, kinds=by_key, data=data))
+    score = kernel_score(variant, q.device, batch=bh // heads, heads=heads, seq_q=seq_q, seq_k=seq_k)
+    told = variant.masked or score is not None  # the kernels tell the batch and head: launches from a batch's first
+    by_key = _block_h(variant_args(variant, group=group, heads=heads, kinds=by_key, data=data, score=score))
     # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where masked
-    for kv in row_chunks(k.shape[0], heads // group if variant.masked else 1):
+    for kv in row_chunks(k.shape[0], heads // group if told else 1):
         rows = slice(kv.start * group, kv.stop * group)  # the query heads that read these kv heads
         _attn_bwd_dkdv[(triton.cdiv(seq_k, cfg.bwd_block_k), kv.stop - kv.start)](q[rows], k[kv], v[kv], dout[rows],
                                                                                   dk[kv], dv[kv], lse[rows],
@@ -272,8 +296,8 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, causal, scale, cfg, variant=
                                                                                   stride_dvn=dv.stride(1), SEQ_Q=seq_q,
                                                                                   SEQ_K=seq_k, HEAD_DIM=d,
                                                                                   ROW0=kv.start, **common, **by_key)
-    by_query = variant_args(variant, group=group, heads=heads, kinds=by_query, data=data)
-    for rows in row_chunks(bh, heads if variant.masked else group):
+    by_query = variant_args(variant, group=group, heads=heads, kinds=by_query, data=data, score=score)
+    for rows in row_chunks(bh, heads if told else group):
         kv = slice(rows.start // group, rows.stop // group)
         _attn_bwd_dq[(triton.cdiv(seq_q, cfg.bwd_block_q), rows.stop - rows.start)](q[rows], k[kv], v[kv], dout[rows],
                                                                                     dq[rows], lse[rows], delta[rows],
@@ -334,12 +358,12 @@ def forward(q, k, v, **options):
 
 
 def forward_base2(q, k, v, *, causal=False, scale=None, window=None, softcap=None, mask_mod=None, block_mask=None,
-                  config=None, fn=FN, sinks=None):
+                  config=None, fn=FN, sinks=None, score_mod=None):
     """:func:`forward` with the lse in base 2, as the kernels keep it for the backward."""
     scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True)
     sinks = check_sinks(fn, sinks, _heads(q), q.device)
     causal, window, mask_mod = with_block_mask(fn, q, k, causal, window, mask_mod, block_mask)
-    variant = check_variant(fn, window, softcap, mask_mod, block_mask)
+    variant = check_variant(fn, window, softcap, mask_mod, block_mask, score_mod)
     check_kernel_inputs(fn, q)
     cfg = resolve_config(fn, q, config)
     if q.numel() == 0 or (q.shape[-2] > 0 and k.shape[-2] == 0 and sinks is None):
@@ -362,12 +386,12 @@ def backward(q, k, v, out, lse, dout, **options):
 
 
 def backward_base2(q, k, v, out, lse2, dout, *, causal=False, scale=None, window=None, softcap=None, mask_mod=None,
-                   block_mask=None, config=None, dlse=None, sinks=None):
+                   block_mask=None, config=None, dlse=None, sinks=None, score_mod=None):
     """:func:`backward` from the forward's base-2 lse, :func:`forward_base2`'s."""
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
     sinks = check_sinks(FN, sinks, _heads(q), q.device)
     causal, window, mask_mod = with_block_mask(FN, q, k, causal, window, mask_mod, block_mask)
-    variant = check_variant(FN, window, softcap, mask_mod, block_mask)
+    variant = check_variant(FN, window, softcap, mask_mod, block_mask, score_mod)
     cfg = resolve_config(FN, q, config)
     if out.numel() == 0 or k.shape[-2] == 0:
         zeros = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -391,28 +415,60 @@ def save_lse(lse2):
     return lse_natural(lse2), lse2.unsqueeze(-1)
 
 
+def score_grads(q, k, v, out, lse, dout, dlse, causal, scale, variant: Variant, tensors):
+    """The gradients of the tensors the variant's score function captures (:func:`flashlib.scores.
+    captured_grads`), from the forward's out and natural lse; q, k, v (..., heads, seq, d)."""
+    batch, heads = batch_and_heads(q.shape)
+    shape = (batch, heads, q.shape[-2])
+    q4, out4, dout4 = (t.reshape(*shape, t.shape[-1]) for t in (q, out, dout))
+    k4, v4 = (expand_kv(t.reshape(batch, -1, *t.shape[-2:]), heads) for t in (k, v))
+    delta = (dout4.float() * out4.float()).sum(-1) - (0 if dlse is None else dlse.reshape(shape).float())
+    seq_q, seq_k = q.shape[-2], k.shape[-2]
+    rule = Visibility(causal, variant.window, variant.mask_mod)
+    b, h = head_indices(batch, heads, q.device)
+    cols = torch.arange(seq_k, device=q.device)[None, :]
+
+    def visible_of(q0, q1):
+        return None if rule.everything else rule.pairs(torch.arange(q0, q1, device=q.device)[:, None], cols, seq_q,
+                                                        seq_k, b, h)
+
+    return captured_grads(variant.score_mod, tensors, q4, k4, v4, lse.reshape(shape), dout4, delta, scale=scale,
+                          visible_of=visible_of)
+
+
 class AttentionFunction(torch.autograd.Function):
-    """Saves (q, k, v, out, lse, lse2) — never the (seq_q, seq_k) probabilities."""
+    """Saves (q, k, v, out, lse, lse2) — never the (seq_q, seq_k) probabilities. captured: the
+    tensors the score function reads that require grad, inputs so that autograd returns theirs."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, cfg, variant=DEFAULT, sinks=None):
+    def forward(ctx, q, k, v, causal, scale, cfg, variant=DEFAULT, sinks=None, *captured):
         out, lse2 = forward_base2(q, k, v, causal=causal, scale=scale, config=cfg, sinks=sinks, **variant.options())
         lse, column = save_lse(lse2)
-        save(ctx, q, k, v, out, lse, column, sinks)
+        save(ctx, q, k, v, out, lse, column, sinks, *captured)
         ctx.causal, ctx.scale, ctx.cfg, ctx.variant = causal, scale, cfg, variant
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, _, lse2, sinks = saved(ctx)
+        q, k, v, out, lse, lse2, sinks, *captured = saved(ctx)
         dq, dk, dv, *dsinks = backward_base2(q, k, v, out, lse2.squeeze(-1), dout, causal=ctx.causal, scale=ctx.scale,
                                              config=ctx.cfg, dlse=dlse, sinks=sinks, **ctx.variant.options())
-        return dq, dk, dv, None, None, None, None, *(dsinks or [None])
+        dcaptured = score_grads(q, k, v, out, lse, dout, dlse, ctx.causal, ctx.scale, ctx.variant,
+                                captured) if captured else []
+        return dq, dk, dv, None, None, None, None, *(dsinks or [None]), *dcaptured
+
+
+def captured_inputs(variant: Variant, q, k) -> list:
+    """The tensors the score function reads that autograd must differentiate (none without one)."""
+    if variant.score_mod is None or not torch.is_grad_enabled():
+        return []
+    batch, heads = batch_and_heads(q.shape)
+    return trainable(score_tensors(FN, variant.score_mod, score_bounds(batch, heads, q.shape[-2], k.shape[-2])))
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
               softcap: float | None = None, mask_mod=None, block_mask=None, config: FlashConfig | None = None,
-              sinks=None, return_lse: bool = False):
+              sinks=None, score_mod=None, return_lse: bool = False):
     """Exact attention softmax(q kᵀ · scale) v with notebook 06's forward and notebook 07's
     backward kernels; differentiable (the lse too).
 
@@ -426,7 +482,10 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, wind
         scale: defaults to 1/sqrt(head_dim).
         window: (left, right), -1 for no limit on a side: query i sees keys i + o - left ..
             i + o + right (o = seq_k - seq_q); each query block visits only its window's key tiles.
-        softcap: c > 0: scores c * tanh(scale * q.k / c).
+        softcap: c > 0: scores c * tanh(scale * q.k / c), the score function flashlib.scores.softcap(c).
+        score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score (:mod:`flashlib.scores`), applied to
+            each scaled score before the mask, compiled into the kernels with its derivative; the
+            tensors it captures that require grad get their gradient (deterministic).
         mask_mod: mask_mod(b, h, q_idx, kv_idx) -> bool (:mod:`flashlib.masks`), compiled into the
             kernels; tiles its block mask skips are not computed.
         block_mask: a block mask built once (:func:`flashlib.masks.create_block_mask`), so that a
@@ -446,9 +505,9 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, wind
     """
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
     causal, window, mask_mod = with_block_mask(FN, q, k, causal, window, mask_mod, block_mask)
-    variant = check_variant(FN, window, softcap, mask_mod, block_mask)
+    variant = check_variant(FN, window, softcap, mask_mod, block_mask, score_mod)
     check_kernel_inputs(FN, q)
     check_sinks(FN, sinks, _heads(q), q.device)
     cfg = resolve_config(FN, q, config)
-    out, lse = AttentionFunction.apply(q, k, v, causal, scale, cfg, variant, sinks)
+    out, lse = AttentionFunction.apply(q, k, v, causal, scale, cfg, variant, sinks, *captured_inputs(variant, q, k))
     return (out, lse) if return_lse else out

@@ -37,7 +37,7 @@ from typing import NamedTuple
 import torch
 
 from ._mode import require_triton
-from .rules import _floordiv, _floormod
+from .rules import _floordiv, _floormod, _tanh
 from .trace import INT32, Graph, Node, TraceError, trace
 
 triton = require_triton()
@@ -81,26 +81,31 @@ def compile_mask(fn: str, mask_mod, device, bounds: dict | None = None) -> Kerne
         source = _Writer(graph, tensors).source()
     except TraceError as exc:
         raise TypeError(f"{fn}: argument 'mask_mod': {exc}") from None
-    with _LOCK:
-        if source not in _COMPILED:
-            _COMPILED[source] = _exec(source)
-            if len(_COMPILED) > _MAX_COMPILED:
-                _COMPILED.popitem(last=False)
-        _COMPILED.move_to_end(source)
-        jit = _COMPILED[source]
-    return KernelMask(jit, tuple(tensors) or None, source)
+    return KernelMask(compiled(source), tuple(tensors) or None, source)
 
 
-def _exec(source: str):
-    """The generated @triton.jit function; its source is registered with linecache, where Triton's
-    JIT (and a traceback) read it."""
-    filename = f"<flashlib mask {hashlib.sha1(source.encode()).hexdigest()[:12]}>"
+def _exec(source: str, name: str = "_mask_mod"):
+    """The generated @triton.jit function ``name``; its source is registered with linecache, where
+    Triton's JIT (and a traceback) read it."""
+    filename = f"<flashlib {name.strip('_')} {hashlib.sha1(source.encode()).hexdigest()[:12]}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     scope = {"__name__": "flashlib.kernels.maskfn.generated", "tl": tl, "_floordiv": _floordiv,
              "_floormod": _floormod, "_gather": _gather, "_index_offset": _index_offset,
-             "_index_offset64": _index_offset64, "_index_ok": _index_ok}
+             "_index_offset64": _index_offset64, "_index_ok": _index_ok, "_tanh": _tanh}
     exec(compile(source, filename, "exec"), scope)  # noqa: S102  (source written below, from a trace)
-    return triton.jit(scope["_mask_mod"])
+    return triton.jit(scope[name])
+
+
+def compiled(source: str, name: str = "_mask_mod"):
+    """The @triton.jit function of a generated source, made once per source (the same source, the
+    same function, so the same compiled kernels)."""
+    with _LOCK:
+        if source not in _COMPILED:
+            _COMPILED[source] = _exec(source, name)
+            if len(_COMPILED) > _MAX_COMPILED:
+                _COMPILED.popitem(last=False)
+        _COMPILED.move_to_end(source)
+        return _COMPILED[source]
 
 
 @triton.jit
@@ -158,7 +163,8 @@ _RANK = {"tl.int1": 0, "tl.int8": 1, "tl.uint8": 1, "tl.int16": 2, "tl.int32": 3
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "and": "&", "or": "|", "xor": "^", "lshift": "<<",
           "rshift": ">>", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
-_CALLS = {"abs": "tl.abs", "minimum": "tl.minimum", "maximum": "tl.maximum", "where": "tl.where"}
+_CALLS = {"abs": "tl.abs", "minimum": "tl.minimum", "maximum": "tl.maximum", "where": "tl.where",
+          "tanh": "_tanh", "exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt_rn"}  # _tanh: the accurate one
 
 
 def _fits32(lo, hi) -> bool:
@@ -209,9 +215,13 @@ class _Writer:
         if result.dtype is not torch.bool:
             raise TraceError(f"a mask function that returns {str(result.dtype).replace('torch.', '')} values",
                              "return a boolean: a comparison, or (x != 0)", where="")
-        value = self.expr(result)
-        body = [*self.lines, f"return {value}"]
+        body = self.body(result)
         return "def _mask_mod(b, h, q_idx, kv_idx, data):\n" + "".join(f"    {line}\n" for line in body)
+
+    def body(self, result: Node, ctype: str | None = None) -> list[str]:
+        """The lines that compute result and return it (in ctype, if given)."""
+        value = self.as_type(result, ctype) if ctype else self.expr(result)
+        return [*self.lines, f"return {value}"]
 
     # ----- one node -----------------------------------------------------------------------------
 
@@ -275,6 +285,8 @@ class _Writer:
             return f"{_CALLS[op]}({', '.join(operands)})"
         if op == "neg":
             return f"(-{operands[0]})"
+        if op == "sigmoid":
+            return f"(1.0 / (1.0 + tl.exp(-{operands[0]})))"
         if op == "invert":
             return f"(~{operands[0]})"
         if op in ("floordiv", "mod"):

@@ -1,5 +1,5 @@
-"""The rules the course teaches, written once in Triton: which keys a query sees, soft-capping,
-and PyTorch's integer division for mask functions.
+"""The rules the course teaches, written once in Triton: which keys a query sees, score functions
+(soft-capping among them) and their slope, and PyTorch's integer division for mask functions.
 
 Every kernel (the teaching forward and backward, packed sequences, decoding, the ladder) asks
 these helpers; :mod:`flashlib.rules` is their PyTorch counterpart, and ``tests/test_rules.py``
@@ -151,20 +151,24 @@ def _tanh(y):
 
 
 @triton.jit
-def _softcap(x, qk_scale, softcap):
-    """softcap * tanh(scale * x / softcap) in base-2 units (x = q.k, qk_scale = scale * log2(e)).
-    The ratio scale / softcap is capped at float32's largest value, so that 0 * ratio stays 0."""
-    ratio = tl.minimum(qk_scale / (softcap * _LOG2E), _FLOAT32_MAX)
-    return (softcap * _LOG2E) * _tanh(x * ratio)
+def _mod_scores(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, SCORE_MOD: tl.constexpr):
+    """Scores in base-2 units from x = q.k: x * qk_scale (qk_scale = scale * log2 e); with a score
+    function (flashlib.kernels.scorefn), SCORE_MOD(scale * x, b, h, q_idx, kv_idx, data) * log2 e, the
+    function applied to the natural scaled score as FlexAttention applies it."""
+    if SCORE_MOD is not None:
+        s = SCORE_MOD(x * scale, off_b, off_h, q_idx, kv_idx, ScoreData, False) * _LOG2E
+    else:
+        s = x * qk_scale
+    return s
 
 
 @triton.jit
-def _softcap_slope(ds, s, softcap, SOFTCAP: tl.constexpr):
-    """dS of the soft-capped scores s (base-2 units) times the cap's slope, d/dx softcap * tanh(x /
-    softcap) = 1 - tanh² = 1 - (s / softcap)²: the gradient of the scaled scores before the cap."""
-    if SOFTCAP:
-        t = s / (softcap * _LOG2E)
-        ds = ds * (1.0 - t * t)
+def _mod_slope(ds, x, scale, off_b, off_h, q_idx, kv_idx, ScoreData, visible, SCORE_MOD: tl.constexpr):
+    """dS with respect to the function's output, times its slope at the score x * scale: the
+    gradient of the scaled scores before the function (the chain rule through one tile). Pairs
+    that may not attend keep 0 (p = 0 there, but a slope may be inf or NaN)."""
+    if SCORE_MOD is not None:
+        ds = tl.where(visible, ds * SCORE_MOD(x * scale, off_b, off_h, q_idx, kv_idx, ScoreData, True), 0.0)
     return ds
 
 

@@ -77,6 +77,7 @@ class Graph:
     symbols: dict
     result: Node
     tensors: list
+    tracer: object = None  # where more nodes of the same graph are made (a derivative's)
 
 
 # ----- intervals ----------------------------------------------------------------------------------
@@ -158,7 +159,10 @@ OPS = {
     "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge, "eq": operator.eq,
     "ne": operator.ne, "neg": operator.neg, "invert": operator.invert, "abs": torch.abs,
     "where": torch.where, "minimum": torch.minimum, "maximum": torch.maximum,
+    # float functions, for score functions (their derivatives: flashlib.kernels.scorefn)
+    "tanh": torch.tanh, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "sigmoid": torch.sigmoid,
 }
+FLOAT_FUNCTIONS = ("tanh", "exp", "log", "sqrt", "sigmoid")
 _PYTHON_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "truediv": operator.truediv,
                "floordiv": operator.floordiv, "mod": operator.mod, "and": operator.and_, "or": operator.or_,
                "xor": operator.xor, "lshift": operator.lshift, "rshift": operator.rshift, "lt": operator.lt,
@@ -181,8 +185,9 @@ class Tracer:
             self.memo[key] = Node(op, args, dtype, lo, hi, value, example)
         return self.memo[key]
 
-    def symbol(self, name: str, lo: int, hi: int) -> Node:
-        return self.node("sym", (), torch.int64, lo, hi, name, torch.ones(1, dtype=torch.int64))
+    def symbol(self, name: str, lo, hi, dtype=torch.int64) -> Node:
+        """An argument: an int64 index in lo..hi, or (dtype floating) a value such as a score."""
+        return self.node("sym", (), dtype, lo, hi, name, torch.ones(1, dtype=dtype))
 
     def const(self, value) -> Node:
         if isinstance(value, bool):
@@ -450,11 +455,12 @@ _TORCH_OPS = {
     torch.sub: "sub", torch.mul: "mul", torch.true_divide: "truediv", torch.eq: "eq", torch.ne: "ne",
     torch.lt: "lt", torch.le: "le", torch.gt: "gt", torch.ge: "ge", torch.neg: "neg", torch.clamp: "clamp",
     torch.clip: "clamp", torch.div: "div", torch.min: "minimum", torch.max: "maximum",
+    torch.tanh: "tanh", torch.exp: "exp", torch.log: "log", torch.sqrt: "sqrt", torch.sigmoid: "sigmoid",
 }
 _METHODS = {"abs", "where", "minimum", "maximum", "logical_and", "logical_or", "logical_xor", "logical_not",
             "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "remainder", "floor_divide", "add", "sub",
             "mul", "div", "true_divide", "eq", "ne", "lt", "le", "gt", "ge", "neg", "clamp", "clip", "to",
-            "new_ones", "new_zeros", "new_full", "type_as", *_CASTS}
+            "new_ones", "new_zeros", "new_full", "type_as", *_CASTS, *FLOAT_FUNCTIONS}
 _TENSOR_DUNDERS = {getattr(torch.Tensor, d): (op, False) for d, op in _BINARY.items()}
 _TENSOR_DUNDERS.update({getattr(torch.Tensor, "__r" + d[2:]): (op, True) for d, op in _BINARY.items()
                         if hasattr(torch.Tensor, "__r" + d[2:]) and op not in ("lt", "le", "gt", "ge", "eq", "ne")})
@@ -480,7 +486,8 @@ def _torch_call(tracer: Tracer, func, args, kwargs):
     name = getattr(func, "__name__", repr(func))
     label = f"the method .{name}()" if getattr(torch.Tensor, name, None) is func else f"the call torch.{name}"
     raise TraceError(f"{label} on a traced index", "the kernels take operators and torch.where, abs, minimum, "
-                     "maximum, clamp, remainder, floor_divide, div and the logical_ and bitwise_ functions")
+                     "maximum, clamp, remainder, floor_divide, div, the logical_ and bitwise_ functions and, on "
+                     "scores, tanh, exp, log, sqrt and sigmoid")
 
 
 def _cast_target(name, args, kwargs):
@@ -535,18 +542,19 @@ def _combine(tracer: Tracer, name, args, kwargs):
     return tracer.apply(op, *nodes)
 
 
-def trace(fn, symbols: dict, *, device=None) -> Graph:
+def trace(fn, symbols: dict, *, device=None, floats=()) -> Graph:
     """The graph of ``fn(*symbols)``; symbols: {name: (lo, hi)} in the order fn takes them, each an
-    int64 index whose values lie in lo..hi."""
+    int64 index whose values lie in lo..hi, but those named in floats: float32 values (lo, hi None)."""
     tracer = Tracer(device)
-    nodes = {name: tracer.symbol(name, lo, hi) for name, (lo, hi) in symbols.items()}
+    nodes = {name: tracer.symbol(name, lo, hi, torch.float32 if name in floats else torch.int64)
+             for name, (lo, hi) in symbols.items()}
     result = fn(*(Traced(tracer, n) for n in nodes.values()))
     if isinstance(result, Traced):
-        return Graph(nodes, result.node, tracer.tensors)
+        return Graph(nodes, result.node, tracer.tensors, tracer)
     if isinstance(result, torch.Tensor) and result.ndim:
         raise TraceError(f"a returned tensor of shape {tuple(result.shape)} that does not depend on the indices",
                          "return a comparison of the indices (one boolean per pair)", where="")
     try:
-        return Graph(nodes, _as_node(tracer, result), tracer.tensors)
+        return Graph(nodes, _as_node(tracer, result), tracer.tensors, tracer)
     except TraceError as exc:
         raise TraceError(f"the returned {exc.what}", exc.fix, where="") from None

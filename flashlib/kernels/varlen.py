@@ -10,8 +10,9 @@ and how long it is::
                                                          sequence's end does nothing: no FLOPs
                                                          on padding
 
-Grouped-query attention, soft-capping and windows work as in the dense kernels (a window
-takes the mask path with no mask function: every tile of its key range is partial).
+Grouped-query attention, score functions (soft-capping among them) and windows work as in the
+dense kernels (a window takes the mask path with no mask function: every tile of its key range is
+partial); a score function is told positions within each sequence, never within the packed buffer.
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from .backward import _attn_bwd_dkdv_block, _attn_bwd_dq_block
 from .config import LOG2E, head_dim_pad, lse_natural
 from .forward import _attn_fwd_block, triton
 from .rules import _no_mask, row_chunks
-from .function import DEFAULT, Variant, check_kernel_inputs, check_variant, preprocess, resolve_config
+from .function import DEFAULT, Variant, check_kernel_inputs, check_variant, kernel_score, preprocess, resolve_config
+from .scorefn import score_args
 
 import triton.language as tl  # noqa: E402  (after the kernels: they chose the interpreter mode)
 
@@ -38,12 +40,12 @@ def _sequence(CuSeqlens, off_b):
 
 
 @triton.jit
-def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, softcap,
+def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale,
                      stride_qm, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_om, stride_oh,
                      TOTAL_Q, HEADS, GROUP, HEAD_DIM, window_left, window_right,
                      HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                     CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
-                     MASK_MOD: tl.constexpr, Sinks=None):
+                     CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, MASK_MOD: tl.constexpr,
+                     SCORE_MOD: tl.constexpr = None, Sinks=None, ScoreData=None):
     """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS);
     Sinks: (HEADS,) attention sinks or None."""
     q0 = tl.program_id(0) * BLOCK_Q
@@ -55,21 +57,21 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale,
         off_kv = off_h // GROUP  # grouped-query attention: query head h reads kv head h // GROUP
         _attn_fwd_block(Q + q_start * stride_qm + off_h * stride_qh, K + k_start * stride_kn + off_kv * stride_kh,
                         V + k_start * stride_vn + off_kv * stride_vh, Out + q_start * stride_om + off_h * stride_oh,
-                        Lse + off_h * TOTAL_Q + q_start, Tiles, None, qk_scale, softcap, stride_qm, stride_kn,
+                        Lse + off_h * TOTAL_Q + q_start, Tiles, None, qk_scale, scale, stride_qm, stride_kn,
                         stride_vn, stride_om, q0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, window_left=window_left,
                         window_right=window_right, off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q,
-                        BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SOFTCAP=SOFTCAP,
-                        MASK_MOD=MASK_MOD, Sinks=Sinks)
+                        BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD,
+                        MASK_MOD=MASK_MOD, Sinks=Sinks, ScoreData=ScoreData)
 
 
 @triton.jit
-def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale, softcap,
+def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale,
                           stride_qm, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dom, stride_doh,
                           stride_dkn, stride_dkh, stride_dvn, stride_dvh,
                           TOTAL_Q, KV_HEADS, HEAD_DIM, window_left, window_right,
                           HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                           BLOCK_H: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                          SOFTCAP: tl.constexpr, MASK_MOD: tl.constexpr):
+                          MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr = None, ScoreData=None):
     """One key tile of one sequence and kv head: the grid is (ceil(max_seqlen_k / BLOCK_K), batch * KV_HEADS);
     BLOCK_H: the query heads of a kv head."""
     k0 = tl.program_id(0) * BLOCK_K
@@ -84,22 +86,22 @@ def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlens
                              DO + q_start * stride_dom + off_h * stride_doh,
                              DK + k_start * stride_dkn + off_kv * stride_dkh,
                              DV + k_start * stride_dvn + off_kv * stride_dvh, Lse + off_h * TOTAL_Q + q_start,
-                             Delta + off_h * TOTAL_Q + q_start, Tiles, None, qk_scale, scale, softcap, stride_qh,
+                             Delta + off_h * TOTAL_Q + q_start, Tiles, None, ScoreData, qk_scale, scale, stride_qh,
                              stride_qm=stride_qm, stride_kn=stride_kn, stride_vn=stride_vn, stride_doh=stride_doh,
                              stride_dom=stride_dom, stride_dkn=stride_dkn, stride_dvn=stride_dvn, stride_lh=TOTAL_Q,
                              k0=k0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, window_left=window_left,
                              window_right=window_right, off_b=off_b, off_h=off_h, stride_tb=0, stride_th=0, stride_tr=0,
                              HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H,
-                             CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD)
+                             CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
 
 
 @triton.jit
-def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale, softcap,
+def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale,
                         stride_qm, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dom, stride_doh,
                         stride_dqm, stride_dqh, TOTAL_Q, HEADS, GROUP, HEAD_DIM, window_left, window_right,
                         HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                        CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
-                        MASK_MOD: tl.constexpr):
+                        CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, MASK_MOD: tl.constexpr,
+                        SCORE_MOD: tl.constexpr = None, ScoreData=None):
     """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS)."""
     q0 = tl.program_id(0) * BLOCK_Q
     off_z = tl.program_id(1).to(tl.int64)  # int64: heads x total tokens (the lse offset) can pass 2^31
@@ -111,12 +113,12 @@ def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Til
         _attn_bwd_dq_block(Q + q_start * stride_qm + off_h * stride_qh, K + k_start * stride_kn + off_kv * stride_kh,
                            V + k_start * stride_vn + off_kv * stride_vh, DO + q_start * stride_dom + off_h * stride_doh,
                            DQ + q_start * stride_dqm + off_h * stride_dqh, Lse + off_h * TOTAL_Q + q_start,
-                           Delta + off_h * TOTAL_Q + q_start, Tiles, None, qk_scale, scale, softcap, stride_qm,
+                           Delta + off_h * TOTAL_Q + q_start, Tiles, None, ScoreData, qk_scale, scale, stride_qm,
                            stride_kn, stride_vn=stride_vn, stride_dom=stride_dom, stride_dqm=stride_dqm, q0=q0,
                            SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, window_left=window_left,
                            window_right=window_right, off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
                            BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION,
-                           SOFTCAP=SOFTCAP, MASK_MOD=MASK_MOD)
+                           SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
 
 
 # ----- launchers ------------------------------------------------------------------------------
@@ -126,13 +128,13 @@ def _strides(*tensors):
     return [s for t in tensors for s in (t.stride(0), t.stride(1))]
 
 
-def _variant_args(variant: Variant, tiles: int, device) -> tuple:
-    """(Tiles, softcap, window_left, window_right) and the constexprs of a launch. A window takes
-    the mask path with no mask function: its block mask row says "partial" for each of ``tiles``."""
+def _variant_args(variant: Variant, tiles: int, device, score=None) -> tuple:
+    """(Tiles, window_left, window_right) and the keyword arguments of a launch. A window takes
+    the mask path with no mask function: its block mask row says "partial" for each of ``tiles``.
+    score: the call's score function compiled (:func:`flashlib.kernels.function.kernel_score`)."""
     left, right = variant.window
     tiles_row = torch.full((max(tiles, 1),), PARTIAL, dtype=torch.uint8, device=device) if variant.masked else None
-    return (tiles_row, variant.softcap, left, right), dict(SOFTCAP=bool(variant.softcap),
-                                                         MASK_MOD=_no_mask if variant.masked else None)
+    return (tiles_row, left, right), dict(MASK_MOD=_no_mask if variant.masked else None, **score_args(score))
 
 
 def _batches(cu_seqlens_q, cu_seqlens_k, heads):
@@ -149,12 +151,13 @@ def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, cfg, varia
     total_q, heads, d = q.shape
     out = torch.empty_like(q)
     lse = torch.empty(heads, total_q, dtype=torch.float32, device=q.device)
-    (tiles, softcap, left, right), switches = _variant_args(variant, triton.cdiv(max_k, cfg.block_k), q.device)
+    score = kernel_score(variant, q.device, heads=heads, seq_q=max_q, seq_k=max_k)
+    (tiles, left, right), switches = _variant_args(variant, triton.cdiv(max_k, cfg.block_k), q.device, score)
     if sinks is not None:
         switches.update(Sinks=sinks.detach().to(torch.float32).contiguous())
     for batch, cu_q_run, cu_k_run in _batches(cu_q, cu_k, heads):
         _attn_fwd_varlen[(triton.cdiv(max_q, cfg.block_q), batch * heads)](
-            q, k, v, out, lse, cu_q_run, cu_k_run, tiles, scale * LOG2E, softcap, *_strides(q, k, v, out), total_q,
+            q, k, v, out, lse, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale, *_strides(q, k, v, out), total_q,
             heads, heads // k.shape[1], d, left, right, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.block_q,
             BLOCK_K=cfg.block_k, CAUSAL=causal, INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **switches)
@@ -170,15 +173,16 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, ca
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     common = dict(HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k, CAUSAL=causal,
                   INPUT_PRECISION=cfg.input_precision, num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages)
-    (tiles, softcap, left, right), switches = _variant_args(variant, triton.cdiv(max_q, cfg.bwd_block_q), q.device)
+    score = kernel_score(variant, q.device, heads=heads, seq_q=max_q, seq_k=max_k)
+    (tiles, left, right), switches = _variant_args(variant, triton.cdiv(max_q, cfg.bwd_block_q), q.device, score)
     for batch, cu_q_run, cu_k_run in _batches(cu_q, cu_k, kv_heads):
         _attn_bwd_dkdv_varlen[(triton.cdiv(max_k, cfg.bwd_block_k), batch * kv_heads)](
-            q, k, v, dout, dk, dv, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale, softcap,
+            q, k, v, dout, dk, dv, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale,
             *_strides(q, k, v, dout, dk, dv), total_q, kv_heads, d, left, right, BLOCK_H=group, **common, **switches)
     tiles, *_ = _variant_args(variant, triton.cdiv(max_k, cfg.bwd_block_k), q.device)[0]
     for batch, cu_q_run, cu_k_run in _batches(cu_q, cu_k, heads):
         _attn_bwd_dq_varlen[(triton.cdiv(max_q, cfg.bwd_block_q), batch * heads)](
-            q, k, v, dout, dq, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale, softcap,
+            q, k, v, dout, dq, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale,
             *_strides(q, k, v, dout, dq), total_q, heads, group, d, left, right, **common, **switches)
     # the lse (heads, total_q) holds the sinks: the kernels are unchanged; the sinks' gradient from delta
     dsinks = None if sinks is None else sink_grad(sinks, lse_natural(lse), delta)

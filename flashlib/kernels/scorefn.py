@@ -1,0 +1,194 @@
+"""Score functions, as FlexAttention users write them, compiled into the kernels with their derivative.
+
+A score function ``score_mod(score, b, h, q_idx, kv_idx) -> score`` changes each scaled score
+before the mask (:mod:`flashlib.scores` has ready ones: soft-capping, ALiBi, a bias table, a
+temperature). For a kernel it is traced as mask functions are (:mod:`flashlib.kernels.trace`:
+called once with symbolic arguments, the score a float32 one) and written out as one
+``@triton.jit`` function::
+
+    SCORE_MOD(score, b, h, q_idx, kv_idx, data, GRAD)   GRAD False: the new score
+                                                       GRAD True: its derivative d new / d score
+
+The derivative is not written by hand per option: it is the chain rule applied to the traced
+expression (:func:`derivative`), node by node, so the backward's dS = P (dP - delta) is
+multiplied by exactly the slope of what the forward computed. Tensors the function reads become
+loads from ``data``, as for mask functions; their own gradients (ALiBi's slopes, a bias table)
+are not the kernels' business (:func:`flashlib.scores.captured_grads` computes them).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .maskfn import _loads, _narrow, _Writer, compiled, symbol_bounds
+from .trace import FLOAT_FUNCTIONS, Graph, Node, TraceError, trace
+
+NAMES = ("score", "b", "h", "q_idx", "kv_idx")
+
+
+class KernelScore(NamedTuple):
+    """A score function as the kernels call it: the compiled ``SCORE_MOD``, its ``data`` (the tensors
+    it reads, on the kernels' device; None when it reads none), the tensors themselves as the
+    function captured them (for their gradients) and the generated Triton source."""
+
+    jit: object
+    data: tuple | None
+    captured: tuple
+    source: str
+
+
+def score_args(score: KernelScore | None) -> dict:
+    """The keyword arguments a launch adds for a compiled score function (none without one)."""
+    return {} if score is None else dict(SCORE_MOD=score.jit, ScoreData=score.data)
+
+
+def score_bounds(batch=None, heads=None, seq_q=None, seq_k=None) -> dict:
+    """The symbols of a score function: the score (a float) and the four indices' bounds."""
+    return {"score": (None, None), **symbol_bounds(batch, heads, seq_q, seq_k)}
+
+
+def trace_score(score_mod, bounds: dict | None = None, device=None) -> Graph:
+    """The traced graph of a score function (a TraceError for what cannot compile)."""
+    graph = trace(score_mod, bounds or score_bounds(), device=device, floats=("score",))
+    if not graph.result.dtype.is_floating_point:
+        kind = str(graph.result.dtype).replace("torch.", "")
+        raise TraceError(f"a score function that returns {kind} values", "return a float: the new score", where="")
+    return graph
+
+
+def compile_score(fn: str, score_mod, device, bounds: dict | None = None) -> KernelScore:
+    """The kernels' SCORE_MOD for ``score_mod`` as it reads its data now; bounds:
+    :func:`score_bounds` of the call (default: int32 indices)."""
+    try:
+        graph = trace_score(score_mod, bounds, device)
+        tensors = [_narrow(t.detach().to(device), node) for t, node in zip(graph.tensors, _loads(graph))]
+        slope = derivative(graph)
+        tiles = [graph.symbols[name] for name in ("score", "q_idx", "kv_idx")]
+        value = _tile(_Writer(graph, tensors).body(graph.result, "tl.float32"), graph.result, tiles)
+        grad = _tile(_Writer(Graph(graph.symbols, slope, graph.tensors, graph.tracer), tensors).body(slope, "tl.float32"),
+                     slope, tiles)
+    except TraceError as exc:
+        raise TypeError(f"{fn}: argument 'score_mod': {exc}") from None
+    lines = ["def _score_mod(score, b, h, q_idx, kv_idx, data, GRAD: tl.constexpr):",
+             "    if GRAD:", *(f"        {line}" for line in grad),
+             "    else:", *(f"        {line}" for line in value)]
+    source = "\n".join(lines) + "\n"
+    return KernelScore(compiled(source, "_score_mod"), tuple(tensors) or None, tuple(graph.tensors), source)
+
+
+def _depends(node: Node, on: list) -> bool:
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if any(n is s for s in on):
+            return True
+        if id(n) not in seen:
+            seen.add(id(n))
+            stack.extend(n.args)
+    return False
+
+
+def _tile(body: list[str], result: Node, tiles: list) -> list[str]:
+    """A body whose returned value is a tile, as the score's, even where the expression is a number or
+    depends on the head alone (a slope of 1, a temperature's)."""
+    if _depends(result, tiles):
+        return body
+    *lines, last = body
+    return [*lines, last.replace("return ", "return tl.zeros_like(score) + ", 1)]
+
+
+# ----- the derivative of a traced expression with respect to the score ------------------------------
+
+def derivative(graph: Graph, wrt: str = "score") -> Node:
+    """d result / d wrt, as nodes of the same graph: the chain rule applied node by node. Integer
+    and boolean nodes, loads and constants do not depend on the score (their derivative is 0)."""
+    tracer, target = graph.tracer, graph.symbols[wrt]
+    memo: dict[int, Node | None] = {}
+
+    def const(value: float) -> Node:
+        return tracer.const(float(value))
+
+    def mul(a, b):
+        if a is None or b is None:
+            return None
+        return tracer.apply("mul", a, b)
+
+    def add(a, b):
+        return b if a is None else a if b is None else tracer.apply("add", a, b)
+
+    def neg(a):
+        return None if a is None else tracer.apply("neg", a)
+
+    def d(node: Node):
+        if id(node) in memo:
+            return memo[id(node)]
+        memo[id(node)] = result = _rule(node)
+        return result
+
+    def _rule(node: Node):
+        if node is target:
+            return const(1.0)
+        if not node.dtype.is_floating_point or node.op in ("sym", "const", "load"):
+            return None
+        op, args = node.op, node.args
+        if op == "cast":
+            return d(args[0])
+        if op == "add":
+            return add(d(args[0]), d(args[1]))
+        if op == "sub":
+            return add(d(args[0]), neg(d(args[1])))
+        if op == "mul":
+            return add(mul(d(args[0]), args[1]), mul(args[0], d(args[1])))
+        if op == "truediv":  # (a / b)' = a' / b - a b' / b²
+            a, b = args
+            da, db = d(a), d(b)
+            first = None if da is None else tracer.apply("truediv", da, b)
+            second = None if db is None else tracer.apply("truediv", mul(node, db), b)
+            return add(first, neg(second))
+        if op == "neg":
+            return neg(d(args[0]))
+        if op == "where":
+            dx, dy = d(args[1]), d(args[2])
+            if dx is None and dy is None:
+                return None
+            return tracer.apply("where", args[0], dx or const(0.0), dy or const(0.0))
+        if op in ("minimum", "maximum"):  # the slope of the side taken
+            a, b = args
+            da, db = d(a), d(b)
+            if da is None and db is None:
+                return None
+            takes_a = tracer.apply("le" if op == "minimum" else "ge", a, b)
+            return tracer.apply("where", takes_a, da or const(0.0), db or const(0.0))
+        if op == "abs":
+            da = d(args[0])
+            return None if da is None else tracer.apply("where", tracer.apply("ge", args[0], const(0.0)), da, neg(da))
+        if op in FLOAT_FUNCTIONS:
+            da = d(args[0])
+            if da is None:
+                return None
+            if op == "tanh":  # 1 - tanh²
+                slope = tracer.apply("sub", const(1.0), tracer.apply("mul", node, node))
+            elif op == "exp":
+                slope = node
+            elif op == "log":
+                slope = tracer.apply("truediv", const(1.0), args[0])
+            elif op == "sqrt":
+                slope = tracer.apply("truediv", const(0.5), node)
+            else:  # sigmoid: s (1 - s)
+                slope = tracer.apply("mul", node, tracer.apply("sub", const(1.0), node))
+            return mul(da, slope)
+        raise TraceError(f"the score's derivative through '{op}'", "use + - * /, torch.where, abs, minimum, "
+                         "maximum, clamp, tanh, exp, log, sqrt or sigmoid on the score", where="")
+
+    slope = d(graph.result)
+    return const(0.0) if slope is None else slope
+
+
+def score_tensors(fn: str, score_mod, bounds: dict | None = None) -> tuple:
+    """The tensors a score function reads (captured, in the order it reads them)."""
+    try:
+        return tuple(trace_score(score_mod, bounds).tensors)
+    except TraceError as exc:
+        raise TypeError(f"{fn}: argument 'score_mod': {exc}") from None
+

@@ -1,0 +1,221 @@
+"""Score functions (flashlib.scores, flashlib.kernels.scorefn): FlexAttention's ``score_mod`` in
+flashlib's ops, forward and backward, with the gradients of the tensors they capture.
+
+References nobody here wrote: ``flex_attention`` (forward, on the CPU) with the same function, and
+float64 autograd through the plain formula softmax(score_mod(q kᵀ · scale) masked) v written in
+this file, which also differentiates the captured tensors (ALiBi's slopes, a bias table, a
+temperature). The kernels run in Triton's interpreter in float32."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+
+import flashlib
+from flashlib import scores
+from flashlib.kernels import attention
+from flashlib.kernels.scorefn import compile_score
+
+B, H, H_KV, D = 2, 4, 2, 16
+
+
+def _inputs(seq_q, seq_k, heads_kv=H_KV, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, seq_q, D, generator=g, dtype=dtype)
+    k, v = (torch.randn(B, heads_kv, seq_k, D, generator=g, dtype=dtype) for _ in range(2))
+    return q, k, v
+
+
+def plain_attention(q, k, v, score_mod, causal=False, window=None):
+    """softmax(score_mod(scale q kᵀ)) v, every step written out in PyTorch (bottom-right causal)."""
+    k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    s = q @ k.transpose(-2, -1) / D ** 0.5
+    i = torch.arange(q.shape[-2])[:, None]
+    j = torch.arange(k.shape[-2])[None, :]
+    b = torch.arange(q.shape[0]).view(-1, 1, 1, 1)
+    h = torch.arange(q.shape[1]).view(1, -1, 1, 1)
+    s = score_mod(s, b, h, i, j)
+    diag = i + k.shape[-2] - q.shape[-2]
+    keep = torch.ones_like(s, dtype=torch.bool)
+    if causal:
+        keep = keep & (j <= diag)
+    if window is not None:
+        keep = keep & (j >= diag - window[0]) & (j <= diag + window[1])
+    s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, dim=-1).nan_to_num(0.0) @ v
+
+
+def _captured(name, dtype=torch.float64, seed=3):
+    """(score function, the tensor it captures or None), a fresh learnable tensor each call."""
+    g = torch.Generator().manual_seed(seed)
+    if name == "softcap":
+        return scores.softcap(2.0), None
+    if name == "alibi":
+        t = scores.alibi_slopes(H).to(dtype).requires_grad_()
+        return scores.alibi(t), t
+    if name == "bias":
+        t = (torch.randn(2 * 48 - 1, generator=g) * 0.5).to(dtype).requires_grad_()
+        return scores.relative_bias(t), t
+    if name == "temperature":
+        t = (torch.rand(H, generator=g) + 0.5).to(dtype).requires_grad_()
+        return scores.temperature(t), t
+    raise KeyError(name)
+
+
+SCORES = ["softcap", "alibi", "bias", "temperature"]
+
+
+# ----- forward: the same function in flex_attention ------------------------------------------------
+
+def _flex(q, k, v, score_mod, causal):
+    mask = None
+    if causal:
+        offset = k.shape[-2] - q.shape[-2]
+        mask = create_block_mask(lambda b, h, i, j: j <= i + offset, B, H, q.shape[-2], k.shape[-2], device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager flex on a CPU warns that it is unfused
+        out, aux = flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=True,
+                                  return_aux=AuxRequest(lse=True))
+    return out, aux.lse
+
+
+@pytest.mark.parametrize("name", SCORES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_equals_flex_attention_with_the_same_function(name, causal):
+    q, k, v = _inputs(40, 40, dtype=torch.float32)
+    fn, _ = _captured(name, torch.float32)
+    want, want_lse = _flex(q, k, v, fn, causal)
+    kernel, kernel_lse = attention(q, k, v, causal=causal, score_mod=fn, return_lse=True)
+    dense = flashlib.dense_attention(q, k, v, causal=causal, score_mod=fn)
+    public = flashlib.flash_attention(q, k, v, causal=causal, score_mod=fn)
+    for what, got in (("kernels", kernel), ("dense", dense), ("flash_attention", public)):
+        torch.testing.assert_close(got, want, atol=3e-6, rtol=3e-5, msg=lambda m: f"{name} {what}: {m}")
+    torch.testing.assert_close(kernel_lse, want_lse, atol=3e-5, rtol=3e-6)
+
+
+def test_a_function_written_over_lines_with_a_helper_runs_in_flex_and_the_kernels():
+    slopes = scores.alibi_slopes(H)
+
+    def distance(a, c):
+        return (a - c).abs()
+
+    def penalised(score, b, h, q_idx, kv_idx):
+        bonus = torch.where(kv_idx < 4,
+                            1.5,
+                            0.0)  # the first keys as sinks of a sort
+        return (score
+                - slopes[h] * distance(q_idx, kv_idx)
+                + bonus)
+
+    q, k, v = _inputs(33, 47, dtype=torch.float32, seed=5)
+    want, _ = _flex(q, k, v, penalised, causal=True)
+    torch.testing.assert_close(flashlib.flash_attention(q, k, v, causal=True, score_mod=penalised), want,
+                               atol=3e-6, rtol=3e-5)
+
+
+# ----- forward and backward: float64 autograd of the plain formula ---------------------------------
+
+CASES = [  # (seq_q, seq_k, kv heads, options)
+    (40, 40, H_KV, dict(causal=True)),
+    (33, 48, H, dict()),
+    (48, 29, 1, dict(causal=True)),
+    (41, 41, H_KV, dict(causal=True, window=(9, 0))),
+]
+
+
+@pytest.mark.parametrize("name", SCORES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}-kv{c[2]}-{'-'.join(c[3]) or 'full'}")
+@pytest.mark.parametrize("op", ["flash_attention", "kernels.attention"])
+def test_gradients_equal_float64_autograd_captured_tensors_included(name, case, op):
+    seq_q, seq_k, heads_kv, options = case
+    q, k, v = _inputs(seq_q, seq_k, heads_kv, seed=seq_q)
+    fn64, t64 = _captured(name)
+    wanted = [x.requires_grad_() for x in (q.clone(), k.clone(), v.clone())] + ([t64] if t64 is not None else [])
+    ref = plain_attention(*wanted[:3], fn64, **options)
+    dout = torch.randn(ref.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    want = torch.autograd.grad((ref * dout).sum(), wanted)
+
+    fn32, t32 = _captured(name, torch.float32)
+    ours = [x.float().requires_grad_() for x in (q, k, v)] + ([t32] if t32 is not None else [])
+    run = flashlib.flash_attention if op == "flash_attention" else attention
+    out = run(*ours[:3], score_mod=fn32, **options)
+    got = torch.autograd.grad((out * dout.float()).sum(), ours)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+    for what, g, w in zip(("dq", "dk", "dv", name), got, want):
+        scale = w.abs().max().item()
+        err = (g.double() - w).abs().max().item()
+        assert err <= 2e-6 * max(scale, 1.0), f"{what}: max error {err:.3g} (largest gradient {scale:.3g})"
+
+
+def test_captured_tensors_gradients_are_the_same_bits_every_run():
+    q, k, v = (x.float().requires_grad_() for x in _inputs(37, 37))
+    runs = []
+    for _ in range(2):
+        fn, t = _captured("bias", torch.float32)
+        out = flashlib.flash_attention(q, k, v, causal=True, score_mod=fn)
+        runs.append(torch.autograd.grad(out.square().sum(), [q, k, v, t]))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_softcap_keyword_is_the_softcap_score_function():
+    q, k, v = (x.float() for x in _inputs(45, 45, seed=2))
+    by_keyword = attention(q * 8, k, v, causal=True, softcap=3.0, return_lse=True)
+    by_function = attention(q * 8, k, v, causal=True, score_mod=scores.softcap(3.0), return_lse=True)
+    for a, b in zip(by_keyword, by_function):
+        assert torch.equal(a, b)
+
+
+def test_the_derivative_is_the_chain_rule_through_what_the_function_does():
+    """A function mixing where, maximum, exp, log, sigmoid and a division: the kernels' backward
+    against float64 autograd of the same function (the derivative was derived, never written)."""
+    def odd(score, b, h, q_idx, kv_idx):
+        bent = torch.where(score > 0, torch.log(1.0 + score), -torch.sigmoid(-score))
+        return torch.maximum(bent, score / 3.0) + torch.exp(-0.1 * (q_idx - kv_idx).abs()) * (h + 1) / 4
+
+    q, k, v = _inputs(36, 36, seed=9)
+    wanted = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = plain_attention(*wanted, odd, causal=True)
+    want = torch.autograd.grad(ref.square().sum(), wanted)
+    ours = [x.float().requires_grad_() for x in (q, k, v)]
+    got = torch.autograd.grad(attention(*ours, causal=True, score_mod=odd).square().sum(), ours)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w, atol=5e-6, rtol=1e-4)
+    source = compile_score("t", odd, "cpu").source
+    assert "if GRAD:" in source and "tl.log" in source and "tl.exp" in source
+
+
+def test_dense_reference_takes_a_score_function_with_autograd():
+    q, k, v = _inputs(30, 30)
+    fn, t = _captured("alibi")
+    out = flashlib.dense_attention(q, k, v, causal=True, score_mod=fn)
+    want = plain_attention(q, k, v, fn, causal=True)
+    torch.testing.assert_close(out, want, atol=1e-12, rtol=1e-12)
+    (grad,) = torch.autograd.grad(out.sum(), [t])
+    assert grad.abs().max() > 0
+
+
+# ----- bad input: named ---------------------------------------------------------------------------
+
+def test_bad_score_functions_are_refused_by_name():
+    q, k, v = (x.float() for x in _inputs(16, 16))
+    with pytest.raises(TypeError, match="'score_mod' must be None or a function"):
+        flashlib.flash_attention(q, k, v, score_mod=3.0)
+    with pytest.raises(TypeError, match="five arguments"):
+        flashlib.flash_attention(q, k, v, score_mod=lambda s, b, h, i: s)
+    with pytest.raises(ValueError, match="'softcap' and 'score_mod'"):
+        flashlib.flash_attention(q, k, v, softcap=2.0, score_mod=scores.softcap(2.0))
+    with pytest.raises(TypeError, match="'score_mod'.*returns bool"):
+        attention(q, k, v, score_mod=lambda s, b, h, i, j: i >= j)
+    with pytest.raises(TypeError, match="'score_mod'.*truth value"):
+        attention(q, k, v, score_mod=lambda s, b, h, i, j: s if i > j else -s)
+    with pytest.raises(TypeError, match="'score_mod'.*Python number"):
+        import math
+
+        attention(q, k, v, score_mod=lambda s, b, h, i, j: math.tanh(s))
+    with pytest.raises(ValueError, match="'cap'"):
+        scores.softcap(0.0)
+    with pytest.raises(TypeError, match="'slopes'"):
+        scores.alibi([0.5, 0.25])
