@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-stamp
 # compile the kernels for GPU targets with it; nothing imports it otherwise.
 TRITON36 := $(VENV)/triton-3.6.0
 
-.PHONY: lab test test-fast notebooks site gpu-check bench demo browser-deps clean
+.PHONY: lab test test-fast notebooks site student gpu-check bench demo browser-deps clean
 
 # Everything through constraints.txt, the exact tested set (pyproject.toml declares ranges).
 PIP    := $(PY) -m pip install --disable-pip-version-check -c constraints.txt
@@ -51,6 +51,10 @@ notebooks: $(STAMP)
 # Never executes a notebook; any Sphinx warning fails it (tools/build_site.py).
 site: $(STAMP)
 	$(PY) tools/build_site.py
+
+# The course without its worked solutions, as students get it (tools/student_edition.py); make lab runs there.
+student: $(STAMP)
+	$(PY) tools/student_edition.py build/student
 
 demo: $(STAMP)
 	$(PY) -m flashlib demo

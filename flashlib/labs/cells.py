@@ -15,14 +15,17 @@ import io
 import linecache
 
 from .catalog import LABS
-from .core import lab, solution_source
+from .core import has_solutions, lab, solution_source
 
 MARKER = "# LAB: "
 MARKDOWN_MARKER = "<!-- LAB: {name} -->"
 
 
-def markdown_cell(name: str) -> str:
+def markdown_cell(name: str, *, solutions: bool | None = None) -> str:
+    """The lab's task; ``solutions`` (default: whether this edition has them) adds where the worked one is."""
     spec = lab(name, "labs.cells.markdown_cell")
+    solutions = has_solutions() if solutions is None else solutions
+    where = f'; `labs.solution("{name}")` shows a worked solution.' if solutions else "."
     return "\n".join([
         MARKDOWN_MARKER.format(name=name),
         f"## Lab: {spec.title}",
@@ -34,8 +37,7 @@ def markdown_cell(name: str) -> str:
         "```",
         "",
         f"The checker tries {', '.join(spec.tries)}, and names the mistake when it recognises one. "
-        f'`labs.hint("{name}")` gives a hint (three, one at a time); `labs.solution("{name}")` shows a worked '
-        "solution.",
+        f'`labs.hint("{name}")` gives a hint (three, one at a time){where}',
     ])
 
 
