@@ -1,0 +1,185 @@
+"""The student edition (make student): no worked solution anywhere in it, and its labs still check and hint.
+
+It is built into a temporary folder; every text file in it (each notebook's sources and outputs too) is
+searched for every solution's code, and its own package, run from that folder, checks answers written
+from the full edition's solutions.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from flashlib import labs
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import student_edition  # noqa: E402
+
+SOLUTIONS = ROOT / "flashlib" / "labs" / "solutions"
+
+
+@pytest.fixture(scope="module")
+def edition(tmp_path_factory) -> Path:
+    return student_edition.build(tmp_path_factory.mktemp("edition") / "student")
+
+
+def _texts(folder: Path, skip: Path | None = None):
+    """(path, text) of every text file under ``folder``; a notebook as its sources and outputs."""
+    for path in sorted(folder.rglob("*")):
+        if not path.is_file() or "__pycache__" in path.parts or (skip is not None and skip in path.parents):
+            continue
+        if path.suffix == ".ipynb":
+            nb = nbformat.read(path, as_version=4)
+            parts = [c.source for c in nb.cells]
+            parts += ["".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in c.get("outputs", []))
+                      for c in nb.cells if c.cell_type == "code"]
+            yield path, "\n".join(parts)
+            continue
+        try:
+            yield path, path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+
+
+def _code_lines(source: str) -> list[str]:
+    """The solution's lines without comments or indentation, blank lines dropped."""
+    lines = []
+    for line in source.splitlines():
+        code = line.split("  #", 1)[0].strip() if not line.lstrip().startswith("#") else ""
+        if code:
+            lines.append(code)
+    return lines
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def _function(source: str) -> str:
+    tree = ast.parse(source)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
+    return "\n".join(_code_lines("\n".join(source.splitlines()[fn.lineno - 1:fn.end_lineno])))
+
+
+def test_the_edition_has_no_solutions_package_and_installs_what_it_lists(edition):
+    assert not (edition / "flashlib" / "labs" / "solutions").exists()
+    assert (edition / "flashlib" / "labs" / "core.py").exists() and (edition / "notebooks").is_dir()
+    packages = tomllib.loads((edition / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert "flashlib.labs.solutions" not in packages
+    for package in packages:  # what setuptools will look for when make lab installs the edition
+        folder = edition / "data" / "bench" if package == "flashlib.recorded" else edition / package.replace(".", "/")
+        assert folder.is_dir(), package
+    assert (edition / "Makefile").read_text() == (ROOT / "Makefile").read_text()
+
+
+@pytest.mark.parametrize("name", list(labs.LABS))
+def test_no_solution_code_is_anywhere_in_the_edition(edition, name):
+    source = (SOLUTIONS / f"{name}.py").read_text()
+    function = _squash(_function(source))
+    # lines of the solution that nothing else of the full edition holds (a hint's near-code shares some)
+    others = [_squash(t) for _, t in _texts(ROOT / "flashlib", skip=SOLUTIONS)]
+    others += [_squash(t) for _, t in _texts(ROOT / "notebooks")]
+    own = [line for line in _code_lines(source)[1:] if len(line) > 24 and not any(_squash(line) in t for t in others)]
+    assert own, f"{name}: every line of its solution is somewhere else in the course"
+    for path, text in _texts(edition):  # the stub keeps the solution's signature and docstring, nothing more
+        flat = _squash(text)
+        assert function not in flat, f"{path}: holds the solution of {name}"
+        for line in own:
+            assert _squash(line) not in flat, f"{path}: holds {line!r} of {name}'s solution"
+
+
+def test_the_notebooks_keep_each_labs_stub_and_lose_what_shows_its_answer(edition):
+    from flashlib.labs import cells
+
+    for spec in labs.LABS.values():
+        nb = nbformat.read(edition / "notebooks" / f"{spec.notebook}.ipynb", as_version=4)
+        task = [c.source for c in nb.cells if c.cell_type == "markdown" and cells.marked(c.source) == spec.name]
+        stub = [c.source for c in nb.cells if c.cell_type == "code" and cells.marked(c.source) == spec.name]
+        assert task == [cells.markdown_cell(spec.name, solutions=False)] and "labs.solution" not in task[0]
+        assert stub == [cells.code_cell(spec.name)]
+        assert not any("labs.reveal(" in c.source or "labs.solution(" in c.source for c in nb.cells)
+    assert "Student edition" in (edition / "README.md").read_text()
+
+
+STUDENT_RUN = r"""
+import importlib.util, json, sys
+from pathlib import Path
+import flashlib
+from flashlib import labs
+
+answers = Path(sys.argv[1])
+report = {"package": flashlib.__file__, "has_solutions": labs.has_solutions(), "checks": {}}
+
+def load(name, file):
+    spec = importlib.util.spec_from_file_location(f"answer_{file.stem}", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+for file in sorted(answers.glob("*.py")):
+    name = file.stem.split("__")[0]
+    result = labs.check(name, load(name, file))
+    report["checks"][file.stem] = [result.passed, result.mistake, result.message]
+try:
+    labs.solution_source("tiled_forward")
+except RuntimeError as error:
+    report["solution_source"] = str(error)
+print(json.dumps(report))
+"""
+
+
+def test_the_editions_labs_check_answers_and_say_there_is_no_solution(edition, tmp_path):
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    names = [n for n, spec in labs.LABS.items() if not spec.triton or importlib.util.find_spec("triton")]
+    for name in names:  # a right answer, written from the full edition's solution, for every lab
+        (answers / f"{name}.py").write_text(labs.solution_source(name))
+    wrong = labs.solution_source("tiled_forward").replace("l_i = alpha * l_i + ", "l_i = l_i + ")
+    (answers / "tiled_forward__no_rescale.py").write_text(wrong)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(edition), FLASHLIB_PROGRESS="off")
+    done = subprocess.run([sys.executable, "-c", STUDENT_RUN, str(answers)], cwd=edition, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert Path(report["package"]).resolve().is_relative_to(edition.resolve())
+    assert report["has_solutions"] is False
+    for name in names:
+        passed, mistake, message = report["checks"][name]
+        assert passed and message.startswith(f"PASS: {name}"), message
+    passed, mistake, message = report["checks"]["tiled_forward__no_rescale"]
+    assert not passed and mistake == "no_rescale" and "labs.solution" not in message
+    assert 'labs.hint("tiled_forward") gives a hint.' in message
+    assert "student edition" in report["solution_source"]
+    printed = done.stdout
+    assert "PASS: online_softmax" in printed
+
+
+def test_solution_reveal_and_hints_in_the_edition(edition):
+    script = ("from flashlib import labs\nlabs.solution('split_kv')\nlabs.reveal('attn_fwd_inner')\n"
+              "labs.hint('sink_grad')\nfor _ in range(3):\n    labs.hint('merge_states')\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(edition), FLASHLIB_PROGRESS="off")
+    done = subprocess.run([sys.executable, "-c", script], cwd=edition, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("This is the student edition of the course: it has no worked solutions")
+    assert lines[1].startswith("This is the student edition of the course") and "reveal" in lines[1]
+    assert lines[2] == f"hint 1 of 3 for sink_grad: {labs.LABS['sink_grad'].hints[0]}"  # the full edition's hints
+    assert lines[5] == f"hint 3 of 3 for merge_states: {labs.LABS['merge_states'].hints[2]}"
+
+
+def test_the_edition_is_not_written_over_the_course():
+    with pytest.raises(SystemExit, match="argument OUT"):
+        student_edition.build(ROOT)
