@@ -33,7 +33,7 @@ from ..kernels._mode import ensure_mode, triton_installed
 from .catalog import LABS, MISTAKES, Lab
 from .core import (LabResult, check, has_solutions, hint, reset_hints, reveal, reveal_source, solution,
                    solution_source)
-from .progress import progress
+from .progress_file import progress
 
 if triton_installed():
     # a kernel lab's cell imports flashlib, then triton: without a GPU, Triton's CPU interpreter must be on

@@ -1,7 +1,7 @@
 """check, hint and solution: what a notebook calls.
 
 ``check(name, fn)`` runs the lab's checker and prints its verdict (a pass is also written to the
-progress file beside the notebooks, :mod:`.progress`); ``hint(name)`` prints the next of three
+progress file beside the notebooks, :mod:`.progress_file`); ``hint(name)`` prints the next of three
 hints, only when asked; ``solution(name)`` prints a worked solution, whose text
 ``solution_source(name)`` returns; ``reveal(name)`` prints the course's own code of the lab once
 it has passed (or its solution was shown) in this session. The student edition of the course
@@ -20,7 +20,7 @@ from importlib import resources
 
 from ..course.exercises import PASS, RETRY
 from .catalog import LABS, MISTAKES, Lab
-from . import progress
+from . import progress_file
 from .common import Report
 
 
@@ -141,7 +141,7 @@ def check(name: str, fn) -> LabResult:
                                None if report.problem is None else report.problem.mistake, report.failed)
     if result.passed:
         _SEEN.add(name)
-        progress.record(name)
+        progress_file.record(name)
     print(result.message)
     return result
 
