@@ -1,5 +1,6 @@
-"""Notebook 12's pieces: the sink-gradient checker names each mistake, the paged cache writes where
-its block table says, and generation through flashlib's kernels equals transformers' eager."""
+"""Notebook 12's pieces: the sink-gradient lab through labs.check (its mistakes: tests/test_labs.py), the
+paged cache writes where its block table says, and generation through flashlib's kernels equals
+transformers' eager."""
 from __future__ import annotations
 
 import importlib.util
@@ -14,24 +15,15 @@ from flashlib.course import models  # noqa: E402
 from flashlib.decode import gather_cache  # noqa: E402
 
 
-def test_the_checker_passes_the_rule_and_names_every_catalogued_mistake():
-    models.SINK_GRAD_HINTS.reset()
-    assert models.check_sink_grad(models.sink_grad_solution)
-    sinks, lse, delta, want = models._sink_case(0)
-    for mistake, wrong in models._sink_mistakes(sinks, lse, delta).items():
-        assert wrong.shape != want.shape or not torch.allclose(wrong, want), mistake  # each is wrong
-        verdict = models.check_sink_grad(lambda s, l, d, mistake=mistake: models._sink_mistakes(s, l, d)[mistake])
-        assert not verdict and mistake in verdict.message, (mistake, verdict)
-    assert "returns None" in models.check_sink_grad(lambda s, l, d: None).message
-    assert "no answer yet" in models.check_sink_grad(...).message
+def test_the_sink_gradient_lab_goes_through_labs_check_and_passes_flashlibs_rule(capsys):
+    from flashlib import labs, rules
 
-
-def test_hints_step_from_the_idea_to_code_and_start_over_after_a_pass():
-    models.SINK_GRAD_HINTS.reset()
-    labels = [models.check_sink_grad(lambda s, l, d: s * 0).label for _ in range(4)]
-    assert labels == ["hint 1 of 3", "hint 2 of 3", "hint 3 of 3", "hint 3 of 3"]
-    assert models.check_sink_grad(models.sink_grad_solution)
-    assert models.check_sink_grad(lambda s, l, d: s * 0).label == "hint 1 of 3"
+    result = models.check_sink_grad(rules.sink_grad)  # the course's own rule, with its -inf rows, passes
+    assert result and result.name == "sink_grad"
+    assert capsys.readouterr().out.startswith("PASS: sink_grad is right in all 3 cases")
+    wrong = models.check_sink_grad(lambda s, l, d: -rules.sink_grad(s, l, d))
+    assert not wrong and wrong.mistake == "sink_sign" and "hint" not in wrong.message.split("\n")[0]
+    labs.reset_hints("sink_grad")
 
 
 def test_the_paged_cache_writes_each_position_where_its_block_table_points():
