@@ -106,7 +106,7 @@ def _labs_page() -> str:
     for spec in LABS.values():
         anchor = default_slugify(f"Lab: {spec.title}")  # labs.cells.markdown_cell's heading
         lines += [f"## {spec.title}", "",
-                  f"At the end of [notebook {spec.notebook[:2]}](notebooks/{spec.notebook}.ipynb#{anchor}).",
+                  f"In [notebook {spec.notebook[:2]}](notebooks/{spec.notebook}.ipynb#{anchor}).",
                   "", spec.task, "", "```python", spec.signature, "```", "",
                   "The checker tries " + ", ".join(spec.tries) + ".", ""]
         known = [MISTAKES[m][0] for m in spec.mistakes if m in MISTAKES]
