@@ -18,10 +18,10 @@ from flashlib.decode import gather_cache  # noqa: E402
 def test_the_sink_gradient_lab_goes_through_labs_check_and_passes_flashlibs_rule(capsys):
     from flashlib import labs, rules
 
-    result = models.check_sink_grad(rules.sink_grad)  # the course's own rule, with its -inf rows, passes
+    result = labs.check("sink_grad", rules.sink_grad)  # the course's own rule, with its -inf rows, passes
     assert result and result.name == "sink_grad"
     assert capsys.readouterr().out.startswith("PASS: sink_grad is right in all 3 cases")
-    wrong = models.check_sink_grad(lambda s, l, d: -rules.sink_grad(s, l, d))
+    wrong = labs.check("sink_grad", lambda s, l, d: -rules.sink_grad(s, l, d))
     assert not wrong and wrong.mistake == "sink_sign" and "hint" not in wrong.message.split("\n")[0]
     labs.reset_hints("sink_grad")
 

@@ -8,7 +8,8 @@
     SplitKVStepper                     the same figure under a ``num_splits`` slider
     paged_cache_figure(table, ...)     sequences' pages scattered in memory, found through a block table
     check_step_time, check_cache_gib, check_gather   the exercises
-    check_split_kv                     the lab, labs.check("split_kv", fn) (hints: labs.hint("split_kv"))
+
+The notebook's lab, split_kv, is checked by ``labs.check("split_kv", fn)`` (:mod:`flashlib.labs.split_kv_lab`).
 
 Colours as everywhere in the course (:mod:`flashlib.course.viz`): teal partial outputs, black
 the final output, blue what is held, orange what is being read now, white hatched free.
@@ -295,21 +296,6 @@ def check_cache_gib(answer) -> Verdict:
                 (expected / 80, "that is one layer; every layer keeps its own cache")]
     return _check_number(answer, expected, unit="GiB", mistakes=mistakes,
                          hint="2 x layers x kv heads x tokens x head dim x 2 bytes, divided by 2^30")
-
-
-def check_split_kv(split_kv):
-    """The split-KV lab, ``labs.check("split_kv", split_kv)``: prints and returns its verdict. Hints come from
-    ``labs.hint("split_kv")``, only when asked; the checker is :mod:`flashlib.labs.split_kv_lab`."""
-    from .. import labs
-
-    return labs.check("split_kv", split_kv)
-
-
-def solution(name: str) -> None:
-    """``labs.solution(name)``: the worked solution of a lab, split_kv among them."""
-    from .. import labs
-
-    labs.solution(name)
 
 
 def check_gather(gather) -> Verdict:

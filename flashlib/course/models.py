@@ -158,13 +158,3 @@ def generate_eager(model, prompt: torch.Tensor, steps: int) -> torch.Tensor:
     with _attention(model, "eager"), torch.no_grad():
         return model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=steps,
                               min_new_tokens=steps, do_sample=False)
-
-
-# ----- the lab: the sinks' gradient ----------------------------------------------------------------
-
-def check_sink_grad(sink_grad):
-    """The sink-gradient lab, ``labs.check("sink_grad", sink_grad)``: prints and returns its verdict. Hints
-    come from ``labs.hint("sink_grad")``, only when asked; the checker is :mod:`flashlib.labs.sink_lab`."""
-    from .. import labs
-
-    return labs.check("sink_grad", sink_grad)
