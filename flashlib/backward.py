@@ -19,15 +19,17 @@ import torch
 from ._autograd import save, saved
 from ._checks import check_block
 from .dense import expand_kv
-from .rules import sink_grad, softcap_slope
-from .tiled import (NEG_INF, _compute_dtype, _query_range, _scores, _skipped, _tile_visible, canonical, check_options,
+from .rules import sink_grad
+from .scores import captured_tensors, trainable
+from .tiled import (NEG_INF, _compute_dtype, _query_range, _skipped, _tile_visible, canonical, check_options,
                     tiled_forward)
 
 
 def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=False, scale=None,
-                   dlse=None, window=None, softcap=None, mask_mod=None, sinks=None):
+                   dlse=None, window=None, softcap=None, mask_mod=None, sinks=None, score_mod=None, captured=()):
     """Gradients (dq, dk, dv) of tiled attention, recomputing P tile by tile from ``lse``; with
-    ``sinks``, (dq, dk, dv, dsinks).
+    ``sinks``, (dq, dk, dv, dsinks); with ``captured`` (tensors the score function reads), their
+    gradients after those.
 
     Args:
         q, k, v: the forward inputs, (batch, heads, seq, head_dim); k and v may have fewer heads
@@ -36,8 +38,10 @@ def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fa
         dout: gradient of the loss with respect to out.
         dlse: optional gradient with respect to lse; since d lse_i / d S_ij = P_ij, it
             enters as delta - dlse.
-        window, softcap, mask_mod: as the forward (:func:`tiled_attention`); with soft-capping
-            dS picks up the cap's slope, 1 - tanh² = 1 - (S / softcap)².
+        window, softcap, mask_mod, score_mod: as the forward (:func:`tiled_attention`); with a score
+            function (soft-capping is one) dS picks up its slope at each score, by autograd on the
+            function of each tile (the chain rule through the tile), which also gives each tensor of
+            ``captured`` its share.
         sinks: the forward's attention sinks (heads,). The lse already holds them, so P and dq,
             dk, dv need nothing more; a sink's own gradient is -sum over its head's rows of
             exp(sink - lse) * delta (:func:`flashlib.rules.sink_grad`).
@@ -46,8 +50,9 @@ def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fa
     dK_j and dV_j accumulate locally; dQ accumulates across the outer loop.
     """
     fn = "tiled_backward"
-    scale, rule, softcap = check_options(fn, q, k, v, causal=causal, scale=scale, window=window,
-                                         softcap=softcap, mask_mod=mask_mod, sinks=sinks)
+    rule, scoring = check_options(fn, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                                  mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
+    scale = scoring.scale
     block_q, block_k = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k)
     work = _compute_dtype(q.dtype)
     q_shape, kv_shape = q.shape, k.shape
@@ -62,6 +67,7 @@ def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fa
     lse = torch.where(lse == NEG_INF, float("inf"), lse)
     seq_q, seq_k = q.shape[-2], k.shape[-2]
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dcaptured = [torch.zeros_like(t, dtype=work) for t in captured]
     for k0 in range(0, seq_k, block_k):
         k1 = min(k0 + block_k, seq_k)
         k_tile, v_tile = k[..., k0:k1, :], v[..., k0:k1, :]
@@ -73,19 +79,23 @@ def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fa
             if _skipped(visible):
                 continue
             q_blk, do_blk = q[..., q0:q1, :], dout[..., q0:q1, :]
-            s = _scores(q_blk, k_tile, scale, softcap)  # (B, H, BLOCK_Q, BLOCK_K), recomputed
-            p = torch.exp(s - lse[..., q0:q1, None])
+            s = (q_blk @ k_tile.transpose(-2, -1)) * scale  # (B, H, BLOCK_Q, BLOCK_K), recomputed
+            p = torch.exp(scoring.modded(s, q0, k0) - lse[..., q0:q1, None])
             if visible is not None:
                 p = p.masked_fill(~visible, 0.0)
             dv_j += p.transpose(-2, -1) @ do_blk
             dp = do_blk @ v_tile.transpose(-2, -1)
             ds = p * (dp - delta[..., q0:q1, None])
-            ds = softcap_slope(ds, s, softcap)  # d/dx softcap * tanh(x / softcap)
+            ds, shares = scoring.slope(ds, s, q0, k0, captured)  # the chain rule through the score function
+            for total, share in zip(dcaptured, shares):
+                if share is not None:
+                    total += share
             dq[..., q0:q1, :] += (ds @ k_tile) * scale
             dk_j += (ds.transpose(-2, -1) @ q_blk) * scale
         dk[..., k0:k1, :], dv[..., k0:k1, :] = dk_j, dv_j
     grads = dq.reshape(q_shape), _group_sum(dk, kv_shape), _group_sum(dv, kv_shape)
-    return grads if sinks is None else (*grads, dsinks)
+    grads = grads if sinks is None else (*grads, dsinks)
+    return (*grads, *(g.to(t.dtype) for g, t in zip(dcaptured, captured))) if captured else grads
 
 
 def _group_sum(grad, kv_shape):
@@ -99,28 +109,29 @@ def _group_sum(grad, kv_shape):
 
 
 class TiledAttentionFunction(torch.autograd.Function):
-    """Autograd around the tiled pair: saves (q, k, v, out, lse), never P."""
+    """Autograd around the tiled pair: saves (q, k, v, out, lse), never P. options: the call's
+    keyword options as tiled_forward takes them; captured: the tensors its score function reads that
+    require grad (inputs, so that autograd returns their gradients)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, block_q, block_k, causal, scale, loop, window=None, softcap=None, mask_mod=None,
-                sinks=None):
-        out, lse = tiled_forward(q, k, v, block_q=block_q, block_k=block_k, causal=causal, scale=scale, loop=loop,
-                                 window=window, softcap=softcap, mask_mod=mask_mod, sinks=sinks, fn="tiled_attention")
-        save(ctx, q, k, v, out, lse, sinks)
-        ctx.config = dict(block_q=block_q, block_k=block_k, causal=causal, scale=scale, window=window,
-                          softcap=softcap, mask_mod=mask_mod)
+    def forward(ctx, q, k, v, options: dict, sinks=None, *captured):
+        out, lse = tiled_forward(q, k, v, sinks=sinks, fn="tiled_attention", **options)
+        save(ctx, q, k, v, out, lse, sinks, *captured)
+        ctx.options = {name: value for name, value in options.items() if name != "loop"}
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, sinks = saved(ctx)
-        dq, dk, dv, *dsinks = tiled_backward(q, k, v, out, lse, dout, dlse=dlse, sinks=sinks, **ctx.config)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *(None,) * 8, *(dsinks or [None])
+        q, k, v, out, lse, sinks, *captured = saved(ctx)
+        dq, dk, dv, *rest = tiled_backward(q, k, v, out, lse, dout, dlse=dlse, sinks=sinks, captured=captured,
+                                           **ctx.options)
+        dsinks = rest.pop(0) if sinks is not None else None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, dsinks, *rest
 
 
 def tiled_attention(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bool = False,
                     scale: float | None = None, loop: str = "query", window=None, softcap: float | None = None,
-                    mask_mod=None, sinks=None, return_lse: bool = False):
+                    mask_mod=None, sinks=None, score_mod=None, return_lse: bool = False):
     """Exact attention computed tile by tile with online softmax; differentiable.
 
     Args:
@@ -144,12 +155,19 @@ def tiled_attention(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bo
         sinks: attention sinks (heads,), learnable: one score sinks[h] with no value in every row's
             softmax of head h. Each query block starts from it (m_i = sink, l_i = 1), so it enters
             the denominator only; the lse includes it.
+        score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score (:mod:`flashlib.scores`), applied
+            to each tile's scaled scores before the mask, q_idx and kv_idx the pairs' positions; the
+            tensors it captures that require grad get their gradient. Not with softcap.
         return_lse: also return the log-sum-exp (..., seq_q), float32 (float64 for float64
             inputs); -inf for rows that see no key.
 
     The backward pass recomputes probabilities tile by tile from
     the saved lse and never stores the (seq_q, seq_k) matrix.
     """
-    out, lse = TiledAttentionFunction.apply(q, k, v, block_q, block_k, causal, scale, loop, window, softcap,
-                                            mask_mod, sinks)
+    options = dict(block_q=block_q, block_k=block_k, causal=causal, scale=scale, loop=loop, window=window,
+                   softcap=softcap, mask_mod=mask_mod, score_mod=score_mod)
+    captured = []
+    if score_mod is not None and torch.is_grad_enabled():  # what the function reads, found by tracing it
+        captured = trainable(captured_tensors("tiled_attention", score_mod))
+    out, lse = TiledAttentionFunction.apply(q, k, v, options, sinks, *captured)
     return (out, lse) if return_lse else out

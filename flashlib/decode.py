@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
-from ._checks import check_index_tensor, check_sinks, check_softcap, check_window, resolve_scale
+from ._checks import check_index_tensor, check_score_mod, check_sinks, check_softcap, check_window, resolve_scale
 from .rules import Visibility, key_range_start
-from .rules import softcap as soft_cap
+from .rules import Scoring
+from .scores import softcap as softcap_score
 from .softmax import merge_partials, merge_sink
 
 FN = "decode_attention"
@@ -44,7 +45,7 @@ class DecodeArgs(NamedTuple):
     """The checked options of one call."""
 
     scale: float
-    softcap: float       # 0.0: no soft-capping
+    score_mod: Callable | None  # the score function (flashlib.scores; soft-capping is one), or None
     window_left: int     # -1: no limit to the left
     paged: bool
     page_size: int       # paged: the page size; contiguous: the capacity (one "page" per sequence)
@@ -119,13 +120,15 @@ def _check_num_splits(fn, num_splits):
 
 
 def check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, *, scale, softcap, window, block_table,
-                        num_splits) -> DecodeArgs:
+                        num_splits, score_mod=None) -> DecodeArgs:
     """Everything about a call that its shapes, dtypes and options say (no values read)."""
     page_size, capacity = _check_caches(fn, q, k_cache, v_cache, block_table)
     _check_tensor(fn, "cache_seqlens", cache_seqlens, 1)
     _check_int32(fn, "cache_seqlens", cache_seqlens, (q.shape[0],), q.device, "lengths")
     _check_num_splits(fn, num_splits)
-    return DecodeArgs(resolve_scale(fn, scale, q.shape[-1]), check_softcap(fn, softcap),
+    score_mod = check_score_mod(fn, score_mod, softcap)
+    cap = check_softcap(fn, softcap)
+    return DecodeArgs(resolve_scale(fn, scale, q.shape[-1]), score_mod or (softcap_score(cap) if cap else None),
                       check_window(fn, window)[0], block_table is not None, page_size, capacity)
 
 
@@ -234,15 +237,18 @@ def kv_cache_bytes(*, layers: int, batch: int, kv_heads: int, tokens: int, head_
 
 # ----- the reference ------------------------------------------------------------------------
 
-def chunk_attention(q, k, v, positions, offset: int, *, scale: float, softcap: float = 0.0,
-                    window_left: int = -1):
+def chunk_attention(q, k, v, positions, offset: int, *, scale: float, score_mod=None, window_left: int = -1,
+                    batch_row: int = 0):
     """Attention of one sequence's new queries over one chunk of its keys: (out, lse).
 
     q (heads, new_tokens, d); k, v (heads, chunk, d) with their cache positions ``positions``
-    (chunk,); query i sits at position offset + i. out is normalised over the chunk alone and
-    lse (heads, new_tokens) is its log-sum-exp, -inf (with out = 0) where a row sees none of it.
+    (chunk,), consecutive; query i sits at position offset + i. out is normalised over the chunk
+    alone and lse (heads, new_tokens) is its log-sum-exp, -inf (with out = 0) where a row sees none
+    of it. score_mod: a score function, told batch_row, the head and those positions.
     """
-    s = soft_cap((q @ k.transpose(-2, -1)) * scale, softcap)  # (H, Nnew, chunk)
+    s = (q @ k.transpose(-2, -1)) * scale  # (H, Nnew, chunk)
+    if score_mod is not None and s.numel():
+        s = Scoring(scale, score_mod).modded(s[None], offset, int(positions[0]), batch_row)[0]
     new_tokens = q.shape[-2]
     rows = torch.arange(new_tokens, device=q.device)[:, None]  # (Nnew, 1); query i sits at offset + i
     rule = Visibility(True, (window_left, -1))  # the forward's rule, seq_q = Nnew, seq_k = offset + Nnew
@@ -261,14 +267,14 @@ def _sequence(cache, block_table, b: int, length: int, paged: bool):
 
 
 def decode_partials(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, window=None,
-                    block_table=None, num_splits: int = 1):
+                    block_table=None, num_splits: int = 1, score_mod=None):
     """Each sequence's partial results, one per chunk of :func:`split_bounds`, in plain PyTorch.
 
     Returns a list over the batch of lists over the splits of (start, stop, out, lse): out
     (q_heads, new_tokens, d) is attention over keys [start, stop) alone, lse (q_heads, new_tokens)
     its log-sum-exp. Computed in float64 for float64 inputs, else in float32."""
     args = check_decode_inputs(REFERENCE_FN, q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap,
-                               window=window, block_table=block_table, num_splits=num_splits)
+                               window=window, block_table=block_table, num_splits=num_splits, score_mod=score_mod)
     new_tokens, num_splits = q.shape[2], num_splits or 1
     check_decode_values(REFERENCE_FN, cache_seqlens, block_table, new_tokens, args, k_cache.shape[0])
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -282,21 +288,21 @@ def decode_partials(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=N
         for start, stop in split_bounds(seqlen, new_tokens, num_splits, window_left=args.window_left):
             positions = torch.arange(start, stop, device=q.device)
             out, lse = chunk_attention(q[b].to(work), k[:, start:stop], v[:, start:stop], positions,
-                                       seqlen - new_tokens, scale=args.scale, softcap=args.softcap,
-                                       window_left=args.window_left)
+                                       seqlen - new_tokens, scale=args.scale, score_mod=args.score_mod,
+                                       window_left=args.window_left, batch_row=b)
             parts.append((start, stop, out, lse))
         result.append(parts)
     return result
 
 
 def decode_reference(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, window=None,
-                     block_table=None, num_splits: int = 1, sinks=None, return_lse: bool = False):
+                     block_table=None, num_splits: int = 1, sinks=None, score_mod=None, return_lse: bool = False):
     """:func:`decode_attention` in plain PyTorch: the chunks of :func:`decode_partials` folded
     with notebook 02's :func:`flashlib.merge_partials`, and the attention sinks, if any, with
     :func:`flashlib.softmax.merge_sink` (a partial with no value). Any device and dtype; the result
     in q's dtype (computed in float64 for float64, else float32); lse (batch, q_heads, new_tokens)."""
     every = decode_partials(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap, window=window,
-                            block_table=block_table, num_splits=num_splits)
+                            block_table=block_table, num_splits=num_splits, score_mod=score_mod)
     sinks = check_sinks(REFERENCE_FN, sinks, q.shape[1], q.device)
     outs, lses = [], []
     for parts in every:
@@ -315,7 +321,7 @@ def decode_reference(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
 # ----- the public function ------------------------------------------------------------------
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, window=None,
-                     block_table=None, num_splits=None, sinks=None):
+                     block_table=None, num_splits=None, sinks=None, score_mod=None):
     """Attention of a few new tokens per sequence over a KV cache, with split-KV kernels.
 
     Args:
@@ -346,6 +352,10 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
             value >= 1 gives the same output up to rounding.
         sinks: attention sinks (q_heads,) as in :func:`flashlib.flash_attention`: one logit per
             query head with no value; the merge kernel starts from it, a partial like the splits'.
+        score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score (:mod:`flashlib.scores`), applied
+            to each scaled score before the mask; q_idx is a new token's position in its sequence
+            (o + i, not i) and kv_idx a cache position, so that ALiBi or a bias table means what
+            it means in the prefill. Not with softcap (compose them).
 
     Returns the output (batch, q_heads, new_tokens, head_dim) in q's dtype. Inference only: an
     input that requires grad while grad mode is on is an error. float16, bfloat16 (a GPU of compute
@@ -354,7 +364,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
     same computation in PyTorch, for any dtype and device.
     """
     args = check_decode_inputs(FN, q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap,
-                               window=window, block_table=block_table, num_splits=num_splits)
+                               window=window, block_table=block_table, num_splits=num_splits, score_mod=score_mod)
     sinks = check_sinks(FN, sinks, q.shape[1], q.device)
     _check_inference(FN, q, k_cache, v_cache, sinks)
     from .kernels._mode import require_triton
@@ -370,7 +380,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
     check_decode_values(FN, cache_seqlens, block_table, q.shape[2], args, k_cache.shape[0])
     from .kernels.function import Variant, kernel_score
 
-    score = kernel_score(Variant(softcap=args.softcap), q.device)  # soft-capping is a score function
+    batch, heads = q.shape[:2]
+    score = kernel_score(Variant(score_mod=args.score_mod), q.device, batch=batch, heads=heads,
+                         seq_q=args.capacity, seq_k=args.capacity)
     out, _ = decode_forward(q, k_cache, v_cache, cache_seqlens, block_table=block_table, scale=args.scale,
                             score=score, window_left=args.window_left, num_splits=num_splits, sinks=sinks)
     return out

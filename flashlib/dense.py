@@ -14,7 +14,8 @@ import math
 import torch
 
 from ._checks import check_attention_inputs, check_mask_mod, check_score_mod, check_sinks, check_softcap, check_window
-from .rules import Visibility, scored, softcap as _softcap
+from .rules import Scoring, Visibility
+from .scores import softcap as softcap_score
 
 
 def head_indices(batch: int, heads: int, device=None):
@@ -117,18 +118,15 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True)
     rule = Visibility(causal, check_window(fn, window), check_mask_mod(fn, mask_mod))
     score_mod = check_score_mod(fn, score_mod, softcap)
-    softcap = check_softcap(fn, softcap)
+    cap = check_softcap(fn, softcap)
+    scoring = Scoring(scale, score_mod or (softcap_score(cap) if cap else None))  # soft-capping: a score function
     heads = q.shape[-3] if q.ndim >= 3 else 1
     sinks = check_sinks(fn, sinks, heads, q.device)
     k, v = expand_kv(k, heads), expand_kv(v, heads)
     s = (q @ k.transpose(-2, -1)) * scale  # (B, H, Nq, Nk): the N^2 memory
-    s = _softcap(s, softcap)
     seq_q, seq_k = q.shape[-2], k.shape[-2]
-    if score_mod is not None:  # on (B, H, Nq, Nk) views of s, as flex_attention calls it
-        batch, h_count = batch_and_heads(q.shape)
-        rows, cols = torch.arange(seq_q, device=q.device)[:, None], torch.arange(seq_k, device=q.device)[None, :]
-        s4 = s.reshape(batch, h_count, seq_q, seq_k)
-        s = scored(score_mod, s4, *head_indices(batch, h_count, q.device), rows, cols).reshape(s.shape)
+    if scoring.score_mod is not None:  # on a (B, H, Nq, Nk) view of s, as flex_attention calls it
+        s = scoring.modded(s.reshape(*batch_and_heads(q.shape), seq_q, seq_k)).reshape(s.shape)
     if not rule.everything:  # (without a rule no index tensor is made: notebook 01 measures this peak)
         rows, cols = torch.arange(seq_q, device=q.device)[:, None], torch.arange(seq_k, device=q.device)[None, :]
         visible = rule.pairs(rows, cols, seq_q, seq_k, *head_indices(*batch_and_heads(q.shape), q.device))

@@ -48,8 +48,9 @@ import torch.distributed as dist
 
 from . import merge_partials, tiled_backward, tiled_forward
 from ._autograd import save, saved
-from ._checks import check_sinks
+from ._checks import check_score_mod, check_sinks
 from .rules import sink_grad
+from .scores import captured_tensors, trainable
 from .softmax import merge_sink
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -313,37 +314,54 @@ def _check_same_everywhere(q, causal: bool, layout: str, scale: float, group) ->
 
 # ----- the local block: fused kernel on a GPU, tiled reference on a CPU ----------------
 
-def local_forward(q, k, v, *, causal: bool, scale: float):
+def block_score(score_mod, q_positions: torch.Tensor, k_positions: torch.Tensor):
+    """score_mod as one block of the ring sees it: its local query row i sits at global position
+    q_positions[i] and its key j at k_positions[j], so that ALiBi or a bias table means what it means
+    on the whole sequence (an index into captured tensors: the kernels compile it as any other)."""
+    return lambda score, b, h, q_idx, kv_idx: score_mod(score, b, h, q_positions[q_idx], k_positions[kv_idx])
+
+
+def local_forward(q, k, v, *, causal: bool, scale: float, score_mod=None):
     """(out, lse) of one block: ``flash_attention``'s forward on a GPU, tiled otherwise."""
     if q.is_cuda:
-        return kernel_forward(q, k, v, causal=causal, scale=scale)
-    return tiled_forward(q, k, v, block_q=CPU_BLOCK, block_k=CPU_BLOCK, causal=causal, scale=scale)
+        return kernel_forward(q, k, v, causal=causal, scale=scale, score_mod=score_mod)
+    return tiled_forward(q, k, v, block_q=CPU_BLOCK, block_k=CPU_BLOCK, causal=causal, scale=scale,
+                         score_mod=score_mod)
 
 
-def local_backward(q, k, v, out, lse, dout, *, causal: bool, scale: float):
-    """(dq, dk, dv) of one block given the *final* out and lse of its query rows."""
+def local_backward(q, k, v, out, lse, dout, *, causal: bool, scale: float, score_mod=None, captured=()):
+    """(dq, dk, dv) of one block given the *final* out and lse of its query rows; with captured (the
+    tensors score_mod reads that require grad), their gradients' shares from this block after those."""
     if q.is_cuda:
-        return kernel_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
-    return tiled_backward(q, k, v, out, lse, dout, block_q=CPU_BLOCK, block_k=CPU_BLOCK,
-                          causal=causal, scale=scale)
+        return kernel_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=score_mod,
+                               captured=captured)
+    return tiled_backward(q, k, v, out, lse, dout, block_q=CPU_BLOCK, block_k=CPU_BLOCK, causal=causal,
+                          scale=scale, score_mod=score_mod, captured=captured)
 
 
-def kernel_forward(q, k, v, *, causal: bool, scale: float):
+def kernel_forward(q, k, v, *, causal: bool, scale: float, score_mod=None):
     """One block through ``flash_attention``'s forward kernel: (out, lse). The GPU path;
     on a CPU it runs in Triton's interpreter (slow: for tests)."""
     from .op import flash_attention_forward  # needs Triton: imported only when used
 
     # A zigzag block is half a shard: a strided view, made dense for the kernel.
     q, k, v = (t.contiguous() for t in (q, k, v))
-    return flash_attention_forward(q, k, v, causal=causal, scale=scale)
+    return flash_attention_forward(q, k, v, causal=causal, scale=scale, score_mod=score_mod)
 
 
-def kernel_backward(q, k, v, out, lse, dout, *, causal: bool, scale: float):
-    """One block through ``flash_attention``'s backward kernels: (dq, dk, dv)."""
+def kernel_backward(q, k, v, out, lse, dout, *, causal: bool, scale: float, score_mod=None, captured=()):
+    """One block through ``flash_attention``'s backward kernels: (dq, dk, dv), and with captured
+    their gradients' shares (:func:`flashlib.kernels.function.score_grads`)."""
     from .op import flash_attention_backward
 
     q, k, v, out, lse, dout = (t.contiguous() for t in (q, k, v, out, lse, dout))
-    return flash_attention_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
+    grads = flash_attention_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=score_mod)
+    if not captured:
+        return grads
+    from .kernels.function import Variant, score_grads
+
+    return (*grads, *score_grads(q, k, v, out, lse, dout, None, causal, scale, Variant(score_mod=score_mod),
+                                 captured))
 
 
 def _work_dtype(dtype):
@@ -365,12 +383,13 @@ class RingStep:
 
 def ring_forward(q, k, v, *, causal: bool = False, scale: float | None = None,
                  layout: str = "contiguous", group=None, comm: RingComm | None = None,
-                 block_forward: Callable = local_forward, on_step: Callable | None = None):
+                 block_forward: Callable = local_forward, on_step: Callable | None = None, score_mod=None):
     """The ring's forward pass without autograd: returns this rank's (out, lse).
 
     q, k, v: this rank's shards, (batch, heads, local_seq, head_dim). ``comm`` (default a
     :class:`RingComm` on ``group``) and ``block_forward`` are what the loop uses to talk
-    and to compute; ``on_step`` gets a :class:`RingStep` after every step.
+    and to compute; ``on_step`` gets a :class:`RingStep` after every step. score_mod: told
+    global positions (:func:`block_score`).
     """
     comm = comm if comm is not None else RingComm(group)
     rank, world = comm.rank, comm.world_size
@@ -387,7 +406,8 @@ def ring_forward(q, k, v, *, causal: bool = False, scale: float | None = None,
         block = ring_block(rank, origin, q.shape[-2], causal=causal, layout=layout)
         if block is not None:
             rows, cols = (..., block.q, slice(None)), (..., block.k, slice(None))
-            out_b, lse_b = block_forward(q[rows], k[cols], v[cols], causal=block.causal, scale=scale)
+            told = {} if score_mod is None else dict(score_mod=_told(score_mod, q, rank, origin, world, layout, block))
+            out_b, lse_b = block_forward(q[rows], k[cols], v[cols], causal=block.causal, scale=scale, **told)
             out[rows], lse[..., block.q] = merge_partials(out[rows], lse[..., block.q],
                                                           out_b.to(work), lse_b.to(work))
         if on_step is not None:
@@ -398,10 +418,20 @@ def ring_forward(q, k, v, *, causal: bool = False, scale: float | None = None,
     return out.to(q.dtype), lse
 
 
+def _told(score_mod, q, rank: int, origin: int, world: int, layout: str, block: RingBlock):
+    """score_mod for the block of rank's queries and origin's keys: global positions (block_score)."""
+    total = q.shape[-2] * world
+    q_pos = positions(total, rank, world, layout=layout)[block.q].to(q.device)
+    k_pos = positions(total, origin, world, layout=layout)[block.k].to(q.device)
+    return block_score(score_mod, q_pos, k_pos)
+
+
 def ring_backward(q, k, v, out, lse, dout, *, causal: bool = False, scale: float | None = None,
                   layout: str = "contiguous", group=None, comm: RingComm | None = None,
-                  grad_comm: RingComm | None = None, block_backward: Callable = local_backward):
-    """This rank's (dq, dk, dv), with dK and dV travelling around the ring beside K and V.
+                  grad_comm: RingComm | None = None, block_backward: Callable = local_backward, score_mod=None,
+                  captured=()):
+    """This rank's (dq, dk, dv), with dK and dV travelling around the ring beside K and V; with
+    captured (tensors score_mod reads that require grad), this rank's share of their gradients after.
 
     At step t the rank holds K, V from rank ``origin`` and the dK, dV accumulated for
     them by the ranks before it; it adds its block's contribution and passes both on.
@@ -415,6 +445,7 @@ def ring_backward(q, k, v, out, lse, dout, *, causal: bool = False, scale: float
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     work = _work_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=work, device=q.device)
+    dcaptured = [torch.zeros_like(t) for t in captured]
     for step in range(world):
         last = step + 1 == world
         if not last:
@@ -425,8 +456,12 @@ def ring_backward(q, k, v, out, lse, dout, *, causal: bool = False, scale: float
         grads = None
         if block is not None:
             rows, cols = (..., block.q, slice(None)), (..., block.k, slice(None))
+            told = {} if score_mod is None else dict(
+                score_mod=_told(score_mod, q, rank, origin, world, layout, block), captured=captured)
             grads = block_backward(q[rows], k[cols], v[cols], out[rows], lse[..., block.q],
-                                   dout[rows], causal=block.causal, scale=scale)
+                                   dout[rows], causal=block.causal, scale=scale, **told)
+            for total, share in zip(dcaptured, grads[3:]):
+                total += share
         if step == 0:
             dk = torch.zeros(k.shape, dtype=work, device=k.device)
             dv = torch.zeros(v.shape, dtype=work, device=v.device)
@@ -446,33 +481,33 @@ def ring_backward(q, k, v, out, lse, dout, *, causal: bool = False, scale: float
     if world > 1:
         grad_comm.wait()
         dk, dv = next_dk, next_dv
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *dcaptured)
 
 
 class RingAttentionFunction(torch.autograd.Function):
     """Autograd around the ring pair: saves this rank's (q, k, v, out, lse)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, group, layout, sinks=None):
-        out, lse = ring_forward(q, k, v, causal=causal, scale=scale, layout=layout, group=group)
+    def forward(ctx, q, k, v, causal, scale, group, layout, sinks=None, score_mod=None, *captured):
+        out, lse = ring_forward(q, k, v, causal=causal, scale=scale, layout=layout, group=group, score_mod=score_mod)
         if sinks is not None:  # merged once, after the ring, like one more partial with no value
             out, lse = merge_sink(out.to(lse.dtype), lse, sinks)
             out = out.to(q.dtype)
-        save(ctx, q, k, v, out, lse, sinks)
-        ctx.config = dict(causal=causal, scale=scale, layout=layout, group=group)
+        save(ctx, q, k, v, out, lse, sinks, *captured)
+        ctx.config = dict(causal=causal, scale=scale, layout=layout, group=group, score_mod=score_mod)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, sinks = saved(ctx)
+        q, k, v, out, lse, sinks, *captured = saved(ctx)
         dout = dout.contiguous()
         # every block's P comes from the final lse, which holds the sinks: the ring is unchanged
-        dq, dk, dv = ring_backward(q, k, v, out, lse, dout, **ctx.config)
+        dq, dk, dv, *dcaptured = ring_backward(q, k, v, out, lse, dout, captured=captured, **ctx.config)
         dsinks = None
         if sinks is not None:  # this rank's rows' share; summed over ranks where sinks are replicated
             delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1)
             dsinks = sink_grad(sinks, lse, delta)
-        return dq, dk, dv, None, None, None, None, dsinks
+        return dq, dk, dv, None, None, None, None, dsinks, None, *dcaptured
 
 
 def _check_shards(fn: str, q, k, v, causal, scale, layout) -> float:
@@ -501,7 +536,7 @@ def _check_shards(fn: str, q, k, v, causal, scale, layout) -> float:
 
 
 def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None, group=None,
-                   layout: str = "contiguous", sinks=None) -> torch.Tensor:
+                   layout: str = "contiguous", sinks=None, score_mod=None) -> torch.Tensor:
     """Exact attention over a sequence sharded across the ranks of ``group``; differentiable.
 
     Args:
@@ -518,6 +553,10 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             rank's rows: merged once after the ring as a partial with no value. Their gradient is
             this rank's rows' share (a replicated parameter's gradients add up across ranks, as
             DistributedDataParallel's all-reduce does).
+        score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score (:mod:`flashlib.scores`), told
+            global positions (the queries' and keys' places in the whole sequence, whatever the
+            layout), as on one device. The tensors it captures that require grad get this rank's
+            share of their gradient (replicated: they add up across ranks, as the sinks' do).
 
     Returns this rank's shard (batch, heads, local_seq, head_dim) of
     ``dense_attention(gathered q, k, v)``, in the same layout. The local blocks run
@@ -536,8 +575,11 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             "torch.distributed.init_process_group (gloo on CPUs, nccl on GPUs) on every rank first "
             "(flashlib.distributed.spawn does it for a ring of CPU processes)")
     check_sinks(fn, sinks, q.shape[1], q.device)
+    score_mod = check_score_mod(fn, score_mod)
+    captured = trainable(captured_tensors(fn, score_mod)) if score_mod is not None and torch.is_grad_enabled() else []
     _check_same_everywhere(q, causal, layout, scale, group)
-    return RingAttentionFunction.apply(q, k.contiguous(), v.contiguous(), causal, scale, group, layout, sinks)
+    return RingAttentionFunction.apply(q, k.contiguous(), v.contiguous(), causal, scale, group, layout, sinks,
+                                       score_mod, *captured)
 
 
 # ----- a ring of CPU processes ---------------------------------------------------------

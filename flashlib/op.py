@@ -242,6 +242,15 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
 
 # ----- packed sequences -----------------------------------------------------------------------
 
+@torch.compiler.disable
+def _varlen_eager(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, variant, sinks):
+    """With a score function: the packed kernels' autograd Function, eagerly, the lengths checked here."""
+    check_varlen_values(VARLEN_FN, q, k, cu_q, cu_k, max_q, max_k)
+    batch, heads = cu_q.shape[0] - 1, q.shape[1]
+    captured = teaching.captured_inputs(variant, q.new_empty(batch, heads, max_q, 0), k.new_empty(1, 1, max_k, 0))
+    return packed.VarlenFunction.apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, variant, sinks, *captured)
+
+
 def _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
     """The checks that read the cumulative lengths, in the op's own implementation: eager and
     compiled calls alike reach it with real tensors (a trace cannot read values, so the checks
@@ -315,7 +324,7 @@ _varlen_op.register_autograd(_varlen_backward, setup_context=_varlen_setup_conte
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                            causal: bool = False, scale: float | None = None, window=None,
-                           softcap: float | None = None, sinks=None, return_lse: bool = False):
+                           softcap: float | None = None, sinks=None, score_mod=None, return_lse: bool = False):
     """Attention over packed sequences of different lengths (flash-attn's varlen layout,
     :mod:`flashlib.varlen`), fused, differentiable (the lse too).
 
@@ -330,6 +339,9 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
             sequence's end compute nothing, so padding costs no FLOPs).
         causal, scale, window, softcap, sinks: as :func:`flash_attention`, aligned bottom-right
             within each sequence (sinks (heads,): one logit per query head, the same in every sequence).
+        score_mod: as :func:`flash_attention`; b is the sequence's index in the batch and q_idx,
+            kv_idx positions within the sequence (not rows of the packed tensors). It runs the
+            kernels' autograd Function eagerly (a score function is not an op argument).
         return_lse: also return the lse, (heads, total_q) float32 (flash-attn's layout).
 
     Runs the teaching kernels (:mod:`flashlib.kernels.varlen`) on every device; registered as
@@ -340,12 +352,16 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     """
     scale, variant = packed.check_inputs(VARLEN_FN, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                          max_seqlen_k, causal=causal, scale=scale, window=window, softcap=softcap,
-                                         read_values=False)
+                                         read_values=False, score_mod=score_mod)
     # exact, and within the op's int64 arguments: no sequence is longer than its packed tensor, and a
     # window side as wide as both sequences limits nothing (-1 stays -1)
     max_q, max_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
     left, right = (min(side, max_q + max_k) for side in variant.window)
     check_sinks(VARLEN_FN, sinks, q.shape[1], q.device)
-    out, lse, _ = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, causal, scale, left, right,
-                             variant.softcap, sinks)
+    if variant.score_mod is not None:
+        out, lse = _varlen_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, causal, scale,
+                                 variant._replace(window=(left, right)), sinks)
+    else:
+        out, lse, _ = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, causal, scale, left, right,
+                                 variant.softcap, sinks)
     return (out, lse) if return_lse else out

@@ -126,18 +126,6 @@ def tile_kinds(visible, rows: int, cols: int, block_q: int, block_k: int) -> tor
     return torch.where(full.bool(), FULL, torch.where(seen.bool(), PARTIAL, SKIPPED)).to(torch.uint8)
 
 
-# ----- soft-capping ------------------------------------------------------------------------------
-
-def softcap(s: torch.Tensor, cap: float) -> torch.Tensor:
-    """cap * tanh(s / cap) (Gemma 2), or s unchanged for cap = 0 (none)."""
-    return cap * torch.tanh(s / cap) if cap else s
-
-
-def softcap_slope(ds: torch.Tensor, capped: torch.Tensor, cap: float) -> torch.Tensor:
-    """ds times the cap's slope at the capped scores: d/ds cap * tanh(s / cap) = 1 - (capped / cap)²."""
-    return ds * (1 - (capped / cap) ** 2) if cap else ds
-
-
 # ----- score functions ---------------------------------------------------------------------------
 
 def scored(score_mod, s: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
@@ -152,6 +140,42 @@ def scored(score_mod, s: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
         raise TypeError(f"argument 'score_mod': {name} returned {kind}; a score function returns the new scores "
                         "(a floating tensor)")
     return new.expand(s.shape) if new.shape != s.shape else new
+
+
+class Scoring(NamedTuple):
+    """How a tile's scores are made: s = scale * q kᵀ, then the score function (soft-capping is
+    flashlib.scores.softcap), told the pairs' batch row, head and positions, as FlexAttention does."""
+
+    scale: float
+    score_mod: Callable | None = None
+
+    def tile(self, q_blk, k_tile, q0: int = 0, k0: int = 0) -> torch.Tensor:
+        """The (batch, heads, rows, cols) scores of queries q0.. and keys k0.. of (batch, heads, ., d) tiles."""
+        return self.modded((q_blk @ k_tile.transpose(-2, -1)) * self.scale, q0, k0)
+
+    def modded(self, s, q0: int = 0, k0: int = 0, b0: int = 0) -> torch.Tensor:
+        """Scaled scores s (batch, heads, rows, cols) of queries at positions q0.., keys at k0.. and
+        batch rows b0.. through the function."""
+        if self.score_mod is None:
+            return s
+        batch, heads, rows, cols = s.shape
+        b = torch.arange(b0, b0 + batch, device=s.device).view(-1, 1, 1, 1)
+        h = torch.arange(heads, device=s.device).view(1, -1, 1, 1)
+        q_idx = torch.arange(q0, q0 + rows, device=s.device)[:, None]
+        kv_idx = torch.arange(k0, k0 + cols, device=s.device)[None, :]
+        return scored(self.score_mod, s, b, h, q_idx, kv_idx)
+
+    def slope(self, ds, s, q0: int = 0, k0: int = 0, captured=()):
+        """(ds through the function: the gradient of the scaled scores s, [the gradients of the captured
+        tensors]) given ds, the gradient of the function's output: the chain rule, by autograd on the
+        function of this tile alone. Without a function, (ds, [])."""
+        if self.score_mod is None:
+            return ds, []
+        with torch.enable_grad():
+            leaf = s.detach().requires_grad_()
+            grads = torch.autograd.grad(self.modded(leaf, q0, k0), [leaf, *captured], grad_outputs=ds,
+                                        allow_unused=True)
+        return grads[0], list(grads[1:])
 
 
 # ----- attention sinks -----------------------------------------------------------------------------

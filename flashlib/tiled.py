@@ -26,11 +26,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ._checks import (check_attention_inputs, check_block, check_loop, check_mask_mod, check_sinks, check_softcap,
-                      check_window)
+from ._checks import (check_attention_inputs, check_block, check_loop, check_mask_mod, check_score_mod, check_sinks,
+                      check_softcap, check_window)
 from .dense import batch_and_heads, expand_kv, head_indices
-from .rules import (FULL, PARTIAL, SKIPPED, Visibility, key_range_end, key_range_start, query_range,  # noqa: F401
-                    softcap as soft_cap, tile_kinds)
+from .rules import (FULL, PARTIAL, SKIPPED, Scoring, Visibility, key_range_end, key_range_start,  # noqa: F401
+                    query_range, tile_kinds)
+from .scores import softcap as softcap_score
 
 NEG_INF = float("-inf")
 
@@ -60,14 +61,15 @@ def _skipped(visible) -> bool:
 _key_range_end, _key_range_start, _query_range = key_range_end, key_range_start, query_range
 
 
-def _scores(q_blk, k_tile, scale, softcap=0.0):
-    """(B, H, BLOCK_Q, BLOCK_K) scores; soft-capped to softcap * tanh(s / softcap) if softcap > 0."""
-    return soft_cap((q_blk @ k_tile.transpose(-2, -1)) * scale, softcap)
+def _scores(q_blk, k_tile, scoring: Scoring, q0=0, k0=0):
+    """(B, H, BLOCK_Q, BLOCK_K) scores of queries q0.. and keys k0..: scale * q kᵀ, through the score
+    function if there is one (soft-capping is one: flashlib.scores)."""
+    return scoring.tile(q_blk, k_tile, q0, k0)
 
 
-def _score_tile(q_blk, k_tile, scale, visible, softcap=0.0):
+def _score_tile(q_blk, k_tile, scoring: Scoring, visible, q0=0, k0=0):
     """The scores of one tile, pairs that may not attend -inf."""
-    s = _scores(q_blk, k_tile, scale, softcap)
+    s = _scores(q_blk, k_tile, scoring, q0, k0)
     if visible is not None:
         s = s.masked_fill(~visible.to(s.device), NEG_INF)
     return s
@@ -114,7 +116,7 @@ def _compute_dtype(dtype):
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _query_major(q, k, v, block_q, block_k, rule, scale, softcap=0.0, on_step=None, sinks=None):
+def _query_major(q, k, v, block_q, block_k, rule, scoring, on_step=None, sinks=None):
     seq_q, seq_k = q.shape[-2], k.shape[-2]
     lead = q.shape[:-2]
     out = torch.empty_like(q)
@@ -132,7 +134,7 @@ def _query_major(q, k, v, block_q, block_k, rule, scale, softcap=0.0, on_step=No
             if _skipped(visible):
                 continue  # the block mask: no pair of this tile may attend
             k_tile, v_tile = k[..., k0:k1, :], v[..., k0:k1, :]
-            s = _score_tile(q_blk, k_tile, scale, visible, softcap)
+            s = _score_tile(q_blk, k_tile, scoring, visible, q0, k0)
             m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile)
             if on_step is not None:
                 on_step((q0, q1), (k0, k1), s, m_i, l_i, acc)
@@ -140,7 +142,7 @@ def _query_major(q, k, v, block_q, block_k, rule, scale, softcap=0.0, on_step=No
     return out, lse
 
 
-def _key_major(q, k, v, block_q, block_k, rule, scale, softcap=0.0, on_step=None, sinks=None):
+def _key_major(q, k, v, block_q, block_k, rule, scoring, on_step=None, sinks=None):
     seq_q, seq_k = q.shape[-2], k.shape[-2]
     lead = q.shape[:-2]
     # Algorithm 1 keeps the normalised O and the statistics of every row in HBM.
@@ -155,7 +157,7 @@ def _key_major(q, k, v, block_q, block_k, rule, scale, softcap=0.0, on_step=None
             visible = _tile_visible(rule, q0, q1, k0, k1, seq_q, seq_k, q)
             if _skipped(visible):
                 continue
-            s = _score_tile(q[..., q0:q1, :], k_tile, scale, visible, softcap)
+            s = _score_tile(q[..., q0:q1, :], k_tile, scoring, visible, q0, k0)
             m_i, l_i = m[..., q0:q1], l[..., q0:q1]
             acc = o[..., q0:q1, :] * l_i.unsqueeze(-1)  # un-normalise what HBM holds
             m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile)
@@ -171,25 +173,30 @@ def canonical(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(*batch_and_heads(t.shape), *t.shape[-2:])
 
 
-def check_options(fn, q, k, v, *, causal, scale, window, softcap, mask_mod, sinks=None):
-    """The checked scale, :class:`Visibility` and soft-cap (0.0: none) of a call (and its sinks)."""
+def check_options(fn, q, k, v, *, causal, scale, window, softcap, mask_mod, sinks=None, score_mod=None):
+    """The checked :class:`Visibility` (which pairs attend) and :class:`Scoring` (how their scores are
+    made: the scale, the score function, soft-capping being one) of a call, and its sinks checked."""
     scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True)
     rule = Visibility(causal, check_window(fn, window), check_mask_mod(fn, mask_mod))
     check_sinks(fn, sinks, q.shape[-3] if q.ndim >= 3 else 1, q.device)
-    return scale, rule, check_softcap(fn, softcap)
+    score_mod = check_score_mod(fn, score_mod, softcap)
+    cap = check_softcap(fn, softcap)
+    return rule, Scoring(scale, score_mod or (softcap_score(cap) if cap else None))
 
 
 def tiled_forward(q, k, v, *, block_q=64, block_k=64, causal=False, scale=None, loop="query", window=None,
-                  softcap=None, mask_mod=None, sinks=None, on_step: Callable | None = None, fn: str = "tiled_forward"):
+                  softcap=None, mask_mod=None, sinks=None, on_step: Callable | None = None, fn: str = "tiled_forward",
+                  score_mod=None):
     """The tiled forward pass without autograd: returns (out, lse).
 
     ``lse`` (..., seq_q) is the log-sum-exp of each score row, m_i + log(l_i): all the
     backward pass needs to recompute the probabilities. ``on_step`` is called after every
     computed tile with ((q0, q1), (k0, k1), s, m_i, l_i, acc), tensors (batch, heads, ...);
-    traces use it. window, softcap, mask_mod, sinks and grouped k, v: as :func:`flashlib.tiled_attention`.
+    traces use it. window, softcap, mask_mod, sinks, score_mod and grouped k, v: as
+    :func:`flashlib.tiled_attention`.
     """
-    scale, rule, softcap = check_options(fn, q, k, v, causal=causal, scale=scale, window=window,
-                                         softcap=softcap, mask_mod=mask_mod, sinks=sinks)
+    rule, scoring = check_options(fn, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                                  mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
     block_q = check_block(fn, "block_q", block_q)
     block_k = check_block(fn, "block_k", block_k)
     loop = check_loop(fn, loop)
@@ -197,7 +204,7 @@ def tiled_forward(q, k, v, *, block_q=64, block_k=64, causal=False, scale=None, 
     run = _query_major if loop == "query" else _key_major
     qc = canonical(q)
     kc, vc = (expand_kv(canonical(t), qc.shape[1]) for t in (k, v))  # query head h reads kv head h // group
-    out, lse = run(qc.to(work), kc.to(work), vc.to(work), block_q, block_k, rule, scale, softcap, on_step,
+    out, lse = run(qc.to(work), kc.to(work), vc.to(work), block_q, block_k, rule, scoring, on_step,
                    None if sinks is None else sinks.to(work))
     out, lse = out.reshape(q.shape).to(q.dtype), lse.reshape(q.shape[:-1])
     return out, lse.float() if work != torch.float64 else lse
@@ -309,7 +316,7 @@ class TiledTrace:
 
 
 def trace_tiled_attention(q, k, v, *, block_q=2, block_k=2, causal=False, scale=None,
-                          loop="query", window=None, softcap=None, mask_mod=None) -> TiledTrace:
+                          loop="query", window=None, softcap=None, mask_mod=None, score_mod=None) -> TiledTrace:
     """Run the tiled forward and record every step (see :class:`TileStep`); the tiles it never
     computed (above the causal diagonal, outside the window, or skipped by the block mask) are
     listed in ``skipped``."""
@@ -321,7 +328,8 @@ def trace_tiled_attention(q, k, v, *, block_q=2, block_k=2, causal=False, scale=
 
     with torch.no_grad():
         out, _ = tiled_forward(q, k, v, block_q=block_q, block_k=block_k, causal=causal, scale=scale, loop=loop,
-                               window=window, softcap=softcap, mask_mod=mask_mod, on_step=on_step, fn=fn)
+                               window=window, softcap=softcap, mask_mod=mask_mod, on_step=on_step, fn=fn,
+                               score_mod=score_mod)
     final = out.reshape(-1, *out.shape[-2:])[0].to(records[0][5].dtype if records else out.dtype)
     seq_q, seq_k = q.shape[-2], k.shape[-2]
     steps = []

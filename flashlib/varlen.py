@@ -76,9 +76,15 @@ def sequences(cu_seqlens) -> list[tuple[int, int]]:
     return list(zip(bounds, bounds[1:]))
 
 
+def sequence_score(score_mod, b: int):
+    """score_mod as sequence b of a packed batch sees it when computed alone: batch row b (its
+    positions are already within the sequence). The references and the kernels' gradient pass ask it."""
+    return lambda score, _, h, q_idx, kv_idx: score_mod(score, b, h, q_idx, kv_idx)
+
+
 def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                      causal: bool = False, scale: float | None = None, window=None, softcap: float | None = None,
-                     sinks=None, return_lse: bool = False):
+                     sinks=None, score_mod=None, return_lse: bool = False):
     """:func:`flashlib.flash_attention_varlen` in plain PyTorch: tiled attention on each sequence
     in turn; differentiable. Returns out (total_q, q_heads, head_dim) and, with return_lse, the
     lse (q_heads, total_q) (float32, float64 for float64 inputs; -inf for rows that see no key)."""
@@ -87,9 +93,11 @@ def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     outs, lses = [], []
     for (q0, q1), (k0, k1) in zip(sequences(cu_seqlens_q), sequences(cu_seqlens_k)):
         # (tokens, heads, d) -> (heads, tokens, d): one sequence, every head
+        # a score function is told the sequence's index b and positions within it, as the kernels tell it
+        told = None if score_mod is None else sequence_score(score_mod, len(outs))
         out, lse = tiled_attention(q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1), v[k0:k1].transpose(0, 1),
                                    causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks,
-                                   return_lse=True)
+                                   score_mod=told, return_lse=True)
         outs.append(out.transpose(0, 1))
         lses.append(lse)
     work = torch.float64 if q.dtype == torch.float64 else torch.float32

@@ -31,7 +31,7 @@ def _inputs(seq_q, seq_k, heads_kv=H_KV, seed=0, dtype=torch.float64):
 def plain_attention(q, k, v, score_mod, causal=False, window=None):
     """softmax(score_mod(scale q kᵀ)) v, every step written out in PyTorch (bottom-right causal)."""
     k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
-    s = q @ k.transpose(-2, -1) / D ** 0.5
+    s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
     i = torch.arange(q.shape[-2])[:, None]
     j = torch.arange(k.shape[-2])[None, :]
     b = torch.arange(q.shape[0]).view(-1, 1, 1, 1)
@@ -219,3 +219,113 @@ def test_bad_score_functions_are_refused_by_name():
         scores.softcap(0.0)
     with pytest.raises(TypeError, match="'slopes'"):
         scores.alibi([0.5, 0.25])
+
+
+# ----- packed sequences and decoding: positions within each sequence ---------------------------------
+
+def test_packed_sequences_take_score_functions_with_positions_within_each_sequence():
+    """flash_attention_varlen against each sequence computed alone by plain float64 attention, with
+    ALiBi (positions must be the sequence's own) and a bias indexed by the sequence (b)."""
+    lengths = [13, 0, 29, 7]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    g = torch.Generator().manual_seed(11)
+    total = sum(lengths)
+    q, k, v = (torch.randn(total, H, D, generator=g, dtype=torch.float64) for _ in range(3))
+    slopes64 = scores.alibi_slopes(H).double().requires_grad_()
+    per_seq64 = torch.randn(len(lengths), generator=g, dtype=torch.float64).requires_grad_()
+
+    def make(slopes, per_seq):
+        def fn(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * (kv_idx - q_idx) + per_seq[b] * (kv_idx == 0)
+        return fn
+
+    wanted = [x.clone().requires_grad_() for x in (q, k, v)] + [slopes64, per_seq64]
+    outs = []
+    for b, (a, n) in enumerate(zip(cu[:-1].tolist(), lengths)):
+        seq = [t[a:a + n].transpose(0, 1)[None] for t in wanted[:3]]
+        one = make(slopes64, per_seq64)
+        outs.append(plain_attention(*seq, lambda s, _, h, i, j, b=b, one=one: one(s, b, h, i, j),
+                                    causal=True)[0].transpose(0, 1))
+    ref = torch.cat(outs)
+    want = torch.autograd.grad(ref.square().sum(), wanted)
+    ours = [x.float().requires_grad_() for x in (q, k, v)] + [slopes64.detach().float().requires_grad_(),
+                                                              per_seq64.detach().float().requires_grad_()]
+    out = flashlib.flash_attention_varlen(*ours[:3], cu, cu, max(lengths), max(lengths), causal=True,
+                                          score_mod=make(ours[3], ours[4]))
+    got = torch.autograd.grad(out.square().sum(), ours)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+    for g_, w in zip(got, want):
+        torch.testing.assert_close(g_.double(), w, atol=5e-6, rtol=1e-4)
+    reference = flashlib.varlen_reference(q, k, v, cu, cu, max(lengths), max(lengths), causal=True,
+                                          score_mod=make(slopes64, per_seq64))
+    torch.testing.assert_close(reference, ref, atol=1e-12, rtol=1e-12)
+
+
+def test_decoding_tells_a_score_function_each_new_tokens_position_in_its_sequence():
+    """decode_attention with ALiBi equals the prefill's last rows: q_idx is a position in the sequence."""
+    g = torch.Generator().manual_seed(4)
+    batch, capacity, new = 2, 40, 3
+    lengths = torch.tensor([40, 23], dtype=torch.int32)
+    q = torch.randn(batch, H, new, D, generator=g)
+    k, v = (torch.randn(batch, H_KV, capacity, D, generator=g) for _ in range(2))
+    fn = scores.alibi(scores.alibi_slopes(H))
+    out = flashlib.decode_attention(q, k, v, lengths, score_mod=fn)
+    for b, n in enumerate(lengths.tolist()):
+        want = plain_attention(q[b:b + 1].double(), k[b:b + 1, :, :n].double(), v[b:b + 1, :, :n].double(), fn,
+                               causal=True)
+        torch.testing.assert_close(out[b:b + 1].double(), want, atol=2e-6, rtol=1e-5)
+    reference = flashlib.decode_reference(q.double(), k.double(), v.double(), lengths, score_mod=fn)
+    torch.testing.assert_close(out.double(), reference, atol=2e-6, rtol=1e-5)
+
+
+def test_tiled_reference_takes_score_functions_with_captured_gradients():
+    q, k, v = _inputs(37, 37, seed=6)
+    fn, t = _captured("bias")
+    wanted = [x.clone().requires_grad_() for x in (q, k, v)] + [t]
+    want = torch.autograd.grad(plain_attention(*wanted[:3], fn, causal=True).square().sum(), wanted)
+    fn2, t2 = _captured("bias")
+    ours = [x.clone().requires_grad_() for x in (q, k, v)] + [t2]
+    for loop in ("query", "key"):
+        out = flashlib.tiled_attention(*ours[:3], block_q=8, block_k=16, causal=True, loop=loop, score_mod=fn2)
+        got = torch.autograd.grad(out.square().sum(), ours)
+        for g_, w in zip(got, want):
+            torch.testing.assert_close(g_, w, atol=1e-11, rtol=1e-10)
+
+
+# ----- ring attention: global positions on every rank ------------------------------------------------
+
+RING_SEQ = 16
+
+
+def _ring_inputs():
+    g = torch.Generator().manual_seed(21)
+    q, k, v, dout = (torch.randn(1, 2, RING_SEQ, 8, generator=g, dtype=torch.float64) for _ in range(4))
+    table = (torch.randn(2 * RING_SEQ - 1, generator=g, dtype=torch.float64) * 0.5)
+    return q, k, v, dout, table
+
+
+def ring_score_worker(rank, world_size, layout):
+    from flashlib import distributed as fd
+
+    q, k, v, dout, table = _ring_inputs()
+    shards = [fd.shard(t, rank, world_size, layout=layout).detach().requires_grad_() for t in (q, k, v)]
+    table = table.requires_grad_()
+    out = fd.ring_attention(*shards, causal=True, layout=layout, score_mod=scores.relative_bias(table))
+    out.backward(fd.shard(dout, rank, world_size, layout=layout))
+    return out.detach(), [s.grad for s in shards], table.grad
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_ring_attention_tells_score_functions_global_positions(layout):
+    from flashlib import distributed as fd
+
+    ranks = fd.spawn(ring_score_worker, 2, args=(layout,), timeout=120)
+    q, k, v, dout, table = _ring_inputs()
+    wanted = [x.clone().requires_grad_() for x in (q, k, v, table)]
+    ref = plain_attention(*wanted[:3], scores.relative_bias(wanted[3]), causal=True)
+    want = torch.autograd.grad((ref * dout).sum(), wanted)
+    torch.testing.assert_close(fd.unshard([r[0] for r in ranks], layout=layout), ref, atol=1e-12, rtol=0)
+    for i in range(3):
+        torch.testing.assert_close(fd.unshard([r[1][i] for r in ranks], layout=layout), want[i], atol=1e-12, rtol=0)
+    # each rank's share of the table's gradient; a replicated parameter's shares add up
+    torch.testing.assert_close(sum(r[2] for r in ranks), want[3], atol=1e-12, rtol=0)

@@ -27,8 +27,8 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402
 
 from .forward import _load_rows  # noqa: E402
-from .rules import (_SKIPPED, _key_range, _mod_scores, _mod_slope, _query_range, _query_range_start,  # noqa: E402,F401
-                    _tile_kind, _visible, _visible_mod)
+from .rules import (_SKIPPED, _key_range, _mod_scores_slope, _mod_slope, _query_range,  # noqa: E402,F401
+                    _query_range_start, _tile_kind, _visible, _visible_mod, _visible_slope)
 
 
 @triton.jit
@@ -72,17 +72,17 @@ def _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, s
             delta = tl.load(Delta + offs_q, mask=offs_q < SEQ_Q, other=0.0)
             # transposed tiles (BLOCK_K, BLOCK_Q): keys are this program's rows
             x_t = tl.dot(k_tile, tl.trans(q_blk), input_precision=INPUT_PRECISION)
-            s_t = _mod_scores(x_t, scale, qk_scale, off_b, off_h, offs_q[None, :], offs_k[:, None], ScoreData,
-                              SCORE_MOD)
+            s_t, slope_t = _mod_scores_slope(x_t, scale, qk_scale, off_b, off_h, offs_q[None, :], offs_k[:, None],
+                                             ScoreData, SCORE_MOD)
             p_t = tl.math.exp2(s_t - lse[None, :])
             visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL)
             visible = _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right, off_b, off_h,
                                    MaskData, kind, MASK_MOD)
             p_t = tl.where(tl.trans(visible), p_t, 0.0)
+            slope_t = _visible_slope(slope_t, tl.trans(visible), SCORE_MOD)
             dv += tl.dot(p_t.to(do_blk.dtype), do_blk, input_precision=INPUT_PRECISION)
             dp_t = tl.dot(v_tile, tl.trans(do_blk), input_precision=INPUT_PRECISION)
-            ds_t = _mod_slope(p_t * (dp_t - delta[None, :]), x_t, scale, off_b, off_h, offs_q[None, :], offs_k[:, None],
-                              ScoreData, tl.trans(visible), SCORE_MOD)
+            ds_t = _mod_slope(p_t * (dp_t - delta[None, :]), slope_t, SCORE_MOD)
             dk += tl.dot(ds_t.to(q_blk.dtype), q_blk, input_precision=INPUT_PRECISION)
     return dk, dv
 
@@ -168,15 +168,16 @@ def _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn
             k_tile = _load_rows(K, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)
             v_tile = _load_rows(V, stride_vn, offs_k, offs_d, SEQ_K, HEAD_DIM)
             x = tl.dot(q_blk, tl.trans(k_tile), input_precision=INPUT_PRECISION)  # (BLOCK_Q, BLOCK_K)
-            s = _mod_scores(x, scale, qk_scale, off_b, off_h, offs_q[:, None], offs_k[None, :], ScoreData, SCORE_MOD)
+            s, slope = _mod_scores_slope(x, scale, qk_scale, off_b, off_h, offs_q[:, None], offs_k[None, :], ScoreData,
+                                         SCORE_MOD)
             p = tl.math.exp2(s - lse[:, None])
             visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL)
             visible = _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right, off_b, off_h,
                                    MaskData, kind, MASK_MOD)
             p = tl.where(visible, p, 0.0)
+            slope = _visible_slope(slope, visible, SCORE_MOD)
             dp = tl.dot(do_blk, tl.trans(v_tile), input_precision=INPUT_PRECISION)
-            ds = _mod_slope(p * (dp - delta[:, None]), x, scale, off_b, off_h, offs_q[:, None], offs_k[None, :],
-                            ScoreData, visible, SCORE_MOD)
+            ds = _mod_slope(p * (dp - delta[:, None]), slope, SCORE_MOD)
             dq += tl.dot(ds.to(k_tile.dtype), k_tile, input_precision=INPUT_PRECISION)
     return dq
 

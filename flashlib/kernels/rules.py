@@ -163,12 +163,33 @@ def _mod_scores(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, SCOR
 
 
 @triton.jit
-def _mod_slope(ds, x, scale, off_b, off_h, q_idx, kv_idx, ScoreData, visible, SCORE_MOD: tl.constexpr):
-    """dS with respect to the function's output, times its slope at the score x * scale: the
-    gradient of the scaled scores before the function (the chain rule through one tile). Pairs
-    that may not attend keep 0 (p = 0 there, but a slope may be inf or NaN)."""
+def _mod_scores_slope(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, SCORE_MOD: tl.constexpr):
+    """(the scores of :func:`_mod_scores`, the score function's slope at x * scale), computed together
+    (what they share once; x is not needed afterwards); the slope is 1 without a function."""
     if SCORE_MOD is not None:
-        ds = tl.where(visible, ds * SCORE_MOD(x * scale, off_b, off_h, q_idx, kv_idx, ScoreData, True), 0.0)
+        s, slope = SCORE_MOD(x * scale, off_b, off_h, q_idx, kv_idx, ScoreData, True)
+        s = s * _LOG2E
+    else:
+        s = x * qk_scale
+        slope = 1.0
+    return s, slope
+
+
+@triton.jit
+def _visible_slope(slope, visible, SCORE_MOD: tl.constexpr):
+    """The slope where the pair may attend, 0 elsewhere (p = 0 there, but a slope may be inf or NaN):
+    masked where P is, so that the mask need not stay alive until dS."""
+    if SCORE_MOD is not None:
+        slope = tl.where(visible, slope, 0.0)
+    return slope
+
+
+@triton.jit
+def _mod_slope(ds, slope, SCORE_MOD: tl.constexpr):
+    """dS with respect to the function's output, times its slope: the gradient of the scaled scores
+    before the function (the chain rule through one tile)."""
+    if SCORE_MOD is not None:
+        ds = ds * slope
     return ds
 
 

@@ -7,7 +7,8 @@ called once with symbolic arguments, the score a float32 one) and written out as
 ``@triton.jit`` function::
 
     SCORE_MOD(score, b, h, q_idx, kv_idx, data, GRAD)   GRAD False: the new score
-                                                       GRAD True: its derivative d new / d score
+                                                       GRAD True: (the new score, its derivative
+                                                       d new / d score), sharing what they share
 
 The derivative is not written by hand per option: it is the chain rule applied to the traced
 expression (:func:`derivative`), node by node, so the backward's dS = P (dP - delta) is
@@ -65,14 +66,17 @@ def compile_score(fn: str, score_mod, device, bounds: dict | None = None) -> Ker
         tensors = [_narrow(t.detach().to(device), node) for t, node in zip(graph.tensors, _loads(graph))]
         slope = derivative(graph)
         tiles = [graph.symbols[name] for name in ("score", "q_idx", "kv_idx")]
-        value = _tile(_Writer(graph, tensors).body(graph.result, "tl.float32"), graph.result, tiles)
-        grad = _tile(_Writer(Graph(graph.symbols, slope, graph.tensors, graph.tracer), tensors).body(slope, "tl.float32"),
-                     slope, tiles)
+        value = _Writer(graph, tensors)
+        value_text = _tile(value.as_type(graph.result, "tl.float32"), graph.result, tiles)
+        both = _Writer(graph, tensors)
+        both._count(slope)  # what the value and its slope share (tanh(score / c)) is computed once
+        pair = [_tile(both.as_type(n, "tl.float32"), n, tiles) for n in (graph.result, slope)]
     except TraceError as exc:
         raise TypeError(f"{fn}: argument 'score_mod': {exc}") from None
     lines = ["def _score_mod(score, b, h, q_idx, kv_idx, data, GRAD: tl.constexpr):",
-             "    if GRAD:", *(f"        {line}" for line in grad),
-             "    else:", *(f"        {line}" for line in value)]
+             "    if GRAD:  # the backward: the new score and its slope d new / d score",
+             *(f"        {line}" for line in both.lines), f"        return {pair[0]}, {pair[1]}",
+             "    else:", *(f"        {line}" for line in value.lines), f"        return {value_text}"]
     source = "\n".join(lines) + "\n"
     return KernelScore(compiled(source, "_score_mod"), tuple(tensors) or None, tuple(graph.tensors), source)
 
@@ -89,13 +93,10 @@ def _depends(node: Node, on: list) -> bool:
     return False
 
 
-def _tile(body: list[str], result: Node, tiles: list) -> list[str]:
-    """A body whose returned value is a tile, as the score's, even where the expression is a number or
-    depends on the head alone (a slope of 1, a temperature's)."""
-    if _depends(result, tiles):
-        return body
-    *lines, last = body
-    return [*lines, last.replace("return ", "return tl.zeros_like(score) + ", 1)]
+def _tile(text: str, result: Node, tiles: list) -> str:
+    """An expression whose value is a tile, as the score's, even where it is a number or depends on
+    the head alone (a slope of 1, a temperature's)."""
+    return text if _depends(result, tiles) else f"tl.zeros_like(score) + {text}"
 
 
 # ----- the derivative of a traced expression with respect to the score ------------------------------
@@ -112,6 +113,13 @@ def derivative(graph: Graph, wrt: str = "score") -> Node:
     def mul(a, b):
         if a is None or b is None:
             return None
+        for c, x in ((a, b), (b, a)):  # numbers gathered into one (c (1/c) x -> x): fewer roundings
+            if c.op == "const" and c.dtype.is_floating_point:
+                if x.op == "mul" and x.args[0].op == "const" and x.args[0].dtype.is_floating_point:
+                    c, x = const(c.value * x.args[0].value), x.args[1]
+                if c.value == 1.0 and x.dtype.is_floating_point:
+                    return x
+                return tracer.apply("mul", c, x)
         return tracer.apply("mul", a, b)
 
     def add(a, b):

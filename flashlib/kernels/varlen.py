@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .._autograd import save, saved
 from ..rules import PARTIAL, sink_grad
 from ..varlen import check_varlen_inputs
 from .backward import _attn_bwd_dkdv_block, _attn_bwd_dq_block
@@ -45,9 +46,10 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale,
                      TOTAL_Q, HEADS, GROUP, HEAD_DIM, window_left, window_right,
                      HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                      CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, MASK_MOD: tl.constexpr,
-                     SCORE_MOD: tl.constexpr = None, Sinks=None, ScoreData=None):
+                     SCORE_MOD: tl.constexpr = None, Sinks=None, ScoreData=None, B0=0):
     """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS);
-    Sinks: (HEADS,) attention sinks or None."""
+    Sinks: (HEADS,) attention sinks or None. B0: the launch's first sequence in the batch (a score
+    function is told b = B0 + the sequence's index in this launch)."""
     q0 = tl.program_id(0) * BLOCK_Q
     off_z = tl.program_id(1).to(tl.int64)  # int64: heads x total tokens (the lse offset) can pass 2^31
     off_b, off_h = off_z // HEADS, off_z % HEADS
@@ -59,8 +61,8 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale,
                         V + k_start * stride_vn + off_kv * stride_vh, Out + q_start * stride_om + off_h * stride_oh,
                         Lse + off_h * TOTAL_Q + q_start, Tiles, None, qk_scale, scale, stride_qm, stride_kn,
                         stride_vn, stride_om, q0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, window_left=window_left,
-                        window_right=window_right, off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q,
-                        BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD,
+                        window_right=window_right, off_b=off_b + B0, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
+                        BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD,
                         MASK_MOD=MASK_MOD, Sinks=Sinks, ScoreData=ScoreData)
 
 
@@ -71,7 +73,7 @@ def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlens
                           TOTAL_Q, KV_HEADS, HEAD_DIM, window_left, window_right,
                           HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                           BLOCK_H: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                          MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr = None, ScoreData=None):
+                          MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr = None, ScoreData=None, B0=0):
     """One key tile of one sequence and kv head: the grid is (ceil(max_seqlen_k / BLOCK_K), batch * KV_HEADS);
     BLOCK_H: the query heads of a kv head."""
     k0 = tl.program_id(0) * BLOCK_K
@@ -90,7 +92,8 @@ def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlens
                              stride_qm=stride_qm, stride_kn=stride_kn, stride_vn=stride_vn, stride_doh=stride_doh,
                              stride_dom=stride_dom, stride_dkn=stride_dkn, stride_dvn=stride_dvn, stride_lh=TOTAL_Q,
                              k0=k0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, window_left=window_left,
-                             window_right=window_right, off_b=off_b, off_h=off_h, stride_tb=0, stride_th=0, stride_tr=0,
+                             window_right=window_right, off_b=off_b + B0, off_h=off_h, stride_tb=0, stride_th=0,
+                             stride_tr=0,
                              HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H,
                              CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
 
@@ -101,7 +104,7 @@ def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Til
                         stride_dqm, stride_dqh, TOTAL_Q, HEADS, GROUP, HEAD_DIM, window_left, window_right,
                         HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                         CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, MASK_MOD: tl.constexpr,
-                        SCORE_MOD: tl.constexpr = None, ScoreData=None):
+                        SCORE_MOD: tl.constexpr = None, ScoreData=None, B0=0):
     """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS)."""
     q0 = tl.program_id(0) * BLOCK_Q
     off_z = tl.program_id(1).to(tl.int64)  # int64: heads x total tokens (the lse offset) can pass 2^31
@@ -116,7 +119,7 @@ def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Til
                            Delta + off_h * TOTAL_Q + q_start, Tiles, None, ScoreData, qk_scale, scale, stride_qm,
                            stride_kn, stride_vn=stride_vn, stride_dom=stride_dom, stride_dqm=stride_dqm, q0=q0,
                            SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, window_left=window_left,
-                           window_right=window_right, off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
+                           window_right=window_right, off_b=off_b + B0, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
                            BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION,
                            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
 
@@ -138,24 +141,27 @@ def _variant_args(variant: Variant, tiles: int, device, score=None) -> tuple:
 
 
 def _batches(cu_seqlens_q, cu_seqlens_k, heads):
-    """The cumulative lengths of each launch's sequences: grid axis 1 holds batch x heads rows and
-    CUDA takes at most 65,535 (rules.row_chunks), so a larger batch is launched in runs of whole
-    sequences. The kernels read absolute token offsets, so a run is just its slice of the lengths."""
+    """(sequences, their cumulative lengths, the first's index) of each launch: grid axis 1 holds
+    batch x heads rows and CUDA takes at most 65,535 (rules.row_chunks), so a larger batch is
+    launched in runs of whole sequences. The kernels read absolute token offsets, so a run is just
+    its slice of the lengths."""
     batch = cu_seqlens_q.shape[0] - 1
     for rows in row_chunks(batch * heads, heads):
         b0, b1 = rows.start // heads, rows.stop // heads
-        yield b1 - b0, cu_seqlens_q[b0:b1 + 1], cu_seqlens_k[b0:b1 + 1]
+        yield b1 - b0, cu_seqlens_q[b0:b1 + 1], cu_seqlens_k[b0:b1 + 1], b0
 
 
 def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, cfg, variant, sinks=None):
     total_q, heads, d = q.shape
     out = torch.empty_like(q)
     lse = torch.empty(heads, total_q, dtype=torch.float32, device=q.device)
-    score = kernel_score(variant, q.device, heads=heads, seq_q=max_q, seq_k=max_k)
+    score = kernel_score(variant, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k)
     (tiles, left, right), switches = _variant_args(variant, triton.cdiv(max_k, cfg.block_k), q.device, score)
     if sinks is not None:
         switches.update(Sinks=sinks.detach().to(torch.float32).contiguous())
-    for batch, cu_q_run, cu_k_run in _batches(cu_q, cu_k, heads):
+    for batch, cu_q_run, cu_k_run, b0 in _batches(cu_q, cu_k, heads):
+        if score is not None:
+            switches.update(B0=b0)
         _attn_fwd_varlen[(triton.cdiv(max_q, cfg.block_q), batch * heads)](
             q, k, v, out, lse, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale, *_strides(q, k, v, out), total_q,
             heads, heads // k.shape[1], d, left, right, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.block_q,
@@ -173,14 +179,18 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, ca
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     common = dict(HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k, CAUSAL=causal,
                   INPUT_PRECISION=cfg.input_precision, num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages)
-    score = kernel_score(variant, q.device, heads=heads, seq_q=max_q, seq_k=max_k)
+    score = kernel_score(variant, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k)
     (tiles, left, right), switches = _variant_args(variant, triton.cdiv(max_q, cfg.bwd_block_q), q.device, score)
-    for batch, cu_q_run, cu_k_run in _batches(cu_q, cu_k, kv_heads):
+    for batch, cu_q_run, cu_k_run, b0 in _batches(cu_q, cu_k, kv_heads):
+        if score is not None:
+            switches.update(B0=b0)
         _attn_bwd_dkdv_varlen[(triton.cdiv(max_k, cfg.bwd_block_k), batch * kv_heads)](
             q, k, v, dout, dk, dv, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale,
             *_strides(q, k, v, dout, dk, dv), total_q, kv_heads, d, left, right, BLOCK_H=group, **common, **switches)
     tiles, *_ = _variant_args(variant, triton.cdiv(max_k, cfg.bwd_block_k), q.device)[0]
-    for batch, cu_q_run, cu_k_run in _batches(cu_q, cu_k, heads):
+    for batch, cu_q_run, cu_k_run, b0 in _batches(cu_q, cu_k, heads):
+        if score is not None:
+            switches.update(B0=b0)
         _attn_bwd_dq_varlen[(triton.cdiv(max_q, cfg.bwd_block_q), batch * heads)](
             q, k, v, dout, dq, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale,
             *_strides(q, k, v, dout, dq), total_q, heads, group, d, left, right, **common, **switches)
@@ -228,9 +238,57 @@ def varlen_backward_base2(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, m
 
 
 def check_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale, window,
-                 softcap, read_values: bool = True):
+                 softcap, read_values: bool = True, score_mod=None):
     """Everything a packed call's arguments say: (scale, Variant)."""
     scale = check_varlen_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                                 scale=scale, window=window, softcap=softcap, read_values=read_values)
     check_kernel_inputs(fn, q)
-    return scale, check_variant(fn, window, softcap)
+    return scale, check_variant(fn, window, softcap, score_mod=score_mod)
+
+
+def varlen_score_grads(q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, scale, variant: Variant, captured):
+    """The gradients of the tensors the score function captures, sequence by sequence in order
+    (:func:`flashlib.kernels.function.score_grads` on each: positions within the sequence, b its index)."""
+    from ..varlen import sequence_score, sequences
+    from .function import score_grads
+
+    grads = [torch.zeros_like(t) for t in captured]
+    for b, ((q0, q1), (k0, k1)) in enumerate(zip(sequences(cu_q), sequences(cu_k))):
+        if q1 == q0 or k1 == k0:
+            continue
+        seq = [t.transpose(0, 1)[None] for t in (q[q0:q1], k[k0:k1], v[k0:k1], out[q0:q1], dout[q0:q1])]
+        parts = score_grads(*seq[:4], lse[None, :, q0:q1], seq[4], None if dlse is None else dlse[None, :, q0:q1],
+                            causal, scale, variant._replace(score_mod=sequence_score(variant.score_mod, b)),
+                            captured)
+        for total, part in zip(grads, parts):
+            total += part
+    return grads
+
+
+class VarlenFunction(torch.autograd.Function):
+    """The packed kernels with a score function (Python code, not a custom op's argument), eagerly:
+    saves (q, k, v, out, lse, lse2, the lengths); captured: the tensors the score function reads that
+    require grad, inputs so that autograd returns their gradients."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, variant, sinks, *captured):
+        from .function import save_lse
+
+        out, lse2 = varlen_forward_base2(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, scale=scale,
+                                         variant=variant, sinks=sinks)
+        lse, column = save_lse(lse2)
+        save(ctx, q, k, v, out, lse, column, cu_q, cu_k, sinks, *captured)
+        ctx.args = max_q, max_k, causal, scale, variant
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, column, cu_q, cu_k, sinks, *captured = saved(ctx)
+        max_q, max_k, causal, scale, variant = ctx.args
+        dout = dout.contiguous()
+        dq, dk, dv, dsinks = varlen_backward_base2(q, k, v, out, column.squeeze(-1), dout, cu_q, cu_k, max_q, max_k,
+                                                   causal=causal, scale=scale, variant=variant, dlse=dlse,
+                                                   sinks=sinks)
+        dcaptured = varlen_score_grads(q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, scale, variant,
+                                       captured) if captured else []
+        return dq, dk, dv, None, None, None, None, None, None, None, dsinks, *dcaptured
