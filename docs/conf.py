@@ -30,12 +30,14 @@ extensions = [
     "sphinx-mathjax-offline",  # MathJax 3 copied into _static: the site needs no CDN
     "course_pages",
     "plain_docstrings",
+    "figure_zoom",  # every figure links to its image; a click enlarges it
 ]
 
 exclude_patterns = ["_build", "**.ipynb_checkpoints", "_ext"]
 templates_path = []
 html_static_path = [str(HERE / "_static")]
 html_css_files = ["course.css"]
+html_js_files = ["code_wrap.js"]  # long lines wrap with a hanging indent
 html_favicon = str(HERE / "_static" / "favicon.svg")
 
 # --- notebooks: shown as stored --------------------------------------------------------

@@ -37,6 +37,7 @@ pytestmark = pytest.mark.browser
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 import build_site  # noqa: E402
+from nbval_tags import MARKER_LINE  # noqa: E402
 
 SITE = REPO / "build" / "site"
 NOTEBOOKS = REPO / "notebooks"
@@ -120,6 +121,7 @@ class Site:
 # Run in the page once it has loaded: wait for MathJax's first typesetting, load every image
 # (lazy ones too), and report what a reader would see broken.
 _INSPECT_JS = """async () => {
+  const MARKER = new RegExp(%r);
   if (document.querySelector('.math')) {
     const start = performance.now();
     while (!(window.MathJax && MathJax.startup && MathJax.startup.promise)) {
@@ -144,8 +146,28 @@ _INSPECT_JS = """async () => {
       .map(img => img.getAttribute('src')),
     images: images.length,
     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
+    // a line of code or output running past its block's edge or the window's, hidden until scrolled to
+    cutCode: Array.from(document.querySelectorAll('pre'))
+      .filter(pre => pre.offsetParent !== null && (pre.scrollWidth > pre.clientWidth + 1
+                     || pre.getBoundingClientRect().right > document.documentElement.clientWidth + 1))
+      .map(pre => `${pre.scrollWidth} px in ${pre.clientWidth} px: ` + pre.textContent.trim().split('\\n')[0].slice(0, 60)),
+    // a cell's code as shown: any nbval marker line in it is for nbval, not the reader
+    markerLines: Array.from(document.querySelectorAll('.cell_input pre'))
+      .flatMap(pre => pre.textContent.split('\\n')).filter(line => MARKER.test(line)),
+    // a figure in the text that a click cannot enlarge (docs/_ext/figure_zoom.py)
+    unlinkedFigures: images.filter(img => img.closest('article, .body, [role=main]')
+                                   && !new URL(img.src).pathname.includes('/_static/'))  // the theme's icons
+      .filter(img => { const a = img.closest('a.flashlib-zoom'); return !a || a.href !== img.src; })
+      .map(img => img.getAttribute('src')),
+    // lines too long for their block, shown wrapped (_static/code_wrap.js)
+    wrappedLines: Array.from(document.querySelectorAll('pre')).map(pre => {
+      const heights = Array.from(pre.querySelectorAll('.flashlib-line')).map(l => l.getBoundingClientRect().height)
+        .filter(h => h > 0);
+      const one = Math.min(...heights);
+      return heights.filter(h => h > 1.5 * one).length;
+    }).reduce((a, b) => a + b, 0),
   };
-}"""
+}""" % MARKER_LINE.pattern
 
 
 def inspect_page(page, site: Site, relative: str) -> tuple[list[str], dict]:
@@ -161,13 +183,16 @@ def inspect_page(page, site: Site, relative: str) -> tuple[list[str], dict]:
     problems += [f"undefined TeX macro: {t!r}" for t in found["undefinedMacros"]]
     problems += [f"image without pixels: {src}" for src in found["brokenImages"]]
     problems += [f"control character in math: {t!r}" for t in math_with_control_characters(site.root / relative)]
+    problems += [f"code cut at the block's edge: {t!r}" for t in found["cutCode"]]
+    problems += [f"nbval marker shown in a cell: {t.strip()!r}" for t in found["markerLines"]]
+    problems += [f"figure without a click to enlarge: {src}" for src in found["unlinkedFigures"]]
     for link in dict.fromkeys(found["links"]):
         if link.startswith(site.base):
             dead = site.resolve(link[len(site.base) - 1:])
             if dead:
                 problems.append(f"dead link {link[len(site.base):]}: {dead}")
     problems += page.console_errors[errors_before:]
-    counts = {"math": found["math"], "images": found["images"],
+    counts = {"math": found["math"], "images": found["images"], "wrapped": found["wrappedLines"],
               "links": sum(1 for link in found["links"] if link.startswith(site.base))}
     return problems, counts
 
@@ -239,7 +264,7 @@ def test_every_page_works_in_the_browser(course_site, page):
     """Every page loads with its math typeset, its images drawn and its links alive."""
     site, _ = course_site
     pages = site.pages()
-    report, totals = {}, {"math": 0, "images": 0, "links": 0}
+    report, totals = {}, {"math": 0, "images": 0, "links": 0, "wrapped": 0}
     for relative in pages:
         problems, counts = inspect_page(page, site, relative)
         if problems:
@@ -247,9 +272,10 @@ def test_every_page_works_in_the_browser(course_site, page):
         for key in totals:
             totals[key] += counts.get(key, 0)
     print(f"{len(pages)} pages: {totals['math']} math elements, {totals['images']} images, "
-          f"{totals['links']} links into the site")
+          f"{totals['links']} links into the site, {totals['wrapped']} long lines wrapped")
     assert not report, "\n".join(f"{p}:\n  " + "\n  ".join(v[:20]) for p, v in report.items())
     assert totals["math"] > 500 and totals["images"] > 30  # the pages were really read
+    assert totals["wrapped"] > 20  # the kernels' long lines are there, and wrapped: not cut
 
 
 def test_every_widget_shows_its_frame(course_site, page):
@@ -269,6 +295,71 @@ def test_every_widget_shows_its_frame(course_site, page):
         assert not output.locator(".jupyter-widgets").count(), f"{name} cell {index}: an empty widget box"
 
 
+class _PreText(html.parser.HTMLParser):
+    """The text of every <pre> of a page as the HTML file holds it, before any script ran."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.texts, self.depth = [], 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "pre":
+            self.depth += 1
+            if self.depth == 1:
+                self.texts.append("")
+
+    def handle_endtag(self, tag):
+        if tag == "pre":
+            self.depth -= 1
+
+    def handle_data(self, data):
+        if self.depth:
+            self.texts[-1] += data
+
+
+def test_wrapped_code_keeps_every_character(course_site, page):
+    """Wrapping (_static/code_wrap.js) changes how a line is shown, never its text."""
+    site, _ = course_site
+    checked = 0
+    for relative in (p for p in site.pages() if p.startswith("notebooks/")):
+        parser = _PreText()
+        parser.feed((site.root / relative).read_text(encoding="utf-8"))
+        page.goto(site.base + relative, wait_until="load")
+        shown = page.evaluate("() => Array.from(document.querySelectorAll('pre'))"
+                              ".map(pre => [pre.textContent, pre.classList.contains('flashlib-wrapped')])")
+        assert [t.rstrip("\n") for t, _ in shown] == [t.rstrip("\n") for t in parser.texts], relative
+        assert all(wrapped for _, wrapped in shown), f"{relative}: a block of code was not wrapped"
+        checked += len(shown)
+    assert checked > 200
+
+
+def test_a_click_enlarges_every_figure(course_site, page):
+    """Each notebook page's figures open over the page, larger than in the column, and close again."""
+    site, _ = course_site
+    report, opened = [], 0
+    for relative in (p for p in site.pages() if p.startswith("notebooks/")):
+        page.goto(site.base + relative, wait_until="load")
+        links = page.locator("a.flashlib-zoom")
+        for i in range(links.count()):
+            link = links.nth(i)
+            link.scroll_into_view_if_needed()
+            column = link.locator("img").evaluate("img => img.decode().then(() => img.getBoundingClientRect().width)")
+            link.click()
+            view = page.locator(".flashlib-zoom-view img")
+            view.wait_for(state="visible")
+            large = view.evaluate("img => img.decode().then(() => [img.getBoundingClientRect().width,"
+                                  " img.getBoundingClientRect().height])")
+            window = page.evaluate("() => [innerWidth, innerHeight]")
+            # larger by half at least, or as large as the window lets it be
+            if not (large[0] >= 1.5 * column or large[0] >= 0.9 * window[0] or large[1] >= 0.9 * window[1]):
+                report.append(f"{relative} figure {i}: {column:.0f} px in the column, {large[0]:.0f} px enlarged")
+            page.keyboard.press("Escape")
+            assert page.locator(".flashlib-zoom-view").count() == 0, f"{relative}: Escape left the figure open"
+            opened += 1
+    assert not report, "\n".join(report)
+    assert opened > 30
+
+
 # --- the checks themselves --------------------------------------------------------------
 
 HARNESS_CONF = '''
@@ -284,7 +375,9 @@ HARNESS_PAGES = {
     "good.md": "# Good\n\nInline $a^2 + b^2$ and a [link](broken.md).\n\n$$\\frac{1}{2}$$\n",
     "broken.md": ("# Broken\n\n## Here\n\nA math error $\\frac{1}$, a macro $\\notamacro x$, a tab $N \times N$.\n\n"
                   '<img src="missing.png" alt="missing">\n\n<a href="nowhere.html">dead</a>\n\n'
-                  '<a href="good.html#no-such-anchor">dead anchor</a> <a href="#here">live anchor</a>\n'),
+                  '<a href="good.html#no-such-anchor">dead anchor</a> <a href="#here">live anchor</a>\n\n'
+                  "```python\nx = [" + ", ".join(["1.0"] * 120) + "]\n```\n\n"
+                  '<div class="cell_input"><pre># NBVAL_IGNORE_OUTPUT\nx = 1</pre></div>\n'),
 }
 
 
@@ -326,7 +419,9 @@ def test_checks_find_a_broken_page(page, tmp_path):
     found = "\n".join(broken)
     for expected in ("math error", "undefined TeX macro", "control character in math",
                      "image without pixels: missing.png", "dead link nowhere.html: no file",
-                     "dead link good.html#no-such-anchor: no anchor"):
+                     "dead link good.html#no-such-anchor: no anchor", "code cut at the block's edge", "px: x = [1.0",
+                     "nbval marker shown in a cell: '# NBVAL_IGNORE_OUTPUT'",
+                     "figure without a click to enlarge: missing.png"):
         assert expected in found, f"{expected!r} not reported:\n{found}"
     assert "#here" not in found, found
     assert any("404" in p or "Failed to load resource" in p for p in broken), found  # the console's

@@ -3,9 +3,11 @@
     python tools/build_site.py [--out build/site]
 
 1. Lays out the sources in build/site-src: docs/'s pages and every notebook as stored,
-   never executed, without its badge and setup cells (each page has a launch button); a widget view (which needs a kernel) is replaced by the frame the widget
-   stored beside it as image/png, with a note. A widget without a stored frame stops the
-   build: re-execute its notebook (`make notebooks`).
+   never executed, without its badge and setup cells (each page has a launch button) and
+   without nbval's comment markers (`# NBVAL_SKIP` and the like: for nbval, not the reader;
+   tools/nbval_tags.py turns them into cell tags); a widget view (which needs a kernel) is
+   replaced by the frame the widget stored beside it as image/png, with a note. A widget
+   without a stored frame stops the build: re-execute its notebook (`make notebooks`).
 2. Runs Sphinx with myst-nb (docs/conf.py): the notebooks in course order, math by MathJax
    (served from the site itself), the API pages from the package's docstrings, the labs.
    Any warning fails the build, except those docs/conf.py allows by name.
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 
 import nbformat
+from nbval_tags import strip_markers
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -69,6 +72,9 @@ def lay_out(docs: Path, notebooks: Path, source: Path) -> list[str]:
         # the badge and setup cells are for a runtime that opened the notebook alone; a page has
         # the theme's launch button instead (and the badge's image would be fetched from afar)
         notebook.cells = [c for c in notebook.cells if SETUP_TAG not in c.get("metadata", {}).get("tags", [])]
+        for cell in notebook.cells:
+            if cell.cell_type == "code":
+                cell.source = strip_markers(cell.source)[0]
         problems += [f"notebooks/{path.name} {m}" for m in still_frames(notebook)]
         target = source / "notebooks" / path.name
         _write_if_changed(target, nbformat.writes(notebook) + "\n")
@@ -86,6 +92,9 @@ def build(out: Path, source: Path, docs: Path = ROOT / "docs", notebooks: Path =
     if problems:
         raise SystemExit("build_site: widgets without a still frame (re-execute their notebooks "
                          "with `make notebooks`):\n  " + "\n  ".join(problems))
+    # the source pages of a module since renamed would stay, linking to anchors no page has:
+    # viewcode writes every page of this folder again on each build
+    shutil.rmtree(out / "_modules", ignore_errors=True)
     warnings = out.parent / f"{out.name}-warnings.log"
     command = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-c", str(docs),
                "-d", str(out.parent / f"{out.name}-doctrees"), "-w", str(warnings),
