@@ -41,8 +41,8 @@ def _texts(folder: Path, skip: Path | None = None):
         if path.suffix == ".ipynb":
             nb = nbformat.read(path, as_version=4)
             parts = [c.source for c in nb.cells]
-            parts += ["".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in c.get("outputs", []))
-                      for c in nb.cells if c.cell_type == "code"]
+            parts += ["".join(o.get("text", "") or o.get("data", {}).get("text/plain", "")
+                              for o in c.get("outputs", [])) for c in nb.cells if c.cell_type == "code"]
             yield path, "\n".join(parts)
             continue
         try:

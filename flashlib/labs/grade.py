@@ -65,7 +65,8 @@ def verdict(outputs) -> tuple[bool, str]:
     text = []
     for output in outputs:
         if output.output_type == "error":
-            return False, f"the cell raised {output.ename}: {str(output.evalue).strip().splitlines()[0] if output.evalue else ''}"
+            said = str(output.evalue).strip().splitlines()
+            return False, f"the cell raised {output.ename}: {said[0] if said else ''}"
         if output.output_type == "stream" and output.name == "stdout":
             text.append(output.text)
         elif output.output_type == "execute_result":

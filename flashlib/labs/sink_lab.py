@@ -79,7 +79,8 @@ def _models(sinks, lse, delta):
             ("sink_not_normalised", None, -(torch.exp(sinks)[:, None] * delta).sum((0, 2))),
             ("exp2_for_exp", "the lse is a natural log here: exp(sink - lse), not 2^(sink - lse).",
              -(_share(sinks, lse, torch.exp2) * delta).sum((0, 2))),
-            ("flipped_exponent", None, -(torch.where(silent, 0.0, torch.exp(lse - sinks[:, None])) * delta).sum((0, 2))),
+            ("flipped_exponent", None,
+             -(torch.where(silent, 0.0, torch.exp(lse - sinks[:, None])) * delta).sum((0, 2))),
             ("sum_axes", "that is the first sequence's sum alone: sum over the batch too.", -(p * delta)[0].sum(-1)),
             ("sum_axes", "the mean is not the gradient: sum the rows and the sequences, do not average them.",
              -(p * delta).mean((0, 2)))]

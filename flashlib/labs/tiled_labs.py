@@ -69,7 +69,19 @@ def _backward_case(fn, case: Case) -> Problem | None:
     got = unpack(run.result, "tiled_backward", ("dq", "dk", "dv"), (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
     if isinstance(got, Problem):
         return got
-    return backward_problem(case, (q, k, v, dout), dict(zip(("dq", "dk", "dv"), got)))
+    return backward_problem(case, (q, k, v, dout), dict(zip(("dq", "dk", "dv"), got)),
+                            probe=lambda c: _probe_backward(fn, c))
+
+
+def _probe_backward(fn, case: Case):
+    """{"dq", "dk", "dv"} of the learner's function on a probe case, or None if it fails there."""
+    q, k, v, dout = case.inputs()
+    out, lse, _ = expected_backward(case, q, k, v, dout)
+    run = call(fn, "tiled_backward", q, k, v, out, lse, dout, case.block_q, case.block_k, case.causal, watch=False)
+    if run.error:
+        return None
+    got = unpack(run.result, "tiled_backward", ("dq", "dk", "dv"), (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+    return None if isinstance(got, Problem) else dict(zip(("dq", "dk", "dv"), got))
 
 
 def check_tiled_backward(fn) -> Report:
