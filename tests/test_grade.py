@@ -135,10 +135,27 @@ def test_a_pass_is_kept_beside_the_notebooks_and_survives_a_restart(tmp_path, mo
 
 
 def test_progress_is_kept_only_where_a_kernel_runs_or_a_file_is_named(monkeypatch):
+    import types
+
     monkeypatch.delenv("FLASHLIB_PROGRESS", raising=False)
-    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))  # as nbval imports it in pytest
     assert progress.path() is None  # a script or a test leaves no file behind
-    monkeypatch.setitem(sys.modules, "ipykernel", sys)
+
+    class ZMQInteractiveShell:  # what IPython's get_ipython() returns inside a Jupyter kernel
+        pass
+
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=ZMQInteractiveShell))
     assert progress.path() == Path(".flashlib-progress.json")  # the kernel's folder: the notebook's
     monkeypatch.setenv("FLASHLIB_PROGRESS", "off")
     assert progress.path() is None
+
+
+def test_a_pass_in_a_jupyter_kernel_is_kept_in_its_folder(tmp_path):
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cells.code_cell("merge_states", solved=True))])
+    env = {k: v for k, v in os.environ.items() if k not in ("FLASHLIB_PROGRESS", "TRITON_INTERPRET")}
+    NotebookClient(nb, timeout=300, kernel_name="python3", kernel_manager_class=grade._kernel_manager()).execute(
+        env=env, cwd=str(tmp_path))
+    assert nb.cells[0].outputs[0].text.startswith("PASS: merge_states")
+    assert list(json.loads((tmp_path / ".flashlib-progress.json").read_text())["passed"]) == ["merge_states"]

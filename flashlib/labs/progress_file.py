@@ -22,8 +22,15 @@ def path() -> Path | None:
     """Where progress is kept, or None where it is switched off."""
     where = os.environ.get(ENV)
     if where is None:
-        return Path(FILE) if "ipykernel" in sys.modules else None
+        return Path(FILE) if _in_kernel() else None
     return None if where.strip().lower() in ("", "off", "0", "no") else Path(where)
+
+
+def _in_kernel() -> bool:
+    """Whether this is a Jupyter kernel's process (importing ipykernel, as pytest's nbval does, is not one)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def read() -> dict[str, str]:
