@@ -87,15 +87,20 @@ def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fa
             dp = do_blk @ v_tile.transpose(-2, -1)
             ds = p * (dp - delta[..., q0:q1, None])
             ds, shares = scoring.slope(ds, s, q0, k0, captured)  # the chain rule through the score function
-            for total, share in zip(dcaptured, shares):
-                if share is not None:
-                    total += share
+            _add(dcaptured, shares)
             dq[..., q0:q1, :] += (ds @ k_tile) * scale
             dk_j += (ds.transpose(-2, -1) @ q_blk) * scale
         dk[..., k0:k1, :], dv[..., k0:k1, :] = dk_j, dv_j
     grads = dq.reshape(q_shape), _group_sum(dk, kv_shape), _group_sum(dv, kv_shape)
     grads = grads if sinks is None else (*grads, dsinks)
     return (*grads, *(g.to(t.dtype) for g, t in zip(dcaptured, captured))) if captured else grads
+
+
+def _add(totals, shares):
+    """Each captured tensor's share of one tile added to its total (None: the tile did not use it)."""
+    for total, share in zip(totals, shares):
+        if share is not None:
+            total += share
 
 
 def _group_sum(grad, kv_shape):

@@ -74,7 +74,8 @@ def forward_base2(q, k, v, *, causal: bool = False, scale: float | None = None, 
                                       mask_mod=mask_mod, fn=FN, sinks=sinks, score_mod=score_mod)
     from .ladder.forward import forward_base2 as rung_forward
 
-    return rung_forward(q, k, v, causal=causal, scale=scale, rung=forward)
+    out, lse2 = rung_forward(q, k, v, causal=causal, scale=scale, rung=forward)
+    return out, lse2.double()  # one dtype for every path: the teaching kernels' float64
 
 
 def flash_attention_backward(q, k, v, out, lse, dout, **options):
@@ -114,7 +115,7 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 @_attention_op.register_fake
 def _(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     rows = q.shape[:-1]
-    return q.new_empty(q.shape), q.new_empty(rows, dtype=torch.float32), q.new_empty((*rows, 1), dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty(rows, dtype=torch.float32), q.new_empty((*rows, 1), dtype=torch.float64)
 
 
 @torch.library.custom_op("flashlib::flash_attention_backward", mutates_args=())
@@ -164,7 +165,7 @@ def _eager(q, k, v, causal, scale, variant, sinks=None):
     Function, eagerly (with the tensors a score function captures as its inputs, for their gradients)."""
     cfg = teaching.resolve_config(FN, q, None)
     return teaching.AttentionFunction.apply(q, k, v, causal, scale, cfg, variant, sinks,
-                                            *teaching.captured_inputs(variant, q, k))
+                                            *teaching.captured_inputs(variant, q, k, FN))
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
@@ -190,43 +191,31 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
                                       1 1 1                 0 0 1 1 1 0
                                                             0 0 0 1 1 1
         scale: defaults to 1/sqrt(head_dim).
-        window: (left, right): with o = seq_k - seq_q, query i sees key j iff
-            i + o - left <= j <= i + o + right; -1 means no limit on that side (flash-attn's
-            convention); ANDed with causal. Key tiles outside the window are never visited:
-            the cost is O(seq * window).
-        softcap: c > 0: scores become c * tanh(scale * q.k / c) (Gemma 2's soft-capping), with
-            its gradient; the lse is that of the capped scores. It is the score function
-            ``flashlib.scores.softcap(c)``.
-        score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score, as flex_attention takes one:
-            applied to each scaled score before the mask (:mod:`flashlib.scores`: ALiBi, a bias
-            table, a temperature, soft-capping). q_idx and kv_idx are positions within the
-            sequences (the queries' and the keys'). Compiled into the teaching kernels from what it
-            does, with its derivative for the backward's dS; a tensor it captures that requires
-            grad gets its gradient (a deterministic pass, :func:`flashlib.scores.captured_grads`).
-            Not with ``softcap`` (compose the two in one function).
-        mask_mod: mask_mod(b, h, q_idx, kv_idx) -> bool, as flex_attention takes one: a ``def``, a
-            lambda or a closure using arithmetic, comparisons, & | ~ and the tensors it captures,
-            indexed by the indices (:mod:`flashlib.masks` says what compiles and has ready ones),
-            ANDed with causal and window. It runs on index tensors for a block mask (tiles where it
-            is false everywhere are skipped) and is compiled into the kernels for the rest.
-        block_mask: that block mask built once (:func:`flashlib.masks.create_block_mask`), for a
-            loop that calls attention with one mask many times; it carries the mask function,
-            causal and window, which the call may repeat but not change.
-        sinks: attention sinks (GPT-OSS's), (heads,) float, learnable: one more score per row,
-            sinks[h] for every query row of head h, with no value. It takes a share
-            exp(sink - lse) of the row's softmax and contributes nothing to the output; the lse
-            includes it. Its gradient is -sum over the head's rows of exp(sink - lse) * delta,
-            delta = rowsum(dout * out) - dlse, a plain deterministic sum. A row that sees no key
-            outputs zeros, with lse = its sink.
+        window: (left, right): with o = seq_k - seq_q, query i sees key j iff i + o - left <= j <=
+            i + o + right; -1: no limit on a side (flash-attn's convention); ANDed with causal. Key
+            tiles outside the window are never visited: the cost is O(seq * window).
+        softcap: c > 0: scores c * tanh(scale * q.k / c) (Gemma 2), the score function
+            ``flashlib.scores.softcap(c)``; the lse is that of the capped scores.
+        score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score, as flex_attention takes one,
+            applied to each scaled score before the mask (:mod:`flashlib.scores`); q_idx, kv_idx
+            are positions within the sequences. Compiled into the kernels with its derivative; the
+            tensors it captures that require grad get gradients (deterministic). Not with softcap.
+        mask_mod: mask_mod(b, h, q_idx, kv_idx) -> bool, as flex_attention takes one (a def, a
+            lambda or a closure over tensors it indexes: :mod:`flashlib.masks`), ANDed with causal
+            and window; tiles where it is false everywhere are skipped, the rest compile it.
+        block_mask: that block mask built once (:func:`flashlib.masks.create_block_mask`); it
+            carries the mask function, causal and window, which the call may repeat, not change.
+        sinks: attention sinks (GPT-OSS's), (heads,), learnable: one more score sinks[h] with no
+            value in each row of head h; the lse includes it; its gradient is -sum over the head's
+            rows of exp(sink - lse) * (rowsum(dout * out) - dlse). A row that sees no key outputs 0.
         return_lse: also return the log-sum-exp of each score row, (..., seq_q) float32,
             -inf for rows that see no key.
 
-    Paths (:func:`path_for`): on a CUDA GPU in float16/bfloat16 without options, rung 3's
-    forward and the tuned backward; with grouped heads, a window, a soft-cap, a mask
-    function or sinks, and otherwise (float32 on a GPU: tf32 matmuls; the CPU: Triton's interpreter,
-    CPU tensors, no bfloat16) the teaching kernels. head_dim 1..256, any sequence lengths.
+    Paths (:func:`path_for`): on a CUDA GPU in float16/bfloat16 without options, rung 3's forward
+    and the tuned backward; with any option, and otherwise (float32 on a GPU: tf32 matmuls; the
+    CPU: Triton's interpreter, no bfloat16) the teaching kernels. head_dim 1..256, any lengths.
     Works inside ``torch.compile(fullgraph=True)`` and ``torch.export`` with every option but
-    ``mask_mod`` and ``block_mask``, which run eagerly (a graph break; fullgraph=True refuses it).
+    ``score_mod``, ``mask_mod`` and ``block_mask``, which run eagerly (a graph break).
     """
     scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
     causal, window, mask_mod = with_block_mask(FN, q, k, causal, window, mask_mod, block_mask)
@@ -247,7 +236,8 @@ def _varlen_eager(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, variant, sin
     """With a score function: the packed kernels' autograd Function, eagerly, the lengths checked here."""
     check_varlen_values(VARLEN_FN, q, k, cu_q, cu_k, max_q, max_k)
     batch, heads = cu_q.shape[0] - 1, q.shape[1]
-    captured = teaching.captured_inputs(variant, q.new_empty(batch, heads, max_q, 0), k.new_empty(1, 1, max_k, 0))
+    captured = teaching.captured_inputs(variant, q.new_empty(batch, heads, max_q, 0), k.new_empty(1, 1, max_k, 0),
+                                        VARLEN_FN)
     return packed.VarlenFunction.apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, variant, sinks, *captured)
 
 
@@ -278,7 +268,7 @@ def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left, window_right,
       softcap, sinks=None):
     rows = (q.shape[1], q.shape[0])
-    return q.new_empty(q.shape), q.new_empty(rows, dtype=torch.float32), q.new_empty((*rows, 1), dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty(rows, dtype=torch.float32), q.new_empty((*rows, 1), dtype=torch.float64)
 
 
 @torch.library.custom_op("flashlib::flash_attention_varlen_backward", mutates_args=())

@@ -100,9 +100,9 @@ def trainable(tensors) -> list[torch.Tensor]:
 
 def captured_tensors(fn: str, score_mod) -> list[torch.Tensor]:
     """The tensors a score function reads, found by calling it once on stand-ins (the translator the
-    kernels use, :mod:`flashlib.kernels.trace`; no Triton needed): the same functions work in the
+    kernels use, :mod:`flashlib.trace`; no Triton needed): the same functions work in the
     references and the kernels, and what cannot be traced is refused by name."""
-    from .kernels.trace import TraceError, trace
+    from .trace import TraceError, trace
 
     bounds = {"score": (None, None), **{name: (0, 2**31 - 1) for name in ("b", "h", "q_idx", "kv_idx")}}
     try:

@@ -382,10 +382,12 @@ def test_the_checkers_name_the_usual_mistakes():
         weights = torch.exp(lses - torch.logsumexp(lses, 0)) if shift else torch.exp(lses) / torch.exp(lses).sum()
         return (weights[:, None] * outs).sum(0)
 
-    assert inference.check_split_kv(split_kv)
-    assert "averages" in inference.check_split_kv(lambda *a: split_kv(*a, average=True)).message
-    assert "overflows" in inference.check_split_kv(lambda *a: split_kv(*a, shift=False)).message
-    assert "raised" in inference.check_split_kv(lambda *a: 1 / 0).message
+    from flashlib import labs
+
+    assert labs.check("split_kv", split_kv)
+    assert "averages" in labs.check("split_kv", lambda *a: split_kv(*a, average=True)).message
+    assert "overflows" in labs.check("split_kv", lambda *a: split_kv(*a, shift=False)).message
+    assert "raised" in labs.check("split_kv", lambda *a: 1 / 0).message
     assert inference.check_gather(lambda pages, table, n: pages[table.long()].reshape(-1, pages.shape[-1])[:n])
     in_storage_order = inference.check_gather(lambda pages, table, n: pages.reshape(-1, pages.shape[-1])[:n])
     assert "order memory" in in_storage_order.message

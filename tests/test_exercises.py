@@ -134,35 +134,6 @@ def test_hint_steps_go_from_the_idea_to_code():
     assert steps.next() == ("hint 1 of 3", "the idea") and steps.answer == "the code"
 
 
-def test_split_kv_diagnoses_before_it_gives_the_answer():
-    """Notebook 10's lab: a diagnosis and the idea at the first wrong try, the code only at the third."""
-    from flashlib.course import inference
-
-    def split_kv(q, k, v, num_splits, scale=True, covered=None, factor=1.0):
-        length = k.shape[0] if covered is None else covered
-        size = -(-length // num_splits)
-        outs, lses = [], []
-        for a in range(0, length, size):
-            s = k[a:min(a + size, length)] @ q / (math.sqrt(q.shape[0]) if scale else 1.0)
-            outs.append(torch.softmax(s, 0) @ v[a:min(a + size, length)])
-            lses.append(torch.logsumexp(s, 0))
-        lses = torch.stack(lses)
-        return factor * (torch.exp(lses - torch.logsumexp(lses, 0))[:, None] * torch.stack(outs)).sum(0)
-
-    inference.SPLIT_KV_HINTS.reset()
-    first = inference.check_split_kv(lambda *a: split_kv(*a, scale=False))
-    assert "not scaled" in first.message and first.label == "hint 1 of 3" and "def " not in first.hint
-    second = inference.check_split_kv(lambda *a: split_kv(*a, factor=2.0))
-    assert "2 times the right one" in second.message and second.label == "hint 2 of 3" and "def " not in second.hint
-    dropped = inference.check_split_kv(lambda q, k, v, n: split_kv(q, k, v, n, covered=k.shape[0] - 1))
-    assert "first 6 of the 7 keys" in dropped.message and dropped.label == "hint 3 of 3"
-    assert "def split_kv" in dropped.hint
-    namespace = {"math": math, "torch": torch}
-    exec(inference.SPLIT_KV_HINTS.answer, namespace)
-    assert inference.check_split_kv(namespace["split_kv"]) and inference.SPLIT_KV_HINTS.given == 0
-    assert inference.check_split_kv(split_kv)
-
-
 EXERCISE_NOTEBOOKS = ("09_masks_and_variants", "10_inference", "11_ring_attention", "A_machine_code")
 
 

@@ -98,6 +98,7 @@ def require_triton():
     if mode == "interpreter":
         _serialise_interpreted_launches()
         _exactly_rounded_interpreted_dots()
+        _exactly_rounded_interpreted_math()
     return triton
 
 
@@ -148,6 +149,42 @@ def _exactly_rounded_interpreted_dots() -> None:
 
     exact_dot.flashlib_exact = True
     interpreter.InterpreterBuilder.create_dot = exact_dot
+
+
+def _exactly_rounded_interpreted_math() -> None:
+    """Make the interpreter's exp, exp2, log, log2, sqrt and tl.sum of float16/float32 computed in
+    float64 and rounded once; idempotent. numpy's float32 versions take SIMD paths chosen by the CPU
+    (AVX-512 or AVX2 kernels of a few ulps each; sums added in 16 or 8 lanes), so a kernel's results,
+    and the accuracy tests on them, would differ from one CPU to the next. In float64, rounded once,
+    they are the same on every CPU (but for a double rounding about once in 2^29)."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.create_exp2, "flashlib_exact", False):
+        return
+
+    def exact(op):
+        def unary(self, arg):
+            data = arg.data
+            if data.dtype in (np.float16, np.float32):
+                return interpreter.TensorHandle(op(data.astype(np.float64)).astype(data.dtype), arg.dtype.scalar)
+            return interpreter.TensorHandle(op(data), arg.dtype.scalar)
+
+        unary.flashlib_exact = True
+        return unary
+
+    for name, op in (("create_exp", np.exp), ("create_exp2", np.exp2), ("create_log", np.log),
+                     ("create_log2", np.log2), ("create_sqrt", np.sqrt), ("create_precise_sqrt", np.sqrt)):
+        setattr(builder, name, exact(op))
+
+    def exact_sum(self, input):  # tl.sum: numpy's float32 sum adds in SIMD lanes, 8 or 16 wide by CPU
+        data = input.handle.data
+        if data.dtype in (np.float16, np.float32):
+            data = data.astype(np.float64)
+        return self.to_tensor(np.sum(data, axis=self.axis, keepdims=self.keep_dims), input.dtype)
+
+    interpreter.ReduceOps.sum = exact_sum
 
 
 def half_dtype(device=None):

@@ -45,11 +45,22 @@ def _attn_bwd_preprocess(Out, DO, Delta, stride_oz, stride_om, stride_doz, strid
 
 
 @triton.jit
-def _lse_base2(Lse, offs_q, SEQ_Q):
-    """The forward's lse, in base 2 as it wrote it; +inf for padding rows and rows that saw no key,
-    so 2^(s - lse) = 0."""
+def _lse_base2_split(Lse, offs_q, SEQ_Q):
+    """(hi, lo): the forward's lse in base 2 as two float32 numbers, hi + lo (exact for the float64
+    the forward writes; lo = 0 for a float32 lse), so that p = 2^((s - hi) - lo) keeps its bits where
+    s is close to the lse; hi = +inf (lo = 0) for padding rows and rows that saw no key, so p = 0."""
     lse = tl.load(Lse + offs_q, mask=offs_q < SEQ_Q, other=float("inf"))
-    return tl.where(lse == float("-inf"), float("inf"), lse)
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    hi = lse.to(tl.float32)
+    lo = tl.where(hi == float("inf"), 0.0, (lse - hi.to(lse.dtype)).to(tl.float32))
+    return hi, lo
+
+
+@triton.jit
+def _lse_base2(Lse, offs_q, SEQ_Q):
+    """The forward's lse in base 2, one float32 number (the ladder's kernels read this)."""
+    hi, lo = _lse_base2_split(Lse, offs_q, SEQ_Q)
+    return hi
 
 
 @triton.jit
@@ -68,13 +79,13 @@ def _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, s
             offs_q = q0 + tl.arange(0, BLOCK_Q)
             q_blk = _load_rows(Q, stride_qm, offs_q, offs_d, SEQ_Q, HEAD_DIM)
             do_blk = _load_rows(DO, stride_dom, offs_q, offs_d, SEQ_Q, HEAD_DIM)
-            lse = _lse_base2(Lse, offs_q, SEQ_Q)
+            lse, lse_lo = _lse_base2_split(Lse, offs_q, SEQ_Q)
             delta = tl.load(Delta + offs_q, mask=offs_q < SEQ_Q, other=0.0)
             # transposed tiles (BLOCK_K, BLOCK_Q): keys are this program's rows
             x_t = tl.dot(k_tile, tl.trans(q_blk), input_precision=INPUT_PRECISION)
             s_t, slope_t = _mod_scores_slope(x_t, scale, qk_scale, off_b, off_h, offs_q[None, :], offs_k[:, None],
                                              ScoreData, SCORE_MOD)
-            p_t = tl.math.exp2(s_t - lse[None, :])
+            p_t = tl.math.exp2((s_t - lse[None, :]) - lse_lo[None, :])
             visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL)
             visible = _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right, off_b, off_h,
                                    MaskData, kind, MASK_MOD)
@@ -158,9 +169,10 @@ def _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn
                        qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
                        BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                        k_start=0, scale=1.0, window_left=-1, window_right=-1, off_b=0, off_h=0, MaskData=None,
-                       Tiles=None, ScoreData=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None):
+                       Tiles=None, ScoreData=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
+                       lse_lo=0.0):
     """Accumulate one query block's dq over the key tiles it can see, [k_start, k_end); with a mask
-    function, tiles its block mask row (Tiles) skips are passed over."""
+    function, tiles its block mask row (Tiles) skips are passed over. lse + lse_lo: the rows' base-2 lse."""
     for k0 in range(k_start, k_end, BLOCK_K):
         kind = _tile_kind(Tiles, k0 // BLOCK_K, MASK_MOD)  # _FULL without a mask function
         if kind != _SKIPPED:
@@ -170,7 +182,7 @@ def _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn
             x = tl.dot(q_blk, tl.trans(k_tile), input_precision=INPUT_PRECISION)  # (BLOCK_Q, BLOCK_K)
             s, slope = _mod_scores_slope(x, scale, qk_scale, off_b, off_h, offs_q[:, None], offs_k[None, :], ScoreData,
                                          SCORE_MOD)
-            p = tl.math.exp2(s - lse[:, None])
+            p = tl.math.exp2((s - lse[:, None]) - lse_lo[:, None])
             visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL)
             visible = _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right, off_b, off_h,
                                    MaskData, kind, MASK_MOD)
@@ -195,7 +207,7 @@ def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, Tiles, MaskData, ScoreData, 
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     q_blk = _load_rows(Q, stride_qm, offs_q, offs_d, SEQ_Q, HEAD_DIM)  # stays resident
     do_blk = _load_rows(DO, stride_dom, offs_q, offs_d, SEQ_Q, HEAD_DIM)
-    lse = _lse_base2(Lse, offs_q, SEQ_Q)
+    lse, lse_lo = _lse_base2_split(Lse, offs_q, SEQ_Q)
     delta = tl.load(Delta + offs_q, mask=offs_q < SEQ_Q, other=0.0)
     dq = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
     k_start, k_end = _key_range(q0, SEQ_Q, SEQ_K, window_left, window_right, BLOCK_Q, BLOCK_K, CAUSAL,
@@ -204,7 +216,7 @@ def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, Tiles, MaskData, ScoreData, 
                             SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
                             INPUT_PRECISION=INPUT_PRECISION, k_start=k_start, scale=scale, window_left=window_left,
                             window_right=window_right, off_b=off_b, off_h=off_h, MaskData=MaskData, Tiles=Tiles,
-                            ScoreData=ScoreData, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
+                            ScoreData=ScoreData, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, lse_lo=lse_lo)
     mask = (offs_q[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
     tl.store(DQ + offs_q[:, None].to(tl.int64) * stride_dqm + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=mask)

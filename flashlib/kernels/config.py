@@ -23,8 +23,9 @@ LN2 = 0.6931471805599453
 # move lse2 by an ulp, and every p of the row by several of theirs. Functions named *_base2 take
 # or return lse2; every other function, and everything public, speaks the natural log.
 def lse_natural(lse2: torch.Tensor) -> torch.Tensor:
-    """The natural-log lse of the kernels' base-2 one (-inf stays -inf)."""
-    return lse2 * LN2
+    """The natural-log lse of the kernels' base-2 one, float32 as callers see it (-inf stays -inf);
+    the teaching kernels' lse2 is float64 (forward._finish says why): converted, then rounded once."""
+    return (lse2 * LN2).float()
 
 
 def lse_base2(lse: torch.Tensor) -> torch.Tensor:

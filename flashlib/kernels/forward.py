@@ -88,11 +88,14 @@ def _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION: tl.constexpr):
 
 @triton.jit
 def _finish(m_i, l_i, acc):
-    """Normalise once at the end: (out, lse2), the lse in base 2 (kernels.config says why); a row
-    that saw no key (l_i == 0) gives out = 0 and lse2 = -inf."""
+    """Normalise once at the end: (out, lse2), the lse in base 2 (kernels.config says why), in
+    float64; a row that saw no key (l_i == 0) gives out = 0 and lse2 = -inf."""
     empty = l_i == 0  # NaN is not 0: a NaN row stays NaN
     l_safe = tl.where(empty, 1.0, l_i)
-    lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_safe))
+    # m_i + log2(l_i) rounded to float32 is off by up to half an ulp of |lse2| (2.4e-7 at 6), and so
+    # is every p = 2^(s - lse2) of a row that one key dominates, relatively: in float64 the sum is
+    # exact, and the backward reads it as two float32 numbers (_lse_base2_split)
+    lse2 = tl.where(empty, float("-inf"), m_i.to(tl.float64) + tl.math.log2(l_safe).to(tl.float64))
     return acc / l_safe[:, None], lse2
 
 

@@ -216,14 +216,14 @@ def variant_args(variant: Variant, *, group: int = 1, heads: int = 1, kinds=None
 
 def _launch_forward(q, k, v, causal, scale, cfg, variant=DEFAULT, heads=1, masks=None, sinks=None):
     """q: (B*H, seq_q, d), k, v: (B*H_kv, seq_k, d). Returns out (B*H, seq_q, d) and lse2 (B*H, seq_q)
-    float32, in base 2. heads: H (query heads per batch row); masks: (kinds, data) for the mask path;
+    float64, in base 2. heads: H (query heads per batch row); masks: (kinds, data) for the mask path;
     sinks: (H,)."""
     from .rules import row_chunks
 
     bh, seq_q, d = q.shape
     group = bh // k.shape[0]
     out = torch.empty_like(q)
-    lse = torch.empty(bh, seq_q, dtype=torch.float32, device=q.device)
+    lse = torch.empty(bh, seq_q, dtype=torch.float64, device=q.device)  # float64: forward._finish says why
     kinds, data = masks or (None, None)
     score = kernel_score(variant, q.device, batch=bh // heads, heads=heads, seq_q=seq_q, seq_k=k.shape[1])
     options = dict(HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, CAUSAL=causal,
@@ -359,7 +359,8 @@ def forward(q, k, v, **options):
 
 def forward_base2(q, k, v, *, causal=False, scale=None, window=None, softcap=None, mask_mod=None, block_mask=None,
                   config=None, fn=FN, sinks=None, score_mod=None):
-    """:func:`forward` with the lse in base 2, as the kernels keep it for the backward."""
+    """:func:`forward` with the lse in base 2, as the kernels keep it for the backward: float64
+    (:func:`flashlib.kernels.forward._finish` says why)."""
     scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True)
     sinks = check_sinks(fn, sinks, _heads(q), q.device)
     causal, window, mask_mod = with_block_mask(fn, q, k, causal, window, mask_mod, block_mask)
@@ -367,10 +368,11 @@ def forward_base2(q, k, v, *, causal=False, scale=None, window=None, softcap=Non
     check_kernel_inputs(fn, q)
     cfg = resolve_config(fn, q, config)
     if q.numel() == 0 or (q.shape[-2] > 0 and k.shape[-2] == 0 and sinks is None):
-        return empty_result(q)
+        out, lse = empty_result(q)
+        return out, lse.double()
     if k.shape[-2] == 0:  # nothing to attend to but the sinks: out = 0, lse = sink
         out, lse = merge_sink(*empty_result(q), sinks)
-        return out, lse_base2(lse)
+        return out, lse_base2(lse).double()
     masks = _masks(variant, causal, q, k.shape[-2], cfg.block_q, cfg.block_k, cfg)
     out, lse = _launch_forward(flat(q), flat(k), flat(v), causal, scale, cfg, variant, batch_and_heads(q.shape)[1],
                                masks, sinks)
@@ -458,12 +460,15 @@ class AttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, *(dsinks or [None]), *dcaptured
 
 
-def captured_inputs(variant: Variant, q, k) -> list:
-    """The tensors the score function reads that autograd must differentiate (none without one)."""
-    if variant.score_mod is None or not torch.is_grad_enabled():
+def captured_inputs(variant: Variant, q, k, fn: str = FN) -> list:
+    """The tensors the score function reads that autograd must differentiate (none without one, or
+    without grad mode). The function is traced either way: what cannot compile is refused here,
+    naming fn, the op that was called."""
+    if variant.score_mod is None:
         return []
     batch, heads = batch_and_heads(q.shape)
-    return trainable(score_tensors(FN, variant.score_mod, score_bounds(batch, heads, q.shape[-2], k.shape[-2])))
+    tensors = score_tensors(fn, variant.score_mod, score_bounds(batch, heads, q.shape[-2], k.shape[-2]))
+    return trainable(tensors) if torch.is_grad_enabled() else []
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,

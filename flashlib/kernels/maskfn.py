@@ -2,7 +2,7 @@
 
 A mask function ``mask_mod(b, h, q_idx, kv_idx) -> bool`` runs as it is on PyTorch index tensors
 (the references, the block masks, ``flex_attention``). For a kernel it is traced
-(:mod:`flashlib.kernels.trace`: called once on symbolic indices, so what counts is what it does,
+(:mod:`flashlib.trace`: called once on symbolic indices, so what counts is what it does,
 not how its source is laid out) and the trace is written out as one ``@triton.jit`` function
 ``MASK_MOD(b, h, q_idx, kv_idx, data)``:
 
@@ -38,7 +38,7 @@ import torch
 
 from ._mode import require_triton
 from .rules import _floordiv, _floormod, _tanh
-from .trace import INT32, Graph, Node, TraceError, trace
+from ..trace import INT32, Graph, Node, TraceError, trace
 
 triton = require_triton()
 import triton.language as tl  # noqa: E402

@@ -2,7 +2,7 @@
 
 A score function ``score_mod(score, b, h, q_idx, kv_idx) -> score`` changes each scaled score
 before the mask (:mod:`flashlib.scores` has ready ones: soft-capping, ALiBi, a bias table, a
-temperature). For a kernel it is traced as mask functions are (:mod:`flashlib.kernels.trace`:
+temperature). For a kernel it is traced as mask functions are (:mod:`flashlib.trace`:
 called once with symbolic arguments, the score a float32 one) and written out as one
 ``@triton.jit`` function::
 
@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 
 from .maskfn import _loads, _narrow, _Writer, compiled, symbol_bounds
-from .trace import FLOAT_FUNCTIONS, Graph, Node, TraceError, trace
+from ..trace import FLOAT_FUNCTIONS, Graph, Node, TraceError, trace
 
 NAMES = ("score", "b", "h", "q_idx", "kv_idx")
 
@@ -104,93 +104,92 @@ def _tile(text: str, result: Node, tiles: list) -> str:
 def derivative(graph: Graph, wrt: str = "score") -> Node:
     """d result / d wrt, as nodes of the same graph: the chain rule applied node by node. Integer
     and boolean nodes, loads and constants do not depend on the score (their derivative is 0)."""
-    tracer, target = graph.tracer, graph.symbols[wrt]
-    memo: dict[int, Node | None] = {}
+    slope = _Chain(graph.tracer, graph.symbols[wrt]).d(graph.result)
+    return graph.tracer.const(0.0) if slope is None else slope
 
-    def const(value: float) -> Node:
-        return tracer.const(float(value))
 
-    def mul(a, b):
+class _Chain:
+    """The chain rule on traced nodes; None stands for a derivative of 0."""
+
+    def __init__(self, tracer, target: Node):
+        self.tracer, self.target, self.memo = tracer, target, {}
+
+    def const(self, value: float) -> Node:
+        return self.tracer.const(float(value))
+
+    def mul(self, a, b):
         if a is None or b is None:
             return None
         for c, x in ((a, b), (b, a)):  # numbers gathered into one (c (1/c) x -> x): fewer roundings
             if c.op == "const" and c.dtype.is_floating_point:
                 if x.op == "mul" and x.args[0].op == "const" and x.args[0].dtype.is_floating_point:
-                    c, x = const(c.value * x.args[0].value), x.args[1]
+                    c, x = self.const(c.value * x.args[0].value), x.args[1]
                 if c.value == 1.0 and x.dtype.is_floating_point:
                     return x
-                return tracer.apply("mul", c, x)
-        return tracer.apply("mul", a, b)
+                return self.tracer.apply("mul", c, x)
+        return self.tracer.apply("mul", a, b)
 
-    def add(a, b):
-        return b if a is None else a if b is None else tracer.apply("add", a, b)
+    def add(self, a, b):
+        return b if a is None else a if b is None else self.tracer.apply("add", a, b)
 
-    def neg(a):
-        return None if a is None else tracer.apply("neg", a)
+    def neg(self, a):
+        return None if a is None else self.tracer.apply("neg", a)
 
-    def d(node: Node):
-        if id(node) in memo:
-            return memo[id(node)]
-        memo[id(node)] = result = _rule(node)
-        return result
+    def select(self, cond, a, b):
+        """where(cond, a, b) of two derivatives (None: 0)."""
+        if a is None and b is None:
+            return None
+        return self.tracer.apply("where", cond, a or self.const(0.0), b or self.const(0.0))
 
-    def _rule(node: Node):
-        if node is target:
-            return const(1.0)
+    def d(self, node: Node):
+        if id(node) not in self.memo:
+            self.memo[id(node)] = self._rule(node)
+        return self.memo[id(node)]
+
+    def _rule(self, node: Node):
+        if node is self.target:
+            return self.const(1.0)
         if not node.dtype.is_floating_point or node.op in ("sym", "const", "load"):
             return None
-        op, args = node.op, node.args
+        op, args, apply = node.op, node.args, self.tracer.apply
         if op == "cast":
-            return d(args[0])
-        if op == "add":
-            return add(d(args[0]), d(args[1]))
-        if op == "sub":
-            return add(d(args[0]), neg(d(args[1])))
+            return self.d(args[0])
+        if op in ("add", "sub"):
+            return self.add(self.d(args[0]), self.d(args[1]) if op == "add" else self.neg(self.d(args[1])))
         if op == "mul":
-            return add(mul(d(args[0]), args[1]), mul(args[0], d(args[1])))
-        if op == "truediv":  # (a / b)' = a' / b - a b' / b²
-            a, b = args
-            da, db = d(a), d(b)
-            first = None if da is None else tracer.apply("truediv", da, b)
-            second = None if db is None else tracer.apply("truediv", mul(node, db), b)
-            return add(first, neg(second))
+            return self.add(self.mul(self.d(args[0]), args[1]), self.mul(args[0], self.d(args[1])))
+        if op == "truediv":  # (a / b)' = a' / b - (a / b) b' / b
+            da, db = self.d(args[0]), self.d(args[1])
+            first = None if da is None else apply("truediv", da, args[1])
+            second = None if db is None else apply("truediv", self.mul(node, db), args[1])
+            return self.add(first, self.neg(second))
         if op == "neg":
-            return neg(d(args[0]))
+            return self.neg(self.d(args[0]))
         if op == "where":
-            dx, dy = d(args[1]), d(args[2])
-            if dx is None and dy is None:
-                return None
-            return tracer.apply("where", args[0], dx or const(0.0), dy or const(0.0))
+            return self.select(args[0], self.d(args[1]), self.d(args[2]))
         if op in ("minimum", "maximum"):  # the slope of the side taken
-            a, b = args
-            da, db = d(a), d(b)
-            if da is None and db is None:
-                return None
-            takes_a = tracer.apply("le" if op == "minimum" else "ge", a, b)
-            return tracer.apply("where", takes_a, da or const(0.0), db or const(0.0))
+            takes_a = apply("le" if op == "minimum" else "ge", args[0], args[1])
+            return self.select(takes_a, self.d(args[0]), self.d(args[1]))
         if op == "abs":
-            da = d(args[0])
-            return None if da is None else tracer.apply("where", tracer.apply("ge", args[0], const(0.0)), da, neg(da))
+            da = self.d(args[0])
+            return None if da is None else apply("where", apply("ge", args[0], self.const(0.0)), da, self.neg(da))
         if op in FLOAT_FUNCTIONS:
-            da = d(args[0])
-            if da is None:
-                return None
-            if op == "tanh":  # 1 - tanh²
-                slope = tracer.apply("sub", const(1.0), tracer.apply("mul", node, node))
-            elif op == "exp":
-                slope = node
-            elif op == "log":
-                slope = tracer.apply("truediv", const(1.0), args[0])
-            elif op == "sqrt":
-                slope = tracer.apply("truediv", const(0.5), node)
-            else:  # sigmoid: s (1 - s)
-                slope = tracer.apply("mul", node, tracer.apply("sub", const(1.0), node))
-            return mul(da, slope)
+            return self.mul(self.d(args[0]), self._slope(op, node, args[0]))
         raise TraceError(f"the score's derivative through '{op}'", "use + - * /, torch.where, abs, minimum, "
                          "maximum, clamp, tanh, exp, log, sqrt or sigmoid on the score", where="")
 
-    slope = d(graph.result)
-    return const(0.0) if slope is None else slope
+    def _slope(self, op: str, node: Node, x: Node) -> Node:
+        """f'(x) of a float function, from f(x) = node where that is cheaper."""
+        apply, one = self.tracer.apply, self.const(1.0)
+        if op == "tanh":
+            return apply("sub", one, apply("mul", node, node))  # 1 - tanh²
+        if op == "exp":
+            return node
+        if op == "log":
+            return apply("truediv", one, x)
+        if op == "sqrt":
+            return apply("truediv", self.const(0.5), node)
+        return apply("mul", node, apply("sub", one, node))  # sigmoid: s (1 - s)
 
 
 def score_tensors(fn: str, score_mod, bounds: dict | None = None) -> tuple:

@@ -154,7 +154,7 @@ def _batches(cu_seqlens_q, cu_seqlens_k, heads):
 def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, cfg, variant, sinks=None):
     total_q, heads, d = q.shape
     out = torch.empty_like(q)
-    lse = torch.empty(heads, total_q, dtype=torch.float32, device=q.device)
+    lse = torch.empty(heads, total_q, dtype=torch.float64, device=q.device)  # float64: forward._finish says why
     score = kernel_score(variant, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k)
     (tiles, left, right), switches = _variant_args(variant, triton.cdiv(max_k, cfg.block_k), q.device, score)
     if sinks is not None:
@@ -205,13 +205,14 @@ def _contiguous_last_dim(t):
 
 def varlen_forward_base2(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale,
                          variant: Variant = DEFAULT, config=None, sinks=None):
-    """(out (total_q, heads, d), lse2 (heads, total_q) float32, the lse in base 2) on inputs already
+    """(out (total_q, heads, d), lse2 (heads, total_q) float64, the lse in base 2) on inputs already
     checked; sinks: (heads,)."""
     cfg = resolve_config(VARLEN_FN, q, config)
+    rows = (q.shape[1], q.shape[0])
     if q.numel() == 0 or max_seqlen_q == 0:  # no rows, or no heads
-        return torch.zeros_like(q), torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device)
+        return torch.zeros_like(q), torch.full(rows, float("-inf"), dtype=torch.float64, device=q.device)
     if max_seqlen_k == 0 and sinks is not None:  # no keys anywhere: out = 0, the lse of every row its sink
-        return torch.zeros_like(q), (sinks.detach().float() * LOG2E)[:, None].expand(q.shape[1], q.shape[0]).clone()
+        return torch.zeros_like(q), (sinks.detach().double() * LOG2E)[:, None].expand(rows).clone()
     q, k, v = (_contiguous_last_dim(t) for t in (q, k, v))
     # the cumulative lengths as the kernels read them: contiguous (a view such as t[::2] is copied)
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()

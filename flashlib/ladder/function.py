@@ -35,7 +35,8 @@ def backward_pass_base2(q, k, v, out, lse2, dout, *, causal: bool, scale: float,
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     cfg = None if autotunes(q.dtype, config) else resolve_config(FN, q, config)
     seq_q = q.shape[-2]
-    dq, dk, dv = launch_backward(flat(q), flat(k), flat(v), flat(out), lse2.reshape(-1, seq_q), flat(dout),
+    # float32, as the ladder's kernels read it (the teaching kernels' float64 lse2 rounded once)
+    dq, dk, dv = launch_backward(flat(q), flat(k), flat(v), flat(out), lse2.reshape(-1, seq_q).float(), flat(dout),
                                  causal, scale, cfg, backward=backward,
                                  dlse=None if dlse is None else dlse.reshape(-1, seq_q).float())
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
