@@ -79,3 +79,21 @@ def test_check_mode_names_the_cells(tmp_path, capsys):
     assert "NBVAL_SKIP" in path.read_text()  # --check writes nothing
     assert nbval_tags.main([str(path)]) == 0
     assert nbval_tags.main(["--check", str(path)]) == 0
+
+
+def test_the_site_leaves_marker_lines_out(tmp_path):
+    """tools/build_site.py lays out each notebook without its marker lines, whatever its owner
+    has converted yet, and leaves the stored notebook as it is."""
+    import build_site
+
+    source = "# NBVAL_IGNORE_OUTPUT\nimport time\nprint(time.time())  # NBVAL_SKIP named in a comment stays"
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": ["device-dependent-output"]})
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A notebook"), cell])
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "docs").mkdir()
+    nbformat.write(notebook, tmp_path / "notebooks" / "01_a.ipynb")
+    assert build_site.lay_out(tmp_path / "docs", tmp_path / "notebooks", tmp_path / "src") == []
+    shown = nbformat.read(tmp_path / "src" / "notebooks" / "01_a.ipynb", as_version=4).cells[1]
+    assert shown.source == "import time\nprint(time.time())  # NBVAL_SKIP named in a comment stays"
+    assert shown.metadata["tags"] == ["device-dependent-output"]
+    assert nbformat.read(tmp_path / "notebooks" / "01_a.ipynb", as_version=4).cells[1].source == source

@@ -5,11 +5,15 @@ The site is built as `make site` builds it (tools/build_site.py, into build/site
 on 127.0.0.1; headless Chromium opens every page: it loads, MathJax typesets all its math
 with no error, every image has loaded pixels, every link into the site reaches a page and
 the anchor it names, nothing is logged to the console as an error, and no math holds a
-control character (a backslash eaten by a Python string: "\\t" of "\\times" as a tab). Each
-widget of the notebooks shows its stored frame instead of an empty box.
+control character (a backslash eaten by a Python string: "\\t" of "\\times" as a tab); no line
+of code or output runs past its block or the window (long lines wrap, with a hanging indent, and
+keep every character); no cell shows an nbval marker line; every figure links to its image and a
+click shows it larger than in the column. Each widget of the notebooks shows its stored frame
+instead of an empty box.
 
-Scratch sites check the checks: a page with a math error, a missing image, a dead link and
-a dead anchor must be reported, a build with a warning or a widget without a frame must fail.
+Scratch sites check the checks: a page with a math error, a missing image, a dead link, a dead
+anchor, a cut line of code, a marker line and a figure without a link must be reported, a build
+with a warning or a widget without a frame must fail.
 Needs Debian's Chromium as tests/test_browser.py does (a failure in CI when it is missing).
 """
 
