@@ -611,3 +611,20 @@ def softcap_figure(caps=(5.0, 20.0), limit: float = 60.0) -> Figure:
     ax_value.legend(fontsize=7)
     ax_slope.legend(fontsize=7)
     return fig
+
+
+def score_function_figure(functions: dict, n: int = 16, head: int = 0) -> Figure:
+    """What each score function adds to a score of 0, f(0, 0, head, i, j), over queries i and keys j:
+    ALiBi's distance penalty, a bias table's band, a temperature's (none: it scales)."""
+    fig, axes = _new_figure(3.0 * len(functions), 3.0, len(functions))
+    axes = axes if isinstance(axes, (list, tuple, np.ndarray)) else [axes]
+    zero = torch.zeros(1, 1, n, n, dtype=torch.float64)
+    b, h = torch.zeros(1, 1, 1, 1, dtype=torch.long), torch.full((1, 1, 1, 1), head, dtype=torch.long)
+    rows, cols = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    for ax, (label, fn) in zip(axes, functions.items()):
+        added = fn(zero, b, h, rows, cols).detach().double().expand(1, 1, n, n)[0, 0].numpy()
+        limit = max(float(np.abs(added).max()), 1e-12)
+        image = ax.imshow(added, cmap="RdBu", vmin=-limit, vmax=limit)
+        ax.set(title=label, xlabel="key j", ylabel="query i")
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    return fig
