@@ -182,6 +182,37 @@ def test_reference_modules_import_only_reference_modules():
     assert wrong == []
 
 
+# the options one Variant holds (flashlib.kernels.function.Variant): they travel in it, not one by one
+VARIANT_OPTIONS = {"window", "window_left", "window_right", "softcap", "mask_mod", "block_mask", "score_mod"}
+
+
+def launchers_and_autograd_functions():
+    """('path:line name', parameter names) of every kernel launcher (a function named _launch*) and
+    every autograd Function's forward and backward in the package."""
+    found = []
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            methods = []
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("_launch"):
+                methods = [node]
+            elif isinstance(node, ast.ClassDef) and any("Function" in ast.unparse(b) for b in node.bases):
+                methods = [f for f in node.body if isinstance(f, ast.FunctionDef) and f.name in ("forward", "backward")]
+            for fn in methods:
+                params = [a.arg for a in fn.args.args + fn.args.kwonlyargs]
+                where = f"{path.relative_to(ROOT)}:{fn.lineno} {getattr(node, 'name', '')}.{fn.name}"
+                found.append((where, params))
+    return found
+
+
+def test_no_launcher_or_autograd_function_names_an_individual_option():
+    """A new option is one field of the Variant: no launcher or autograd Function takes one by name."""
+    found = launchers_and_autograd_functions()
+    assert len(found) >= 10  # the launchers and Functions are found at all
+    named = [(where, sorted(set(params) & VARIANT_OPTIONS)) for where, params in found
+             if set(params) & VARIANT_OPTIONS]
+    assert named == []
+
+
 def facts() -> str:
     lines = [f"import cycles: {len(cycles(import_graph()))}"]
     funcs = sorted(functions(), key=lambda f: -f[0])
