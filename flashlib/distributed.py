@@ -488,13 +488,13 @@ class RingAttentionFunction(torch.autograd.Function):
     """Autograd around the ring pair: saves this rank's (q, k, v, out, lse)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, group, layout, sinks=None, score_mod=None, *captured):
-        out, lse = ring_forward(q, k, v, causal=causal, scale=scale, layout=layout, group=group, score_mod=score_mod)
+    def forward(ctx, q, k, v, config: dict, sinks=None, *captured):
+        out, lse = ring_forward(q, k, v, **config)
         if sinks is not None:  # merged once, after the ring, like one more partial with no value
             out, lse = merge_sink(out.to(lse.dtype), lse, sinks)
             out = out.to(q.dtype)
         save(ctx, q, k, v, out, lse, sinks, *captured)
-        ctx.config = dict(causal=causal, scale=scale, layout=layout, group=group, score_mod=score_mod)
+        ctx.config = config  # causal, scale, layout, group, score_mod
         return out
 
     @staticmethod
@@ -507,7 +507,7 @@ class RingAttentionFunction(torch.autograd.Function):
         if sinks is not None:  # this rank's rows' share; summed over ranks where sinks are replicated
             delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1)
             dsinks = sink_grad(sinks, lse, delta)
-        return dq, dk, dv, None, None, None, None, dsinks, None, *dcaptured
+        return dq, dk, dv, None, dsinks, *dcaptured
 
 
 def _check_shards(fn: str, q, k, v, causal, scale, layout) -> float:
@@ -578,8 +578,8 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     score_mod = check_score_mod(fn, score_mod)
     captured = trainable(captured_tensors(fn, score_mod)) if score_mod is not None and torch.is_grad_enabled() else []
     _check_same_everywhere(q, causal, layout, scale, group)
-    return RingAttentionFunction.apply(q, k.contiguous(), v.contiguous(), causal, scale, group, layout, sinks,
-                                       score_mod, *captured)
+    config = dict(causal=causal, scale=scale, layout=layout, group=group, score_mod=score_mod)
+    return RingAttentionFunction.apply(q, k.contiguous(), v.contiguous(), config, sinks, *captured)
 
 
 # ----- a ring of CPU processes ---------------------------------------------------------
