@@ -44,6 +44,13 @@ class HintSteps:
         return self.hints[-1]
 
 
+def print_solution(solutions: dict, name: str) -> None:
+    """Print the answer of exercise ``name`` from a notebook's {name: HintSteps} at once."""
+    if name not in solutions:
+        raise ValueError(f"solution: argument 'name' is {name!r}; the exercises with one are {', '.join(solutions)}")
+    print(solutions[name].answer)
+
+
 def _failed(message: str, hint) -> bool:
     """Print a NOT YET with ``hint``: a string, or the next of a :class:`HintSteps`."""
     label, text = hint.next() if isinstance(hint, HintSteps) else ("hint", hint)

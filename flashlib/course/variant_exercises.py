@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .exercises import HintSteps, _check_number, _failed, _passed, _unanswered
+from .exercises import HintSteps, print_solution, _check_number, _failed, _passed, _unanswered
 
 WINDOW_TILES = dict(n=4096, left=300, block=64)
 
@@ -62,9 +62,7 @@ SOLUTIONS = {"sink_window": SINK_HINTS}
 
 def solution(name: str) -> None:
     """Print an answer to exercise ``name`` at once (the checker gives it only after repeated tries)."""
-    if name not in SOLUTIONS:
-        raise ValueError(f"solution: argument 'name' is {name!r}; the exercises with one are {', '.join(SOLUTIONS)}")
-    print(SOLUTIONS[name].answer)
+    print_solution(SOLUTIONS, name)
 
 
 def _expected_sink_window(n, sink, window):
