@@ -50,10 +50,11 @@ def _lse_base2_split(Lse, offs_q, SEQ_Q):
     the forward writes; lo = 0 for a float32 lse), so that p = 2^((s - hi) - lo) keeps its bits where
     s is close to the lse; hi = +inf (lo = 0) for padding rows and rows that saw no key, so p = 0."""
     lse = tl.load(Lse + offs_q, mask=offs_q < SEQ_Q, other=float("inf"))
-    lse = tl.where(lse == float("-inf"), float("inf"), lse)
-    hi = lse.to(tl.float32)
-    lo = tl.where(hi == float("inf"), 0.0, (lse - hi.to(lse.dtype)).to(tl.float32))
-    return hi, lo
+    no_key = (lse == float("-inf")) | (lse == float("inf"))
+    finite = tl.where(no_key, 0.0, lse)  # inf - inf would be a NaN, even one thrown away
+    hi = finite.to(tl.float32)
+    lo = (finite - hi.to(lse.dtype)).to(tl.float32)
+    return tl.where(no_key, float("inf"), hi), lo
 
 
 @triton.jit
