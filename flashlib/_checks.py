@@ -15,6 +15,15 @@ LOOP_ORDERS = ("query", "key")
 _FLOAT32_TINY = torch.finfo(torch.float32).tiny
 
 
+def batch_and_heads(shape) -> tuple[int, int]:
+    """(batch, heads) of a (..., heads, seq, head_dim) shape: the last leading dim is the heads,
+    the others together the batch; (1, 1) for (seq, head_dim)."""
+    lead = tuple(shape[:-2])
+    if not lead:
+        return 1, 1
+    return math.prod(lead[:-1]), lead[-1]
+
+
 def check_attention_inputs(fn: str, q, k, v, *, causal, scale, groups: bool = False) -> float:
     """Validate (..., seq, head_dim) inputs; return the softmax scale to use.
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 import torch
 
 from ._autograd import save, saved
-from ._checks import check_block
+from ._checks import check_block, check_loop
 from .dense import expand_kv
-from .rules import sink_grad
+from .rules import sink_grad, softmax_delta
 from .scores import captured_tensors, trainable
-from .tiled import (NEG_INF, _compute_dtype, _query_range, _skipped, _tile_visible, canonical, check_options,
-                    tiled_forward)
+from .options import Options, check_options
+from .tiled import NEG_INF, _compute_dtype, _query_range, _skipped, _tile_visible, canonical, forward_pass
 
 
 def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=False, scale=None,
@@ -50,18 +50,22 @@ def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fa
     dK_j and dV_j accumulate locally; dQ accumulates across the outer loop.
     """
     fn = "tiled_backward"
-    rule, scoring = check_options(fn, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                                  mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
-    scale = scoring.scale
-    block_q, block_k = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k)
+    options = check_options(fn, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
+    blocks = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k)
+    return backward_pass(q, k, v, out, lse, dout, options, blocks, dlse, captured)
+
+
+def backward_pass(q, k, v, out, lse, dout, options: Options, blocks, dlse=None, captured=()):
+    """:func:`tiled_backward` on checked options; blocks: (block_q, block_k)."""
+    block_q, block_k = blocks
+    rule, scoring, sinks, scale = options.visibility, options.scoring, options.sinks, options.scale
     work = _compute_dtype(q.dtype)
     q_shape, kv_shape = q.shape, k.shape
     q, out, dout = (canonical(t).to(work) for t in (q, out, dout))
     k, v = (expand_kv(canonical(t), q.shape[1]).to(work) for t in (k, v))  # query head h reads kv head h // group
     lse = lse.reshape(q.shape[:-1]).to(work)
-    delta = (dout * out).sum(dim=-1)  # (B, H, Nq): rowsum(dO ∘ O)
-    if dlse is not None:
-        delta = delta - dlse.reshape(delta.shape).to(work)
+    delta = softmax_delta(out, dout, dlse, work)  # (B, H, Nq): rowsum(dO ∘ O) - dlse
     dsinks = None if sinks is None else sink_grad(sinks, lse, delta)
     # Rows that saw no key have lse = -inf; shifting by +inf makes their P exactly 0.
     lse = torch.where(lse == NEG_INF, float("inf"), lse)
@@ -114,24 +118,25 @@ def _group_sum(grad, kv_shape):
 
 
 class TiledAttentionFunction(torch.autograd.Function):
-    """Autograd around the tiled pair: saves (q, k, v, out, lse), never P. options: the call's
-    keyword options as tiled_forward takes them; captured: the tensors its score function reads that
-    require grad (inputs, so that autograd returns their gradients)."""
+    """Autograd around the tiled pair: saves (q, k, v, out, lse), never P. options: the call's, checked
+    (flashlib.options); tiles: (block_q, block_k, loop); tensors: the options' tensors, then those the
+    score function reads that require grad (inputs, so that autograd returns their gradients)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, options: dict, sinks=None, *captured):
-        out, lse = tiled_forward(q, k, v, sinks=sinks, fn="tiled_attention", **options)
-        save(ctx, q, k, v, out, lse, sinks, *captured)
-        ctx.options = {name: value for name, value in options.items() if name != "loop"}
+    def forward(ctx, q, k, v, options: Options, tiles, *tensors):
+        held = len(options.tensors)
+        options = options.with_tensors(tensors[:held])
+        out, lse = forward_pass(q, k, v, options, tiles)
+        save(ctx, q, k, v, out, lse, *tensors)
+        ctx.options, ctx.blocks, ctx.held = options, tiles[:2], held
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, sinks, *captured = saved(ctx)
-        dq, dk, dv, *rest = tiled_backward(q, k, v, out, lse, dout, dlse=dlse, sinks=sinks, captured=captured,
-                                           **ctx.options)
-        dsinks = rest.pop(0) if sinks is not None else None
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, dsinks, *rest
+        q, k, v, out, lse, *tensors = saved(ctx)
+        options = ctx.options.with_tensors(tensors[:ctx.held])
+        dq, dk, dv, *rest = backward_pass(q, k, v, out, lse, dout, options, ctx.blocks, dlse, tensors[ctx.held:])
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, *rest
 
 
 def tiled_attention(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bool = False,
@@ -169,10 +174,12 @@ def tiled_attention(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bo
     The backward pass recomputes probabilities tile by tile from
     the saved lse and never stores the (seq_q, seq_k) matrix.
     """
-    options = dict(block_q=block_q, block_k=block_k, causal=causal, scale=scale, loop=loop, window=window,
-                   softcap=softcap, mask_mod=mask_mod, score_mod=score_mod)
+    fn = "tiled_attention"
+    options = check_options(fn, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
+    tiles = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k), check_loop(fn, loop)
     captured = []
     if score_mod is not None and torch.is_grad_enabled():  # what the function reads, found by tracing it
-        captured = trainable(captured_tensors("tiled_attention", score_mod))
-    out, lse = TiledAttentionFunction.apply(q, k, v, options, sinks, *captured)
+        captured = trainable(captured_tensors(fn, score_mod))
+    out, lse = TiledAttentionFunction.apply(q, k, v, options, tiles, *options.tensors, *captured)
     return (out, lse) if return_lse else out

@@ -33,6 +33,7 @@ import torch
 
 from ._checks import check_index_tensor, check_score_mod, check_sinks, check_softcap, check_window, resolve_scale
 from .rules import Visibility, key_range_start
+from .options import Options
 from .rules import Scoring
 from .scores import softcap as softcap_score
 from .softmax import merge_partials, merge_sink
@@ -378,10 +379,10 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
                         "bfloat16 or float32 (or flashlib.decode_reference for float64)")
     check_kernel_inputs(FN, q)
     check_decode_values(FN, cache_seqlens, block_table, q.shape[2], args, k_cache.shape[0])
-    from .kernels.function import Variant, kernel_score
+    from .kernels.function import kernel_score
 
     batch, heads = q.shape[:2]
-    score = kernel_score(Variant(score_mod=args.score_mod), q.device, batch=batch, heads=heads,
+    score = kernel_score(Options(score_mod=args.score_mod), q.device, batch=batch, heads=heads,
                          seq_q=args.capacity, seq_k=args.capacity)
     out, _ = decode_forward(q, k_cache, v_cache, cache_seqlens, block_table=block_table, scale=args.scale,
                             score=score, window_left=args.window_left, num_splits=num_splits, sinks=sinks)

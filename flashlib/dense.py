@@ -13,24 +13,15 @@ import math
 
 import torch
 
-from ._checks import check_attention_inputs, check_mask_mod, check_score_mod, check_sinks, check_softcap, check_window
-from .rules import Scoring, Visibility
-from .scores import softcap as softcap_score
+from ._checks import batch_and_heads, check_mask_mod, check_window  # noqa: F401 (batch_and_heads: re-exported)
+from .options import check_options
+from .rules import Visibility
 
 
 def head_indices(batch: int, heads: int, device=None):
     """(b, h) index tensors shaped (batch, 1, 1, 1) and (1, heads, 1, 1), as a mask function gets them."""
     b = torch.arange(batch, device=device).view(-1, 1, 1, 1)
     return b, torch.arange(heads, device=device).view(1, -1, 1, 1)
-
-
-def batch_and_heads(shape) -> tuple[int, int]:
-    """(batch, heads) of a (..., heads, seq, head_dim) shape: the last leading dim is the heads,
-    the others together the batch; (1, 1) for (seq, head_dim)."""
-    lead = tuple(shape[:-2])
-    if not lead:
-        return 1, 1
-    return math.prod(lead[:-1]), lead[-1]
 
 
 def causal_mask(seq_q: int, seq_k: int, device=None) -> torch.Tensor:
@@ -114,14 +105,10 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     Returns:
         out (..., seq_q, head_dim), or (out, S, P) if ``return_scores``.
     """
-    fn = "dense_attention"
-    scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True)
-    rule = Visibility(causal, check_window(fn, window), check_mask_mod(fn, mask_mod))
-    score_mod = check_score_mod(fn, score_mod, softcap)
-    cap = check_softcap(fn, softcap)
-    scoring = Scoring(scale, score_mod or (softcap_score(cap) if cap else None))  # soft-capping: a score function
+    options = check_options("dense_attention", q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
+    rule, scoring, sinks, scale = options.visibility, options.scoring, options.sinks, options.scale
     heads = q.shape[-3] if q.ndim >= 3 else 1
-    sinks = check_sinks(fn, sinks, heads, q.device)
     k, v = expand_kv(k, heads), expand_kv(v, heads)
     s = (q @ k.transpose(-2, -1)) * scale  # (B, H, Nq, Nk): the N^2 memory
     seq_q, seq_k = q.shape[-2], k.shape[-2]

@@ -49,7 +49,8 @@ import torch.distributed as dist
 from . import merge_partials, tiled_backward, tiled_forward
 from ._autograd import save, saved
 from ._checks import check_score_mod, check_sinks
-from .rules import sink_grad
+from .options import Options
+from .rules import sink_grad, softmax_delta
 from .scores import captured_tensors, trainable
 from .softmax import merge_sink
 
@@ -358,9 +359,9 @@ def kernel_backward(q, k, v, out, lse, dout, *, causal: bool, scale: float, scor
     grads = flash_attention_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=score_mod)
     if not captured:
         return grads
-    from .kernels.function import Variant, score_grads
+    from .kernels.function import score_grads
 
-    return (*grads, *score_grads(q, k, v, out, lse, dout, None, causal, scale, Variant(score_mod=score_mod),
+    return (*grads, *score_grads(q, k, v, out, lse, dout, None, Options(causal, scale, score_mod=score_mod),
                                  captured))
 
 
@@ -485,29 +486,36 @@ def ring_backward(q, k, v, out, lse, dout, *, causal: bool = False, scale: float
 
 
 class RingAttentionFunction(torch.autograd.Function):
-    """Autograd around the ring pair: saves this rank's (q, k, v, out, lse)."""
+    """Autograd around the ring pair: saves this rank's (q, k, v, out, lse). options: the call's
+    (flashlib.options: causal, scale, score_mod, sinks); ring: (layout, group); tensors: the options'
+    tensors (Options.tensors), then those the score function reads that require grad."""
 
     @staticmethod
-    def forward(ctx, q, k, v, config: dict, sinks=None, *captured):
-        out, lse = ring_forward(q, k, v, **config)
+    def forward(ctx, q, k, v, options: Options, ring: dict, *tensors):
+        held = len(options.tensors)
+        options = options.with_tensors(tensors[:held])
+        keywords = dict(causal=options.causal, scale=options.scale, score_mod=options.score_mod, **ring)
+        out, lse = ring_forward(q, k, v, **keywords)
+        sinks = options.sinks
         if sinks is not None:  # merged once, after the ring, like one more partial with no value
             out, lse = merge_sink(out.to(lse.dtype), lse, sinks)
             out = out.to(q.dtype)
-        save(ctx, q, k, v, out, lse, sinks, *captured)
-        ctx.config = config  # causal, scale, layout, group, score_mod
+        save(ctx, q, k, v, out, lse, *tensors)
+        ctx.keywords, ctx.held = keywords, held
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, sinks, *captured = saved(ctx)
+        q, k, v, out, lse, *tensors = saved(ctx)
+        sinks, captured = (tensors[0] if ctx.held else None), tensors[ctx.held:]
         dout = dout.contiguous()
         # every block's P comes from the final lse, which holds the sinks: the ring is unchanged
-        dq, dk, dv, *dcaptured = ring_backward(q, k, v, out, lse, dout, captured=captured, **ctx.config)
-        dsinks = None
+        dq, dk, dv, *dcaptured = ring_backward(q, k, v, out, lse, dout, captured=captured, **ctx.keywords)
+        dheld = []
         if sinks is not None:  # this rank's rows' share; summed over ranks where sinks are replicated
-            delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1)
-            dsinks = sink_grad(sinks, lse, delta)
-        return dq, dk, dv, None, dsinks, *dcaptured
+            delta = softmax_delta(out, dout, dtype=lse.dtype)
+            dheld = [sink_grad(sinks, lse, delta)]
+        return dq, dk, dv, None, None, *dheld, *dcaptured
 
 
 def _check_shards(fn: str, q, k, v, causal, scale, layout) -> float:
@@ -578,8 +586,9 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     score_mod = check_score_mod(fn, score_mod)
     captured = trainable(captured_tensors(fn, score_mod)) if score_mod is not None and torch.is_grad_enabled() else []
     _check_same_everywhere(q, causal, layout, scale, group)
-    config = dict(causal=causal, scale=scale, layout=layout, group=group, score_mod=score_mod)
-    return RingAttentionFunction.apply(q, k.contiguous(), v.contiguous(), config, sinks, *captured)
+    options = Options(causal, scale, score_mod=score_mod, sinks=sinks)
+    return RingAttentionFunction.apply(q, k.contiguous(), v.contiguous(), options, dict(layout=layout, group=group),
+                                       *options.tensors, *captured)
 
 
 # ----- a ring of CPU processes ---------------------------------------------------------

@@ -17,10 +17,13 @@ Which kernels run is decided per call, from the device, the dtype and the option
 Registered with ``torch.library`` as ``flashlib::flash_attention`` (forward) and
 ``flashlib::flash_attention_backward``, each with a fake implementation, so that
 ``torch.compile(fullgraph=True)`` and ``torch.export`` see one opaque op whose output shapes
-they know, and autograd uses the backward op. Grouped heads, the window (two ints), the
-soft-cap (a float) and the attention sinks (a tensor or None) are arguments of the op. A mask
-function is not (an op's arguments are tensors and numbers): with ``mask_mod`` the call runs the
-teaching kernels' autograd Function directly, eagerly (``torch.compile`` breaks the graph there; ``fullgraph=True`` refuses it).
+they know, and autograd uses the backward op. The call's options, checked once into one
+:class:`flashlib.options.Options`, cross each op's schema as one list of numbers
+(``Options.op_numbers``) and one list of tensors (``Options.tensors``: the sinks), read back by
+``Options.from_op``; the backward returns one gradient per tensor of that list. A new option
+changes no schema. A mask or score function is not an op argument (it is Python code): with
+``mask_mod`` or ``score_mod`` the call runs the teaching kernels' autograd Function directly,
+eagerly (``torch.compile`` breaks the graph there; ``fullgraph=True`` refuses it).
 ``flashlib::flash_attention_varlen`` and its backward are the packed-sequence op, likewise.
 """
 from __future__ import annotations
@@ -28,11 +31,11 @@ from __future__ import annotations
 import torch
 
 from ._autograd import save, saved
-from ._checks import check_attention_inputs, check_sinks
 from .kernels import function as teaching
 from .kernels import varlen as packed
 from .kernels.config import lse_base2, lse_natural
-from .kernels.function import capability, check_kernel_inputs, check_variant, with_block_mask
+from .kernels.function import capability, check_kernel_inputs
+from .options import Options, check_options
 from .varlen import check_varlen_values
 
 FN = "flash_attention"
@@ -40,41 +43,42 @@ VARLEN_FN = "flash_attention_varlen"
 FAST_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def path_for(q: torch.Tensor, k: torch.Tensor | None = None, *, window=None, softcap=None,
-             mask_mod=None, sinks=None, score_mod=None) -> tuple[str, str]:
+def path_for(q: torch.Tensor, k: torch.Tensor | None = None, options: Options | None = None,
+             **keywords) -> tuple[str, str]:
     """(forward, backward) that :func:`flash_attention` runs for inputs like q (and k: fewer heads
-    than q is grouped-query attention) with these options."""
+    than q is grouped-query attention) with these options (an :class:`~flashlib.options.Options`,
+    or its keywords: window=, softcap=, mask_mod=, score_mod=, sinks=): the options say whether
+    anything beyond the causal rule is asked for, so no option can be dropped on the way."""
+    if options is None:
+        options = Options()._replace(**{name: value for name, value in keywords.items() if value is not None})
     grouped = k is not None and q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] != q.shape[-3]
-    options = (grouped or window not in (None, (-1, -1)) or softcap is not None or mask_mod is not None
-               or sinks is not None or score_mod is not None)
-    if not options and q.device.type == "cuda" and q.dtype in FAST_DTYPES and capability(q.device) >= (8, 0):
+    fast = not grouped and not options.beyond_causal and not options.functions
+    if fast and q.device.type == "cuda" and q.dtype in FAST_DTYPES and capability(q.device) >= (8, 0):
         return "tma", "tuned"
     return "teaching", "teaching"
 
 
-def _window(window_left: int, window_right: int):
-    return None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
-
-
 def flash_attention_forward(q, k, v, **options):
     """The forward of :func:`flash_attention` without autograd: (out, lse), lse (..., seq_q) float32,
-    natural log. Options: causal, scale, window, softcap, mask_mod, sinks."""
+    natural log. Options: causal, scale, window, softcap, mask_mod, sinks, score_mod."""
     out, lse2 = forward_base2(q, k, v, **options)
     return out, lse_natural(lse2)
 
 
-def forward_base2(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
-                  softcap: float | None = None, mask_mod=None, sinks=None, score_mod=None):
+def forward_base2(q, k, v, **keywords):
     """:func:`flash_attention_forward` with the lse in base 2, as the kernels keep it."""
-    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
+    options = check_options(FN, q, k, v, **keywords)
     check_kernel_inputs(FN, q)
-    forward, _ = path_for(q, k, window=window, softcap=softcap, mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
+    return _forward(q, k, v, options)
+
+
+def _forward(q, k, v, options: Options):
+    forward, _ = path_for(q, k, options)
     if forward == "teaching":
-        return teaching.forward_base2(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                                      mask_mod=mask_mod, fn=FN, sinks=sinks, score_mod=score_mod)
+        return teaching.forward_pass(q, k, v, options, teaching.resolve_config(FN, q, None))
     from .ladder.forward import forward_base2 as rung_forward
 
-    out, lse2 = rung_forward(q, k, v, causal=causal, scale=scale, rung=forward)
+    out, lse2 = rung_forward(q, k, v, causal=options.causal, scale=options.scale, rung=forward)
     return out, lse2.double()  # one dtype for every path: the teaching kernels' float64
 
 
@@ -85,87 +89,95 @@ def flash_attention_backward(q, k, v, out, lse, dout, **options):
     return backward_base2(q, k, v, out, lse_base2(lse), dout, **options)
 
 
-def backward_base2(q, k, v, out, lse2, dout, *, causal: bool = False, scale: float | None = None, dlse=None,
-                   window=None, softcap: float | None = None, mask_mod=None, sinks=None, score_mod=None):
+def backward_base2(q, k, v, out, lse2, dout, *, dlse=None, **keywords):
     """:func:`flash_attention_backward` from the forward's base-2 lse, :func:`forward_base2`'s (dq, dk,
     dv and dsinks; the gradients of what a score function captures come from autograd only)."""
-    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
-    _, backward = path_for(q, k, window=window, softcap=softcap, mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
+    return _backward(q, k, v, out, lse2, dout, check_options(FN, q, k, v, **keywords), dlse)
+
+
+def _backward(q, k, v, out, lse2, dout, options: Options, dlse=None):
+    _, backward = path_for(q, k, options)
     if backward == "teaching":
-        return teaching.backward_base2(q, k, v, out, lse2, dout, causal=causal, scale=scale, dlse=dlse,
-                                       window=window, softcap=softcap, mask_mod=mask_mod, sinks=sinks,
-                                       score_mod=score_mod)
+        return teaching.backward_pass(q, k, v, out, lse2, dout, options, teaching.resolve_config(FN, q, None), dlse)
     from .ladder.function import backward_pass_base2
 
-    return backward_pass_base2(q, k, v, out, lse2, dout, causal=causal, scale=scale, backward=backward, dlse=dlse)
+    return backward_pass_base2(q, k, v, out, lse2, dout, causal=options.causal, scale=options.scale,
+                               backward=backward, dlse=dlse)
 
+
+# ----- the custom ops: an Options crosses a schema as one list of numbers and one of tensors ----
 
 @torch.library.custom_op("flashlib::flash_attention", mutates_args=())
-def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-                  window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-                  sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, numbers: list[float],
+                  tensors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, lse, lse2): the natural lse callers see, and the base-2 one the backward reads, as
-    (..., seq_q, 1) (kernels.function.save_lse)."""
-    out, lse2 = forward_base2(q, k, v, causal=causal, scale=scale, window=_window(window_left, window_right),
-                              softcap=softcap or None, sinks=sinks)
+    (..., seq_q, 1) (kernels.function.save_lse). numbers, tensors: Options.op_numbers() and
+    Options.tensors."""
+    out, lse2 = _forward(q, k, v, Options.from_op(numbers, tensors))
     lse, column = teaching.save_lse(lse2.contiguous())
     return out.contiguous(), lse, column  # the layouts the fake implementation promises
 
 
 @_attention_op.register_fake
-def _(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
+def _(q, k, v, numbers, tensors):
     rows = q.shape[:-1]
     return q.new_empty(q.shape), q.new_empty(rows, dtype=torch.float32), q.new_empty((*rows, 1), dtype=torch.float64)
 
 
+def _held_grads(grads, tensors) -> list:
+    """The gradients of the options' tensors from a backward's (dq, dk, dv, *theirs), one per tensor."""
+    return [g.contiguous() for g in grads[3:3 + len(tensors)]]
+
+
+def _fake_grads(q, k, v, tensors):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), [t.new_empty(t.shape) for t in tensors]
+
+
 @torch.library.custom_op("flashlib::flash_attention_backward", mutates_args=())
 def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                           lse2: torch.Tensor, dout: torch.Tensor, dlse: torch.Tensor, causal: bool,
-                           scale: float, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-                           sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                       torch.Tensor]:
-    """(dq, dk, dv, dsinks) from the forward's base-2 lse2 (..., seq_q); dsinks is empty, (0,), without
-    sinks (an op returns tensors only)."""
-    grads = backward_base2(q, k, v, out, lse2, dout.contiguous(), causal=causal, scale=scale, dlse=dlse,
-                           window=_window(window_left, window_right), softcap=softcap or None, sinks=sinks)
+                           lse2: torch.Tensor, dout: torch.Tensor, dlse: torch.Tensor, numbers: list[float],
+                           tensors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                 list[torch.Tensor]]:
+    """(dq, dk, dv, the gradients of the options' tensors) from the forward's base-2 lse2 (..., seq_q)."""
+    grads = _backward(q, k, v, out, lse2, dout.contiguous(), Options.from_op(numbers, tensors), dlse)
     dq, dk, dv = (g.contiguous() for g in grads[:3])
-    return dq, dk, dv, grads[3] if sinks is not None else q.new_empty(0)
+    return dq, dk, dv, _held_grads(grads, tensors)
 
 
 @_attention_backward_op.register_fake
-def _(q, k, v, out, lse2, dout, dlse, causal, scale, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
-    dsinks = q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+def _(q, k, v, out, lse2, dout, dlse, numbers, tensors):
+    return _fake_grads(q, k, v, tensors)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, *options, sinks = inputs
+    q, k, v, numbers, tensors = inputs
     out, lse, column = output
     ctx.mark_non_differentiable(column)
-    save(ctx, q, k, v, out, lse, column, sinks)  # never the (seq_q, seq_k) probabilities
-    ctx.options = options  # causal, scale, window_left, window_right, softcap
+    save(ctx, q, k, v, out, lse, column, *tensors)  # never the (seq_q, seq_k) probabilities
+    ctx.numbers = numbers
 
 
-def _backward(ctx, dout, dlse, _):
-    q, k, v, out, lse, column, sinks = saved(ctx)
+def _backward_op(ctx, dout, dlse, _):
+    q, k, v, out, lse, column, *tensors = saved(ctx)
     if dout is None:
         dout = torch.zeros_like(out)
     if dlse is None:
         dlse = torch.zeros_like(lse)
-    dq, dk, dv, dsinks = _attention_backward_op(q, k, v, out, column.squeeze(-1), dout, dlse, *ctx.options, sinks)
-    return dq, dk, dv, *(None,) * len(ctx.options), dsinks if sinks is not None else None
+    dq, dk, dv, dtensors = _attention_backward_op(q, k, v, out, column.squeeze(-1), dout, dlse, ctx.numbers,
+                                                  tensors)
+    return dq, dk, dv, None, list(dtensors)
 
 
-_attention_op.register_autograd(_backward, setup_context=_setup_context)
+_attention_op.register_autograd(_backward_op, setup_context=_setup_context)
 
 
 @torch.compiler.disable
-def _eager(q, k, v, causal, scale, variant, sinks=None):
+def _eager(q, k, v, options: Options):
     """A mask or score function is Python code, not an op argument: the teaching kernels' autograd
     Function, eagerly (with the tensors a score function captures as its inputs, for their gradients)."""
     cfg = teaching.resolve_config(FN, q, None)
-    return teaching.AttentionFunction.apply(q, k, v, causal, scale, cfg, variant, sinks,
-                                            *teaching.captured_inputs(variant, q, k, FN))
+    return teaching.AttentionFunction.apply(q, k, v, cfg, options, *options.tensors,
+                                            *teaching.captured_inputs(options, q, k, FN))
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
@@ -217,28 +229,26 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     Works inside ``torch.compile(fullgraph=True)`` and ``torch.export`` with every option but
     ``score_mod``, ``mask_mod`` and ``block_mask``, which run eagerly (a graph break).
     """
-    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
-    causal, window, mask_mod = with_block_mask(FN, q, k, causal, window, mask_mod, block_mask)
-    variant = check_variant(FN, window, softcap, mask_mod, block_mask, score_mod)
+    options = check_options(FN, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                            mask_mod=mask_mod, block_mask=block_mask, sinks=sinks, score_mod=score_mod)
     check_kernel_inputs(FN, q)
-    check_sinks(FN, sinks, q.shape[-3] if q.ndim >= 3 else 1, q.device)
-    if variant.mask_mod is not None or variant.score_mod is not None:
-        out, lse = _eager(q, k, v, causal, scale, variant, sinks)
+    if options.functions:
+        out, lse = _eager(q, k, v, options)
     else:
-        out, lse, _ = _attention_op(q, k, v, causal, scale, *variant.window, variant.softcap, sinks)
+        out, lse, _ = _attention_op(q, k, v, options.op_numbers(), options.tensors)
     return (out, lse) if return_lse else out
 
 
 # ----- packed sequences -----------------------------------------------------------------------
 
 @torch.compiler.disable
-def _varlen_eager(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, variant, sinks):
+def _varlen_eager(q, k, v, cu_q, cu_k, max_q, max_k, options: Options):
     """With a score function: the packed kernels' autograd Function, eagerly, the lengths checked here."""
     check_varlen_values(VARLEN_FN, q, k, cu_q, cu_k, max_q, max_k)
     batch, heads = cu_q.shape[0] - 1, q.shape[1]
-    captured = teaching.captured_inputs(variant, q.new_empty(batch, heads, max_q, 0), k.new_empty(1, 1, max_k, 0),
+    captured = teaching.captured_inputs(options, q.new_empty(batch, heads, max_q, 0), k.new_empty(1, 1, max_k, 0),
                                         VARLEN_FN)
-    return packed.VarlenFunction.apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, variant, sinks, *captured)
+    return packed.VarlenFunction.apply(q, k, v, cu_q, cu_k, max_q, max_k, options, *options.tensors, *captured)
 
 
 def _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
@@ -253,20 +263,17 @@ def _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
 
 @torch.library.custom_op("flashlib::flash_attention_varlen", mutates_args=())
 def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-               cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float,
-               window_left: int, window_right: int, softcap: float,
-               sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, numbers: list[float],
+               tensors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, lse, lse2), the lses (heads, total_q) and (heads, total_q, 1), as flashlib::flash_attention's."""
     _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    variant = check_variant(VARLEN_FN, _window(window_left, window_right), softcap or None)
     out, lse2 = packed.varlen_forward_base2(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                            causal=causal, scale=scale, variant=variant, sinks=sinks)
+                                            Options.from_op(numbers, tensors))
     return (out.contiguous(), *teaching.save_lse(lse2.contiguous()))
 
 
 @_varlen_op.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left, window_right,
-      softcap, sinks=None):
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, numbers, tensors):
     rows = (q.shape[1], q.shape[0])
     return q.new_empty(q.shape), q.new_empty(rows, dtype=torch.float32), q.new_empty((*rows, 1), dtype=torch.float64)
 
@@ -274,39 +281,35 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, s
 @torch.library.custom_op("flashlib::flash_attention_varlen_backward", mutates_args=())
 def _varlen_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse2: torch.Tensor,
                         dout: torch.Tensor, dlse: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                        cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-                        scale: float, window_left: int, window_right: int, softcap: float,
-                        sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                    torch.Tensor]:
-    """(dq, dk, dv, dsinks) from the forward's base-2 lse2; dsinks is empty, (0,), without sinks."""
-    variant = check_variant(VARLEN_FN, _window(window_left, window_right), softcap or None)
-    dq, dk, dv, dsinks = packed.varlen_backward_base2(q, k, v, out, lse2, dout, cu_seqlens_q, cu_seqlens_k,
-                                                      max_seqlen_q, max_seqlen_k, causal=causal, scale=scale,
-                                                      variant=variant, dlse=dlse, sinks=sinks)
-    return dq.contiguous(), dk.contiguous(), dv.contiguous(), q.new_empty(0) if dsinks is None else dsinks
+                        cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, numbers: list[float],
+                        tensors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                              list[torch.Tensor]]:
+    """(dq, dk, dv, the gradients of the options' tensors) from the forward's base-2 lse2."""
+    grads = packed.varlen_backward_base2(q, k, v, out, lse2, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                         max_seqlen_k, Options.from_op(numbers, tensors), dlse=dlse)
+    dq, dk, dv = (g.contiguous() for g in grads[:3])
+    return dq, dk, dv, _held_grads(grads, tensors)
 
 
 @_varlen_backward_op.register_fake
-def _(q, k, v, out, lse2, dout, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-      window_left, window_right, softcap, sinks=None):
-    dsinks = q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+def _(q, k, v, out, lse2, dout, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, numbers, tensors):
+    return _fake_grads(q, k, v, tensors)
 
 
 def _varlen_setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, *options, sinks = inputs
+    q, k, v, cu_q, cu_k, max_q, max_k, numbers, tensors = inputs
     ctx.mark_non_differentiable(output[2])
-    save(ctx, q, k, v, *output, cu_q, cu_k, sinks)
-    ctx.options = options  # max_seqlen_q, max_seqlen_k, causal, scale, window_left, window_right, softcap
+    save(ctx, q, k, v, *output, cu_q, cu_k, *tensors)
+    ctx.numbers, ctx.lengths = numbers, (max_q, max_k)
 
 
 def _varlen_backward(ctx, dout, dlse, _):
-    q, k, v, out, lse, column, cu_q, cu_k, sinks = saved(ctx)
+    q, k, v, out, lse, column, cu_q, cu_k, *tensors = saved(ctx)
     dout = torch.zeros_like(out) if dout is None else dout.contiguous()
     dlse = torch.zeros_like(lse) if dlse is None else dlse
-    dq, dk, dv, dsinks = _varlen_backward_op(q, k, v, out, column.squeeze(-1), dout, dlse, cu_q, cu_k, *ctx.options,
-                                             sinks)
-    return dq, dk, dv, *(None,) * (2 + len(ctx.options)), dsinks if sinks is not None else None
+    dq, dk, dv, dtensors = _varlen_backward_op(q, k, v, out, column.squeeze(-1), dout, dlse, cu_q, cu_k,
+                                               *ctx.lengths, ctx.numbers, tensors)
+    return dq, dk, dv, None, None, None, None, None, list(dtensors)
 
 
 _varlen_op.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
@@ -340,18 +343,16 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     implementation, so eager and compiled calls raise the same errors (one transfer from the
     device per call; none while a CUDA graph is captured).
     """
-    scale, variant = packed.check_inputs(VARLEN_FN, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                         max_seqlen_k, causal=causal, scale=scale, window=window, softcap=softcap,
-                                         read_values=False, score_mod=score_mod)
-    # exact, and within the op's int64 arguments: no sequence is longer than its packed tensor, and a
-    # window side as wide as both sequences limits nothing (-1 stays -1)
+    options = packed.check_inputs(VARLEN_FN, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks,
+                                  score_mod=score_mod, read_values=False)
+    # exact, and within the op's numbers: no sequence is longer than its packed tensor, and a window
+    # side as wide as both sequences limits nothing (-1 stays -1)
     max_q, max_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
-    left, right = (min(side, max_q + max_k) for side in variant.window)
-    check_sinks(VARLEN_FN, sinks, q.shape[1], q.device)
-    if variant.score_mod is not None:
-        out, lse = _varlen_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, causal, scale,
-                                 variant._replace(window=(left, right)), sinks)
+    options = options._replace(window=tuple(min(side, max_q + max_k) for side in options.window))
+    if options.functions:
+        out, lse = _varlen_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, options)
     else:
-        out, lse, _ = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, causal, scale, left, right,
-                                 variant.softcap, sinks)
+        out, lse, _ = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, options.op_numbers(),
+                                 options.tensors)
     return (out, lse) if return_lse else out

@@ -9,6 +9,7 @@ and tile by tile (``tests/test_rules.py``).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import torch
@@ -126,6 +127,53 @@ def tile_kinds(visible, rows: int, cols: int, block_q: int, block_k: int) -> tor
     return torch.where(full.bool(), FULL, torch.where(seen.bool(), PARTIAL, SKIPPED)).to(torch.uint8)
 
 
+@dataclass(frozen=True)
+class BlockMask:
+    """A mask at tile granularity, as flex_attention's ``create_block_mask`` builds one: for each
+    (batch, head, query block, key tile) one of SKIPPED (no pair may attend: never computed),
+    PARTIAL (the mask is evaluated inside the tile) or FULL (every pair may attend).
+
+    kinds: uint8 (batch or 1, heads or 1, ceil(seq_q / block_q), ceil(seq_k / block_k)), a dim of
+    size 1 where the mask does not depend on the batch row or the head. rule: the mask it was
+    built from (:class:`Visibility`), which a kernel given the block mask applies."""
+
+    kinds: torch.Tensor
+    seq_q: int
+    seq_k: int
+    block_q: int
+    block_k: int
+    rule: Visibility = Visibility()
+
+    def coarsen(self, block_q: int, block_k: int) -> torch.Tensor:
+        """The kinds of (block_q, block_k) tiles, multiples of this mask's: FULL where all the tiles
+        inside are, SKIPPED where all are, PARTIAL otherwise; the same pairs, so exact."""
+        if (block_q, block_k) == (self.block_q, self.block_k):
+            return self.kinds
+        if block_q % self.block_q or block_k % self.block_k:
+            raise ValueError(f"argument 'block_mask' was built with ({self.block_q}, {self.block_k}) tiles; the "
+                             f"kernels' ({block_q}, {block_k}) tiles must be multiples of them: build it with "
+                             "a block_size that divides both")
+        fq, fk = block_q // self.block_q, block_k // self.block_k
+        rows, cols = self.kinds.shape[-2:]
+
+        def every(tiles):  # padding tiles hold no pair: neutral for both questions
+            tiles = F.pad(tiles, (0, -cols % fk, 0, -rows % fq), value=True)
+            return tiles.unflatten(3, (-1, fk)).unflatten(2, (-1, fq)).all(dim=5).all(dim=3)
+
+        full, skipped = every(self.kinds == FULL), every(self.kinds == SKIPPED)
+        return torch.where(full, FULL, torch.where(skipped, SKIPPED, PARTIAL)).to(torch.uint8)
+
+    def counts(self) -> dict:
+        """How many tiles of each kind, over every (batch, head) the kinds hold."""
+        return {name: int((self.kinds == kind).sum()) for name, kind in
+                (("skipped", SKIPPED), ("partial", PARTIAL), ("full", FULL))}
+
+    def by_key_tile(self) -> torch.Tensor:
+        """kinds as (batch or 1, heads or 1, key tiles, query blocks), contiguous: what a loop
+        over query blocks for one key tile (the dK/dV kernel) reads."""
+        return self.kinds.transpose(-1, -2).contiguous()
+
+
 # ----- score functions ---------------------------------------------------------------------------
 
 def scored(score_mod, s: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
@@ -176,6 +224,16 @@ class Scoring(NamedTuple):
             grads = torch.autograd.grad(self.modded(leaf, q0, k0), [leaf, *captured], grad_outputs=ds,
                                         allow_unused=True)
         return grads[0], list(grads[1:])
+
+
+# ----- softmax's backward ------------------------------------------------------------------------
+
+def softmax_delta(out: torch.Tensor, dout: torch.Tensor, dlse=None, dtype=torch.float32) -> torch.Tensor:
+    """delta = rowsum(dO * O) - dlse, (..., rows) in ``dtype``: the term of dS = P * (dP - delta), softmax's
+    Jacobian, from (..., rows, d) out and dout; d lse_i / d s_ij = p_ij, so a gradient of the lse
+    (..., rows) enters where delta does. (The kernels' Triton preprocess computes the same sum.)"""
+    delta = (dout.to(dtype) * out.to(dtype)).sum(-1)
+    return delta if dlse is None else delta - dlse.reshape(delta.shape).to(dtype)
 
 
 # ----- attention sinks -----------------------------------------------------------------------------

@@ -26,12 +26,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ._checks import (check_attention_inputs, check_block, check_loop, check_mask_mod, check_score_mod, check_sinks,
-                      check_softcap, check_window)
+from ._checks import check_block, check_loop, check_mask_mod, check_window
 from .dense import batch_and_heads, expand_kv, head_indices
-from .rules import (FULL, PARTIAL, SKIPPED, Scoring, Visibility, key_range_end, key_range_start,  # noqa: F401
+from .rules import (FULL, PARTIAL, SKIPPED, BlockMask, Scoring, Visibility, key_range_end, key_range_start,  # noqa: F401
                     query_range, tile_kinds)
-from .scores import softcap as softcap_score
+from .options import Options, check_options
 
 NEG_INF = float("-inf")
 
@@ -173,17 +172,6 @@ def canonical(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(*batch_and_heads(t.shape), *t.shape[-2:])
 
 
-def check_options(fn, q, k, v, *, causal, scale, window, softcap, mask_mod, sinks=None, score_mod=None):
-    """The checked :class:`Visibility` (which pairs attend) and :class:`Scoring` (how their scores are
-    made: the scale, the score function, soft-capping being one) of a call, and its sinks checked."""
-    scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True)
-    rule = Visibility(causal, check_window(fn, window), check_mask_mod(fn, mask_mod))
-    check_sinks(fn, sinks, q.shape[-3] if q.ndim >= 3 else 1, q.device)
-    score_mod = check_score_mod(fn, score_mod, softcap)
-    cap = check_softcap(fn, softcap)
-    return rule, Scoring(scale, score_mod or (softcap_score(cap) if cap else None))
-
-
 def tiled_forward(q, k, v, *, block_q=64, block_k=64, causal=False, scale=None, loop="query", window=None,
                   softcap=None, mask_mod=None, sinks=None, on_step: Callable | None = None, fn: str = "tiled_forward",
                   score_mod=None):
@@ -195,66 +183,24 @@ def tiled_forward(q, k, v, *, block_q=64, block_k=64, causal=False, scale=None, 
     traces use it. window, softcap, mask_mod, sinks, score_mod and grouped k, v: as
     :func:`flashlib.tiled_attention`.
     """
-    rule, scoring = check_options(fn, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                                  mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
-    block_q = check_block(fn, "block_q", block_q)
-    block_k = check_block(fn, "block_k", block_k)
-    loop = check_loop(fn, loop)
+    options = check_options(fn, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
+    tiles = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k), check_loop(fn, loop)
+    return forward_pass(q, k, v, options, tiles, on_step)
+
+
+def forward_pass(q, k, v, options: Options, tiles, on_step=None):
+    """:func:`tiled_forward` on checked options; tiles: (block_q, block_k, loop)."""
+    block_q, block_k, loop = tiles
     work = _compute_dtype(q.dtype)
     run = _query_major if loop == "query" else _key_major
     qc = canonical(q)
     kc, vc = (expand_kv(canonical(t), qc.shape[1]) for t in (k, v))  # query head h reads kv head h // group
-    out, lse = run(qc.to(work), kc.to(work), vc.to(work), block_q, block_k, rule, scoring, on_step,
-                   None if sinks is None else sinks.to(work))
+    sinks = options.sinks
+    out, lse = run(qc.to(work), kc.to(work), vc.to(work), block_q, block_k, options.visibility, options.scoring,
+                   on_step, None if sinks is None else sinks.to(work))
     out, lse = out.reshape(q.shape).to(q.dtype), lse.reshape(q.shape[:-1])
     return out, lse.float() if work != torch.float64 else lse
-
-
-@dataclass(frozen=True)
-class BlockMask:
-    """A mask at tile granularity, as flex_attention's ``create_block_mask`` builds one: for each
-    (batch, head, query block, key tile) one of SKIPPED (no pair may attend: never computed),
-    PARTIAL (the mask is evaluated inside the tile) or FULL (every pair may attend).
-
-    kinds: uint8 (batch or 1, heads or 1, ceil(seq_q / block_q), ceil(seq_k / block_k)), a dim of
-    size 1 where the mask does not depend on the batch row or the head. rule: the mask it was
-    built from (:class:`flashlib.rules.Visibility`), which a kernel given the block mask applies."""
-
-    kinds: torch.Tensor
-    seq_q: int
-    seq_k: int
-    block_q: int
-    block_k: int
-    rule: Visibility = Visibility()
-
-    def coarsen(self, block_q: int, block_k: int) -> torch.Tensor:
-        """The kinds of (block_q, block_k) tiles, multiples of this mask's: FULL where all the tiles
-        inside are, SKIPPED where all are, PARTIAL otherwise; the same pairs, so exact."""
-        if (block_q, block_k) == (self.block_q, self.block_k):
-            return self.kinds
-        if block_q % self.block_q or block_k % self.block_k:
-            raise ValueError(f"argument 'block_mask' was built with ({self.block_q}, {self.block_k}) tiles; the "
-                             f"kernels' ({block_q}, {block_k}) tiles must be multiples of them: build it with "
-                             "a block_size that divides both")
-        fq, fk = block_q // self.block_q, block_k // self.block_k
-        rows, cols = self.kinds.shape[-2:]
-
-        def every(tiles):  # padding tiles hold no pair: neutral for both questions
-            tiles = F.pad(tiles, (0, -cols % fk, 0, -rows % fq), value=True)
-            return tiles.unflatten(3, (-1, fk)).unflatten(2, (-1, fq)).all(dim=5).all(dim=3)
-
-        full, skipped = every(self.kinds == FULL), every(self.kinds == SKIPPED)
-        return torch.where(full, FULL, torch.where(skipped, SKIPPED, PARTIAL)).to(torch.uint8)
-
-    def counts(self) -> dict:
-        """How many tiles of each kind, over every (batch, head) the kinds hold."""
-        return {name: int((self.kinds == kind).sum()) for name, kind in
-                (("skipped", SKIPPED), ("partial", PARTIAL), ("full", FULL))}
-
-    def by_key_tile(self) -> torch.Tensor:
-        """kinds as (batch or 1, heads or 1, key tiles, query blocks), contiguous: what a loop
-        over query blocks for one key tile (the dK/dV kernel) reads."""
-        return self.kinds.transpose(-1, -2).contiguous()
 
 
 # a block mask is evaluated in chunks of query rows holding about this many pairs

@@ -70,9 +70,10 @@ def _kernel(s):
         sinks = {} if s.get("sinks") else dict(Sinks=None)  # a launch without sinks passes None
         return decode._decode_merge, dict(HEAD_DIM_PAD=d_pad, BLOCK_Q=block_q, **sinks), dict(num_warps=4, num_stages=1)
     cfg = decode.decode_config(s["head_dim"], getattr(torch, s["dtype"]), tuple(s["capability"]))
-    from flashlib.kernels.function import Variant, kernel_score
+    from flashlib.kernels.function import kernel_score
+    from flashlib.options import Options
 
-    score = kernel_score(Variant(softcap=30.0 if s["softcap"] else 0.0), "cpu")  # soft-capping: a score function
+    score = kernel_score(Options(softcap=30.0 if s["softcap"] else 0.0), "cpu")  # soft-capping: a score function
     constants = dict(HEAD_DIM_PAD=d_pad, BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
                      KEY_ROWS=decode._paged_rows if s["paged"] else decode._contiguous_rows,
                      SCORE_MOD=None if score is None else score.jit, ScoreData=None, INPUT_PRECISION="tf32")
@@ -134,10 +135,11 @@ def launch_path() -> dict:
     config = decode.decode_config(128, torch.bfloat16, (9, 0))
     with ahead.recording() as notes:
         decode.decode_forward(q, k, k, lengths, scale=0.1, num_splits=33, config=config)
-        from flashlib.kernels.function import Variant, kernel_score
+        from flashlib.kernels.function import kernel_score
+        from flashlib.options import Options
 
         decode.decode_forward(q, k_pages, k_pages, lengths, block_table=table, scale=0.1,
-                              score=kernel_score(Variant(softcap=30.0), "cpu"), window_left=256, num_splits=1,
+                              score=kernel_score(Options(softcap=30.0), "cpu"), window_left=256, num_splits=1,
                               config=config)
     compiled = ahead.compile_notes(notes, threads=2)
     # the decoding benchmark's own compiling ahead, for a few of its points and sweep items

@@ -25,7 +25,8 @@ if importlib.util.find_spec("triton") is None:  # the kernels need Triton (Linux
     pytest.skip("Triton ships Linux wheels only", allow_module_level=True)
 
 from flashlib.kernels import decode as kernels  # noqa: E402
-from flashlib.kernels.function import Variant, kernel_score
+from flashlib.kernels.function import kernel_score  # noqa: E402
+from flashlib.options import Options  # noqa: E402
 from tests.decode_compile import compile_decode, spec  # noqa: E402
 from tests.triton_versions import side_by_side, triton36_dir  # noqa: E402
 
@@ -119,7 +120,7 @@ def test_cache_bytes():
 
 def run_kernels(q, k, v, lengths, *, table=None, num_splits=None, block_k=16, **options):
     scale = options.get("scale") or 1 / math.sqrt(q.shape[-1])
-    score = kernel_score(Variant(softcap=options.get("softcap") or 0.0), q.device)  # soft-capping: a score function
+    score = kernel_score(Options(softcap=options.get("softcap") or 0.0), q.device)  # soft-capping: a score function
     return kernels.decode_forward(q, k, v, lengths, block_table=table, scale=scale, score=score,
                                   window_left=options.get("window", (-1, -1))[0], num_splits=num_splits,
                                   config=kernels.DecodeConfig(block_k, 4, 1))

@@ -167,7 +167,7 @@ ALLOWED = {"top level": {"top level", "kernels", "ladder"},  # the public op (fl
            "command line": {"top level", "kernels", "ladder", "course", "labs", "bench"}}
 REFERENCE = {"flashlib.dense", "flashlib.softmax", "flashlib.tiled", "flashlib.backward", "flashlib.iomodel",
              "flashlib.roofline", "flashlib._checks", "flashlib.rules", "flashlib._autograd", "flashlib.scores",
-             "flashlib.trace"}
+             "flashlib.trace", "flashlib.options"}
 
 
 def test_rooms_import_only_the_rooms_they_build_on():
@@ -182,8 +182,9 @@ def test_reference_modules_import_only_reference_modules():
     assert wrong == []
 
 
-# the options one Variant holds (flashlib.kernels.function.Variant): they travel in it, not one by one
-VARIANT_OPTIONS = {"window", "window_left", "window_right", "softcap", "mask_mod", "block_mask", "score_mod"}
+# every option of flashlib.options.Options (and the op's old spellings of the window)
+VARIANT_OPTIONS = {"causal", "scale", "window", "window_left", "window_right", "softcap", "mask_mod", "block_mask",
+                   "score_mod", "sinks"}
 
 
 def launchers_and_autograd_functions():
@@ -205,7 +206,7 @@ def launchers_and_autograd_functions():
 
 
 def test_no_launcher_or_autograd_function_names_an_individual_option():
-    """A new option is one field of the Variant: no launcher or autograd Function takes one by name."""
+    """A new option is one field of flashlib.options.Options: no launcher or autograd Function takes one by name."""
     found = launchers_and_autograd_functions()
     assert len(found) >= 10  # the launchers and Functions are found at all
     named = [(where, sorted(set(params) & VARIANT_OPTIONS)) for where, params in found

@@ -17,6 +17,7 @@ if importlib.util.find_spec("triton") is None:
 import flashlib  # noqa: E402
 from flashlib import causal_mask, flash_attention  # noqa: E402
 from flashlib.op import path_for  # noqa: E402
+from flashlib.options import Options  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests; tests/test_gpu.py covers CUDA")
 
@@ -101,7 +102,7 @@ def test_the_op_is_registered_with_its_fake():
 
     with FakeTensorMode() as mode:
         fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
-        out, lse, lse2 = torch.ops.flashlib.flash_attention(fq, fk, fv, False, 0.5)
+        out, lse, lse2 = torch.ops.flashlib.flash_attention(fq, fk, fv, Options(scale=0.5).op_numbers(), [])
     assert out.shape == q.shape and lse.shape == q.shape[:-1] and lse.dtype == torch.float32
     assert lse2.shape == (*q.shape[:-1], 1) and lse2.dtype == torch.float64  # the lse2 the backward reads: float64
 
@@ -180,21 +181,39 @@ def test_options_inside_torch_compile_fullgraph_give_the_eager_result():
         torch.testing.assert_close(c, e, atol=1e-6, rtol=1e-6, msg=name)
 
 
-def test_the_op_takes_window_and_softcap_and_fakes_grouped_shapes():
+def test_the_op_takes_its_options_as_one_list_of_numbers_and_one_of_tensors_and_fakes_grouped_shapes():
+    # the schema is the one place the options cross: a new option adds no argument to it
+    for op in (torch.ops.flashlib.flash_attention, torch.ops.flashlib.flash_attention_backward,
+               torch.ops.flashlib.flash_attention_varlen, torch.ops.flashlib.flash_attention_varlen_backward):
+        schema = str(op.default._schema)
+        assert "float[] numbers, Tensor[] tensors)" in schema, schema
+        assert not any(word in schema for word in ("causal", "scale", "window", "softcap", "sinks")), schema
     q, k, v = _grouped()
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    options = Options(True, 0.25, (4, 0), 30.0)
     with FakeTensorMode() as mode:
         fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
-        out, lse, lse2 = torch.ops.flashlib.flash_attention(fq, fk, fv, True, 0.25, 4, 0, 30.0)
-        dq, dk, dv, dsinks = torch.ops.flashlib.flash_attention_backward(fq, fk, fv, out, lse, out, lse, True, 0.25, 4,
-                                                                         0, 30.0)
+        out, lse, lse2 = torch.ops.flashlib.flash_attention(fq, fk, fv, options.op_numbers(), [])
+        dq, dk, dv, none = torch.ops.flashlib.flash_attention_backward(fq, fk, fv, out, lse, out, lse,
+                                                                       options.op_numbers(), [])
         fs = mode.from_tensor(torch.zeros(q.shape[1]))
-        *_, sink_grad = torch.ops.flashlib.flash_attention_backward(fq, fk, fv, out, lse, out, lse, True, 0.25, 4, 0,
-                                                                    30.0, fs)
+        with_sinks = options._replace(sinks=fs)
+        *_, (sink_grad,) = torch.ops.flashlib.flash_attention_backward(fq, fk, fv, out, lse, out, lse,
+                                                                       with_sinks.op_numbers(), with_sinks.tensors)
     assert out.shape == q.shape and lse.shape == q.shape[:-1] and dk.shape == k.shape and dv.shape == v.shape
     assert lse2.shape == (*q.shape[:-1], 1)  # the base-2 lse the backward reads
-    assert dsinks.shape == (0,) and sink_grad.shape == (q.shape[1],)  # no sinks: an empty gradient
+    assert none == [] and sink_grad.shape == (q.shape[1],)  # a gradient for each tensor the options hold
+
+
+def test_options_cross_the_schema_and_come_back_the_same():
+    sinks = torch.randn(3)
+    for options in (Options(), Options(True, 0.125, (7, -1), 2.5), Options(False, 3.0, (-1, 0), 0.0, sinks=sinks)):
+        back = Options.from_op(options.op_numbers(), options.tensors)
+        assert back._replace(sinks=None) == options._replace(sinks=None)
+        assert (back.sinks is None) == (options.sinks is None) and (back.sinks is None or back.sinks is sinks)
+    with pytest.raises(ValueError, match="Python code"):
+        Options(score_mod=lambda s, b, h, q, k: s).op_numbers()
 
 
 def test_a_mask_function_runs_eagerly_outside_the_op():

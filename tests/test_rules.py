@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flashlib
-from flashlib.kernels.function import Variant, kernel_score
+from flashlib.kernels.function import kernel_score  # noqa: E402
+from flashlib.options import Options  # noqa: E402
 from flashlib import rules
 from flashlib.kernels import attention
 from flashlib.kernels import rules as kr
@@ -122,7 +123,7 @@ def test_the_kernels_softcap_is_float32_rounding_from_float64(cap):
     x = torch.cat([torch.randn(288) * 30, torch.logspace(-8, 3, 112), -torch.logspace(-8, 3, 112)]).float()
     scale = 0.125
     out = torch.empty(512)
-    score = kernel_score(Variant(softcap=cap), "cpu")
+    score = kernel_score(Options(softcap=cap), "cpu")
     _softcap_kernel[(1,)](x, out, scale, scale * math.log2(math.e), score.jit, N=512)
     exact = cap * torch.tanh(x.double() * scale / cap) * math.log2(math.e)
     ulp = torch.finfo(torch.float32).eps

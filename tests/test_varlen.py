@@ -113,9 +113,10 @@ def test_padding_costs_no_flops(monkeypatch):
     q, k, v, cu_q, cu_k, max_q, max_k = _packed([64, 1, 0, 17], [64, 1, 5, 17])
     counter = DotCounter(monkeypatch)
     import flashlib.kernels.varlen as packed
+    from flashlib.options import Options
 
     with torch.no_grad():
-        packed.varlen_forward_base2(q, k, v, cu_q, cu_k, max_q, max_k, scale=0.1, config=cfg)
+        packed.varlen_forward_base2(q, k, v, cu_q, cu_k, max_q, max_k, Options(scale=0.1), config=cfg)
     per_head = 4 * 4 + 1 * 1 + 0 + 2 * 2  # tiles of each sequence alone: 64 x 64, 1 x 1, none, 17 x 17
     assert counter.calls == 2 * 4 * per_head  # two dots per tile, four heads
     assert flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k).shape == q.shape

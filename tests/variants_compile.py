@@ -92,29 +92,31 @@ def _launch(s):
 
     from flashlib.kernels import function, varlen
     from flashlib.kernels.config import default_config
+    from flashlib.options import checked_options
 
     dtype = getattr(torch, s["dtype"])
     cfg = default_config(s["head_dim"], dtype, tuple(s["capability"]))
     kv_heads, heads, seq, d = 2, 2 * s["group"], 512, s["head_dim"]
-    variant = function.check_variant("compile", s["window"], s["softcap"], _mask(s["mask"], seq),
-                                     score_mod=_score(s.get("score"), heads, seq))
+    options = checked_options("compile", heads, "cpu", causal=s["causal"], scale=0.1, window=s["window"],
+                              softcap=s["softcap"], mask_mod=_mask(s["mask"], seq),
+                              score_mod=_score(s.get("score"), heads, seq))
     if s["varlen"]:
         cu = torch.tensor([0, 200, 512], dtype=torch.int32)
         q, out, dout = (torch.zeros(seq, heads, d, dtype=dtype) for _ in range(3))
         k, v = (torch.zeros(seq, kv_heads, d, dtype=dtype) for _ in range(2))
         lse = torch.zeros(heads, seq)
-        varlen._launch_forward(q, k, v, cu, cu, 312, 312, s["causal"], 0.1, cfg, variant)
-        varlen._launch_backward(q, k, v, out, lse, dout, None, cu, cu, 312, 312, s["causal"], 0.1, cfg, variant)
+        varlen._launch_forward(q, k, v, cu, cu, 312, 312, cfg, options)
+        varlen._launch_backward(q, k, v, out, lse, dout, None, cu, cu, 312, 312, cfg, options)
         return
     q, out, dout = (torch.zeros(2 * heads, seq, d, dtype=dtype) for _ in range(3))  # (B*H, N, d), B = 2
     k, v = (torch.zeros(2 * kv_heads, seq, d, dtype=dtype) for _ in range(2))
     lse = torch.zeros(2 * heads, seq)
     shape = torch.Size((2, heads, seq, d))
     like = torch.empty(1).expand(shape)  # the (batch, heads, seq, d) shape, for the block mask
-    masks = function._masks(variant, s["causal"], like, seq, cfg.block_q, cfg.block_k, cfg)
-    function._launch_forward(q, k, v, s["causal"], 0.1, cfg, variant, heads, masks)
-    masks = function._masks(variant, s["causal"], like, seq, cfg.bwd_block_q, cfg.bwd_block_k, cfg, backward=True)
-    function._launch_backward(q, k, v, out, lse, dout, None, s["causal"], 0.1, cfg, variant, heads, masks)
+    masks = function._masks(options, like, seq, cfg.block_q, cfg.block_k)
+    function._launch_forward(q, k, v, cfg, options, heads, masks)
+    masks = function._masks(options, like, seq, cfg.bwd_block_q, cfg.bwd_block_k, backward=True)
+    function._launch_backward(q, k, v, out, lse, dout, None, cfg, options, heads, masks)
 
 
 def _compile_note(note, s) -> dict:

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 
 from .._checks import check_grid
+from ..options import Options
 from ._mode import interpreting
 from .config import LOG2E, head_dim_pad, lse_natural
 from .forward import _finish, _finite, _load_rows, _online_update, _scores, triton
@@ -294,13 +295,13 @@ def _check_offsets(q_rows, k_cache, v_cache, block_table, num_splits, block_q):
                ("num_splits", "batch x kv_heads", "query row blocks (query heads per kv head x new tokens)"))
 
 
-def _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_ml, scale, variant: dict,
+def _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_ml, options: Options, score,
                   new_tokens, num_splits, block_q, cfg, input_precision):
     """Stage 1 on q_rows (batch * kv_heads, rows, d); fills partial and partial_ml. Grid axis 1 holds
     batch x kv_heads and CUDA takes at most 65,535 (rules.row_chunks): a larger batch is launched in
     runs of whole sequences, on views of what the kernel indexes by sequence (its queries, lengths,
-    block table or contiguous cache, and partials). variant: the window's left side and the compiled
-    score function, {"window_left": int, "score": KernelScore or None}."""
+    block table or contiguous cache, and partials). options: the call's (flashlib.options: its scale and
+    the window's left side are read here); score: its score function compiled, or None."""
     bz, rows, d = q_rows.shape
     kv_heads = k_cache.shape[1]
     paged = block_table is not None
@@ -312,7 +313,7 @@ def _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial,
         k_run, v_run = (k_cache, v_cache) if paged else (k_cache[seqs], v_cache[seqs])
         grid = (num_splits, run.stop - run.start, triton.cdiv(rows, block_q))
         _decode_split[grid](q_rows[run], k_run, v_run, partial[parts], partial_ml[parts], lengths, table,
-                            scale * LOG2E, scale, variant["window_left"], q_rows.stride(0), q_rows.stride(1), k_cache.stride(0),
+                            options.scale * LOG2E, options.scale, options.window[0], q_rows.stride(0), q_rows.stride(1), k_cache.stride(0),
                             k_cache.stride(1), stride_kn=k_cache.stride(2), stride_vb=v_cache.stride(0),
                             stride_vh=v_cache.stride(1), stride_vn=v_cache.stride(2),
                             stride_table=table.stride(0) if paged else 0, stride_pz=partial.stride(0),
@@ -320,12 +321,14 @@ def _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial,
                             NEW_TOKENS=new_tokens, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[2],
                             HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
                             KEY_ROWS=_paged_rows if paged else _contiguous_rows, INPUT_PRECISION=input_precision,
-                            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **score_args(variant["score"]))
+                            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **score_args(score))
 
 
-def _launch_merge(partial, partial_ml, out, lse, num_splits, block_q, sinks=None, kv_heads=1, new_tokens=1):
-    """Stage 2; its grid's batch x kv_heads is on axis 0, which takes 2^31 - 1."""
+def _launch_merge(partial, partial_ml, out, lse, num_splits, block_q, options: Options, kv_heads=1, new_tokens=1):
+    """Stage 2; its grid's batch x kv_heads is on axis 0, which takes 2^31 - 1. The options' sinks
+    join as one more partial with no value."""
     bz, rows, d = out.shape
+    sinks = options.sinks
     with_sinks = {} if sinks is None else dict(Sinks=sinks.to(torch.float32).contiguous(), KV_HEADS=kv_heads,
                                                NEW_TOKENS=new_tokens)
     _decode_merge[(bz, triton.cdiv(rows, block_q))](
@@ -369,9 +372,10 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scal
     _check_offsets(q_rows, k_cache, v_cache, block_table, num_splits, block_q)
     partial = torch.empty(batch * kv_heads * num_splits, rows, d, dtype=torch.float32, device=q.device)
     partial_ml = torch.empty(batch * kv_heads * num_splits, rows, 2, dtype=torch.float32, device=q.device)
-    _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_ml, scale,
-                  dict(window_left=window_left, score=score), new_tokens, num_splits, block_q, cfg, input_precision)
+    options = Options(True, scale, (window_left, -1), sinks=sinks)  # the compiled score function travels beside
+    _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_ml, options, score,
+                  new_tokens, num_splits, block_q, cfg, input_precision)
     out = torch.empty_like(q_rows)
     lse = torch.empty(batch * kv_heads, rows, dtype=torch.float32, device=q.device)
-    _launch_merge(partial, partial_ml, out, lse, num_splits, block_q, sinks, kv_heads, new_tokens)
+    _launch_merge(partial, partial_ml, out, lse, num_splits, block_q, options, kv_heads, new_tokens)
     return out.reshape(q.shape), lse_natural(lse).reshape(q.shape[:-1])  # base 2 until here

@@ -10,18 +10,16 @@ the same launch conventions.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
 
 import torch
 
 from .._autograd import save, saved
-from .._checks import check_attention_inputs, check_mask_mod, check_score_mod, check_sinks, check_softcap, check_window
 from ..dense import batch_and_heads, expand_kv, head_indices
-from ..rules import Visibility
-from ..scores import captured_grads, softcap as softcap_score, trainable
-from ..rules import PARTIAL, sink_grad
+from ..options import Options, check_options
+from ..scores import captured_grads, trainable
+from ..rules import PARTIAL, sink_grad, softmax_delta
 from ..softmax import merge_sink
-from ..tiled import BlockMask, block_mask
+from ..tiled import block_mask
 from ._mode import interpreting
 from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess, triton
 from .config import LOG2E, FlashConfig, default_config, head_dim_pad, lse_base2, lse_natural
@@ -90,72 +88,14 @@ def empty_result(q: torch.Tensor):
     return torch.zeros_like(q), lse
 
 
-class Variant(NamedTuple):
-    """The options beyond the causal rule, checked: a window (-1: no limit on a side), a soft-cap
-    (0.0: none), a mask function (flashlib.masks), the block mask built from them once
-    (flashlib.masks.create_block_mask), if one was passed, and a score function (flashlib.scores)."""
-
-    window: tuple[int, int] = (-1, -1)
-    softcap: float = 0.0
-    mask_mod: Callable | None = None
-    block_mask: BlockMask | None = None
-    score_mod: Callable | None = None
-
-    @property
-    def score_function(self) -> Callable | None:
-        """The score function the kernels compile: score_mod, or soft-capping as one, or None."""
-        return self.score_mod or (softcap_score(self.softcap) if self.softcap else None)
-
-    @property
-    def masked(self) -> bool:
-        """A window or a mask function: the kernels take their mask path (MASK_MOD set)."""
-        return self.window != (-1, -1) or self.mask_mod is not None
-
-    def options(self) -> dict:
-        """The keyword arguments that give this variant again (softcap None for none)."""
-        return dict(window=self.window, softcap=self.softcap or None, mask_mod=self.mask_mod,
-                    block_mask=self.block_mask, score_mod=self.score_mod)
+DEFAULT = Options()
 
 
-DEFAULT = Variant()
-
-
-def check_variant(fn: str, window=None, softcap=None, mask_mod=None, block_mask=None, score_mod=None) -> Variant:
-    variant = Variant(check_window(fn, window), check_softcap(fn, softcap), check_mask_mod(fn, mask_mod),
-                      score_mod=check_score_mod(fn, score_mod, softcap))
-    return variant if block_mask is None else variant._replace(block_mask=block_mask)
-
-
-def kernel_score(variant: Variant, device, *, batch=None, heads=None, seq_q=None, seq_k=None):
-    """The variant's score function compiled for the kernels (:mod:`flashlib.kernels.scorefn`), for
+def kernel_score(options: Options, device, *, batch=None, heads=None, seq_q=None, seq_k=None):
+    """The options' score function compiled for the kernels (:mod:`flashlib.kernels.scorefn`), for
     indices within these sizes; None without one."""
-    fn = variant.score_function
+    fn = options.score_function
     return None if fn is None else compile_score(FN, fn, device, score_bounds(batch, heads, seq_q, seq_k))
-
-
-def with_block_mask(fn: str, q, k, causal: bool, window, mask_mod, block_mask):
-    """(causal, window, mask_mod) of a call given a block mask: the block mask's rule, which the call's
-    own options may repeat but not change; the call's own without one."""
-    if block_mask is None:
-        return causal, window, mask_mod
-    if not isinstance(block_mask, BlockMask):
-        raise TypeError(f"{fn}: argument 'block_mask' must be a flashlib BlockMask (flashlib.masks.create_block_mask),"
-                        f" got {type(block_mask).__name__}")
-    rule = block_mask.rule
-    window_differs = window is not None and check_window(fn, window) != rule.window
-    given = dict(causal=causal and not rule.causal, window=window_differs,
-                 mask_mod=mask_mod is not None and mask_mod is not rule.mask_mod)
-    for name, differs in given.items():
-        if differs:
-            raise ValueError(f"{fn}: argument '{name}' differs from the block mask's ({getattr(rule, name)!r}); the "
-                             f"block mask carries the mask: pass {name} to create_block_mask, not to this call")
-    batch, heads = batch_and_heads(q.shape)
-    seen = (block_mask.seq_q, block_mask.seq_k, *block_mask.kinds.shape[:2])
-    if seen[:2] != (q.shape[-2], k.shape[-2]) or seen[2] not in (1, batch) or seen[3] not in (1, heads):
-        raise ValueError(f"{fn}: argument 'block_mask' was built for (batch {seen[2]}, heads {seen[3]}, seq_q "
-                         f"{seen[0]}, seq_k {seen[1]}) but the call has ({batch}, {heads}, {q.shape[-2]}, "
-                         f"{k.shape[-2]}); build it for these shapes (batch and heads may be 1)")
-    return rule.causal, rule.window, rule.mask_mod
 
 
 # ----- mask functions, compiled into the kernels ------------------------------------------------
@@ -167,16 +107,16 @@ def kernel_mask(mask_mod, device="cpu"):
     return compile_mask(FN, mask_mod, device).jit
 
 
-def _kinds(variant: Variant, causal, batch, heads, seq_q, seq_k, block_q, block_k, device):
+def _kinds(options: Options, batch, heads, seq_q, seq_k, block_q, block_k, device):
     """The block mask's kinds for these tiles (flashlib.masks.block_mask), (B or 1, H or 1, query
     blocks, key tiles); for a window alone, every tile partial: its key range skips the rest."""
-    if variant.mask_mod is None:
+    if options.mask_mod is None:
         shape = (1, 1, triton.cdiv(seq_q, block_q), triton.cdiv(seq_k, block_k))
         return torch.full(shape, PARTIAL, dtype=torch.uint8, device=device)
-    if variant.block_mask is not None:  # built once, by the caller
-        return variant.block_mask.coarsen(block_q, block_k).to(device)
-    return block_mask(seq_q, seq_k, block_q=block_q, block_k=block_k, causal=causal, window=variant.window,
-                      mask_mod=variant.mask_mod, batch=batch, heads=heads, device=device).kinds
+    if options.block_mask is not None:  # built once, by the caller
+        return options.block_mask.coarsen(block_q, block_k).to(device)
+    return block_mask(seq_q, seq_k, block_q=block_q, block_k=block_k, causal=options.causal, window=options.window,
+                      mask_mod=options.mask_mod, batch=batch, heads=heads, device=device).kinds
 
 
 def rows_of_16(kinds: torch.Tensor) -> torch.Tensor:
@@ -189,7 +129,7 @@ def rows_of_16(kinds: torch.Tensor) -> torch.Tensor:
     return padded[..., :tiles]
 
 
-def variant_args(variant: Variant, *, group: int = 1, heads: int = 1, kinds=None, data=None, sinks=None,
+def variant_args(options: Options, *, group: int = 1, heads: int = 1, kinds=None, data=None, sinks=None,
                  score=None) -> dict:
     """The keyword arguments a kernel launch adds for grouped heads and the variants (none for the
     defaults, so that their launch is the one it always was). kinds: (B or 1, H or 1, rows,
@@ -198,13 +138,13 @@ def variant_args(variant: Variant, *, group: int = 1, heads: int = 1, kinds=None
     sinks: the forward's attention sinks (H,), float32 contiguous, or None; score: the score
     function compiled (:func:`kernel_score`), or None."""
     args = {}
-    if group > 1 or variant.mask_mod is not None or sinks is not None or score is not None:
+    if group > 1 or options.mask_mod is not None or sinks is not None or score is not None:
         args.update(GROUP=group, HEADS=heads)  # the kernels tell mask and score functions the head
     if sinks is not None:
         args.update(Sinks=sinks)
     args.update(score_args(score))
-    if variant.masked:
-        left, right = variant.window
+    if options.masked:
+        left, right = options.window
         args.update(window_left=left, window_right=right, MaskData=None if data is None else data.data, Tiles=kinds,
                     stride_tb=kinds.stride(0) if kinds.shape[0] > 1 else 0,
                     stride_th=kinds.stride(1) if kinds.shape[1] > 1 else 0, stride_tr=kinds.stride(2),
@@ -214,10 +154,9 @@ def variant_args(variant: Variant, *, group: int = 1, heads: int = 1, kinds=None
 
 # ----- launchers ------------------------------------------------------------------------------
 
-def _launch_forward(q, k, v, causal, scale, cfg, variant=DEFAULT, heads=1, masks=None, sinks=None):
+def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None):
     """q: (B*H, seq_q, d), k, v: (B*H_kv, seq_k, d). Returns out (B*H, seq_q, d) and lse2 (B*H, seq_q)
-    float64, in base 2. heads: H (query heads per batch row); masks: (kinds, data) for the mask path;
-    sinks: (H,)."""
+    float64, in base 2. heads: H (query heads per batch row); masks: (kinds, data) for the mask path."""
     from .rules import row_chunks
 
     bh, seq_q, d = q.shape
@@ -225,21 +164,22 @@ def _launch_forward(q, k, v, causal, scale, cfg, variant=DEFAULT, heads=1, masks
     out = torch.empty_like(q)
     lse = torch.empty(bh, seq_q, dtype=torch.float64, device=q.device)  # float64: forward._finish says why
     kinds, data = masks or (None, None)
-    score = kernel_score(variant, q.device, batch=bh // heads, heads=heads, seq_q=seq_q, seq_k=k.shape[1])
-    options = dict(HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, CAUSAL=causal,
-                   INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                   **variant_args(variant, group=group, heads=heads, kinds=kinds, data=data, sinks=_sinks32(sinks),
-                                  score=score))
+    causal, scale, sinks = options.causal, options.scale, options.sinks
+    score = kernel_score(options, q.device, batch=bh // heads, heads=heads, seq_q=seq_q, seq_k=k.shape[1])
+    switches = dict(HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, CAUSAL=causal,
+                    INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                    **variant_args(options, group=group, heads=heads, kinds=kinds, data=data, sinks=_sinks32(sinks),
+                                   score=score))
     if score is not None:
-        options.update(scale=scale)  # a score function gets the natural scaled score
+        switches.update(scale=scale)  # a score function gets the natural scaled score
     # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where the
     # kernel is told the head (masks, sinks and score functions)
-    for rows in row_chunks(bh, heads if variant.masked or sinks is not None or score is not None else group):
+    for rows in row_chunks(bh, heads if options.masked or sinks is not None or score is not None else group):
         kv = slice(rows.start // group, rows.stop // group)
         _attn_fwd[(triton.cdiv(seq_q, cfg.block_q), rows.stop - rows.start)](
             q[rows], k[kv], v[kv], out[rows], lse[rows], scale * LOG2E,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            out.stride(0), out.stride(1), seq_q, k.shape[1], d, ROW0=rows.start, **options)
+            out.stride(0), out.stride(1), seq_q, k.shape[1], d, ROW0=rows.start, **switches)
     return out, lse
 
 
@@ -259,8 +199,7 @@ def preprocess(out, dout, dlse, cfg, heads_first: bool = False):
     return delta
 
 
-def _launch_backward(q, k, v, out, lse, dout, dlse, causal, scale, cfg, variant=DEFAULT, heads=1, masks=None,
-                     sinks=None):
+def _launch_backward(q, k, v, out, lse, dout, dlse, cfg, options=DEFAULT, heads=1, masks=None):
     """All (B*H or B*H_kv, seq, d) but lse (base 2, as the forward wrote it) and dlse (of the
     natural lse) (B*H, seq_q); dlse may be None. Returns dq, dk, dv
     and dsinks (None without sinks). masks: (kinds by query block, kinds by key tile, data) for the
@@ -269,6 +208,7 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, causal, scale, cfg, variant=
 
     bh, seq_q, d = q.shape
     seq_k = k.shape[1]
+    causal, scale, sinks = options.causal, options.scale, options.sinks
     delta = preprocess(out, dout, dlse, cfg)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     common = dict(HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k, CAUSAL=causal,
@@ -276,9 +216,9 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, causal, scale, cfg, variant=
                   num_stages=cfg.bwd_num_stages)
     by_query, by_key, data = masks or (None, None, None)
     group = bh // k.shape[0]
-    score = kernel_score(variant, q.device, batch=bh // heads, heads=heads, seq_q=seq_q, seq_k=seq_k)
-    told = variant.masked or score is not None  # the kernels tell the batch and head: launches from a batch's first
-    by_key = _block_h(variant_args(variant, group=group, heads=heads, kinds=by_key, data=data, score=score))
+    score = kernel_score(options, q.device, batch=bh // heads, heads=heads, seq_q=seq_q, seq_k=seq_k)
+    told = options.masked or score is not None  # the kernels tell the batch and head: launches from a batch's first
+    by_key = _block_h(variant_args(options, group=group, heads=heads, kinds=by_key, data=data, score=score))
     # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where masked
     for kv in row_chunks(k.shape[0], heads // group if told else 1):
         rows = slice(kv.start * group, kv.stop * group)  # the query heads that read these kv heads
@@ -296,7 +236,7 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, causal, scale, cfg, variant=
                                                                                   stride_dvn=dv.stride(1), SEQ_Q=seq_q,
                                                                                   SEQ_K=seq_k, HEAD_DIM=d,
                                                                                   ROW0=kv.start, **common, **by_key)
-    by_query = variant_args(variant, group=group, heads=heads, kinds=by_query, data=data, score=score)
+    by_query = variant_args(options, group=group, heads=heads, kinds=by_query, data=data, score=score)
     for rows in row_chunks(bh, heads if told else group):
         kv = slice(rows.start // group, rows.stop // group)
         _attn_bwd_dq[(triton.cdiv(seq_q, cfg.bwd_block_q), rows.stop - rows.start)](q[rows], k[kv], v[kv], dout[rows],
@@ -325,17 +265,17 @@ def _block_h(args: dict) -> dict:
     return args
 
 
-def _masks(variant, causal, q, seq_k, block_q, block_k, cfg, backward=False):
+def _masks(options: Options, q, seq_k, block_q, block_k, backward=False):
     """(kinds, data) of a forward launch, or (kinds by query block, kinds by key tile, data) of a
     backward one, for q (..., H, seq_q, d); None without a window or mask function."""
-    if not variant.masked:
+    if not options.masked:
         return None
     batch, heads = batch_and_heads(q.shape)
     # traced before the block mask evaluates it: a construct the kernels cannot compile is named by
     # the trace, not by PyTorch's error on index tensors
     bounds = symbol_bounds(batch, heads, q.shape[-2], seq_k)
-    data = None if variant.mask_mod is None else compile_mask(FN, variant.mask_mod, q.device, bounds)
-    kinds = _kinds(variant, causal, batch, heads, q.shape[-2], seq_k, block_q, block_k, q.device)
+    data = None if options.mask_mod is None else compile_mask(FN, options.mask_mod, q.device, bounds)
+    kinds = _kinds(options, batch, heads, q.shape[-2], seq_k, block_q, block_k, q.device)
     if backward:
         return rows_of_16(kinds), rows_of_16(kinds.transpose(-1, -2)), data
     return rows_of_16(kinds), data
@@ -346,10 +286,6 @@ def _sinks32(sinks):
     return None if sinks is None else sinks.detach().to(torch.float32).contiguous()
 
 
-def _heads(q) -> int:
-    return q.shape[-3] if q.ndim >= 3 else 1
-
-
 def forward(q, k, v, **options):
     """The teaching forward without autograd: (out, lse), lse (..., seq_q) float32 (natural log),
     -inf for rows that see no key. Same arguments and conventions as :func:`attention`."""
@@ -357,25 +293,25 @@ def forward(q, k, v, **options):
     return out, lse_natural(lse2)
 
 
-def forward_base2(q, k, v, *, causal=False, scale=None, window=None, softcap=None, mask_mod=None, block_mask=None,
-                  config=None, fn=FN, sinks=None, score_mod=None):
+def forward_base2(q, k, v, *, config=None, fn=FN, **keywords):
     """:func:`forward` with the lse in base 2, as the kernels keep it for the backward: float64
-    (:func:`flashlib.kernels.forward._finish` says why)."""
-    scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True)
-    sinks = check_sinks(fn, sinks, _heads(q), q.device)
-    causal, window, mask_mod = with_block_mask(fn, q, k, causal, window, mask_mod, block_mask)
-    variant = check_variant(fn, window, softcap, mask_mod, block_mask, score_mod)
+    (:func:`flashlib.kernels.forward._finish` says why). keywords: the options of :func:`attention`."""
+    options = check_options(fn, q, k, v, **keywords)
     check_kernel_inputs(fn, q)
-    cfg = resolve_config(fn, q, config)
+    return forward_pass(q, k, v, options, resolve_config(fn, q, config))
+
+
+def forward_pass(q, k, v, options: Options, cfg: FlashConfig):
+    """:func:`forward_base2` on checked inputs and options (flashlib.options)."""
+    sinks = options.sinks
     if q.numel() == 0 or (q.shape[-2] > 0 and k.shape[-2] == 0 and sinks is None):
         out, lse = empty_result(q)
         return out, lse.double()
     if k.shape[-2] == 0:  # nothing to attend to but the sinks: out = 0, lse = sink
         out, lse = merge_sink(*empty_result(q), sinks)
         return out, lse_base2(lse).double()
-    masks = _masks(variant, causal, q, k.shape[-2], cfg.block_q, cfg.block_k, cfg)
-    out, lse = _launch_forward(flat(q), flat(k), flat(v), causal, scale, cfg, variant, batch_and_heads(q.shape)[1],
-                               masks, sinks)
+    masks = _masks(options, q, k.shape[-2], cfg.block_q, cfg.block_k)
+    out, lse = _launch_forward(flat(q), flat(k), flat(v), cfg, options, batch_and_heads(q.shape)[1], masks)
     return out.reshape(q.shape), lse.reshape(q.shape[:-1])
 
 
@@ -387,25 +323,26 @@ def backward(q, k, v, out, lse, dout, **options):
     return backward_base2(q, k, v, out, lse_base2(lse), dout, **options)
 
 
-def backward_base2(q, k, v, out, lse2, dout, *, causal=False, scale=None, window=None, softcap=None, mask_mod=None,
-                   block_mask=None, config=None, dlse=None, sinks=None, score_mod=None):
+def backward_base2(q, k, v, out, lse2, dout, *, config=None, dlse=None, **keywords):
     """:func:`backward` from the forward's base-2 lse, :func:`forward_base2`'s."""
-    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
-    sinks = check_sinks(FN, sinks, _heads(q), q.device)
-    causal, window, mask_mod = with_block_mask(FN, q, k, causal, window, mask_mod, block_mask)
-    variant = check_variant(FN, window, softcap, mask_mod, block_mask, score_mod)
-    cfg = resolve_config(FN, q, config)
+    options = check_options(FN, q, k, v, **keywords)
+    return backward_pass(q, k, v, out, lse2, dout, options, resolve_config(FN, q, config), dlse)
+
+
+def backward_pass(q, k, v, out, lse2, dout, options: Options, cfg: FlashConfig, dlse=None):
+    """:func:`backward_base2` on checked options: (dq, dk, dv), and dsinks after them with sinks."""
+    sinks = options.sinks
     if out.numel() == 0 or k.shape[-2] == 0:
         zeros = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         if sinks is None:
             return zeros
-        delta = (dout.float() * out.float()).sum(-1) - (0 if dlse is None else dlse.float())
+        delta = softmax_delta(out, dout, dlse)
         return *zeros, sink_grad(sinks, lse_natural(lse2), delta)  # rows with no key still give the sink a share
     seq_q = q.shape[-2]
-    masks = _masks(variant, causal, q, k.shape[-2], cfg.bwd_block_q, cfg.bwd_block_k, cfg, backward=True)
+    masks = _masks(options, q, k.shape[-2], cfg.bwd_block_q, cfg.bwd_block_k, backward=True)
     dq, dk, dv, dsinks = _launch_backward(flat(q), flat(k), flat(v), flat(out), lse2.reshape(-1, seq_q), flat(dout),
-                                          None if dlse is None else dlse.reshape(-1, seq_q).float(), causal, scale,
-                                          cfg, variant, batch_and_heads(q.shape)[1], masks, sinks)
+                                          None if dlse is None else dlse.reshape(-1, seq_q).float(), cfg, options,
+                                          batch_and_heads(q.shape)[1], masks)
     grads = dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
     return grads if sinks is None else (*grads, dsinks)
 
@@ -417,16 +354,16 @@ def save_lse(lse2):
     return lse_natural(lse2), lse2.unsqueeze(-1)
 
 
-def score_grads(q, k, v, out, lse, dout, dlse, causal, scale, variant: Variant, tensors):
-    """The gradients of the tensors the variant's score function captures (:func:`flashlib.scores.
+def score_grads(q, k, v, out, lse, dout, dlse, options: Options, tensors):
+    """The gradients of the tensors the options' score function captures (:func:`flashlib.scores.
     captured_grads`), from the forward's out and natural lse; q, k, v (..., heads, seq, d)."""
     batch, heads = batch_and_heads(q.shape)
     shape = (batch, heads, q.shape[-2])
     q4, out4, dout4 = (t.reshape(*shape, t.shape[-1]) for t in (q, out, dout))
     k4, v4 = (expand_kv(t.reshape(batch, -1, *t.shape[-2:]), heads) for t in (k, v))
-    delta = (dout4.float() * out4.float()).sum(-1) - (0 if dlse is None else dlse.reshape(shape).float())
+    delta = softmax_delta(out4, dout4, dlse)
     seq_q, seq_k = q.shape[-2], k.shape[-2]
-    rule = Visibility(causal, variant.window, variant.mask_mod)
+    rule = options.visibility
     b, h = head_indices(batch, heads, q.device)
     cols = torch.arange(seq_k, device=q.device)[None, :]
 
@@ -434,40 +371,42 @@ def score_grads(q, k, v, out, lse, dout, dlse, causal, scale, variant: Variant, 
         return None if rule.everything else rule.pairs(torch.arange(q0, q1, device=q.device)[:, None], cols, seq_q,
                                                         seq_k, b, h)
 
-    return captured_grads(variant.score_mod, tensors, q4, k4, v4, lse.reshape(shape), dout4, delta, scale=scale,
+    return captured_grads(options.score_mod, tensors, q4, k4, v4, lse.reshape(shape), dout4, delta, scale=options.scale,
                           visible_of=visible_of)
 
 
 class AttentionFunction(torch.autograd.Function):
-    """Saves (q, k, v, out, lse, lse2) — never the (seq_q, seq_k) probabilities. captured: the
-    tensors the score function reads that require grad, inputs so that autograd returns theirs."""
+    """Saves (q, k, v, out, lse, lse2) — never the (seq_q, seq_k) probabilities. options: the call's,
+    checked (flashlib.options); tensors: the options' tensors (Options.tensors), then those the score
+    function reads that require grad, inputs so that autograd returns their gradients."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, cfg, variant=DEFAULT, sinks=None, *captured):
-        out, lse2 = forward_base2(q, k, v, causal=causal, scale=scale, config=cfg, sinks=sinks, **variant.options())
+    def forward(ctx, q, k, v, cfg, options: Options, *tensors):
+        held = len(options.tensors)
+        options = options.with_tensors(tensors[:held])
+        out, lse2 = forward_pass(q, k, v, options, cfg)
         lse, column = save_lse(lse2)
-        save(ctx, q, k, v, out, lse, column, sinks, *captured)
-        ctx.causal, ctx.scale, ctx.cfg, ctx.variant = causal, scale, cfg, variant
+        save(ctx, q, k, v, out, lse, column, *tensors)
+        ctx.cfg, ctx.options, ctx.held = cfg, options, held
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, lse2, sinks, *captured = saved(ctx)
-        dq, dk, dv, *dsinks = backward_base2(q, k, v, out, lse2.squeeze(-1), dout, causal=ctx.causal, scale=ctx.scale,
-                                             config=ctx.cfg, dlse=dlse, sinks=sinks, **ctx.variant.options())
-        dcaptured = score_grads(q, k, v, out, lse, dout, dlse, ctx.causal, ctx.scale, ctx.variant,
-                                captured) if captured else []
-        return dq, dk, dv, None, None, None, None, *(dsinks or [None]), *dcaptured
+        q, k, v, out, lse, lse2, *tensors = saved(ctx)
+        options, captured = ctx.options.with_tensors(tensors[:ctx.held]), tensors[ctx.held:]
+        dq, dk, dv, *dheld = backward_pass(q, k, v, out, lse2.squeeze(-1), dout, options, ctx.cfg, dlse)
+        dcaptured = score_grads(q, k, v, out, lse, dout, dlse, options, captured) if captured else []
+        return dq, dk, dv, None, None, *dheld, *dcaptured
 
 
-def captured_inputs(variant: Variant, q, k, fn: str = FN) -> list:
+def captured_inputs(options: Options, q, k, fn: str = FN) -> list:
     """The tensors the score function reads that autograd must differentiate (none without one, or
     without grad mode). The function is traced either way: what cannot compile is refused here,
     naming fn, the op that was called."""
-    if variant.score_mod is None:
+    if options.score_mod is None:
         return []
     batch, heads = batch_and_heads(q.shape)
-    tensors = score_tensors(fn, variant.score_mod, score_bounds(batch, heads, q.shape[-2], k.shape[-2]))
+    tensors = score_tensors(fn, options.score_mod, score_bounds(batch, heads, q.shape[-2], k.shape[-2]))
     return trainable(tensors) if torch.is_grad_enabled() else []
 
 
@@ -508,11 +447,9 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, wind
     kernels run in Triton's CPU interpreter and take CPU tensors. The backward is
     deterministic: every program writes only its own rows of dq, dk or dv.
     """
-    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale, groups=True)
-    causal, window, mask_mod = with_block_mask(FN, q, k, causal, window, mask_mod, block_mask)
-    variant = check_variant(FN, window, softcap, mask_mod, block_mask, score_mod)
+    options = check_options(FN, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                            mask_mod=mask_mod, block_mask=block_mask, sinks=sinks, score_mod=score_mod)
     check_kernel_inputs(FN, q)
-    check_sinks(FN, sinks, _heads(q), q.device)
     cfg = resolve_config(FN, q, config)
-    out, lse = AttentionFunction.apply(q, k, v, causal, scale, cfg, variant, sinks, *captured_inputs(variant, q, k))
+    out, lse = AttentionFunction.apply(q, k, v, cfg, options, *options.tensors, *captured_inputs(options, q, k))
     return (out, lse) if return_lse else out

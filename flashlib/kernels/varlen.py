@@ -19,13 +19,14 @@ from __future__ import annotations
 import torch
 
 from .._autograd import save, saved
-from ..rules import PARTIAL, sink_grad
+from ..rules import PARTIAL, sink_grad, softmax_delta
 from ..varlen import check_varlen_inputs
 from .backward import _attn_bwd_dkdv_block, _attn_bwd_dq_block
 from .config import LOG2E, head_dim_pad, lse_natural
 from .forward import _attn_fwd_block, triton
 from .rules import _no_mask, row_chunks
-from .function import DEFAULT, Variant, check_kernel_inputs, check_variant, kernel_score, preprocess, resolve_config
+from ..options import Options, checked_options
+from .function import DEFAULT, check_kernel_inputs, kernel_score, preprocess, resolve_config
 from .scorefn import score_args
 
 import triton.language as tl  # noqa: E402  (after the kernels: they chose the interpreter mode)
@@ -131,13 +132,13 @@ def _strides(*tensors):
     return [s for t in tensors for s in (t.stride(0), t.stride(1))]
 
 
-def _variant_args(variant: Variant, tiles: int, device, score=None) -> tuple:
+def _variant_args(options: Options, tiles: int, device, score=None) -> tuple:
     """(Tiles, window_left, window_right) and the keyword arguments of a launch. A window takes
     the mask path with no mask function: its block mask row says "partial" for each of ``tiles``.
     score: the call's score function compiled (:func:`flashlib.kernels.function.kernel_score`)."""
-    left, right = variant.window
-    tiles_row = torch.full((max(tiles, 1),), PARTIAL, dtype=torch.uint8, device=device) if variant.masked else None
-    return (tiles_row, left, right), dict(MASK_MOD=_no_mask if variant.masked else None, **score_args(score))
+    left, right = options.window
+    tiles_row = torch.full((max(tiles, 1),), PARTIAL, dtype=torch.uint8, device=device) if options.masked else None
+    return (tiles_row, left, right), dict(MASK_MOD=_no_mask if options.masked else None, **score_args(score))
 
 
 def _batches(cu_seqlens_q, cu_seqlens_k, heads):
@@ -151,12 +152,13 @@ def _batches(cu_seqlens_q, cu_seqlens_k, heads):
         yield b1 - b0, cu_seqlens_q[b0:b1 + 1], cu_seqlens_k[b0:b1 + 1], b0
 
 
-def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, cfg, variant, sinks=None):
+def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, cfg, options: Options):
     total_q, heads, d = q.shape
+    causal, scale, sinks = options.causal, options.scale, options.sinks
     out = torch.empty_like(q)
     lse = torch.empty(heads, total_q, dtype=torch.float64, device=q.device)  # float64: forward._finish says why
-    score = kernel_score(variant, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k)
-    (tiles, left, right), switches = _variant_args(variant, triton.cdiv(max_k, cfg.block_k), q.device, score)
+    score = kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k)
+    (tiles, left, right), switches = _variant_args(options, triton.cdiv(max_k, cfg.block_k), q.device, score)
     if sinks is not None:
         switches.update(Sinks=sinks.detach().to(torch.float32).contiguous())
     for batch, cu_q_run, cu_k_run, b0 in _batches(cu_q, cu_k, heads):
@@ -170,24 +172,24 @@ def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, cfg, varia
     return out, lse
 
 
-def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, causal, scale, cfg, variant,
-                     sinks=None):
+def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, cfg, options: Options):
     total_q, heads, d = q.shape
+    causal, scale, sinks = options.causal, options.scale, options.sinks
     kv_heads, group = k.shape[1], heads // k.shape[1]
     # delta = rowsum(dO * O) in lse's (heads, total_q) layout: the dense preprocess on (heads, tokens, d) views
     delta = preprocess(out.transpose(0, 1), dout.transpose(0, 1), dlse, cfg)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     common = dict(HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k, CAUSAL=causal,
                   INPUT_PRECISION=cfg.input_precision, num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages)
-    score = kernel_score(variant, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k)
-    (tiles, left, right), switches = _variant_args(variant, triton.cdiv(max_q, cfg.bwd_block_q), q.device, score)
+    score = kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k)
+    (tiles, left, right), switches = _variant_args(options, triton.cdiv(max_q, cfg.bwd_block_q), q.device, score)
     for batch, cu_q_run, cu_k_run, b0 in _batches(cu_q, cu_k, kv_heads):
         if score is not None:
             switches.update(B0=b0)
         _attn_bwd_dkdv_varlen[(triton.cdiv(max_k, cfg.bwd_block_k), batch * kv_heads)](
             q, k, v, dout, dk, dv, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale,
             *_strides(q, k, v, dout, dk, dv), total_q, kv_heads, d, left, right, BLOCK_H=group, **common, **switches)
-    tiles, *_ = _variant_args(variant, triton.cdiv(max_k, cfg.bwd_block_k), q.device)[0]
+    tiles, *_ = _variant_args(options, triton.cdiv(max_k, cfg.bwd_block_k), q.device)[0]
     for batch, cu_q_run, cu_k_run, b0 in _batches(cu_q, cu_k, heads):
         if score is not None:
             switches.update(B0=b0)
@@ -203,10 +205,11 @@ def _contiguous_last_dim(t):
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def varlen_forward_base2(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale,
-                         variant: Variant = DEFAULT, config=None, sinks=None):
-    """(out (total_q, heads, d), lse2 (heads, total_q) float64, the lse in base 2) on inputs already
-    checked; sinks: (heads,)."""
+def varlen_forward_base2(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options: Options = DEFAULT,
+                         config=None):
+    """(out (total_q, heads, d), lse2 (heads, total_q) float64, the lse in base 2) on inputs and
+    options already checked (:func:`check_inputs`)."""
+    sinks = options.sinks
     cfg = resolve_config(VARLEN_FN, q, config)
     rows = (q.shape[1], q.shape[0])
     if q.numel() == 0 or max_seqlen_q == 0:  # no rows, or no heads
@@ -216,38 +219,39 @@ def varlen_forward_base2(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     q, k, v = (_contiguous_last_dim(t) for t in (q, k, v))
     # the cumulative lengths as the kernels read them: contiguous (a view such as t[::2] is copied)
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    return _launch_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, cfg,
-                           variant, sinks)
+    return _launch_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cfg, options)
 
 
-def varlen_backward_base2(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-                          causal=False, scale, variant: Variant = DEFAULT, config=None, dlse=None, sinks=None):
+def varlen_backward_base2(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          options: Options = DEFAULT, config=None, dlse=None):
     """(dq, dk, dv, dsinks) of :func:`varlen_forward_base2` from its base-2 lse, recomputing P tile by
     tile (dsinks None without sinks); dlse: an optional gradient with respect to the natural lse
     (heads, total_q)."""
     cfg = resolve_config(VARLEN_FN, q, config)
+    sinks = options.sinks
     if q.numel() == 0 or k.numel() == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
         dsinks = None
         if sinks is not None:  # rows with no key still give the sink a share
-            delta = (dout.float() * out.float()).sum(-1).transpose(0, 1) - (0 if dlse is None else dlse.float())
+            delta = softmax_delta(out.transpose(0, 1), dout.transpose(0, 1), dlse)
             dsinks = sink_grad(sinks, lse_natural(lse), delta)
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsinks
     q, k, v, out, dout = (_contiguous_last_dim(t) for t in (q, k, v, out, dout))
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     return _launch_backward(q, k, v, out, lse.contiguous(), dout, None if dlse is None else dlse.float(),
-                            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, cfg, variant, sinks)
+                            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cfg, options)
 
 
-def check_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale, window,
-                 softcap, read_values: bool = True, score_mod=None):
-    """Everything a packed call's arguments say: (scale, Variant)."""
+def check_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
+                 window=None, softcap=None, sinks=None, score_mod=None, read_values: bool = True) -> Options:
+    """Everything a packed call's arguments say, checked once: its Options."""
     scale = check_varlen_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                                 scale=scale, window=window, softcap=softcap, read_values=read_values)
     check_kernel_inputs(fn, q)
-    return scale, check_variant(fn, window, softcap, score_mod=score_mod)
+    return checked_options(fn, q.shape[1], q.device, causal=causal, scale=scale, window=window, softcap=softcap,
+                           sinks=sinks, score_mod=score_mod)
 
 
-def varlen_score_grads(q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, scale, variant: Variant, captured):
+def varlen_score_grads(q, k, v, out, lse, dout, dlse, cu_q, cu_k, options: Options, captured):
     """The gradients of the tensors the score function captures, sequence by sequence in order
     (:func:`flashlib.kernels.function.score_grads` on each: positions within the sequence, b its index)."""
     from ..varlen import sequence_score, sequences
@@ -259,8 +263,7 @@ def varlen_score_grads(q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, scale,
             continue
         seq = [t.transpose(0, 1)[None] for t in (q[q0:q1], k[k0:k1], v[k0:k1], out[q0:q1], dout[q0:q1])]
         parts = score_grads(*seq[:4], lse[None, :, q0:q1], seq[4], None if dlse is None else dlse[None, :, q0:q1],
-                            causal, scale, variant._replace(score_mod=sequence_score(variant.score_mod, b)),
-                            captured)
+                            options._replace(score_mod=sequence_score(options.score_mod, b)), captured)
         for total, part in zip(grads, parts):
             total += part
     return grads
@@ -268,28 +271,28 @@ def varlen_score_grads(q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, scale,
 
 class VarlenFunction(torch.autograd.Function):
     """The packed kernels with a score function (Python code, not a custom op's argument), eagerly:
-    saves (q, k, v, out, lse, lse2, the lengths); captured: the tensors the score function reads that
-    require grad, inputs so that autograd returns their gradients."""
+    saves (q, k, v, out, lse, lse2, the lengths); tensors: the options' own (Options.tensors), then
+    those the score function reads that require grad, inputs so that autograd returns their gradients."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, variant, sinks, *captured):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, options: Options, *tensors):
         from .function import save_lse
 
-        out, lse2 = varlen_forward_base2(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, scale=scale,
-                                         variant=variant, sinks=sinks)
+        held = len(options.tensors)
+        options = options.with_tensors(tensors[:held])
+        out, lse2 = varlen_forward_base2(q, k, v, cu_q, cu_k, max_q, max_k, options)
         lse, column = save_lse(lse2)
-        save(ctx, q, k, v, out, lse, column, cu_q, cu_k, sinks, *captured)
-        ctx.args = max_q, max_k, causal, scale, variant
+        save(ctx, q, k, v, out, lse, column, cu_q, cu_k, *tensors)
+        ctx.lengths, ctx.options, ctx.held = (max_q, max_k), options, held
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, column, cu_q, cu_k, sinks, *captured = saved(ctx)
-        max_q, max_k, causal, scale, variant = ctx.args
+        q, k, v, out, lse, column, cu_q, cu_k, *tensors = saved(ctx)
+        options, captured = ctx.options.with_tensors(tensors[:ctx.held]), tensors[ctx.held:]
         dout = dout.contiguous()
-        dq, dk, dv, dsinks = varlen_backward_base2(q, k, v, out, column.squeeze(-1), dout, cu_q, cu_k, max_q, max_k,
-                                                   causal=causal, scale=scale, variant=variant, dlse=dlse,
-                                                   sinks=sinks)
-        dcaptured = varlen_score_grads(q, k, v, out, lse, dout, dlse, cu_q, cu_k, causal, scale, variant,
-                                       captured) if captured else []
-        return dq, dk, dv, None, None, None, None, None, None, None, dsinks, *dcaptured
+        dq, dk, dv, dsinks = varlen_backward_base2(q, k, v, out, column.squeeze(-1), dout, cu_q, cu_k, *ctx.lengths,
+                                                   options, dlse=dlse)
+        dheld = [dsinks] if ctx.held else []
+        dcaptured = varlen_score_grads(q, k, v, out, lse, dout, dlse, cu_q, cu_k, options, captured) if captured else []
+        return dq, dk, dv, None, None, None, None, None, *dheld, *dcaptured

@@ -32,6 +32,7 @@ import torch
 from .._checks import check_attention_inputs
 from ..kernels._mode import require_triton
 from ..kernels.config import LOG2E, FlashConfig, head_dim_pad, lse_natural, seq_bucket
+from ..options import Options
 from . import autotune
 from .rungs import LADDER, SPLIT_FORWARD, TEACHING_FORWARD, TMA_FORWARD, Rung, kernel_function, rung as rung_named
 
@@ -311,8 +312,10 @@ def variant(rung: Rung, descriptors: bool, scale: float = 1.0):
     return kernel_function(place), options, (place, fold, longest_first)
 
 
-def _launch(kernel, options, tuner_variant, tiles, q, k, v, out, lse, causal, scale, cfg):
-    """kernel with the tiles of cfg, or autotuned over ``tiles`` (GPU only) when cfg is None."""
+def _launch(kernel, switches, tuner_variant, tiles, q, k, v, out, lse, options: Options, cfg):
+    """kernel with the tiles of cfg, or autotuned over ``tiles`` (GPU only) when cfg is None. options:
+    the call's (flashlib.options; a rung has the causal rule and the scale only)."""
+    causal, scale = options.causal, options.scale
     bh, seq_q, d = q.shape
     rest = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), seq_q, k.shape[1])
@@ -326,11 +329,11 @@ def _launch(kernel, options, tuner_variant, tiles, q, k, v, out, lse, causal, sc
         if cfg is None:
             tuned = autotune.tuner(kernel, tuner_variant, seq_bucket(seq_q, k.shape[1]), tiles)
             tuned[lambda meta, n=n: (triton.cdiv(seq_q, meta["BLOCK_Q"]), n)](
-                *args, **head_dim, CAUSAL=causal, INPUT_PRECISION="tf32", **options)
+                *args, **head_dim, CAUSAL=causal, INPUT_PRECISION="tf32", **switches)
             continue
         kernel[(triton.cdiv(seq_q, cfg.block_q), n)](
             *args, **head_dim, BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, CAUSAL=causal,
-            INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **options)
+            INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **switches)
 
 
 def autotuned_choice(q, causal: bool, rung: str = "autotuned", seq: int | None = None):
@@ -388,7 +391,7 @@ def forward_base2(q, k, v, *, causal: bool = False, scale: float | None = None, 
         ensure_allocator(q.device)
     else:  # pointer loads: offsets inside one head in int32
         qf, kf, vf = int32_rows(qf), int32_rows(kf), int32_rows(vf)
-    kernel, options, tuner_variant = variant(r, descriptors, scale)
+    kernel, switches, tuner_variant = variant(r, descriptors, scale)
     cfg = None if r.tiles and autotune.autotunes(q.dtype, config) else fixed  # None: autotune
-    _launch(kernel, options, tuner_variant, r.tiles, qf, kf, vf, out, lse, causal, scale, cfg)
+    _launch(kernel, switches, tuner_variant, r.tiles, qf, kf, vf, out, lse, Options(causal, scale), cfg)
     return out.reshape(q.shape), lse.reshape(*lead, seq_q)

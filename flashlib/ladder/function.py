@@ -8,6 +8,7 @@ from .._autograd import save, saved
 from ..kernels import function as teaching
 from ..kernels.config import lse_base2
 from ..kernels.function import check_kernel_inputs, flat, resolve_config, save_lse
+from ..options import Options
 from .autotune import autotunes
 from .backward import launch_backward
 from .forward import FN, RUNGS
@@ -46,19 +47,19 @@ class LadderFunction(torch.autograd.Function):
     """Saves (q, k, v, out, lse, lse2), never the probabilities, like every FlashAttention."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, forward, backward, config):
-        out, lse2 = rung_forward(q, k, v, causal=causal, scale=scale, rung=forward, config=config)
+    def forward(ctx, q, k, v, options: Options, forward, backward, config):
+        out, lse2 = rung_forward(q, k, v, causal=options.causal, scale=options.scale, rung=forward, config=config)
         lse, column = save_lse(lse2)
         save(ctx, q, k, v, out, lse, column)
-        ctx.causal, ctx.scale, ctx.backward, ctx.config = causal, scale, backward, config
+        ctx.options, ctx.backward, ctx.config = options, backward, config
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, _, column = saved(ctx)
-        grads = backward_pass_base2(q, k, v, out, column.squeeze(-1), dout, causal=ctx.causal, scale=ctx.scale,
-                                    backward=ctx.backward, config=ctx.config, dlse=dlse)
-        return *grads, None, None, None, None, None
+        grads = backward_pass_base2(q, k, v, out, column.squeeze(-1), dout, causal=ctx.options.causal,
+                                    scale=ctx.options.scale, backward=ctx.backward, config=ctx.config, dlse=dlse)
+        return *grads, None, None, None, None
 
 
 def attention(q, k, v, *, causal=False, scale=None, forward="tma", backward="tuned", config=None,
@@ -71,5 +72,5 @@ def attention(q, k, v, *, causal=False, scale=None, forward="tma", backward="tun
         raise ValueError(f"{FN}: argument 'forward' must be one of {RUNGS}, got {forward!r}")
     if backward not in BACKWARDS:
         raise ValueError(f"{FN}: argument 'backward' must be one of {BACKWARDS}, got {backward!r}")
-    out, lse = LadderFunction.apply(q, k, v, causal, scale, forward, backward, config)
+    out, lse = LadderFunction.apply(q, k, v, Options(causal, scale), forward, backward, config)
     return (out, lse) if return_lse else out

@@ -1,0 +1,149 @@
+"""The options of one attention call, checked once into one object.
+
+Every op checks its keyword arguments once (:func:`check_options`) into an :class:`Options`, and
+that object is what travels: to the references' tile loops, to the kernels' launchers, into the
+autograd Functions and, through :meth:`Options.op_numbers` and :attr:`Options.tensors`, into
+the custom ops' schemas. A new option is one field here (and its check); the rules it takes part
+in are asked through :attr:`Options.visibility` (which pairs attend, :mod:`flashlib.rules`) and
+:attr:`Options.scoring` (how a tile's scores are made), so no layer unpacks it by hand.
+
+    causal      bool: the causal rule (bottom-right aligned)
+    scale       float: the softmax scale, resolved (1/sqrt(head_dim) unless given)
+    window      (left, right), -1 for no limit on a side
+    softcap     float, 0.0 for none: the score function flashlib.scores.softcap(c)
+    mask_mod    mask_mod(b, h, q_idx, kv_idx) -> bool, or None
+    block_mask  the block mask built once from the mask (flashlib.masks.create_block_mask), or None
+    score_mod   score_mod(score, b, h, q_idx, kv_idx) -> score, or None
+    sinks       attention sinks (heads,), a tensor, or None
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+
+from ._checks import (batch_and_heads, check_attention_inputs, check_mask_mod, check_score_mod, check_sinks,
+                      check_softcap, check_window)
+from .rules import BlockMask, Scoring, Visibility
+from .scores import softcap as softcap_score
+
+
+class Options(NamedTuple):
+    """The checked options of a call (see the module's table); made by :func:`check_options`."""
+
+    causal: bool = False
+    scale: float = 1.0
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    mask_mod: Callable | None = None
+    block_mask: BlockMask | None = None
+    score_mod: Callable | None = None
+    sinks: torch.Tensor | None = None
+
+    # ----- the rules, asked ------------------------------------------------------------------
+
+    @property
+    def visibility(self) -> Visibility:
+        """Which (query, key) pairs may attend: the causal rule, the window and the mask function."""
+        return Visibility(self.causal, self.window, self.mask_mod)
+
+    @property
+    def score_function(self) -> Callable | None:
+        """The score function the scores go through: score_mod, or soft-capping as one, or None."""
+        return self.score_mod or (softcap_score(self.softcap) if self.softcap else None)
+
+    @property
+    def scoring(self) -> Scoring:
+        """How a tile's scores are made: the scale, then the score function."""
+        return Scoring(self.scale, self.score_function)
+
+    @property
+    def masked(self) -> bool:
+        """A window or a mask function: the kernels take their mask path (MASK_MOD set)."""
+        return self.window != (-1, -1) or self.mask_mod is not None
+
+    @property
+    def functions(self) -> bool:
+        """A mask or score function: Python code, which no custom op's schema can carry."""
+        return self.mask_mod is not None or self.score_mod is not None
+
+    @property
+    def beyond_causal(self) -> bool:
+        """Anything but the causal rule and the scale: what the ladder's fast rungs do not have."""
+        return self.masked or self.softcap != 0.0 or self.score_mod is not None or self.sinks is not None
+
+    # ----- what crosses a custom op's schema: numbers and tensors, each in one list --------------
+
+    @property
+    def tensors(self) -> list:
+        """The tensors the options hold, in one order: the inputs an op or autograd Function takes for
+        them (their gradients come back in the same order)."""
+        return [] if self.sinks is None else [self.sinks]
+
+    def with_tensors(self, tensors) -> "Options":
+        """These options holding ``tensors`` (as :attr:`tensors` lists them) instead: an op's or a
+        Function's own inputs, so that autograd sees the tensors it differentiates."""
+        tensors = list(tensors)
+        return self._replace(sinks=tensors[0] if self.sinks is not None else None)
+
+    def op_numbers(self) -> list:
+        """The numbers of the options as one list of floats (exact: flags and ints far below 2^53),
+        the one place a custom op's schema gets them; :meth:`from_op` reads them back."""
+        if self.functions:
+            raise ValueError("a mask or score function is Python code, not an argument of a custom op")
+        return [float(self.causal), float(self.scale), *map(float, self.window), float(self.softcap),
+                float(self.sinks is not None)]
+
+    @classmethod
+    def from_op(cls, numbers, tensors) -> "Options":
+        """The options an op was given as (:meth:`op_numbers`, :attr:`tensors`)."""
+        causal, scale, left, right, softcap, has_sinks = numbers
+        options = cls(bool(causal), scale, (int(left), int(right)), softcap, sinks=torch.empty(0) if has_sinks else None)
+        return options.with_tensors(tensors)
+
+    def keywords(self) -> dict:
+        """The keyword arguments that give these options again, to an op or a reference."""
+        return dict(causal=self.causal, scale=self.scale, window=self.window, softcap=self.softcap or None,
+                    mask_mod=self.mask_mod, block_mask=self.block_mask, score_mod=self.score_mod, sinks=self.sinks)
+
+
+def check_options(fn: str, q, k, v, *, causal: bool = False, scale=None, window=None, softcap=None, mask_mod=None,
+                  block_mask=None, sinks=None, score_mod=None) -> Options:
+    """The options of a call on (..., heads, seq, head_dim) q, k, v, each checked once, with the
+    inputs; a block mask's rule fills causal, window and mask_mod (the call may repeat them, not
+    change them). Errors name ``fn`` and the argument."""
+    scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True)
+    heads = q.shape[-3] if q.ndim >= 3 else 1
+    options = checked_options(fn, heads, q.device, causal=causal, scale=scale, window=window, softcap=softcap,
+                              mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
+    return options if block_mask is None else _with_block_mask(fn, options, block_mask, q, k, window, mask_mod)
+
+
+def checked_options(fn: str, heads: int, device, *, causal=False, scale: float, window=None, softcap=None,
+                    mask_mod=None, sinks=None, score_mod=None) -> Options:
+    """:func:`check_options` for a call whose inputs and scale are checked otherwise (packed
+    sequences, decoding): the options alone, for ``heads`` query heads on ``device``."""
+    return Options(bool(causal), float(scale), check_window(fn, window), check_softcap(fn, softcap),
+                   check_mask_mod(fn, mask_mod), None, check_score_mod(fn, score_mod, softcap),
+                   check_sinks(fn, sinks, heads, device))
+
+
+def _with_block_mask(fn, options: Options, block_mask, q, k, window, mask_mod) -> Options:
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(f"{fn}: argument 'block_mask' must be a flashlib BlockMask (flashlib.masks.create_block_mask),"
+                        f" got {type(block_mask).__name__}")
+    rule = block_mask.rule
+    given = dict(causal=options.causal and not rule.causal,
+                 window=window is not None and options.window != rule.window,
+                 mask_mod=mask_mod is not None and mask_mod is not rule.mask_mod)
+    for name, differs in given.items():
+        if differs:
+            raise ValueError(f"{fn}: argument '{name}' differs from the block mask's ({getattr(rule, name)!r}); the "
+                             f"block mask carries the mask: pass {name} to create_block_mask, not to this call")
+    batch, heads = batch_and_heads(q.shape)
+    seen = (block_mask.seq_q, block_mask.seq_k, *block_mask.kinds.shape[:2])
+    if seen[:2] != (q.shape[-2], k.shape[-2]) or seen[2] not in (1, batch) or seen[3] not in (1, heads):
+        raise ValueError(f"{fn}: argument 'block_mask' was built for (batch {seen[2]}, heads {seen[3]}, seq_q "
+                         f"{seen[0]}, seq_k {seen[1]}) but the call has ({batch}, {heads}, {q.shape[-2]}, "
+                         f"{k.shape[-2]}); build it for these shapes (batch and heads may be 1)")
+    return options._replace(causal=rule.causal, window=rule.window, mask_mod=rule.mask_mod, block_mask=block_mask)
