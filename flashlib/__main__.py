@@ -11,7 +11,7 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="replay the six-token, 2x2-tile example and run its three checks")
     bench = sub.add_parser("bench", help="measure and record benchmarks under data/bench/")
-    bench.add_argument("target", choices=["cpu", "widgets"])
+    bench.add_argument("target", choices=["cpu", "cascade", "widgets"])
     bench.add_argument("--sizes", type=int, nargs="+", help="sequence lengths (cpu; default 1k to 16k)")
     bench.add_argument("--out-dir", help="where to write the JSON (default data/bench/)")
     sub.add_parser("gpu-check", help="GPU tests, the notebooks and the ladder benchmark (CUDA machine only)",
@@ -35,6 +35,11 @@ def main(argv=None) -> int:
         path = run_cpu_bench(sizes=args.sizes or CPU_SIZES, out_dir=args.out_dir, log=print)
         print(format_ratios(json.loads(path.read_text())["ratios"]))
         print(f"wrote {path}")
+        return 0
+    if args.command == "bench" and args.target == "cascade":
+        from .bench.cascade import SHAPE, run_cascade_bench
+        print(f"shared-prefix decoding against plain decoding on this CPU (PyTorch, float32, {SHAPE})")
+        print(f"wrote {run_cascade_bench(out_dir=args.out_dir, log=print)}")
         return 0
     if args.command == "bench" and args.target == "widgets":
         from .course.widgets import benchmark_redraw

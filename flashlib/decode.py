@@ -12,8 +12,9 @@ Conventions (flash-attn's ``flash_attn_with_kvcache``, vLLM's paged cache):
     k/v cache      (batch, kv_heads, capacity, head_dim)    contiguous: a slot per position
                    (num_pages, kv_heads, page_size, head_dim) with block_table (batch, max_pages)
                    int32: position j of sequence b lives in page block_table[b, j // page_size]
-    cache_seqlens  (batch,) int32: valid positions of each sequence, its new tokens included;
-                   with o = cache_seqlens[b] - new_tokens, query i sits at position o + i and
+    cache_seqlens  (batch,) int32: valid positions of each sequence, its new tokens included
+                   (before the call when it appends them: k_new, flashlib.kvcache); with
+                   o = cache_seqlens[b] - new_tokens, query i sits at position o + i and
                    sees key j iff j <= o + i (and j >= o + i - left with window=(left, right))
     GQA            q_heads a multiple of kv_heads; query head h reads kv head h // (q_heads // kv_heads)
 
@@ -25,17 +26,16 @@ Split-KV (Flash-Decoding): each sequence's visible keys are cut into ``num_split
 """
 from __future__ import annotations
 
-import math
 import numbers
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 
-from ._checks import check_index_tensor, check_score_mod, check_sinks, check_softcap, check_window, resolve_scale
+from . import kvcache
+from ._checks import check_index_tensor, resolve_scale
+from .kvcache import Batch
+from .options import Options, checked_options
 from .rules import Visibility, key_range_start
-from .options import Options
-from .rules import Scoring
-from .scores import softcap as softcap_score
 from .softmax import merge_partials, merge_sink
 
 FN = "decode_attention"
@@ -43,11 +43,9 @@ REFERENCE_FN = "decode_reference"
 
 
 class DecodeArgs(NamedTuple):
-    """The checked options of one call."""
+    """The checked options and layout of one call."""
 
-    scale: float
-    score_mod: Callable | None  # the score function (flashlib.scores; soft-capping is one), or None
-    window_left: int     # -1: no limit to the left
+    options: Options     # causal, scale, window, score function (soft-capping is one), sinks: flashlib.options
     paged: bool
     page_size: int       # paged: the page size; contiguous: the capacity (one "page" per sequence)
     capacity: int        # positions a sequence can hold: capacity, or max_pages * page_size
@@ -120,23 +118,26 @@ def _check_num_splits(fn, num_splits):
     return int(num_splits)
 
 
-def check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, *, scale, softcap, window, block_table,
-                        num_splits, score_mod=None) -> DecodeArgs:
-    """Everything about a call that its shapes, dtypes and options say (no values read)."""
+def check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, *, block_table, num_splits, causal=True, scale=None,
+                        window=None, softcap=None, score_mod=None, sinks=None) -> DecodeArgs:
+    """Everything about a call that its shapes, dtypes and options say (no values read); q (batch,
+    q_heads, new_tokens, head_dim), a mixed batch's already spread (flashlib.kvcache)."""
     page_size, capacity = _check_caches(fn, q, k_cache, v_cache, block_table)
     _check_tensor(fn, "cache_seqlens", cache_seqlens, 1)
     _check_int32(fn, "cache_seqlens", cache_seqlens, (q.shape[0],), q.device, "lengths")
     _check_num_splits(fn, num_splits)
-    score_mod = check_score_mod(fn, score_mod, softcap)
-    cap = check_softcap(fn, softcap)
-    return DecodeArgs(resolve_scale(fn, scale, q.shape[-1]), score_mod or (softcap_score(cap) if cap else None),
-                      check_window(fn, window)[0], block_table is not None, page_size, capacity)
+    if not isinstance(causal, bool):
+        raise TypeError(f"{fn}: argument 'causal' must be True or False, got {causal!r}")
+    options = checked_options(fn, q.shape[1], q.device, causal=causal, scale=resolve_scale(fn, scale, q.shape[-1]),
+                              window=window, softcap=softcap, score_mod=score_mod, sinks=sinks)
+    return DecodeArgs(options, block_table is not None, page_size, capacity)
 
 
-def check_decode_values(fn, cache_seqlens, block_table, new_tokens: int, args: DecodeArgs, num_pages: int):
-    """The checks that read the lengths and the block table: one transfer from the device."""
-    lengths = cache_seqlens.long()
-    flags = [(lengths < new_tokens).any(), (lengths > args.capacity).any()]
+def check_decode_values(fn, batch: Batch, args: DecodeArgs, num_pages: int, table_name: str = "block_table"):
+    """The checks that read the lengths and the block table: one transfer from the device. batch:
+    the call's (:func:`flashlib.kvcache.prepare`), its lengths counting the new tokens it appends."""
+    lengths, starts, block_table = batch.seqlens.long(), batch.starts.long(), batch.block_table
+    flags = [(lengths > args.capacity).any(), (starts > lengths).any() | (starts < 0).any()]
     bad_pages = None
     if args.paged:
         pages = torch.arange(block_table.shape[1], device=lengths.device)
@@ -146,25 +147,25 @@ def check_decode_values(fn, cache_seqlens, block_table, new_tokens: int, args: D
     if not any(torch.stack(flags).tolist()):
         return
     values = lengths.tolist()
-    short = [(b, n) for b, n in enumerate(values) if n < new_tokens]
-    if short:
-        raise ValueError(f"{fn}: argument 'cache_seqlens' is {short[0][1]} for sequence {short[0][0]}, fewer than "
-                         f"the {new_tokens} new tokens in 'q'; it counts every valid position, the new tokens "
-                         "included (append their keys and values to the cache first)")
     long = [(b, n) for b, n in enumerate(values) if n > args.capacity]
     if long:
-        raise ValueError(f"{fn}: argument 'cache_seqlens' is {long[0][1]} for sequence {long[0][0]}, more than the "
-                         f"cache holds ({args.capacity} positions); grow the cache"
+        raise ValueError(f"{fn}: argument 'cache_seqlens' gives sequence {long[0][0]} {long[0][1]} positions (its new "
+                         f"keys appended), more than the cache holds ({args.capacity} positions); grow the cache"
                          + (" or its block table" if args.paged else ""))
+    wrong = [(b, s) for b, (s, n) in enumerate(zip(starts.tolist(), values)) if not 0 <= s <= n]
+    if wrong:
+        raise ValueError(f"{fn}: argument 'cache_leftpad' is {wrong[0][1]} for sequence {wrong[0][0]}, outside its "
+                         f"{values[wrong[0][0]]} valid positions; a sequence starts at 0 .. its length")
     b, j = (int(x) for x in bad_pages.nonzero()[0])
-    raise ValueError(f"{fn}: argument 'block_table' sends page {j} of sequence {b} to page "
-                     f"{int(block_table[b, j])}, outside the cache's {num_pages} pages; entries for the pages a "
-                     f"sequence uses must lie in 0..{num_pages - 1}")
+    raise ValueError(f"{fn}: argument '{table_name}' sends page {j} of sequence {b} to "
+                     f"{int(block_table[b, j])}, outside the cache's {num_pages} "
+                     f"{'rows' if table_name == 'cache_batch_idx' else 'pages'}; entries for what a sequence uses "
+                     f"must lie in 0..{num_pages - 1}")
 
 
 def _check_inference(fn, *tensors):
     if torch.is_grad_enabled():
-        for name, t in zip(("q", "k_cache", "v_cache", "sinks"), tensors):
+        for name, t in zip(("q", "k_cache", "v_cache", "sinks", "k_new", "v_new"), tensors):
             if t is not None and t.requires_grad:
                 raise ValueError(f"{fn}: argument '{name}' requires grad, but decoding is inference only "
                                  "(there is no backward); call it under torch.no_grad() or "
@@ -178,17 +179,18 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def split_bounds(seqlen: int, new_tokens: int, num_splits: int, *, window_left: int = -1,
-                 block: int = 1) -> list[tuple[int, int]]:
+                 block: int = 1, start: int = 0) -> list[tuple[int, int]]:
     """[start, stop) of each of the ``num_splits`` chunks of one sequence's keys.
 
-    The keys any of its queries can see, [first, seqlen) (first = 0, or where the window of the
-    first new token starts, rounded down to a multiple of ``block``), are cut into chunks of
+    The keys any of its queries can see, [first, seqlen) (first = the sequence's start, or where the
+    window of the first new token starts if later, rounded down to a multiple of ``block``), are cut into chunks of
     ceil(span / num_splits) keys rounded up to a multiple of ``block`` (the kernels' BLOCK_K, so
     that no tile straddles two chunks); trailing chunks may be empty (start == stop).
     """
     # the new tokens are the last queries of the cache: the forward's rule with seq_q = new_tokens,
     # seq_k = seqlen, causal, window (left, 0); its first row's key range
-    first = key_range_start(0, new_tokens, seqlen, Visibility(True, (window_left, -1)), block)
+    first = max(key_range_start(0, new_tokens, seqlen, Visibility(True, (window_left, -1)), block),
+                start // block * block)
     chunk = _cdiv(_cdiv(seqlen - first, num_splits), block) * block
     starts = [min(first + s * chunk, seqlen) for s in range(num_splits)]
     return [(start, min(start + chunk, seqlen)) for start in starts]
@@ -238,22 +240,24 @@ def kv_cache_bytes(*, layers: int, batch: int, kv_heads: int, tokens: int, head_
 
 # ----- the reference ------------------------------------------------------------------------
 
-def chunk_attention(q, k, v, positions, offset: int, *, scale: float, score_mod=None, window_left: int = -1,
-                    batch_row: int = 0):
+def chunk_attention(q, k, v, positions, offset: int, options: Options, *, start: int = 0, batch_row: int = 0):
     """Attention of one sequence's new queries over one chunk of its keys: (out, lse).
 
     q (heads, new_tokens, d); k, v (heads, chunk, d) with their cache positions ``positions``
-    (chunk,), consecutive; query i sits at position offset + i. out is normalised over the chunk
-    alone and lse (heads, new_tokens) is its log-sum-exp, -inf (with out = 0) where a row sees none
-    of it. score_mod: a score function, told batch_row, the head and those positions.
+    (chunk,), consecutive; query i sits at position offset + i; the sequence starts at ``start``
+    (keys before it are not seen). out is normalised over the chunk alone and lse (heads,
+    new_tokens) is its log-sum-exp, -inf (with out = 0) where a row sees none of it. options: the
+    call's (causal, scale, window, score function: told batch_row, the head and the positions
+    counted from the sequence's start).
     """
-    s = (q @ k.transpose(-2, -1)) * scale  # (H, Nnew, chunk)
-    if score_mod is not None and s.numel():
-        s = Scoring(scale, score_mod).modded(s[None], offset, int(positions[0]), batch_row)[0]
+    s = (q @ k.transpose(-2, -1)) * options.scale  # (H, Nnew, chunk)
+    if options.score_function is not None and s.numel():
+        s = options.scoring.modded(s[None], offset - start, int(positions[0]) - start, batch_row)[0]
     new_tokens = q.shape[-2]
     rows = torch.arange(new_tokens, device=q.device)[:, None]  # (Nnew, 1); query i sits at offset + i
-    rule = Visibility(True, (window_left, -1))  # the forward's rule, seq_q = Nnew, seq_k = offset + Nnew
-    visible = rule.pairs(rows, positions[None, :], new_tokens, offset + new_tokens)
+    # the forward's rule with seq_q = Nnew, seq_k = offset + Nnew, from the sequence's start on
+    visible = options.visibility.pairs(rows, positions[None, :], new_tokens, offset + new_tokens)
+    visible = positions[None, :] >= start if visible is None else visible & (positions[None, :] >= start)
     s = s.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # (H, Nnew); -inf for a row that sees no key of the chunk
     shift = torch.where(lse == float("-inf"), torch.zeros_like(lse), lse)
@@ -267,123 +271,250 @@ def _sequence(cache, block_table, b: int, length: int, paged: bool):
     return cache[b, :, :length]
 
 
-def decode_partials(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, window=None,
-                    block_table=None, num_splits: int = 1, score_mod=None):
+def decode_partials(q, k_cache, v_cache, cache_seqlens, *, num_splits: int = 1, block_table=None, **options):
     """Each sequence's partial results, one per chunk of :func:`split_bounds`, in plain PyTorch.
 
     Returns a list over the batch of lists over the splits of (start, stop, out, lse): out
     (q_heads, new_tokens, d) is attention over keys [start, stop) alone, lse (q_heads, new_tokens)
-    its log-sum-exp. Computed in float64 for float64 inputs, else in float32."""
-    args = check_decode_inputs(REFERENCE_FN, q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap,
-                               window=window, block_table=block_table, num_splits=num_splits, score_mod=score_mod)
-    new_tokens, num_splits = q.shape[2], num_splits or 1
-    check_decode_values(REFERENCE_FN, cache_seqlens, block_table, new_tokens, args, k_cache.shape[0])
+    its log-sum-exp (a mixed batch's padding rows, past a sequence's own new tokens, see nothing).
+    Computed in float64 for float64 inputs, else in float32. options: those of
+    :func:`decode_attention` (its KV-cache arguments too: the new keys are written first)."""
+    batch, args = _prepared(REFERENCE_FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, options)
+    return _partials(batch, args, num_splits or 1)
+
+
+def _partials(batch: Batch, args: DecodeArgs, num_splits: int):
+    q = batch.q
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
-    group = q.shape[1] // k_cache.shape[1]
+    group = q.shape[1] // batch.k_cache.shape[1]
     result = []
-    for b, seqlen in enumerate(cache_seqlens.tolist()):
+    for b, (seqlen, n, start) in enumerate(zip(*(t.tolist() for t in (batch.seqlens, batch.new_tokens,
+                                                                       batch.starts)))):
         # (kv_heads, seqlen, d) -> (q_heads, seqlen, d): query head h reads kv head h // group
-        k, v = (_sequence(c, block_table, b, seqlen, args.paged).to(work).repeat_interleave(group, dim=0)
-                for c in (k_cache, v_cache))
+        k, v = (_sequence(c, batch.block_table, b, seqlen, args.paged).to(work).repeat_interleave(group, dim=0)
+                for c in (batch.k_cache, batch.v_cache))
         parts = []
-        for start, stop in split_bounds(seqlen, new_tokens, num_splits, window_left=args.window_left):
-            positions = torch.arange(start, stop, device=q.device)
-            out, lse = chunk_attention(q[b].to(work), k[:, start:stop], v[:, start:stop], positions,
-                                       seqlen - new_tokens, scale=args.scale, score_mod=args.score_mod,
-                                       window_left=args.window_left, batch_row=b)
-            parts.append((start, stop, out, lse))
+        for lo, hi in split_bounds(seqlen, n, num_splits, window_left=args.options.window[0], start=start):
+            positions = torch.arange(lo, hi, device=q.device)
+            out, lse = chunk_attention(q[b, :, :n].to(work), k[:, lo:hi], v[:, lo:hi], positions, seqlen - n,
+                                       args.options, start=start, batch_row=b)
+            pad = q.shape[2] - n  # a mixed batch's padding rows: zeros, lse -inf
+            parts.append((lo, hi, torch.nn.functional.pad(out, (0, 0, 0, pad)),
+                          torch.nn.functional.pad(lse, (0, pad), value=float("-inf"))))
         result.append(parts)
     return result
 
 
-def decode_reference(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, window=None,
-                     block_table=None, num_splits: int = 1, sinks=None, score_mod=None, return_lse: bool = False):
+def _prepared(fn, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, options):
+    """(the call's Batch after its append, its DecodeArgs): the KV-cache arguments read by
+    flashlib.kvcache, the rest checked, the values checked before anything is written."""
+    contract = {name: options.pop(name) for name in KVCACHE_ARGUMENTS if name in options}
+    causal, window = options.get("causal", True), options.get("window") or (-1, -1)
+    batch = kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
+                            window=window, **contract)
+    args = check_decode_inputs(fn, batch.q, k_cache, v_cache, cache_seqlens, block_table=batch.block_table,
+                               num_splits=num_splits, **options)
+    table_name = "cache_batch_idx" if contract.get("cache_batch_idx") is not None else "block_table"
+    check_decode_values(fn, batch, args, k_cache.shape[0], table_name)
+    return batch.write(), args
+
+
+KVCACHE_ARGUMENTS = ("k_new", "v_new", "rotary_cos", "rotary_sin", "rotary_interleaved", "cache_batch_idx",
+                     "cache_leftpad", "cu_seqlens_q", "max_seqlen_q")
+
+
+def decode_reference(q, k_cache, v_cache, cache_seqlens, *, num_splits: int = 1, block_table=None,
+                     return_lse: bool = False, **options):
     """:func:`decode_attention` in plain PyTorch: the chunks of :func:`decode_partials` folded
     with notebook 02's :func:`flashlib.merge_partials`, and the attention sinks, if any, with
     :func:`flashlib.softmax.merge_sink` (a partial with no value). Any device and dtype; the result
-    in q's dtype (computed in float64 for float64, else float32); lse (batch, q_heads, new_tokens)."""
-    every = decode_partials(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap, window=window,
-                            block_table=block_table, num_splits=num_splits, score_mod=score_mod)
-    sinks = check_sinks(REFERENCE_FN, sinks, q.shape[1], q.device)
+    in q's dtype (computed in float64 for float64, else float32); lse (batch, q_heads, new_tokens)
+    (flash-attn's packed (q_heads, total_q) with cu_seqlens_q). Takes every argument of
+    :func:`decode_attention`, its KV-cache contract's too."""
+    batch, args = _prepared(REFERENCE_FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, options)
     outs, lses = [], []
-    for parts in every:
+    for parts in _partials(batch, args, num_splits or 1):
         _, _, out, lse = parts[0]
         for _, _, part_out, part_lse in parts[1:]:
             out, lse = merge_partials(out, lse, part_out, part_lse)
-        out, lse = merge_sink(out, lse, sinks)
+        out, lse = merge_sink(out, lse, args.options.sinks)
         outs.append(out)
         lses.append(lse)
     if not outs:  # batch 0
-        return (q.clone(), q.new_zeros(q.shape[:-1], dtype=torch.float32)) if return_lse else q.clone()
-    out = torch.stack(outs).to(q.dtype)  # (B, Hq, Nnew, d)
-    return (out, torch.stack(lses)) if return_lse else out
+        out, lse = batch.q.clone(), batch.q.new_zeros(batch.q.shape[:-1], dtype=torch.float32)
+    else:
+        out, lse = torch.stack(outs).to(q.dtype), torch.stack(lses)  # (B, Hq, Nnew, d), (B, Hq, Nnew)
+    out, lse = batch.unpack(out, lse)
+    return (out, lse) if return_lse else out
 
 
 # ----- the public function ------------------------------------------------------------------
 
-def decode_attention(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, window=None,
-                     block_table=None, num_splits=None, sinks=None, score_mod=None):
-    """Attention of a few new tokens per sequence over a KV cache, with split-KV kernels.
+def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True, scale=None, softcap=None, window=None,
+                     block_table=None, num_splits=None, sinks=None, score_mod=None, k_new=None, v_new=None,
+                     rotary_cos=None, rotary_sin=None, rotary_interleaved: bool = False, cache_batch_idx=None,
+                     cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q=None, return_lse: bool = False):
+    """Attention of a few new tokens per sequence over a KV cache, with split-KV kernels: flash-attn's
+    ``flash_attn_with_kvcache`` in flashlib's (batch, heads, seq, dim) layout.
 
     Args:
-        q: (batch, q_heads, new_tokens, head_dim), the new tokens' queries.
-        k_cache, v_cache: (batch, kv_heads, capacity, head_dim); or, with ``block_table``, a
-            paged cache (num_pages, kv_heads, page_size, head_dim). q_heads must be a multiple
-            of kv_heads (grouped-query attention: query head h reads kv head h // (q_heads // kv_heads)).
-            The new tokens' keys and values must already be in the cache.
-        cache_seqlens: (batch,) int32, the valid positions of each sequence, its new tokens
-            included (new_tokens <= cache_seqlens[b] <= capacity). With o = cache_seqlens[b] -
-            new_tokens, query i sees the keys at positions j <= o + i::
+        q: (batch, q_heads, new_tokens, head_dim); with ``cu_seqlens_q`` packed, (total_q, q_heads, head_dim).
+        k_cache, v_cache: (batch, kv_heads, capacity, head_dim); with ``block_table`` a paged cache
+            (num_pages, kv_heads, page_size, head_dim), vLLM's; with ``cache_batch_idx`` a pool of
+            rows. Query head h reads kv head h // (q_heads // kv_heads) (grouped-query attention).
+        cache_seqlens: (batch,) int32, each sequence's valid positions, its new tokens included (before
+            the call when ``k_new`` brings them: flash-attn's convention). With L the positions after
+            the call and n the new tokens, query i sees the keys j <= L - n + i (causal)::
 
-                new_tokens = 3, cache_seqlens[b] = 6       keys 0 1 2 3 4 5
+                n = 3, L = 6                               keys 0 1 2 3 4 5
                 query 0 (position 3)                            1 1 1 1 0 0
                 query 1 (position 4)                            1 1 1 1 1 0
                 query 2 (position 5)                            1 1 1 1 1 1
-        scale: defaults to 1/sqrt(head_dim).
-        softcap: None for none; c > 0 computes scores as c * tanh(scale * q.k / c) (Gemma 2).
-        window: None, or (left, right) as in flash-attn, -1 for no limit on a side: query i also
-            needs j >= o + i - left (right never binds under the causal rule, so it only has to be
-            >= 0 or -1). Every row sees at least its own position, so no output row is empty.
-        block_table: (batch, max_pages) int32 for a paged cache (vLLM's layout); entries past a
-            sequence's last used page are not read. It and cache_seqlens may have any strides
-            (views are copied for the kernels); other dtypes are refused.
-        num_splits: how many chunks each sequence's keys are cut into, each read by its own
-            program and merged by a second kernel; None chooses by
-            :func:`flashlib.kernels.decode.choose_num_splits` (1 in the CPU interpreter). Every
-            value >= 1 gives the same output up to rounding.
-        sinks: attention sinks (q_heads,) as in :func:`flashlib.flash_attention`: one logit per
-            query head with no value; the merge kernel starts from it, a partial like the splits'.
-        score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score (:mod:`flashlib.scores`), applied
-            to each scaled score before the mask; q_idx is a new token's position in its sequence
-            (o + i, not i) and kv_idx a cache position, so that ALiBi or a bias table means what
-            it means in the prefill. Not with softcap (compose them).
 
-    Returns the output (batch, q_heads, new_tokens, head_dim) in q's dtype. Inference only: an
-    input that requires grad while grad mode is on is an error. float16, bfloat16 (a GPU of compute
-    capability >= 8.0) and float32, head_dim 1..256. Without a CUDA device the kernels run in
-    Triton's CPU interpreter on CPU tensors (slow: small shapes); :func:`decode_reference` is the
-    same computation in PyTorch, for any dtype and device.
+            With L < n the first n - L rows see no key and give zeros (lse -inf), as flash-attn's.
+        causal: False: every new token sees all L keys (cross-attention, a prefix-LM's prompt, drafted
+            tokens verified); the window applies either way, both sides: (left, right) as flash-attn's,
+            L - n + i - left <= j <= L - n + i + right, -1 for no limit.
+        scale, softcap, sinks: as :func:`flashlib.flash_attention` (scale 1/sqrt(head_dim) by default).
+        num_splits: chunks per sequence, each read by its own program and merged by a second kernel;
+            None chooses (:func:`flashlib.kernels.decode.choose_num_splits`; 1 in the interpreter).
+        score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score (:mod:`flashlib.scores`), on the
+            scaled scores before the mask; q_idx and kv_idx are positions in the sequence (L - n + i,
+            not i), counted from its start (``cache_leftpad``), as in the prefill. flash-attn's
+            ``alibi_slopes`` is the score function ``s - slope[b, h] * |q_idx - kv_idx|``.
+        k_new, v_new, rotary_cos, rotary_sin, rotary_interleaved, cache_batch_idx, cache_leftpad,
+            cu_seqlens_q, max_seqlen_q: the rest of flash-attn's contract, as :mod:`flashlib.kvcache`
+            says: new keys and values appended in place (rotated), pooled caches, left padding, and
+            a mixed batch (a prefill chunk beside one-token steps) in one launch, packed like q.
+        return_lse: also return the lse, (batch, q_heads, new_tokens) float32 ((q_heads, total_q)
+            packed), -inf for rows that see no key.
+
+    Returns the output in q's layout and dtype. Inference only (an input that requires grad is an
+    error). float16, bfloat16 (sm_80 on) and float32, head_dim 1..256; without a CUDA device in
+    Triton's CPU interpreter. :func:`decode_reference` computes the same in PyTorch, any dtype.
     """
-    args = check_decode_inputs(FN, q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap,
-                               window=window, block_table=block_table, num_splits=num_splits, score_mod=score_mod)
-    sinks = check_sinks(FN, sinks, q.shape[1], q.device)
-    _check_inference(FN, q, k_cache, v_cache, sinks)
+    contract = dict(k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                    rotary_interleaved=rotary_interleaved, cache_batch_idx=cache_batch_idx,
+                    cache_leftpad=cache_leftpad, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
+    _check_inference(FN, q, k_cache, v_cache, sinks, k_new, v_new)
     from .kernels._mode import require_triton
 
     require_triton()  # says how to get Triton where it is missing
-    from .kernels.decode import decode_forward
-    from .kernels.function import check_kernel_inputs
+    from .kernels.decode import Sequences, decode_forward
+    from .kernels.function import check_kernel_inputs, kernel_score
 
-    if q.dtype == torch.float64:
+    if isinstance(q, torch.Tensor) and q.dtype == torch.float64:
         raise TypeError(f"{FN}: argument 'q' is float64, which the kernels do not compute; use float16, "
                         "bfloat16 or float32 (or flashlib.decode_reference for float64)")
-    check_kernel_inputs(FN, q)
-    check_decode_values(FN, cache_seqlens, block_table, q.shape[2], args, k_cache.shape[0])
-    from .kernels.function import kernel_score
+    if isinstance(q, torch.Tensor):  # (any other q is named by the shared checks)
+        check_kernel_inputs(FN, q)
+    batch, args = _prepared(FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
+                            dict(causal=causal, scale=scale, softcap=softcap, window=window, sinks=sinks,
+                                 score_mod=score_mod, **contract))
+    size, heads = batch.q.shape[:2]
+    score = kernel_score(args.options, q.device, batch=size, heads=heads, seq_q=args.capacity, seq_k=args.capacity)
+    out, lse = decode_forward(batch.q, batch.k_cache, batch.v_cache, batch.seqlens, options=args.options, score=score,
+                              block_table=batch.block_table, num_splits=num_splits,
+                              sequences=Sequences(batch.seqlens, batch.new_tokens, batch.starts))
+    out, lse = batch.unpack(out, lse)
+    return (out, lse) if return_lse else out
 
-    batch, heads = q.shape[:2]
-    score = kernel_score(Options(score_mod=args.score_mod), q.device, batch=batch, heads=heads,
-                         seq_q=args.capacity, seq_k=args.capacity)
-    out, _ = decode_forward(q, k_cache, v_cache, cache_seqlens, block_table=block_table, scale=args.scale,
-                            score=score, window_left=args.window_left, num_splits=num_splits, sinks=sinks)
-    return out
+
+# ----- shared prefixes: read once for a group, merged with each sequence's own suffix -------------
+
+def _stack_queries(q, kv_heads: int):
+    """(batch, q_heads, n, d) -> (1, kv_heads, batch * group * n, d): every query that reads kv head h,
+    of every sequence, as the rows of one long query block (a prefill's shape, not a decoding step's)."""
+    batch, q_heads, n, d = q.shape
+    group = q_heads // kv_heads
+    return q.reshape(batch, kv_heads, group, n, d).transpose(0, 1).reshape(1, kv_heads, batch * group * n, d)
+
+
+def _unstack(t, batch: int, q_heads: int, n: int):
+    """The inverse of :func:`_stack_queries` for (1, kv_heads, rows, ...) results."""
+    kv_heads, tail = t.shape[1], t.shape[3:]
+    return t.reshape(kv_heads, batch, q_heads // kv_heads, n, *tail).transpose(0, 1).reshape(batch, q_heads, n, *tail)
+
+
+def _check_prefix(fn, q, prefix_k, prefix_v, k_cache, cache_seqlens):
+    for name, t in (("prefix_k", prefix_k), ("prefix_v", prefix_v)):
+        _check_tensor(fn, name, t, 3)
+        if t.dtype != q.dtype or t.device != q.device:
+            raise TypeError(f"{fn}: argument '{name}' is {t.dtype} on {t.device}; expected q's {q.dtype} on {q.device}")
+        if t.shape[0] != k_cache.shape[1] or t.shape[2] != q.shape[-1] or t.shape != prefix_k.shape:
+            raise ValueError(f"{fn}: argument '{name}' has shape {tuple(t.shape)}; the shared prefix is "
+                             f"(kv_heads {k_cache.shape[1]}, prefix_len, head_dim {q.shape[-1]}), k and v alike")
+    if isinstance(cache_seqlens, torch.Tensor) and (cache_seqlens.long() < q.shape[2]).any():
+        raise ValueError(f"{fn}: argument 'cache_seqlens' is below the {q.shape[2]} new tokens for a sequence; the new "
+                         "tokens follow the prefix, so each sequence's own cache holds them all")
+
+
+def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None,
+                      block_table=None, num_splits=None, sinks=None, return_lse: bool = False, reference: bool = False):
+    """Decoding for a group of sequences that share a prefix (a system prompt), the prefix read once.
+
+    FlashInfer's cascade attention: every sequence's keys are the shared prefix (positions 0 ..
+    P - 1) and then its own suffix. The prefix is attended by all the group's new queries at once,
+    stacked as the rows of one query block per kv head (``flashlib.flash_attention``: a prefill's
+    shape, so its keys are read once per block of rows, not once per sequence), each suffix by
+    :func:`decode_attention`, and the two (out, lse) merged with notebook 02's
+    :func:`flashlib.merge_partials`; sinks, if any, join last (:func:`flashlib.softmax.merge_sink`)::
+
+        out = e^(lse_p - lse) out_prefix + e^(lse_s - lse) out_suffix,  lse = log(e^lse_p + e^lse_s)
+
+    Args:
+        q: (batch, q_heads, new_tokens, head_dim), as :func:`decode_attention` takes it.
+        prefix_k, prefix_v: (kv_heads, prefix_len, head_dim), the shared prefix's keys and values;
+            every new token sees all of it (it precedes them).
+        k_cache, v_cache, cache_seqlens, block_table, num_splits: each sequence's own suffix as
+            :func:`decode_attention` takes a cache (contiguous or paged); suffix position j is
+            sequence position prefix_len + j; cache_seqlens >= new_tokens (the new tokens follow
+            the prefix).
+        scale, softcap, sinks, return_lse: as :func:`decode_attention`. A score function of the
+            positions is not taken (the prefix's rows would each need their sequence's offset).
+        reference: compute in PyTorch (:func:`flashlib.tiled_forward` over the prefix,
+            :func:`decode_reference` over the suffixes), any dtype and device.
+
+    Equal to decoding over the concatenated cache (prefix, then suffix) up to rounding; reads the
+    prefix ceil(batch * q_heads / kv_heads * new_tokens / BLOCK_Q) times instead of batch times
+    (:func:`cascade_bytes`).
+    """
+    fn = "cascade_attention"
+    _check_tensor(fn, "q", q, 4)
+    _check_caches(fn, q, k_cache, v_cache, block_table)
+    _check_prefix(fn, q, prefix_k, prefix_v, k_cache, cache_seqlens)
+    batch, q_heads, n, d = q.shape
+    stacked = _stack_queries(q, k_cache.shape[1])
+    common = dict(scale=scale, softcap=softcap)
+    if reference:
+        from .tiled import tiled_forward
+
+        rows, keys = stacked.shape[2], prefix_k.shape[1]
+        out_p, lse_p = tiled_forward(stacked, prefix_k[None], prefix_v[None], block_q=max(rows, 1),
+                                     block_k=max(keys, 1), **common)  # one tile: a matmul and a softmax
+        out_s, lse_s = decode_reference(q, k_cache, v_cache, cache_seqlens, block_table=block_table,
+                                        num_splits=num_splits or 1, return_lse=True, **common)
+    else:
+        from .op import flash_attention
+
+        out_p, lse_p = flash_attention(stacked, prefix_k[None], prefix_v[None], return_lse=True, **common)
+        out_s, lse_s = decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=block_table,
+                                        num_splits=num_splits, return_lse=True, **common)
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out_p, lse_p = _unstack(out_p, batch, q_heads, n).to(work), _unstack(lse_p[..., None], batch, q_heads, n)[..., 0]
+    out, lse = merge_partials(out_p, lse_p.to(work), out_s.to(work), lse_s.to(work))
+    out, lse = merge_sink(out, lse, checked_options(fn, q_heads, q.device, scale=1.0, sinks=sinks).sinks)
+    return (out.to(q.dtype), lse.float() if work != torch.float64 else lse) if return_lse else out.to(q.dtype)
+
+
+def cascade_bytes(*, batch: int, kv_heads: int, rows_per_kv_head: int, prefix: int, suffix: int, head_dim: int,
+                  element_size: int = 2, block_q: int = 64) -> dict:
+    """Bytes of keys and values one decoding step reads (notebook 10's model: each cached vector once
+    per program that needs it), plain and cascaded, for a group of ``batch`` sequences that share
+    ``prefix`` positions and hold ``suffix`` of their own; rows_per_kv_head: the query rows that read
+    one kv head per sequence (q_heads / kv_heads x new tokens)."""
+    per_position = 2 * kv_heads * head_dim * element_size  # a key and a value, every kv head
+    plain = batch * (prefix + suffix) * per_position
+    prefix_reads = -(-batch * rows_per_kv_head // block_q)  # query blocks of the stacked rows
+    cascade = (prefix_reads * prefix + batch * suffix) * per_position
+    return dict(plain=plain, cascade=cascade, prefix_reads=prefix_reads, ratio=plain / cascade)

@@ -17,7 +17,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-_POINTERS = {"Partial": "*fp32", "PartialML": "*fp32", "Lse": "*fp32", "SeqLens": "*i32", "Table": "*i32",
+_POINTERS = {"Partial": "*fp32", "PartialML": "*fp32", "Lse": "*fp32", "SeqLens": "*i32", "NewTokens": "*i32",
+             "Starts": "*i32", "Table": "*i32",
              "Sinks": "*fp32"}
 
 
@@ -134,13 +135,14 @@ def launch_path() -> dict:
     lengths = torch.full((2,), 4096, dtype=torch.int32)
     config = decode.decode_config(128, torch.bfloat16, (9, 0))
     with ahead.recording() as notes:
-        decode.decode_forward(q, k, k, lengths, scale=0.1, num_splits=33, config=config)
+        from flashlib.options import Options
+
+        decode.decode_forward(q, k, k, lengths, options=Options(True, 0.1), num_splits=33, config=config)
         from flashlib.kernels.function import kernel_score
         from flashlib.options import Options
 
-        decode.decode_forward(q, k_pages, k_pages, lengths, block_table=table, scale=0.1,
-                              score=kernel_score(Options(softcap=30.0), "cpu"), window_left=256, num_splits=1,
-                              config=config)
+        decode.decode_forward(q, k_pages, k_pages, lengths, options=Options(True, 0.1, (256, -1)), block_table=table,
+                              score=kernel_score(Options(softcap=30.0), "cpu"), num_splits=1, config=config)
     compiled = ahead.compile_notes(notes, threads=2)
     # the decoding benchmark's own compiling ahead, for a few of its points and sweep items
     from flashlib.bench import decode as bench

@@ -108,3 +108,15 @@ def test_main_writes_the_json(tmp_path, monkeypatch, capsys):
     bench.main(["--budget", "30", "--result", str(tmp_path / "d.json"), "--no-sweeps"])
     assert json.loads((tmp_path / "d.json").read_text()) == {"decode": {"targets": [], "budget": 30.0, "sweeps": False}}
     assert "wrote" in capsys.readouterr().out
+
+
+def test_the_shared_prefix_groups_time_plain_and_cascade_decoding():
+    items = bench.cascade_items(groups=(2, 4), prefixes=(40,), suffix=8)
+    rows, skipped = bench.run_cascade(items, stand_in(), 600, lambda *_: None, q_heads=4, kv_heads=2, head_dim=16,
+                                      dtype=torch.float32, device="cpu")
+    assert skipped == [] and [r["method"] for r in rows] == ["flashlib:plain", "flashlib:cascade"] * 2
+    for plain, cascade in zip(rows[::2], rows[1::2]):
+        assert plain["max_abs_difference"] < 1e-5  # the same attention, through the interpreter
+        assert plain["bytes"] == plain["batch"] * 48 * 2 * 2 * 16 * 4  # every request's prefix and suffix
+        assert cascade["bytes"] == (40 + plain["batch"] * 8) * 2 * 2 * 16 * 4  # 2 x 2 rows: one block
+    assert [i["sweep"] for i in bench.cascade_items()] == ["cascade"] * 4

@@ -121,9 +121,9 @@ def test_cache_bytes():
 def run_kernels(q, k, v, lengths, *, table=None, num_splits=None, block_k=16, **options):
     scale = options.get("scale") or 1 / math.sqrt(q.shape[-1])
     score = kernel_score(Options(softcap=options.get("softcap") or 0.0), q.device)  # soft-capping: a score function
-    return kernels.decode_forward(q, k, v, lengths, block_table=table, scale=scale, score=score,
-                                  window_left=options.get("window", (-1, -1))[0], num_splits=num_splits,
-                                  config=kernels.DecodeConfig(block_k, 4, 1))
+    window = options.get("window") or (-1, -1)
+    return kernels.decode_forward(q, k, v, lengths, options=Options(True, scale, (window[0], -1)), block_table=table,
+                                  score=score, num_splits=num_splits, config=kernels.DecodeConfig(block_k, 4, 1))
 
 
 @pytest.mark.parametrize("paged", [False, True])
@@ -198,7 +198,6 @@ def _bad(name):
     k_pages, v_pages, table = decode.paged_cache(k, v, 4, generator=torch.Generator().manual_seed(0))
     paged = dict(k_cache=k_pages, v_cache=v_pages, block_table=table)
     calls = {
-        "short": (dict(cache_seqlens=torch.tensor([1, 10], dtype=torch.int32)), ValueError, "cache_seqlens"),
         "long": (dict(cache_seqlens=torch.tensor([5, 11], dtype=torch.int32)), ValueError, "cache_seqlens"),
         "long paged": (dict(paged, cache_seqlens=torch.tensor([13, 5], dtype=torch.int32)), ValueError,
                        "cache_seqlens"),
@@ -230,7 +229,7 @@ def _bad(name):
     return args, error, word
 
 
-@pytest.mark.parametrize("name", ["short", "long", "long paged", "page out of range", "negative page", "table dtype",
+@pytest.mark.parametrize("name", ["long", "long paged", "page out of range", "negative page", "table dtype",
                                   "lengths dtype", "lengths shape", "heads", "head_dim", "cache dtype",
                                   "caches differ", "batch", "rank", "float64", "integer q", "window", "window type",
                                   "softcap", "splits", "splits type", "scale"])

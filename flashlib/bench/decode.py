@@ -94,13 +94,13 @@ def ours_call(x: Inputs, *, num_splits=None, config=None):
     """f() -> out running flashlib's kernels on x (paged when x holds pages); the inputs checked once."""
     from ..decode import check_decode_inputs, check_decode_values
     from ..kernels.decode import decode_forward
+    from ..kvcache import prepare
 
     k, v, table = x.pages if x.pages is not None else (x.k, x.v, None)
-    args = check_decode_inputs(OURS, x.q, k, v, x.lengths, scale=None, softcap=None, window=None,
-                               block_table=table, num_splits=num_splits)
-    check_decode_values(OURS, x.lengths, table, x.q.shape[2], args, k.shape[0])
-    return lambda: decode_forward(x.q, k, v, x.lengths, block_table=table, scale=args.scale, num_splits=num_splits,
-                                  config=config)[0]
+    args = check_decode_inputs(OURS, x.q, k, v, x.lengths, block_table=table, num_splits=num_splits)
+    check_decode_values(OURS, prepare(OURS, x.q, k, v, x.lengths, block_table=table), args, k.shape[0])
+    return lambda: decode_forward(x.q, k, v, x.lengths, options=args.options, block_table=table,
+                                  num_splits=num_splits, config=config)[0]
 
 
 def sdpa_call(backend: str, x: Inputs):
@@ -303,6 +303,67 @@ def run_sweeps(items, make_inputs, bench, budget_s, log, clock=time.perf_counter
     return rows, skipped
 
 
+# ----- shared prefixes: cascade decoding against decoding over the concatenated caches ----------
+
+CASCADE_GROUPS, CASCADE_PREFIXES, CASCADE_SUFFIX = (8, 32), (16384, 65536), 512
+
+
+def cascade_items(groups=CASCADE_GROUPS, prefixes=CASCADE_PREFIXES, suffix=CASCADE_SUFFIX) -> list[dict]:
+    """A group of requests sharing a prefix, each with its own suffix of ``suffix`` positions."""
+    return [dict(sweep="cascade", batch=b, prefix=p, suffix=suffix) for p in prefixes for b in groups]
+
+
+def measure_cascade(item, *, q_heads, kv_heads, head_dim, dtype, device, bench, seed=0) -> list[dict]:
+    """Two rows for one group: flashlib's decoding over each request's concatenated cache (plain) and
+    :func:`flashlib.decode.cascade_attention` (the prefix read once for the group); their bytes by
+    :func:`flashlib.decode.cascade_bytes` (BLOCK_Q 64 assumed for the prefix's stacked rows), and
+    how far the two outputs are apart."""
+    from ..decode import cascade_attention, cascade_bytes, decode_attention
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    batch, prefix, suffix = item["batch"], item["prefix"], item["suffix"]
+    make = lambda *shape: torch.randn(*shape, generator=g, device=device, dtype=dtype)  # noqa: E731
+    q = make(batch, q_heads, 1, head_dim)
+    prefix_k, prefix_v = make(kv_heads, prefix, head_dim), make(kv_heads, prefix, head_dim)
+    k_cache, v_cache = make(batch, kv_heads, suffix, head_dim), make(batch, kv_heads, suffix, head_dim)
+    lengths = torch.full((batch,), suffix, dtype=torch.int32, device=device)
+    full_k, full_v = (torch.cat((p[None].expand(batch, -1, -1, -1), c), dim=2) for p, c in
+                      ((prefix_k, k_cache), (prefix_v, v_cache)))
+    counted = cascade_bytes(batch=batch, kv_heads=kv_heads, rows_per_kv_head=q_heads // kv_heads, prefix=prefix,
+                            suffix=suffix, head_dim=head_dim, element_size=q.element_size())
+    calls = dict(plain=lambda: decode_attention(q, full_k, full_v, lengths + prefix),
+                 cascade=lambda: cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, lengths))
+    rows = []
+    with torch.no_grad():
+        outs = {name: call() for name, call in calls.items()}
+        difference = (outs["plain"].float() - outs["cascade"].float()).abs().max().item()
+        for name, call in calls.items():
+            ms, low, high = bench(call)
+            rows.append(dict(item, method=f"{OURS}:{name}", ms=ms, ms_p20=low, ms_p80=high, bytes=counted[name],
+                             gbps=counted[name] / ms / 1e6, max_abs_difference=difference))
+    return rows
+
+
+def run_cascade(items, bench, budget_s, log, clock=time.perf_counter, **shapes) -> tuple[list, list]:
+    """(rows, skipped): each group only if the longest so far would still end in budget_s."""
+    start, longest, rows, skipped = clock(), 0.0, [], []
+    for item in items:
+        began = clock()
+        if began - start + longest > budget_s:
+            skipped.append(item)
+            continue
+        try:
+            found = measure_cascade(item, bench=bench, **shapes)
+        except Exception as exc:  # a group that does not fit is a result too
+            found = [dict(item, error=error_text(exc))]
+        rows += found
+        longest = max(longest, clock() - began)
+        if "ms" in found[-1]:
+            log(f"  cascade B={item['batch']} prefix={item['prefix']}: plain {found[0]['ms'] * 1e3:.0f} us, "
+                f"cascade {found[1]['ms'] * 1e3:.0f} us ({found[0]['ms'] / found[1]['ms']:.2f}x)")
+    return rows, skipped
+
+
 # ----- compiling ahead ------------------------------------------------------------------------
 
 def what_runs(p, *, q_heads, kv_heads, device) -> tuple:
@@ -324,6 +385,7 @@ def compile_ahead(runs, *, q_heads, kv_heads, head_dim, dtype, device, threads=N
     before the first point (:mod:`flashlib.bench.ahead`: launches noted on small inputs that bind
     alike, 4096 positions, then compiled; nothing runs), so that the budget goes to measuring."""
     from ..kernels.decode import decode_forward
+    from ..options import Options
     from .ahead import compile_notes, recording
 
     start = time.perf_counter()
@@ -332,8 +394,8 @@ def compile_ahead(runs, *, q_heads, kv_heads, head_dim, dtype, device, threads=N
             x = Inputs(dict(batch=1, length=4096, layout=layout), page_size=page_size, q_heads=q_heads,
                        kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, device=device)
             k, v, table = x.pages if x.pages is not None else (x.k, x.v, None)
-            decode_forward(x.q, k, v, x.lengths, block_table=table, scale=head_dim ** -0.5, num_splits=num_splits,
-                           config=config)
+            decode_forward(x.q, k, v, x.lengths, options=Options(True, head_dim ** -0.5), block_table=table,
+                           num_splits=num_splits, config=config)
     result = compile_notes(notes, threads)
     result.update(launches_noted=len(notes), record_seconds=round(time.perf_counter() - start - result["seconds"], 2))
     log(f"  compiled ahead: {result['kernels']} kernels ({result['failed']} failed) in {result['seconds']:.0f} s "
@@ -356,12 +418,13 @@ def provenance(device) -> dict:
 def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, lengths=LENGTHS, layouts=LAYOUTS,
                      q_heads=Q_HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, page_size=PAGE_SIZE,
                      dtype=torch.bfloat16, sweeps=True, bench=None, ceilings=None, graph="cuda", log=print,
-                     progress=None, precompile: bool | None = None) -> dict:
+                     progress=None, precompile: bool | None = None, cascade=None) -> dict:
     """Measure the points, then the sweeps, within ``budget_s``; returns {"decode": {...}} for the JSON.
     bench(fn) -> (median, 20th, 80th percentile) ms and ceilings ({"copy_gbps": ...}) default to the
     GPU's timers and a measurement now; graph(call) -> replay, default :func:`graphed` on a CUDA device
     (None: no graph times); precompile: compile every kernel first on all cores (default on a CUDA
-    device: :func:`compile_ahead`); a test passes stand-ins and runs it through the interpreter."""
+    device: :func:`compile_ahead`); cascade: the shared-prefix groups (default :func:`cascade_items`
+    with the sweeps, none without); a test passes stand-ins and runs it through the interpreter."""
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("run_decode_bench: no CUDA device; the decoding benchmark runs on a GPU")
     start, bench = time.perf_counter(), bench or bench_spread
@@ -381,6 +444,7 @@ def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, 
     grid = plan(batches, lengths, layouts)
     length = 65536 if 65536 in lengths else max(lengths)
     items = sweep_items(batches[0], length) if sweeps else []
+    cascade = (cascade_items() if sweeps else []) if cascade is None else cascade
     compiled = None
     if precompile if precompile is not None else torch.device(device).type == "cuda":
         try:
@@ -392,7 +456,10 @@ def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, 
     measure = lambda p: measure_point(p, make_inputs(p), sdpa_rows, bench, log, device, graph)  # noqa: E731
     rows, skipped = run_plan(grid, measure, budget_s - (time.perf_counter() - start), progress=progress,
                              timeline=timeline, lost=lost)
-    sweep_rows, sweep_skipped = [], []
+    sweep_rows, sweep_skipped, cascade_rows, cascade_skipped = [], [], [], []
+    if cascade and not lost:  # before the sweeps: never timed before, and a quarter of what is left at most
+        left = (budget_s - (time.perf_counter() - start)) / (4 if items else 1)
+        cascade_rows, cascade_skipped = run_cascade(cascade, bench, left, log, **shapes)
     if items and not lost:
         left = budget_s - (time.perf_counter() - start)
         sweep_rows, sweep_skipped = run_sweeps(items, make_inputs, bench, left, log, graph=graph)
@@ -409,6 +476,7 @@ def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, 
                            "paged points compare with SDPA on the contiguous cache (no gather timed)"},
         "ceilings": ceilings, "precompile": compiled, "points": rows, "skipped": skipped, "timeline": timeline,
         "targets": targets(rows, ceilings.get("copy_gbps")), "sweeps": sweep_rows, "sweeps_skipped": sweep_skipped,
+        "cascade": cascade_rows, "cascade_skipped": cascade_skipped,
         "device_lost": {k: v for k, v in lost[0].items() if k != "pending"} if lost else None,
         "elapsed_s": round(time.perf_counter() - start, 1)}}
 

@@ -73,50 +73,60 @@ def _load_cache_rows(Ptr, stride_block, stride_row, blocks, rows, valid, offs_d,
 
 
 @triton.jit
-def _split_range(split, NUM_SPLITS, seqlen, offset, window_left, BLOCK_K: tl.constexpr):
+def _split_range(split, NUM_SPLITS, seqlen, new_tokens, start, window_left, BLOCK_K: tl.constexpr):
     """[k_lo, k_hi) of this split: the keys any row can see, [first, seqlen), cut into NUM_SPLITS
     chunks of whole tiles (flashlib.decode.split_bounds with block = BLOCK_K). The new tokens are the
-    last NEW_TOKENS = seqlen - offset queries of the cache, so the rule is the forward's with
-    seq_q = NEW_TOKENS, seq_k = seqlen, causal, window (left, 0): its first row's key range."""
-    first, _ = _key_range(0, seqlen - offset, seqlen, window_left, -1, 1, BLOCK_K, False, True)
+    last new_tokens queries of the cache, so the rule is the forward's with seq_q = new_tokens,
+    seq_k = seqlen: the first row's key range under the window's left side, and none before the
+    sequence's start (its left padding); the last row sits at seqlen - 1, so every split ends by seqlen."""
+    first, _ = _key_range(0, new_tokens, seqlen, window_left, -1, 1, BLOCK_K, False, True)
+    first = tl.maximum(first, start // BLOCK_K * BLOCK_K)
     chunk = tl.cdiv(tl.cdiv(seqlen - first, NUM_SPLITS), BLOCK_K) * BLOCK_K
     k_lo = tl.minimum(first + split * chunk, seqlen)
     return k_lo, tl.minimum(k_lo + chunk, seqlen)
 
 
 @triton.jit
-def _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, offset, window_left):
+def _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal, window_left,
+                    window_right):
     """(BLOCK_Q, BLOCK_K) pairs that exist and may attend: row r is the query of new token
-    r % NEW_TOKENS, which sees the keys of this split up to its own position (causal) and inside its
-    window, by the forward's rule with seq_q = NEW_TOKENS and seq_k = offset + NEW_TOKENS."""
+    r % NEW_TOKENS (the rows' stride; this sequence has new_tokens of them, the rest are padding),
+    which sees the keys of this split by the forward's rule with seq_q = new_tokens and seq_k =
+    seqlen: up to its own position if causal (a runtime flag: decoding is bound by memory, not by
+    this test), inside its window, and from the sequence's start (its left padding) on."""
     tok = offs_r % NEW_TOKENS  # (BLOCK_Q,) each row's new token
-    seqlen = offset + NEW_TOKENS
-    visible = _visible(tok, offs_k, NEW_TOKENS, seqlen, True) & _band(tok, offs_k, NEW_TOKENS, seqlen, window_left, -1)
+    visible = tl.where(causal != 0, _visible(tok, offs_k, new_tokens, seqlen, True),
+                       _visible(tok, offs_k, new_tokens, seqlen, False))
+    visible = visible & _band(tok, offs_k, new_tokens, seqlen, window_left, window_right) & (offs_k[None, :] >= start)
     return visible & (offs_r[:, None] < ROWS) & (offs_k[None, :] < k_hi)
 
 
 @triton.jit
 def _decode_inner(m_i, l_i, acc, q_blk, K, V, Table, stride_table, off_b, stride_kb, stride_kn,
-                  stride_vb, stride_vn, offs_r, offs_d, k_lo, k_hi, ROWS, NEW_TOKENS, offset, window_left,
-                  qk_scale, scale, heads, positions, ScoreData, HEAD_DIM, PAGE_SIZE, BLOCK_K: tl.constexpr,
-                  KEY_ROWS: tl.constexpr, SCORE_MOD: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+                  stride_vb, stride_vn, offs_r, offs_d, k_lo, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start,
+                  causal, window_left, window_right, qk_scale, scale, heads, positions, ScoreData, HEAD_DIM,
+                  PAGE_SIZE, BLOCK_K: tl.constexpr, KEY_ROWS: tl.constexpr, SCORE_MOD: tl.constexpr,
+                  INPUT_PRECISION: tl.constexpr):
     """Fold every key/value tile of [k_lo, k_hi) into (m_i, l_i, acc); q_blk stays in registers. heads,
-    positions (BLOCK_Q, 1): each row's query head and position in its sequence, for SCORE_MOD."""
+    positions (BLOCK_Q, 1): each row's query head and position in its sequence, for SCORE_MOD (a
+    key's position in its sequence is its cache position less the sequence's start)."""
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         valid = offs_k < k_hi
         blocks, rows = KEY_ROWS(Table, stride_table, off_b, offs_k, valid, PAGE_SIZE)
         k_tile = _load_cache_rows(K, stride_kb, stride_kn, blocks, rows, valid, offs_d, HEAD_DIM)
         v_tile = _load_cache_rows(V, stride_vb, stride_vn, blocks, rows, valid, offs_d, HEAD_DIM)
-        visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, offset, window_left)
+        visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal,
+                                  window_left, window_right)
         s = _scores(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION, scale, off_b, heads, positions,
-                    offs_k[None, :], ScoreData, SCORE_MOD)
+                    offs_k[None, :] - start, ScoreData, SCORE_MOD)
         m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION)
     return m_i, l_i, acc
 
 
 @triton.jit
-def _decode_split(Q, K, V, Partial, PartialML, SeqLens, Table, qk_scale, scale, window_left,
+def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table, qk_scale, scale, causal,
+                  window_left, window_right,
                   stride_qz, stride_qr, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                   stride_table, stride_pz, stride_pr, KV_HEADS, NUM_SPLITS, ROWS, NEW_TOKENS, HEAD_DIM, PAGE_SIZE,
                   HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -125,14 +135,18 @@ def _decode_split(Q, K, V, Partial, PartialML, SeqLens, Table, qk_scale, scale, 
     """Q: (batch * kv_heads, ROWS, HEAD_DIM), a kv head's query heads and new tokens stacked;
     K, V: caches (blocks, kv_heads, rows per block, HEAD_DIM); Partial: (batch * kv_heads *
     NUM_SPLITS, ROWS, HEAD_DIM) float32, each split's normalised output; PartialML: (batch * kv_heads *
-    NUM_SPLITS, ROWS, 2) float32, its rows' base-2 max m and denominator l."""
+    NUM_SPLITS, ROWS, 2) float32, its rows' base-2 max m and denominator l. SeqLens, NewTokens, Starts:
+    (batch,) int32, each sequence's valid positions (its new tokens included), its new tokens (at most
+    NEW_TOKENS, the rows' stride) and its first position (left padding before it is never seen)."""
     split = tl.program_id(0)
     off_z = tl.program_id(1).to(tl.int64)  # batch * KV_HEADS + kv head; int64: offsets from it can pass 2^31
     q0 = tl.program_id(2) * BLOCK_Q
     off_b = off_z // KV_HEADS
     seqlen = tl.load(SeqLens + off_b)
-    offset = seqlen - NEW_TOKENS  # cache position of the first new token
-    k_lo, k_hi = _split_range(split, NUM_SPLITS, seqlen, offset, window_left, BLOCK_K)
+    new_tokens = tl.load(NewTokens + off_b)
+    start = tl.load(Starts + off_b)
+    offset = seqlen - new_tokens  # cache position of the first new token (< 0: rows before 0 see nothing)
+    k_lo, k_hi = _split_range(split, NUM_SPLITS, seqlen, new_tokens, start, window_left, BLOCK_K)
     Q += off_z * stride_qz
     K += (off_z % KV_HEADS) * stride_kh
     V += (off_z % KV_HEADS) * stride_vh
@@ -141,14 +155,15 @@ def _decode_split(Q, K, V, Partial, PartialML, SeqLens, Table, qk_scale, scale, 
     q_blk = _load_rows(Q, stride_qr, offs_r, offs_d, ROWS, HEAD_DIM)
     # what a score function is told of each row: its query head and its position in the sequence
     heads = ((off_z % KV_HEADS) * (ROWS // NEW_TOKENS) + offs_r // NEW_TOKENS)[:, None]
-    positions = (offset + offs_r % NEW_TOKENS)[:, None]
+    positions = (offset - start + offs_r % NEW_TOKENS)[:, None]
 
     m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
     m_i, l_i, acc = _decode_inner(m_i, l_i, acc, q_blk, K, V, Table, stride_table, off_b, stride_kb, stride_kn,
                                   stride_vb, stride_vn, offs_r, offs_d=offs_d, k_lo=k_lo, k_hi=k_hi, ROWS=ROWS,
-                                  NEW_TOKENS=NEW_TOKENS, offset=offset, window_left=window_left, qk_scale=qk_scale,
+                                  NEW_TOKENS=NEW_TOKENS, new_tokens=new_tokens, seqlen=seqlen, start=start,
+                                  causal=causal, window_left=window_left, window_right=window_right, qk_scale=qk_scale,
                                   scale=scale, heads=heads, positions=positions, ScoreData=ScoreData,
                                   HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, BLOCK_K=BLOCK_K, KEY_ROWS=KEY_ROWS,
                                   SCORE_MOD=SCORE_MOD, INPUT_PRECISION=INPUT_PRECISION)
@@ -295,25 +310,48 @@ def _check_offsets(q_rows, k_cache, v_cache, block_table, num_splits, block_q):
                ("num_splits", "batch x kv_heads", "query row blocks (query heads per kv head x new tokens)"))
 
 
-def _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_ml, options: Options, score,
-                  new_tokens, num_splits, block_q, cfg, input_precision):
+class Sequences(NamedTuple):
+    """Where each sequence of a decoding batch stands, (batch,) int32 contiguous each, as stage 1 reads it:
+    its valid positions (its new tokens included), its new tokens (up to q's new_tokens, the rows'
+    stride: fewer in a mixed batch) and its first position (keys before it, left padding, are not seen)."""
+
+    seqlens: torch.Tensor
+    new_tokens: torch.Tensor
+    starts: torch.Tensor
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):  # a run of sequences: each tensor's slice
+            return Sequences(*(t[index] for t in self))
+        return tuple.__getitem__(self, index)
+
+
+def uniform_sequences(cache_seqlens, new_tokens: int) -> Sequences:
+    """Every sequence with ``new_tokens`` new tokens and no left padding."""
+    lengths = cache_seqlens.to(torch.int32).contiguous()
+    return Sequences(lengths, torch.full_like(lengths, new_tokens), torch.zeros_like(lengths))
+
+
+def _launch_split(q_rows, k_cache, v_cache, sequences: Sequences, block_table, partial, partial_ml, options: Options,
+                  score, new_tokens, num_splits, block_q, cfg, input_precision):
     """Stage 1 on q_rows (batch * kv_heads, rows, d); fills partial and partial_ml. Grid axis 1 holds
     batch x kv_heads and CUDA takes at most 65,535 (rules.row_chunks): a larger batch is launched in
     runs of whole sequences, on views of what the kernel indexes by sequence (its queries, lengths,
-    block table or contiguous cache, and partials). options: the call's (flashlib.options: its scale and
-    the window's left side are read here); score: its score function compiled, or None."""
+    block table or contiguous cache, and partials). options: the call's (flashlib.options: its causal
+    rule, scale and window are read here); score: its score function compiled, or None."""
     bz, rows, d = q_rows.shape
     kv_heads = k_cache.shape[1]
     paged = block_table is not None
+    left, right = options.window
     for run in row_chunks(bz, kv_heads):
         seqs = slice(run.start // kv_heads, run.stop // kv_heads)
         parts = slice(run.start * num_splits, run.stop * num_splits)
-        lengths = cache_seqlens[seqs]
-        table = block_table[seqs] if paged else lengths  # not read by _contiguous_rows
+        at = sequences[seqs]
+        table = block_table[seqs] if paged else at.seqlens  # not read by _contiguous_rows
         k_run, v_run = (k_cache, v_cache) if paged else (k_cache[seqs], v_cache[seqs])
         grid = (num_splits, run.stop - run.start, triton.cdiv(rows, block_q))
-        _decode_split[grid](q_rows[run], k_run, v_run, partial[parts], partial_ml[parts], lengths, table,
-                            options.scale * LOG2E, options.scale, options.window[0], q_rows.stride(0), q_rows.stride(1), k_cache.stride(0),
+        _decode_split[grid](q_rows[run], k_run, v_run, partial[parts], partial_ml[parts], *at, table,
+                            options.scale * LOG2E, options.scale, int(options.causal), left, right,
+                            q_rows.stride(0), q_rows.stride(1), k_cache.stride(0),
                             k_cache.stride(1), stride_kn=k_cache.stride(2), stride_vb=v_cache.stride(0),
                             stride_vh=v_cache.stride(1), stride_vn=v_cache.stride(2),
                             stride_table=table.stride(0) if paged else 0, stride_pz=partial.stride(0),
@@ -336,18 +374,20 @@ def _launch_merge(partial, partial_ml, out, lse, num_splits, block_q, options: O
         num_splits, rows, d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, num_warps=4, num_stages=1, **with_sinks)
 
 
-def decode_forward(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale: float, score=None,
-                   window_left: int = -1, num_splits: int | None = None, config: DecodeConfig | None = None,
-                   input_precision: str = "tf32", sinks=None):
+def decode_forward(q, k_cache, v_cache, cache_seqlens, *, options: Options, score=None, block_table=None,
+                   num_splits: int | None = None, config: DecodeConfig | None = None, input_precision: str = "tf32",
+                   sequences: Sequences | None = None):
     """Both stages, on inputs :func:`flashlib.decode_attention` has checked (nothing here reads the
     lengths or the block table on the host, so the call can be captured in a CUDA graph).
 
     Returns out (batch, q_heads, new_tokens, d) in q's dtype and lse (batch, q_heads, new_tokens)
-    float32. config: stage 1's tiles (default :func:`decode_config`); input_precision: how a
-    float32 ``tl.dot`` multiplies on a GPU ("tf32" or "ieee"); sinks: (q_heads,) attention sinks,
-    merged as one more partial with no value; score: a score function compiled
+    float32. options: the call's (flashlib.options: causal, scale, window, sinks; the sinks merged as
+    one more partial with no value); score: its score function compiled
     (:func:`flashlib.kernels.function.kernel_score`: soft-capping is one), told each new token's
-    position in its sequence."""
+    position in its sequence; config: stage 1's tiles (default :func:`decode_config`);
+    input_precision: how a float32 ``tl.dot`` multiplies on a GPU ("tf32" or "ieee"); sequences: each
+    sequence's new tokens and start where they differ (a mixed batch, left padding), else every
+    sequence has q's new_tokens from position 0 (:func:`uniform_sequences` of cache_seqlens)."""
     batch, q_heads, new_tokens, d = q.shape
     kv_heads = k_cache.shape[1]
     if q.numel() == 0:  # no batch, heads or new tokens
@@ -357,23 +397,24 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scal
     q_rows = _contiguous_last_dim(q.reshape(batch * kv_heads, rows, d))
     k_cache, v_cache = _contiguous_last_dim(k_cache), _contiguous_last_dim(v_cache)
     # the lengths and the block table as the kernels read them: contiguous (views such as t[::2] copied)
-    cache_seqlens = cache_seqlens.contiguous()
+    if sequences is None:
+        sequences = uniform_sequences(cache_seqlens, new_tokens)
+    sequences = Sequences(*(t.to(torch.int32).contiguous() for t in sequences))
     block_table = None if block_table is None else block_table.contiguous()
     capability = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
     cfg = config or decode_config(d, q.dtype, capability)
     block_q = row_block(rows)
     if num_splits is None:
-        num_splits = default_num_splits(q, k_cache, block_table, window_left)
+        num_splits = default_num_splits(q, k_cache, block_table, options.window[0])
     # exact, and small enough for the kernels' integers: a window as wide as the cache limits nothing,
     # and splits past the cache's last tile would be empty
     keys = k_cache.shape[2] * (block_table.shape[1] if block_table is not None else 1)
-    window_left = min(window_left, keys)
+    options = options._replace(window=tuple(min(side, keys + new_tokens) for side in options.window))
     num_splits = min(num_splits, max(1, triton.cdiv(keys, cfg.block_k)))
     _check_offsets(q_rows, k_cache, v_cache, block_table, num_splits, block_q)
     partial = torch.empty(batch * kv_heads * num_splits, rows, d, dtype=torch.float32, device=q.device)
     partial_ml = torch.empty(batch * kv_heads * num_splits, rows, 2, dtype=torch.float32, device=q.device)
-    options = Options(True, scale, (window_left, -1), sinks=sinks)  # the compiled score function travels beside
-    _launch_split(q_rows, k_cache, v_cache, cache_seqlens, block_table, partial, partial_ml, options, score,
+    _launch_split(q_rows, k_cache, v_cache, sequences, block_table, partial, partial_ml, options, score,
                   new_tokens, num_splits, block_q, cfg, input_precision)
     out = torch.empty_like(q_rows)
     lse = torch.empty(batch * kv_heads, rows, dtype=torch.float32, device=q.device)
