@@ -107,10 +107,14 @@ def load_run(path: Path | str) -> dict:
     return run
 
 
+KINDS = ("cpu", "gpu", "cascade-cpu")
+
+
 def load_runs(kind: str = "gpu", directory: Path | str | None = None) -> list[dict]:
-    """Every recorded run of one kind ("cpu" or "gpu"), oldest first (:func:`load_run` each)."""
-    if kind not in ("cpu", "gpu"):
-        raise ValueError(f"records: argument 'kind' must be 'cpu' or 'gpu', got {kind!r}")
+    """Every recorded run of one kind, oldest first (:func:`load_run` each): "cpu" (dense against tiled),
+    "gpu" (the GPU check) or "cascade-cpu" (shared-prefix decoding, flashlib.bench.cascade)."""
+    if kind not in KINDS:
+        raise ValueError(f"records: argument 'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
     directory = Path(directory) if directory is not None else BENCH_DIR
     runs = [load_run(path) for path in sorted(directory.glob(f"{kind}-*.json"))]
     return sorted(runs, key=lambda r: (provenance(r).get("date", ""), r["file"]))
