@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from ..decode import cascade_bytes
 from ..softmax import merge_partials
@@ -30,12 +31,13 @@ def bytes_figure(*, groups=(1, 2, 4, 8, 16, 32, 64), prefix: int = 16384, suffix
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.set_xticks(groups, [str(g) for g in groups])
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     ax.set_xlabel("requests sharing the prefix")
     ax.set_ylabel("GiB read per step and layer")
     ax.set_title(f"prefix {prefix:,} + suffix {suffix} positions, {kv_heads} kv heads of {head_dim}, bf16")
     for g, c in zip(groups, counts):
         if g >= 4:
-            ax.annotate(f"{c['ratio']:.1f}x", (g, c["cascade"] / 2**30), textcoords="offset points", xytext=(0, -13),
+            ax.annotate(f"{c['ratio']:.1f}x", (g, c["cascade"] / 2**30), textcoords="offset points", xytext=(0, 7),
                         ha="center", fontsize=8)
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
