@@ -24,11 +24,12 @@ def batch_and_heads(shape) -> tuple[int, int]:
     return math.prod(lead[:-1]), lead[-1]
 
 
-def check_attention_inputs(fn: str, q, k, v, *, causal, scale, groups: bool = False) -> float:
+def check_attention_inputs(fn: str, q, k, v, *, causal, scale, groups: bool = False, value_dim: bool = False) -> float:
     """Validate (..., seq, head_dim) inputs; return the softmax scale to use.
 
     groups: k and v may have fewer heads (dim -3) than q, a divisor of q's (grouped-query
-    attention); otherwise every leading dim must match."""
+    attention); otherwise every leading dim must match. value_dim: v may have a head dim of its
+    own (MLA's 192 for q and k, 128 for v), as the references allow and the fused kernels do not."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
@@ -55,11 +56,15 @@ def check_attention_inputs(fn: str, q, k, v, *, causal, scale, groups: bool = Fa
                 f"{fn}: argument '{name}' has leading (batch, heads) dims {tuple(t.shape[:-2])} but 'q' has "
                 f"{tuple(q.shape[:-2])}; they must match exactly"
             )
-        if t.shape[-1] != q.shape[-1]:
-            raise ValueError(
-                f"{fn}: argument '{name}' has head_dim {t.shape[-1]} but 'q' has head_dim {q.shape[-1]}; "
-                "q, k and v must share head_dim"
-            )
+        if name == "v" and value_dim:
+            if t.shape[-1] < 1:
+                raise ValueError(f"{fn}: argument 'v' must have head_dim >= 1; got shape {tuple(t.shape)}")
+        elif t.shape[-1] != q.shape[-1]:
+            rule = ("q and k must share head_dim (v may have its own)" if value_dim else
+                    "q, k and v must share head_dim here (flashlib.dense_attention and tiled_attention take "
+                    "a head dim of v's own, as MLA has)")
+            raise ValueError(f"{fn}: argument '{name}' has head_dim {t.shape[-1]} but 'q' has head_dim "
+                             f"{q.shape[-1]}; {rule}")
         if t.dtype != q.dtype:
             raise TypeError(
                 f"{fn}: argument '{name}' has dtype {t.dtype} but 'q' has {q.dtype}; "

@@ -51,7 +51,7 @@ def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fa
     """
     fn = "tiled_backward"
     options = check_options(fn, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
+                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod, value_dim=True)
     blocks = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k)
     return backward_pass(q, k, v, out, lse, dout, options, blocks, dlse, captured)
 
@@ -61,7 +61,7 @@ def backward_pass(q, k, v, out, lse, dout, options: Options, blocks, dlse=None, 
     block_q, block_k = blocks
     rule, scoring, sinks, scale = options.visibility, options.scoring, options.sinks, options.scale
     work = _compute_dtype(q.dtype)
-    q_shape, kv_shape = q.shape, k.shape
+    q_shape, kv_shape, v_shape = q.shape, k.shape, v.shape
     q, out, dout = (canonical(t).to(work) for t in (q, out, dout))
     k, v = (expand_kv(canonical(t), q.shape[1]).to(work) for t in (k, v))  # query head h reads kv head h // group
     lse = lse.reshape(q.shape[:-1]).to(work)
@@ -95,7 +95,7 @@ def backward_pass(q, k, v, out, lse, dout, options: Options, blocks, dlse=None, 
             dq[..., q0:q1, :] += (ds @ k_tile) * scale
             dk_j += (ds.transpose(-2, -1) @ q_blk) * scale
         dk[..., k0:k1, :], dv[..., k0:k1, :] = dk_j, dv_j
-    grads = dq.reshape(q_shape), _group_sum(dk, kv_shape), _group_sum(dv, kv_shape)
+    grads = dq.reshape(q_shape), _group_sum(dk, kv_shape), _group_sum(dv, v_shape)
     grads = grads if sinks is None else (*grads, dsinks)
     return (*grads, *(g.to(t.dtype) for g, t in zip(dcaptured, captured))) if captured else grads
 
@@ -148,7 +148,8 @@ def tiled_attention(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bo
         q: (batch, heads, seq_q, head_dim); any leading dims, at least (seq_q, head_dim).
         k, v: (batch, kv_heads, seq_k, head_dim); seq_k may differ from seq_q; kv_heads divides
             heads (grouped-query attention: query head h reads kv head h // (heads // kv_heads),
-            and dk, dv sum over each group).
+            and dk, dv sum over each group); v may have a head dim of its own (MLA's), which the
+            output has.
         block_q: query rows per block (BLOCK_Q); need not divide seq_q.
         block_k: key/value rows per tile (BLOCK_K); need not divide seq_k.
         causal: query i sees key j when j <= i + seq_k - seq_q (bottom-right diagonal,
@@ -176,7 +177,7 @@ def tiled_attention(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bo
     """
     fn = "tiled_attention"
     options = check_options(fn, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
+                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod, value_dim=True)
     tiles = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k), check_loop(fn, loop)
     captured = []
     if score_mod is not None and torch.is_grad_enabled():  # what the function reads, found by tracing it

@@ -288,8 +288,8 @@ def _partials(batch: Batch, args: DecodeArgs, num_splits: int):
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     group = q.shape[1] // batch.k_cache.shape[1]
     result = []
-    for b, (seqlen, n, start) in enumerate(zip(*(t.tolist() for t in (batch.seqlens, batch.new_tokens,
-                                                                       batch.starts)))):
+    where = zip(*(t.tolist() for t in (batch.seqlens, batch.new_tokens, batch.starts)))
+    for b, (seqlen, n, start) in enumerate(where):
         # (kv_heads, seqlen, d) -> (q_heads, seqlen, d): query head h reads kv head h // group
         k, v = (_sequence(c, batch.block_table, b, seqlen, args.paged).to(work).repeat_interleave(group, dim=0)
                 for c in (batch.k_cache, batch.v_cache))

@@ -85,7 +85,8 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         q: (batch, heads, seq_q, head_dim); any leading dims, at least (seq_q, head_dim).
         k: (batch, kv_heads, seq_k, head_dim); kv_heads divides heads (grouped-query attention:
             query head h reads kv head h // (heads // kv_heads)).
-        v: (batch, kv_heads, seq_k, head_dim).
+        v: (batch, kv_heads, seq_k, head_dim_v); head_dim_v may differ from q's and k's (MLA's
+            128 beside 192); the output has it.
         causal: mask with :func:`causal_mask` (bottom-right aligned). A query row that
             sees no key gets an all-zero probability row and a zero output.
         scale: multiplies the scores; defaults to 1/sqrt(head_dim).
@@ -106,7 +107,7 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         out (..., seq_q, head_dim), or (out, S, P) if ``return_scores``.
     """
     options = check_options("dense_attention", q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
+                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod, value_dim=True)
     rule, scoring, sinks, scale = options.visibility, options.scoring, options.sinks, options.scale
     heads = q.shape[-3] if q.ndim >= 3 else 1
     k, v = expand_kv(k, heads), expand_kv(v, heads)

@@ -27,9 +27,11 @@ import tempfile
 import types
 import zipfile
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
+
+from ._checks import resolve_scale
+from .options import Options, checked_options
 
 NAME = "tiled"
 MODEL_PACKAGE = "all_minilm_l6_v2"
@@ -47,19 +49,6 @@ PACKED_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 # bidirectional, a causal sliding window, packed sequences; anything else would be dropped
 MASK_PARTS = frozenset({"causal_mask_function", "bidirectional_mask_function", "sliding_window_overlay",
                         "and_masks", "packed_sequence_mask_function", "remap_positions_for_packed_sequence"})
-
-
-class Options(NamedTuple):
-    """What a call asks of attention, in flashlib's terms."""
-
-    causal: bool
-    scale: float | None
-    window: tuple[int, int] | None  # flashlib's (left, right); None: every key
-    softcap: float | None
-    sinks: torch.Tensor | None      # (heads,): one logit per query head in the softmax's denominator
-
-    def op_kwargs(self) -> dict:
-        return dict(causal=self.causal, scale=self.scale, window=self.window, softcap=self.softcap, sinks=self.sinks)
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
@@ -107,7 +96,10 @@ def _options(module, query, dropout, scaling, is_causal, sliding_window, softcap
         shape = tuple(s_aux.shape) if isinstance(s_aux, torch.Tensor) else type(s_aux).__name__
         raise ValueError(f"{FN}: argument 's_aux' (attention sinks) is {shape}; expected a tensor of shape "
                          f"({query.shape[1]},), one logit per query head")
-    return Options(bool(is_causal), scaling, window, softcap, s_aux)
+    # flashlib's own options object, checked as every op checks it
+    return checked_options(FN, query.shape[1], query.device, causal=bool(is_causal),
+                           scale=resolve_scale(FN, scaling, query.shape[-1]), window=window, softcap=softcap,
+                           sinks=s_aux)
 
 
 def _check_kwargs(kwargs):
@@ -141,7 +133,7 @@ def _dense(query, key, value, options):
     if _decoding(query, key, value, options):
         lengths = torch.full((query.shape[0],), key.shape[2], dtype=torch.int32, device=query.device)
         return decode_attention(query, key, value, lengths, **_decode_kwargs(options)).transpose(1, 2)
-    return flash_attention(query, key, value, **options.op_kwargs()).transpose(1, 2)
+    return flash_attention(query, key, value, **options.keywords()).transpose(1, 2)
 
 
 def _decoding(query, key, value, options) -> bool:
@@ -152,9 +144,7 @@ def _decoding(query, key, value, options) -> bool:
 
 
 def _decode_kwargs(options) -> dict:
-    kwargs = options.op_kwargs()
-    del kwargs["causal"]  # decoding is causal
-    return kwargs
+    return options.keywords()  # causal: one query per sequence, the last
 
 
 def _valid_tokens(attention_mask, key):
@@ -176,14 +166,15 @@ def _padded(query, key, value, valid, options):
     batch, heads, seq_q, d = query.shape
     key, value = key[:, :, :valid.shape[1]], value[:, :, :valid.shape[1]]
     lengths = valid.sum(dim=1, dtype=torch.int32)  # (batch,)
-    if options.causal or options.window is not None:
+    if options.causal or options.window != (-1, -1):
         _check_one_run(valid, lengths)
     valid_q = valid[:, -seq_q:] if options.causal else torch.ones(batch, seq_q, dtype=torch.bool, device=valid.device)
     if _decoding(query, key, value, options) and bool(valid_q.all()):
-        # the valid keys moved to the front of each sequence, where decode_attention reads them
-        order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)[:, None, :, None]
-        key, value = (t.take_along_dim(order, dim=2) for t in (key, value))
-        return decode_attention(query, key, value, lengths, **_decode_kwargs(options)).transpose(1, 2)
+        # left padding (one run of valid keys ending at the query): each sequence starts where its
+        # valid keys do, and decode_attention never reads the padding before it (nothing copied)
+        every = torch.full_like(lengths, key.shape[2])
+        return decode_attention(query, key, value, every, cache_leftpad=every - lengths,
+                                **_decode_kwargs(options)).transpose(1, 2)
     cu_k = _cumulative(lengths)
     cu_q = _cumulative(valid_q.sum(dim=1, dtype=torch.int32))
 
@@ -218,7 +209,7 @@ def _varlen(q, k, v, cu_q, cu_k, options):
 
     max_q = int((cu_q[1:] - cu_q[:-1]).max()) if cu_q.numel() > 1 else 0
     max_k = int((cu_k[1:] - cu_k[:-1]).max()) if cu_k.numel() > 1 else 0
-    return flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, **options.op_kwargs())
+    return flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, **options.keywords())
 
 
 def _packed_positions(position_ids, query, key):

@@ -1,29 +1,29 @@
-"""What a decoding call does to and with its KV cache before attending: flash-attn's KV-cache contract.
+"""Before a decoding call attends: what it does to and with its KV cache (flash-attn's contract).
 
 :func:`flashlib.decode_attention` takes the arguments of flash-attn's ``flash_attn_with_kvcache``
-(in flashlib's (batch, heads, seq, dim) layout) and one more, ``cu_seqlens_q``; this module turns
-them into one :class:`Batch`: every sequence's queries, where its keys live, how many of its
-positions are valid, how many new tokens it has and where it starts. The reference
-(:func:`flashlib.decode_reference`) and the kernels (:mod:`flashlib.kernels.decode`) then read the
-same batch::
+(in flashlib's (batch, heads, seq, dim) layout) and one more, ``cu_seqlens_q``; this module
+turns them into one :class:`Batch`: every sequence's queries, where its keys live, how many of
+its positions are valid, how many new tokens it has and where it starts. The reference
+(:func:`flashlib.decode_reference`) and the kernels (:mod:`flashlib.kernels.decode`) then read
+the same batch::
 
-    k_new, v_new        the new tokens' keys and values, (batch, kv_heads, n_new, d): written into
-                        the cache at positions cache_seqlens[b] .. cache_seqlens[b] + n_new - 1
-                        (cache_seqlens then counts the positions *before* the call, as flash-attn's)
-    rotary_cos, _sin    (positions, rotary_dim / 2): k_new rotated at the positions it is written
-                        to, q at cache_seqlens[b] + i (causal or windowed; all at cache_seqlens[b]
-                        otherwise), as flash-attn rotates them (flashlib.rotary)
-    cache_batch_idx     (batch,) int32: sequence b's cache is row cache_batch_idx[b] of a pool
-                        (batch_pool, kv_heads, capacity, d) (read as pages of the capacity's size)
-    cache_leftpad       (batch,) int32: sequence b starts at that position: keys before it (left
-                        padding) are not seen, and a score function counts positions from it
-    cu_seqlens_q        (batch + 1,) int32: q packed (total_q, q_heads, d), sequence b's new tokens
-                        rows cu[b] .. cu[b+1] - 1: a mixed batch (a prefill chunk beside decoding
-                        steps) in one launch; k_new, v_new then packed the same way
+    k_new, v_new       the new tokens' keys and values, (batch, kv_heads, n_new, d): written
+                       into the cache at positions cache_seqlens[b] .. + n_new - 1 (then
+                       cache_seqlens counts the positions *before* the call, as flash-attn's)
+    rotary_cos, _sin   (positions, rotary_dim / 2): k_new rotated at the positions it is
+                       written to, q at cache_seqlens[b] + i (causal or windowed; else all at
+                       cache_seqlens[b]), as flash-attn rotates them (flashlib.rotary)
+    cache_batch_idx    (batch,) int32: sequence b's cache is row cache_batch_idx[b] of a pool
+                       (rows, kv_heads, capacity, d), read as pages of the capacity's size
+    cache_leftpad      (batch,) int32: sequence b starts there: keys before it (left padding)
+                       are not seen, and a score function counts positions from it
+    cu_seqlens_q       (batch + 1,) int32: q packed (total_q, q_heads, d), sequence b's new
+                       tokens rows cu[b] .. cu[b+1] - 1: a mixed batch (a prefill chunk beside
+                       decoding steps) in one launch; k_new, v_new then packed the same way
 
-Queries align bottom-right: with L_b the valid positions after the append, sequence b's new token
-i of n_b sits at position L_b - n_b + i (rows before position 0, when L_b < n_b, see no key and give
-zeros, as flash-attn's do).
+Queries align bottom-right: with L_b the valid positions after the append, sequence b's new
+token i of n_b sits at position L_b - n_b + i (rows before position 0, when L_b < n_b, see no
+key and give zeros, as flash-attn's do).
 """
 from __future__ import annotations
 
@@ -206,8 +206,9 @@ def _rotate_queries(q, new_tokens, seqlens, cos, sin, interleaved, *, moving: bo
     """q (batch, heads, n_max, d) rotated as flash-attn rotates it: new token i of sequence b at
     position seqlens[b] + i when the queries move with their positions (causal, or a window), all
     at seqlens[b] otherwise."""
-    steps = torch.arange(q.shape[2], device=q.device)[None, :] if moving else torch.zeros(1, 1, dtype=torch.long,
-                                                                                         device=q.device)
+    steps = torch.arange(q.shape[2], device=q.device)[None, :]
+    if not moving:
+        steps = torch.zeros_like(steps[:, :1])
     positions = seqlens.long()[:, None] + steps  # (batch, n_max or 1)
     limit = cos.shape[0] - 1  # padding rows of a mixed batch: any row of the table, never read back
     valid = torch.arange(q.shape[2], device=q.device)[None, :] < new_tokens[:, None].long()

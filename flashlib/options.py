@@ -102,17 +102,24 @@ class Options(NamedTuple):
         return options.with_tensors(tensors)
 
     def keywords(self) -> dict:
-        """The keyword arguments that give these options again, to an op or a reference."""
-        return dict(causal=self.causal, scale=self.scale, window=self.window, softcap=self.softcap or None,
-                    mask_mod=self.mask_mod, block_mask=self.block_mask, score_mod=self.score_mod, sinks=self.sinks)
+        """The keyword arguments that give these options again, to an op or a reference: causal and
+        scale, and each other option that is set (so that an op without it, decoding's without
+        mask functions say, is not handed it)."""
+        given = dict(causal=self.causal, scale=self.scale)
+        for name, default in zip(self._fields[2:], Options()[2:]):
+            value = getattr(self, name)
+            if value is not None if default is None else value != default:  # a tensor is never compared
+                given[name] = value
+        return given
 
 
 def check_options(fn: str, q, k, v, *, causal: bool = False, scale=None, window=None, softcap=None, mask_mod=None,
-                  block_mask=None, sinks=None, score_mod=None) -> Options:
+                  block_mask=None, sinks=None, score_mod=None, value_dim: bool = False) -> Options:
     """The options of a call on (..., heads, seq, head_dim) q, k, v, each checked once, with the
     inputs; a block mask's rule fills causal, window and mask_mod (the call may repeat them, not
-    change them). Errors name ``fn`` and the argument."""
-    scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True)
+    change them). value_dim: v may have a head dim of its own (the references). Errors name ``fn``
+    and the argument."""
+    scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True, value_dim=value_dim)
     heads = q.shape[-3] if q.ndim >= 3 else 1
     options = checked_options(fn, heads, q.device, causal=causal, scale=scale, window=window, softcap=softcap,
                               mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)

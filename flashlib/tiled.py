@@ -118,13 +118,13 @@ def _compute_dtype(dtype):
 def _query_major(q, k, v, block_q, block_k, rule, scoring, on_step=None, sinks=None):
     seq_q, seq_k = q.shape[-2], k.shape[-2]
     lead = q.shape[:-2]
-    out = torch.empty_like(q)
+    out = q.new_empty(*lead, seq_q, v.shape[-1])  # v's head dim (MLA's differs from q's)
     lse = torch.empty(*lead, seq_q, dtype=q.dtype, device=q.device)
     for q0 in range(0, seq_q, block_q):
         q1 = min(q0 + block_q, seq_q)
         q_blk = q[..., q0:q1, :]  # stays resident for the whole inner loop
         m_i, l_i = _start(lead, q1 - q0, sinks, q)
-        acc = torch.zeros_like(q_blk)
+        acc = q_blk.new_zeros(*lead, q1 - q0, v.shape[-1])
         k_end = _key_range_end(q0, q1, seq_q, seq_k, rule)
         k_start = _key_range_start(q0, seq_q, seq_k, rule, block_k)
         for k0 in range(k_start, k_end, block_k):
@@ -145,7 +145,7 @@ def _key_major(q, k, v, block_q, block_k, rule, scoring, on_step=None, sinks=Non
     seq_q, seq_k = q.shape[-2], k.shape[-2]
     lead = q.shape[:-2]
     # Algorithm 1 keeps the normalised O and the statistics of every row in HBM.
-    o = torch.zeros_like(q)
+    o = q.new_zeros(*lead, seq_q, v.shape[-1])
     m, l = _start(lead, seq_q, sinks, q)
     for k0 in range(0, seq_k, block_k):
         k1 = min(k0 + block_k, seq_k)
@@ -184,7 +184,7 @@ def tiled_forward(q, k, v, *, block_q=64, block_k=64, causal=False, scale=None, 
     :func:`flashlib.tiled_attention`.
     """
     options = check_options(fn, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
+                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod, value_dim=True)
     tiles = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k), check_loop(fn, loop)
     return forward_pass(q, k, v, options, tiles, on_step)
 
@@ -199,7 +199,7 @@ def forward_pass(q, k, v, options: Options, tiles, on_step=None):
     sinks = options.sinks
     out, lse = run(qc.to(work), kc.to(work), vc.to(work), block_q, block_k, options.visibility, options.scoring,
                    on_step, None if sinks is None else sinks.to(work))
-    out, lse = out.reshape(q.shape).to(q.dtype), lse.reshape(q.shape[:-1])
+    out, lse = out.reshape(*q.shape[:-1], v.shape[-1]).to(q.dtype), lse.reshape(q.shape[:-1])
     return out, lse.float() if work != torch.float64 else lse
 
 

@@ -18,7 +18,7 @@ CASES = [
     (qkv((2, 2, 4, 3), (3, 2, 4, 3), (3, 2, 4, 3)), {}, ValueError, ["'k'", "batch dims (3,)", "(2,)"]),
     (qkv((4, 4, 3), (2, 4, 3), (1, 4, 3)), {}, ValueError, ["'k' and 'v'", "(2,)", "(1,)"]),
     (qkv((4, 3), (4, 5), (4, 5)), {}, ValueError, ["'k'", "head_dim 5", "head_dim 3"]),
-    (qkv((4, 3), (4, 3), (4, 2)), {}, ValueError, ["'v'", "head_dim 2"]),
+    (qkv((4, 3), (4, 3), (4, 0)), {}, ValueError, ["'v'", "head_dim >= 1"]),  # its own head dim, >= 1
     (qkv((4, 3), (4, 3), (5, 3)), {}, ValueError, ["'k' and 'v'", "k with 4", "v with 5"]),
     (qkv((4, 3), (4, 3), (4, 3), dtype=torch.int64), {}, TypeError, ["'q'", "floating-point", "torch.int64"]),
     ([torch.randn(4, 3), torch.randn(4, 3).double(), torch.randn(4, 3)], {}, TypeError,

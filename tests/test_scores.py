@@ -329,3 +329,40 @@ def test_ring_attention_tells_score_functions_global_positions(layout):
         torch.testing.assert_close(fd.unshard([r[1][i] for r in ranks], layout=layout), want[i], atol=1e-12, rtol=0)
     # each rank's share of the table's gradient; a replicated parameter's shares add up
     torch.testing.assert_close(sum(r[2] for r in ranks), want[3], atol=1e-12, rtol=0)
+
+
+# ----- a new option is one function: ALiBi as a user would add it -------------------------------
+
+def test_a_users_own_alibi_is_one_function_that_every_op_takes_unchanged():
+    """Issue 32's measure: ALiBi written here, in the test, as a user would (flashlib.scores is not
+    asked), runs in the reference, the teaching kernels, packed sequences and decoding, forward and
+    (where there is one) backward with its slopes' gradient, against flex_attention and float64
+    autograd of the plain formula; no signature anywhere needed a new argument."""
+    def my_alibi(slopes):
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * (kv_idx - q_idx)
+        return score_mod
+
+    q, k, v = _inputs(24, 24)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], dtype=torch.float64, requires_grad=True)
+    want = plain_attention(q, k, v, my_alibi(slopes), causal=True)
+    (want_grad,) = torch.autograd.grad(want.sum(), slopes)
+    flex_out, _ = _flex(q, k, v, my_alibi(slopes.detach()), causal=True)
+    torch.testing.assert_close(flex_out, want, rtol=0, atol=1e-12)
+    theirs = slopes.detach().float().requires_grad_()
+    out = flashlib.flash_attention(q.float(), k.float(), v.float(), causal=True, score_mod=my_alibi(theirs))
+    (grad,) = torch.autograd.grad(out.sum(), theirs)
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=2e-6)
+    torch.testing.assert_close(grad.double(), want_grad, rtol=2e-6, atol=1e-6)  # sums of ~500 float32 terms
+    tiled = flashlib.tiled_attention(q, k, v, causal=True, score_mod=my_alibi(slopes.detach()), block_q=8, block_k=8)
+    torch.testing.assert_close(tiled, want.detach(), rtol=0, atol=1e-12)
+    # packed: the two batch rows as two sequences, positions within each
+    packed = [t.float().transpose(1, 2).reshape(-1, t.shape[1], D) for t in (q, k, v)]
+    cu = torch.tensor([0, 24, 48], dtype=torch.int32)
+    out = flashlib.flash_attention_varlen(*packed, cu, cu, 24, 24, causal=True, score_mod=my_alibi(theirs.detach()))
+    torch.testing.assert_close(out.reshape(B, 24, H, D).transpose(1, 2).double(), want.detach(), rtol=0, atol=2e-6)
+    # decoding the last 3 tokens over the whole cache: their rows of the full attention
+    with torch.no_grad():
+        last = flashlib.decode_attention(q[:, :, -3:].float(), k.float(), v.float(), torch.full((B,), 24, dtype=torch.int32),
+                                         score_mod=my_alibi(theirs.detach()))
+    torch.testing.assert_close(last.double(), want.detach()[:, :, -3:], rtol=0, atol=2e-6)

@@ -87,9 +87,9 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
         raise RuntimeError("paged_attention runs inside generate_paged, which holds its cache")
     # transformers' keywords in flashlib's terms, as flashlib.hf reads them (sliding_window w: window (w - 1, 0))
     options = _options(module, query, dropout, scaling, kwargs.get("is_causal"), kwargs.get("sliding_window"),
-                       kwargs.get("softcap"), kwargs.get("s_aux")).op_kwargs()
+                       kwargs.get("softcap"), kwargs.get("s_aux")).keywords()
     options.pop("causal")  # a prompt is causal; a step's one query sees the whole cache
-    window = options["window"]
+    window = options.get("window")
     if cache.mistake == "sinks dropped":
         options["sinks"] = None
     elif cache.mistake == "window one key wider" and window is not None:
