@@ -39,7 +39,7 @@ browser-deps: $(STAMP)
 
 test: $(STAMP) $(TRITON36)/.stamp browser-deps
 	FLASHLIB_TRITON36=$(abspath $(TRITON36)) $(PY) -m pytest tests notebooks --nbval \
-		--nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout 600
+		--nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout 600 --durations=20
 
 test-fast: $(STAMP)
 	$(PY) -m pytest tests -m "not browser" -x -q

@@ -60,9 +60,9 @@ def check_attention_inputs(fn: str, q, k, v, *, causal, scale, groups: bool = Fa
             if t.shape[-1] < 1:
                 raise ValueError(f"{fn}: argument 'v' must have head_dim >= 1; got shape {tuple(t.shape)}")
         elif t.shape[-1] != q.shape[-1]:
-            rule = ("q and k must share head_dim (v may have its own)" if value_dim else
-                    "q, k and v must share head_dim here (flashlib.dense_attention and tiled_attention take "
-                    "a head dim of v's own, as MLA has)")
+            rule = ("q and k must share head_dim" if name == "k" else
+                    "v must share it here (flashlib.dense_attention and tiled_attention take a head dim of v's "
+                    "own, as MLA has)")
             raise ValueError(f"{fn}: argument '{name}' has head_dim {t.shape[-1]} but 'q' has head_dim "
                              f"{q.shape[-1]}; {rule}")
         if t.dtype != q.dtype:

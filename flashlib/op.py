@@ -349,7 +349,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     # exact, and within the op's numbers: no sequence is longer than its packed tensor, and a window
     # side as wide as both sequences limits nothing (-1 stays -1)
     max_q, max_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
-    options = options._replace(window=tuple(min(side, max_q + max_k) for side in options.window))
+    options = options.window_within(max_q + max_k)
     if options.functions:
         out, lse = _varlen_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, options)
     else:

@@ -72,6 +72,12 @@ class Options(NamedTuple):
         """Anything but the causal rule and the scale: what the ladder's fast rungs do not have."""
         return self.masked or self.softcap != 0.0 or self.score_mod is not None or self.sinks is not None
 
+    def window_within(self, keys: int) -> "Options":
+        """These options with each window side at most ``keys``: a side as wide as every key a query
+        could see limits nothing, so this changes no result (-1 stays -1), and the kernels' integers
+        (a side plus a position) stay small."""
+        return self._replace(window=tuple(min(side, keys) for side in self.window))
+
     # ----- what crosses a custom op's schema: numbers and tensors, each in one list --------------
 
     @property

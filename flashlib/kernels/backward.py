@@ -27,7 +27,7 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402
 
 from .forward import _load_rows  # noqa: E402
-from .rules import (_SKIPPED, _key_range, _mod_scores_slope, _mod_slope, _query_range,  # noqa: E402,F401
+from .rules import (_SKIPPED, _batch_head, _key_range, _mod_scores_slope, _mod_slope, _query_range,  # noqa: E402,F401
                     _query_range_start, _tile_kind, _visible, _visible_mod, _visible_slope)
 
 
@@ -153,13 +153,13 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
     k0 = tl.program_id(0) * BLOCK_K  # the grid replaces the reference's loop over key tiles
     off_z = tl.program_id(1).to(tl.int64)  # batch * kv head
     off_q = off_z * BLOCK_H  # its group's first query head, batch * HEADS + head
-    off_b = off_q // HEADS + ROW0 * BLOCK_H // HEADS  # what a mask function is told
+    off_b, off_h = _batch_head(off_q, HEADS, ROW0 * BLOCK_H)  # what mask and score functions are told
     _attn_bwd_dkdv_block(Q + off_q * stride_qz, K + off_z * stride_kz, V + off_z * stride_vz, DO + off_q * stride_doz,
                          DK + off_z * stride_dkz, DV + off_z * stride_dvz, Lse + off_q * SEQ_Q, Delta + off_q * SEQ_Q,
                          Tiles, MaskData, ScoreData, qk_scale, scale, stride_qz, stride_qm=stride_qm, stride_kn=stride_kn,
                          stride_vn=stride_vn, stride_doh=stride_doz, stride_dom=stride_dom, stride_dkn=stride_dkn,
                          stride_dvn=stride_dvn, stride_lh=SEQ_Q, k0=k0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
-                         window_left=window_left, window_right=window_right, off_b=off_b, off_h=off_q % HEADS,
+                         window_left=window_left, window_right=window_right, off_b=off_b, off_h=off_h,
                          stride_tb=stride_tb, stride_th=stride_th, stride_tr=stride_tr, HEAD_DIM_PAD=HEAD_DIM_PAD,
                          BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H, CAUSAL=CAUSAL,
                          INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
@@ -238,7 +238,7 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
     q0 = tl.program_id(0) * BLOCK_Q
     off_z = tl.program_id(1).to(tl.int64)
     off_kv = off_z // GROUP  # grouped-query attention: query head h reads kv head h // GROUP
-    off_b, off_h = off_z // HEADS + ROW0 // HEADS, off_z % HEADS  # what a mask function is told
+    off_b, off_h = _batch_head(off_z, HEADS, ROW0)  # what mask and score functions are told
     if MASK_MOD is not None:  # the block mask's row of this block
         Tiles += off_b * stride_tb + off_h * stride_th + q0 // BLOCK_Q * stride_tr
     _attn_bwd_dq_block(Q + off_z * stride_qz, K + off_kv * stride_kz, V + off_kv * stride_vz, DO + off_z * stride_doz,

@@ -33,7 +33,7 @@ from ..options import Options
 from ._mode import interpreting
 from .config import LOG2E, head_dim_pad, lse_natural
 from .forward import _finish, _finite, _load_rows, _online_update, _scores, triton
-from .rules import _band, _key_range, _sink_state, _visible, row_chunks
+from .rules import _band, _batch_head, _key_range, _sink_state, _stacked_head, _visible, row_chunks
 from .scorefn import score_args
 
 import triton.language as tl  # noqa: E402  (after forward: it chose the interpreter mode)
@@ -141,20 +141,20 @@ def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table
     split = tl.program_id(0)
     off_z = tl.program_id(1).to(tl.int64)  # batch * KV_HEADS + kv head; int64: offsets from it can pass 2^31
     q0 = tl.program_id(2) * BLOCK_Q
-    off_b = off_z // KV_HEADS
+    off_b, kv_head = _batch_head(off_z, KV_HEADS, 0)
     seqlen = tl.load(SeqLens + off_b)
     new_tokens = tl.load(NewTokens + off_b)
     start = tl.load(Starts + off_b)
     offset = seqlen - new_tokens  # cache position of the first new token (< 0: rows before 0 see nothing)
     k_lo, k_hi = _split_range(split, NUM_SPLITS, seqlen, new_tokens, start, window_left, BLOCK_K)
     Q += off_z * stride_qz
-    K += (off_z % KV_HEADS) * stride_kh
-    V += (off_z % KV_HEADS) * stride_vh
+    K += kv_head * stride_kh
+    V += kv_head * stride_vh
     offs_r = q0 + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     q_blk = _load_rows(Q, stride_qr, offs_r, offs_d, ROWS, HEAD_DIM)
     # what a score function is told of each row: its query head and its position in the sequence
-    heads = ((off_z % KV_HEADS) * (ROWS // NEW_TOKENS) + offs_r // NEW_TOKENS)[:, None]
+    heads = _stacked_head(kv_head, offs_r, ROWS, NEW_TOKENS)[:, None]
     positions = (offset - start + offs_r % NEW_TOKENS)[:, None]
 
     m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
@@ -203,7 +203,8 @@ def _decode_merge(Partial, PartialML, Out, Lse, stride_pz, stride_pr, stride_oz,
     off_z = tl.program_id(0).to(tl.int64)  # int64: offsets from it can pass 2^31
     offs_r = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    heads = (off_z % KV_HEADS) * (ROWS // NEW_TOKENS) + tl.minimum(offs_r, ROWS - 1) // NEW_TOKENS
+    _, kv_head = _batch_head(off_z, KV_HEADS, 0)
+    heads = _stacked_head(kv_head, tl.minimum(offs_r, ROWS - 1), ROWS, NEW_TOKENS)
     m_i, l_i = _sink_state(Sinks, heads)  # (-inf, 0) without sinks
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
     for split in range(0, NUM_SPLITS):
@@ -409,7 +410,7 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, options: Options, scor
     # exact, and small enough for the kernels' integers: a window as wide as the cache limits nothing,
     # and splits past the cache's last tile would be empty
     keys = k_cache.shape[2] * (block_table.shape[1] if block_table is not None else 1)
-    options = options._replace(window=tuple(min(side, keys + new_tokens) for side in options.window))
+    options = options.window_within(keys + new_tokens)
     num_splits = min(num_splits, max(1, triton.cdiv(keys, cfg.block_k)))
     _check_offsets(q_rows, k_cache, v_cache, block_table, num_splits, block_q)
     partial = torch.empty(batch * kv_heads * num_splits, rows, d, dtype=torch.float32, device=q.device)

@@ -31,8 +31,8 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402
 
 # which keys a query sees and soft-capping: the course's rules, written once (kernels/rules.py)
-from .rules import (_FULL, _PARTIAL, _SKIPPED, _key_range, _key_range_end, _mod_scores, _no_mask,  # noqa: E402,F401
-                    _sink_state, _tile_kind, _visible, _visible_mod)
+from .rules import (_FULL, _PARTIAL, _SKIPPED, _batch_head, _key_range, _key_range_end,  # noqa: E402,F401
+                    _mod_scores, _no_mask, _sink_state, _tile_kind, _visible, _visible_mod)
 
 
 @triton.jit
@@ -172,7 +172,7 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     q0 = tl.program_id(0) * BLOCK_Q  # the grid replaces the reference's loop over query blocks
     off_z = tl.program_id(1).to(tl.int64)  # batch * head index; int64 so large tensors index safely
     off_kv = off_z // GROUP  # grouped-query attention: query head h reads kv head h // GROUP
-    off_b, off_h = off_z // HEADS + ROW0 // HEADS, off_z % HEADS  # what a mask function is told
+    off_b, off_h = _batch_head(off_z, HEADS, ROW0)  # what mask and score functions are told
     if MASK_MOD is not None:  # the block mask's row of this block
         Tiles += off_b * stride_tb + off_h * stride_th + q0 // BLOCK_Q * stride_tr
     _attn_fwd_block(Q + off_z * stride_qz, K + off_kv * stride_kz, V + off_kv * stride_vz, Out + off_z * stride_oz,

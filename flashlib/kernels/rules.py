@@ -196,6 +196,22 @@ def _mod_slope(ds, slope, SCORE_MOD: tl.constexpr):
 # ----- PyTorch's integer division, for mask functions ---------------------------------------------
 
 @triton.jit
+def _batch_head(row, HEADS, ROW0):
+    """(batch row, head) of row ``row`` of a launch whose rows (batch * HEADS + head: every (B*H, seq,
+    d) view's layout) start at ROW0, a batch boundary (rules.row_chunks): what mask and score
+    functions are told, and which kv head a packed or decoding program reads."""
+    row = row + ROW0
+    return row // HEADS, row % HEADS
+
+
+@triton.jit
+def _stacked_head(kv_head, offs_r, ROWS, NEW_TOKENS):
+    """The query head of each stacked row of decoding: a kv head's query heads, NEW_TOKENS rows each,
+    one after another in its ROWS rows (flashlib.kernels.decode)."""
+    return kv_head * (ROWS // NEW_TOKENS) + offs_r // NEW_TOKENS
+
+
+@triton.jit
 def _sink_state(Sinks, heads):
     """(m_i, l_i) of query rows before their first key tile, heads the query head of each row,
     (BLOCK_Q,): nothing seen, (-inf, 0); or with attention sinks (Sinks: one logit per query

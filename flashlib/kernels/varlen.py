@@ -24,7 +24,7 @@ from ..varlen import check_varlen_inputs
 from .backward import _attn_bwd_dkdv_block, _attn_bwd_dq_block
 from .config import LOG2E, head_dim_pad, lse_natural
 from .forward import _attn_fwd_block, triton
-from .rules import _no_mask, row_chunks
+from .rules import _batch_head, _no_mask, row_chunks
 from ..options import Options, checked_options
 from .function import DEFAULT, check_kernel_inputs, kernel_score, preprocess, resolve_config
 from .scorefn import score_args
@@ -53,7 +53,7 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale,
     function is told b = B0 + the sequence's index in this launch)."""
     q0 = tl.program_id(0) * BLOCK_Q
     off_z = tl.program_id(1).to(tl.int64)  # int64: heads x total tokens (the lse offset) can pass 2^31
-    off_b, off_h = off_z // HEADS, off_z % HEADS
+    off_b, off_h = _batch_head(off_z, HEADS, 0)
     q_start, seq_q = _sequence(CuSeqlensQ, off_b)
     if q0 < seq_q:  # a block past its sequence's end computes nothing
         k_start, seq_k = _sequence(CuSeqlensK, off_b)
@@ -79,7 +79,7 @@ def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlens
     BLOCK_H: the query heads of a kv head."""
     k0 = tl.program_id(0) * BLOCK_K
     off_z = tl.program_id(1).to(tl.int64)  # int64: heads x total tokens (the lse offset) can pass 2^31
-    off_b, off_kv = off_z // KV_HEADS, off_z % KV_HEADS
+    off_b, off_kv = _batch_head(off_z, KV_HEADS, 0)
     k_start, seq_k = _sequence(CuSeqlensK, off_b)
     if k0 < seq_k:  # a tile past its sequence's end computes nothing
         q_start, seq_q = _sequence(CuSeqlensQ, off_b)
@@ -109,7 +109,7 @@ def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Til
     """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS)."""
     q0 = tl.program_id(0) * BLOCK_Q
     off_z = tl.program_id(1).to(tl.int64)  # int64: heads x total tokens (the lse offset) can pass 2^31
-    off_b, off_h = off_z // HEADS, off_z % HEADS
+    off_b, off_h = _batch_head(off_z, HEADS, 0)
     q_start, seq_q = _sequence(CuSeqlensQ, off_b)
     if q0 < seq_q:
         k_start, seq_k = _sequence(CuSeqlensK, off_b)
