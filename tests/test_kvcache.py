@@ -307,3 +307,25 @@ def test_cascade_errors_name_the_argument():
         decode.cascade_attention(q, pk, pv.double(), kc, vc, lengths, reference=True)
     with pytest.raises(ValueError, match="'cache_seqlens'"):
         decode.cascade_attention(q, pk, pv, kc, vc, torch.tensor([20, 1, 11], dtype=torch.int32), reference=True)
+
+
+@needs_kernels
+def test_every_new_argument_may_be_a_strided_view():
+    # index tensors taken every other element, k_new and v_new transposed views, rotary tables sliced
+    ours, ref, q, k_cache, v_cache, lengths = _case(11, seq_q=3, mha="gqa", same_new=True, rotary_fraction=0.5,
+                                                    leftpad=True, batch_idx=True)
+    want, _ = kvcache_reference(q, k_cache, v_cache, lengths, **ref)
+    strided = dict(ours)
+    for name in ("cache_leftpad", "cache_batch_idx"):
+        strided[name] = torch.stack((ours[name], torch.zeros_like(ours[name])), dim=1).flatten()[::2]
+    strided["k_new"], strided["v_new"] = (t.transpose(2, 3).contiguous().transpose(2, 3) for t in
+                                          (ours["k_new"], ours["v_new"]))
+    for name in ("rotary_cos", "rotary_sin"):
+        strided[name] = torch.stack((ours[name], ours[name]), dim=2).flatten(1)[:, ::2]  # the same table
+    assert not strided["cache_leftpad"].is_contiguous() and not strided["k_new"].is_contiguous()
+    long_lengths = torch.stack((lengths, lengths), dim=1).flatten()[::2]
+    with torch.no_grad():
+        out = flashlib.decode_attention(q.transpose(1, 2).contiguous().transpose(1, 2), k_cache, v_cache,
+                                        long_lengths, **strided)
+    baseline = _pytorch_error(q, k_cache, v_cache, lengths, ref, want)
+    assert (out.double() - want).abs().max().item() <= 3 * baseline + 1e-5
