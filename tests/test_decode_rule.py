@@ -58,6 +58,11 @@ def _case(seed, shape):
     return q, k, v, lengths
 
 
+# every split count at the grouped shape; at the long full-head one (80 s for all eight on two cores)
+# one split, an odd count and the most
+SPLITS = {SHAPES[0]: range(1, 9), SHAPES[1]: (1, 3, 8)}
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"b{s[0]}-h{s[1]}:{s[2]}-L{s[3]}-d{s[4]}")
 def test_softcap_50_within_flash_attns_kvcache_rule_for_1_to_8_splits(shape):
     """Each seed's largest error within 2x PyTorch's + 1e-5; the mean error over the seeds' outputs
@@ -69,7 +74,7 @@ def test_softcap_50_within_flash_attns_kvcache_rule_for_1_to_8_splits(shape):
     torch_errs = [(attention_ref(q, k, v, n.long(), torch.float32).double() - r).abs() for (q, k, v, n), r in
                   zip(cases, refs)]
     torch_mean = torch.cat([e.flatten() for e in torch_errs]).mean().item()
-    for splits in range(1, 9):
+    for splits in SPLITS[shape]:
         errs = [(flashlib.decode_attention(q, k, v, n, softcap=CAP, num_splits=splits).double() - r).abs()
                 for (q, k, v, n), r in zip(cases, refs)]
         for seed, err, torch_err in zip(SEEDS, errs, torch_errs):

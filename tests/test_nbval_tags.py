@@ -97,3 +97,19 @@ def test_the_site_leaves_marker_lines_out(tmp_path):
     assert shown.source == "import time\nprint(time.time())  # NBVAL_SKIP named in a comment stays"
     assert shown.metadata["tags"] == ["device-dependent-output"]
     assert nbformat.read(tmp_path / "notebooks" / "01_a.ipynb", as_version=4).cells[1].source == source
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stored_outputs_hold_no_machine_paths_and_no_warnings(path):
+    """A stored output is compared on every machine: an absolute path (a venv's, a home's, a
+    temporary folder's) or a warning on stderr there is this machine's, not the course's."""
+    machine = ("/work/", "/home/", "/tmp/", "/root/", "site-packages", "Warning:")
+    found = []
+    for n, cell in enumerate(nbformat.read(path, as_version=4).cells):
+        for output in cell.get("outputs", []):
+            text = output.get("text", "") if output.get("output_type") == "stream" else \
+                str(output.get("data", {}).get("text/plain", ""))
+            found += [f"cell {n}: {word!r} in {text.strip()[:120]!r}" for word in machine if word in text]
+            if output.get("name") == "stderr":
+                found.append(f"cell {n}: stderr {text.strip()[:120]!r}")
+    assert found == []
