@@ -107,10 +107,10 @@ def test_an_unbounded_window_written_as_the_largest_int_is_no_window():
 # ----- soft-capping ------------------------------------------------------------------------------
 
 @triton.jit
-def _softcap_kernel(X, Out, scale, qk_scale, SCORE_MOD: tl.constexpr, N: tl.constexpr):
+def _softcap_kernel(X, Out, scale, qk_scale, ScoreData, SCORE_MOD: tl.constexpr, N: tl.constexpr):
     offs = tl.arange(0, N)
     # soft-capping as the kernels compute it: the score function flashlib.scores.softcap, compiled
-    capped = kr._mod_scores(tl.load(X + offs), scale, qk_scale, 0, 0, offs, offs, None, SCORE_MOD)
+    capped = kr._mod_scores(tl.load(X + offs), scale, qk_scale, 0, 0, offs, offs, ScoreData, SCORE_MOD)
     tl.store(Out + offs, capped)
 
 
@@ -124,7 +124,7 @@ def test_the_kernels_softcap_is_float32_rounding_from_float64(cap):
     scale = 0.125
     out = torch.empty(512)
     score = kernel_score(Options(softcap=cap), "cpu")
-    _softcap_kernel[(1,)](x, out, scale, scale * math.log2(math.e), score.jit, N=512)
+    _softcap_kernel[(1,)](x, out, scale, scale * math.log2(math.e), score.data, score.jit, N=512)
     exact = cap * torch.tanh(x.double() * scale / cap) * math.log2(math.e)
     ulp = torch.finfo(torch.float32).eps
     err = ((out.double() - exact).abs() / exact.abs().clamp_min(1e-30))

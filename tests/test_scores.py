@@ -168,6 +168,61 @@ def test_softcap_keyword_is_the_softcap_score_function():
         assert torch.equal(a, b)
 
 
+# sha256 (first 16 hex digits) of out, dq, dk, dv bytes from the soft-capping kernel written by hand
+# before score functions (commit 7770526, flashlib/kernels/rules.py::_softcap and _softcap_slope), run
+# in Triton's interpreter with today's arithmetic (kernels/_mode.py); inputs as _softcap_bits makes them
+HAND_WRITTEN_SOFTCAP = {0.001: "529a91c8cde37c21", 1.0: "4a29f28dcb8b477f", 30.0: "cf800ef3f3a605cf",
+                        1e7: "f0498b198e8dfeaa"}
+
+
+@pytest.mark.parametrize("cap", sorted(HAND_WRITTEN_SOFTCAP))
+def test_softcap_gives_the_bits_of_the_hand_written_kernel(cap):
+    """softcap= (the score function c * tanh(score / c), compiled) computes what the hand-written kernel
+    did, rounding for rounding: tanh's argument x * (qk_scale / (c log2 e)), its result times c log2 e,
+    and the backward's slope 1 - (s / (c log2 e))², forward and backward, saturated (0.001, 1) and not."""
+    import hashlib
+
+    from flashlib.kernels.function import backward_base2, forward_base2
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 2, 48, 32, generator=g) for _ in range(4))
+    q = q * 3  # scores reach the cap
+    out, lse2 = forward_base2(q, k, v, causal=True, softcap=cap)
+    grads = backward_base2(q, k, v, out, lse2.float(), dout, causal=True, softcap=cap)[:3]
+    digest = hashlib.sha256(b"".join(t.contiguous().numpy().tobytes() for t in (out, *grads))).hexdigest()[:16]
+    assert digest == HAND_WRITTEN_SOFTCAP[cap]
+
+
+def test_numbers_around_a_function_are_folded_and_passed_at_launch():
+    """a * f(score / b): a and b leave the source for the data (one kernel for every cap), the scale
+    moves into f's argument, log2 e into a; other shapes keep score = x * scale."""
+    caps = [compile_score("t", scores.softcap(c), "cpu") for c in (2.0, 50.0)]
+    assert caps[0].jit is caps[1].jit and caps[0].source == caps[1].source
+    assert caps[0].data == (2.0,) and caps[1].data == (50.0,)
+    assert "score = x * scale" not in caps[0].source and "_tanh((x * " in caps[0].source
+    two = compile_score("t", lambda score, b, h, q_idx, kv_idx: 5 * torch.sigmoid(score / 4), "cpu")
+    assert two.data == (5.0, 4.0)
+    alibi = compile_score("t", _captured("alibi", torch.float32)[0], "cpu")
+    assert "score = x * scale" in alibi.source and len(alibi.data) == 1
+
+
+@pytest.mark.parametrize("fn", [lambda score, b, h, q_idx, kv_idx: 5 * torch.sigmoid(score / 4),
+                                lambda score, b, h, q_idx, kv_idx: torch.tanh(score / 0.5) * 3,
+                                lambda score, b, h, q_idx, kv_idx: 2 * torch.exp(score / 8)],
+                         ids=["sigmoid", "tanh-a-ne-b", "exp"])
+def test_folded_functions_equal_float64_autograd(fn):
+    q, k, v = _inputs(33, 33, seed=4)
+    wanted = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = plain_attention(*wanted, fn, causal=True)
+    want = torch.autograd.grad(ref.square().sum(), wanted)
+    ours = [x.float().requires_grad_() for x in (q, k, v)]
+    out = attention(*ours, causal=True, score_mod=fn)
+    got = torch.autograd.grad(out.square().sum(), ours)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w, atol=5e-6, rtol=1e-4)
+
+
 def test_the_derivative_is_the_chain_rule_through_what_the_function_does():
     """A function mixing where, maximum, exp, log, sigmoid and a division: the kernels' backward
     against float64 autograd of the same function (the derivative was derived, never written)."""

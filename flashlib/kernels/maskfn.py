@@ -37,7 +37,7 @@ from typing import NamedTuple
 import torch
 
 from ._mode import require_triton
-from .rules import _floordiv, _floormod, _tanh
+from .rules import _FLOAT32_MAX, _LOG2E, _floordiv, _floormod, _tanh
 from ..trace import INT32, Graph, Node, TraceError, trace
 
 triton = require_triton()
@@ -91,7 +91,8 @@ def _exec(source: str, name: str = "_mask_mod"):
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     scope = {"__name__": "flashlib.kernels.maskfn.generated", "tl": tl, "_floordiv": _floordiv,
              "_floormod": _floormod, "_gather": _gather, "_index_offset": _index_offset,
-             "_index_offset64": _index_offset64, "_index_ok": _index_ok, "_tanh": _tanh}
+             "_index_offset64": _index_offset64, "_index_ok": _index_ok, "_tanh": _tanh, "_LOG2E": _LOG2E,
+             "_FLOAT32_MAX": _FLOAT32_MAX}  # the constants as the kernels hold them (exact, float64 at compile time)
     exec(compile(source, filename, "exec"), scope)  # noqa: S102  (source written below, from a trace)
     return triton.jit(scope[name])
 

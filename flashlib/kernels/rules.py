@@ -153,10 +153,10 @@ def _tanh(y):
 @triton.jit
 def _mod_scores(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, SCORE_MOD: tl.constexpr):
     """Scores in base-2 units from x = q.k: x * qk_scale (qk_scale = scale * log2 e); with a score
-    function (flashlib.kernels.scorefn), SCORE_MOD(scale * x, b, h, q_idx, kv_idx, data) * log2 e, the
-    function applied to the natural scaled score as FlexAttention applies it."""
+    function (flashlib.kernels.scorefn), its value at the natural scaled score x * scale, as
+    FlexAttention applies it, times log2 e (SCORE_MOD takes x and both scales: it may fold them)."""
     if SCORE_MOD is not None:
-        s = SCORE_MOD(x * scale, off_b, off_h, q_idx, kv_idx, ScoreData, False) * _LOG2E
+        s = SCORE_MOD(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, False)
     else:
         s = x * qk_scale
     return s
@@ -167,8 +167,7 @@ def _mod_scores_slope(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData
     """(the scores of :func:`_mod_scores`, the score function's slope at x * scale), computed together
     (what they share once; x is not needed afterwards); the slope is 1 without a function."""
     if SCORE_MOD is not None:
-        s, slope = SCORE_MOD(x * scale, off_b, off_h, q_idx, kv_idx, ScoreData, True)
-        s = s * _LOG2E
+        s, slope = SCORE_MOD(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, True)
     else:
         s = x * qk_scale
         slope = 1.0

@@ -6,9 +6,11 @@ temperature). For a kernel it is traced as mask functions are (:mod:`flashlib.tr
 called once with symbolic arguments, the score a float32 one) and written out as one
 ``@triton.jit`` function::
 
-    SCORE_MOD(score, b, h, q_idx, kv_idx, data, GRAD)   GRAD False: the new score
-                                                       GRAD True: (the new score, its derivative
-                                                       d new / d score), sharing what they share
+    SCORE_MOD(x, scale, qk_scale, b, h, q_idx, kv_idx, data, GRAD)
+        x: the raw dot q.k; the function is applied to the natural score x * scale and the result
+        returned in the kernels' base-2 units (times log2 e)
+        GRAD False: the new score; GRAD True: (the new score, its derivative d new / d score),
+        sharing what they share
 
 The derivative is not written by hand per option: it is the chain rule applied to the traced
 expression (:func:`derivative`), node by node, so the backward's dS = P (dP - delta) is
@@ -18,10 +20,12 @@ are not the kernels' business (:func:`flashlib.scores.captured_grads` computes t
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
 
+from .config import LOG2E
 from .maskfn import _loads, _narrow, _Writer, compiled, symbol_bounds
 from ..trace import FLOAT_FUNCTIONS, Graph, Node, TraceError, trace
 
@@ -64,21 +68,90 @@ def compile_score(fn: str, score_mod, device, bounds: dict | None = None) -> Ker
     try:
         graph = trace_score(score_mod, bounds, device)
         tensors = [_narrow(t.detach().to(device), node) for t, node in zip(graph.tensors, _loads(graph))]
-        slope = derivative(graph)
-        tiles = [graph.symbols[name] for name in ("score", "q_idx", "kv_idx")]
-        value = _Writer(graph, tensors)
-        value_text = _tile(value.as_type(graph.result, "tl.float32"), graph.result, tiles)
-        both = _Writer(graph, tensors)
-        both._count(slope)  # what the value and its slope share (tanh(score / c)) is computed once
-        pair = [_tile(both.as_type(n, "tl.float32"), n, tiles) for n in (graph.result, slope)]
+        base2 = _base2(graph, len(tensors))
+        tiles = [graph.symbols[name] for name in ("score", "q_idx", "kv_idx", "x")]
+        one = _Writer(replace(graph, result=base2.value), tensors)
+        value_text = _tile(one.as_type(base2.value, "tl.float32"), base2.value, tiles)
+        both = _Writer(replace(graph, result=base2.value), tensors)
+        both._count(base2.slope)  # what the value and its slope share (tanh(score / c)) is computed once
+        pair = [_tile(both.as_type(n, "tl.float32"), n, tiles) for n in (base2.value, base2.slope)]
     except TraceError as exc:
         raise TypeError(f"{fn}: argument 'score_mod': {exc}") from None
-    lines = ["def _score_mod(score, b, h, q_idx, kv_idx, data, GRAD: tl.constexpr):",
-             "    if GRAD:  # the backward: the new score and its slope d new / d score",
-             *(f"        {line}" for line in both.lines), f"        return {pair[0]}, {pair[1]}",
-             "    else:", *(f"        {line}" for line in value.lines), f"        return {value_text}"]
+    lines = ["def _score_mod(x, scale, qk_scale, b, h, q_idx, kv_idx, data, GRAD: tl.constexpr):",
+             "    if GRAD:  # the backward: the new score (base 2) and its slope d new / d score",
+             *(f"        {line}" for line in base2.first + both.lines), f"        return {pair[0]}, {pair[1]}",
+             "    else:", *(f"        {line}" for line in base2.first + one.lines), f"        return {value_text}"]
     source = "\n".join(lines) + "\n"
-    return KernelScore(compiled(source, "_score_mod"), tuple(tensors) or None, tuple(graph.tensors), source)
+    data = (*tensors, *base2.numbers)
+    return KernelScore(compiled(source, "_score_mod"), data or None, tuple(graph.tensors), source)
+
+
+# ----- from the natural scaled score to the kernels' base-2 units --------------------------------------
+
+class _Base2(NamedTuple):
+    """The function in the kernels' units: the new score in base 2 and its slope d new / d score (nodes),
+    the lines that define the symbols they use, and the numbers passed at launch after the tensors."""
+
+    value: Node
+    slope: Node
+    first: list
+    numbers: tuple
+
+
+def _folded(graph: Graph):
+    """(a, f, b) where the function is a * f(score / b) with numbers a, b (1 where a factor is absent)
+    and f one of tanh, exp, log, sqrt, sigmoid (soft-capping: c * tanh(score / c)); else None."""
+    node, a = graph.result, 1.0
+    if node.op == "mul":
+        numbers = [i for i, arg in enumerate(node.args) if _number(arg)]
+        if not numbers:
+            return None
+        a, node = node.args[numbers[0]].value, node.args[1 - numbers[0]]
+    if node.op not in FLOAT_FUNCTIONS:
+        return None
+    inner, score = node.args[0], graph.symbols["score"]
+    if inner is score:
+        return float(a), node.op, 1.0
+    if inner.op != "truediv" or inner.args[0] is not score or not _number(inner.args[1]):
+        return None
+    return float(a), node.op, float(inner.args[1].value)
+
+
+def _number(node: Node) -> bool:
+    return node.op == "const" and node.dtype is not torch.bool
+
+
+def _base2(graph: Graph, slots: int) -> _Base2:
+    """In general the function of the natural score x * scale, times log2 e. For a * f(score / b),
+    the numbers are folded into f's argument and result instead, (a log2 e) * f(x * (qk_scale / (b log2
+    e))): two roundings fewer per score, the arithmetic of the soft-capping kernel written by hand
+    before score functions (its bits: tests/test_scores.py), and a and b are passed at launch after
+    the tensors (``data[slots]``), so that a new cap compiles no new kernel."""
+    tracer = graph.tracer
+    apply, const = tracer.apply, tracer.const
+    for name in ("x", "qk_scale", "_FLOAT32_MAX"):
+        graph.symbols[name] = tracer.symbol(name, None, None, torch.float32)
+    folded = _folded(graph)
+    if folded is None:
+        return _Base2(apply("mul", graph.result, const(LOG2E)), derivative(graph), ["score = x * scale"], ())
+    a, f, b = folded
+    # c log2 e written where it is used, as the hand-written kernel did: a local would hold it as a float32
+    # tile in Triton's interpreter, where the number times the constexpr _LOG2E is computed in float64
+    cap_a = tracer.symbol(f"(data[{slots}] * _LOG2E)", None, None, torch.float32)
+    cap_b = cap_a if a == b else tracer.symbol(f"(data[{slots + 1}] * _LOG2E)", None, None, torch.float32)
+    # the ratio capped at float32's largest so that a score of 0 stays 0 (a cap of 1e-38)
+    ratio = apply("minimum", apply("truediv", graph.symbols["qk_scale"], cap_b), graph.symbols["_FLOAT32_MAX"])
+    arg = apply("mul", graph.symbols["x"], ratio)
+    inner = apply(f, arg)
+    value = apply("mul", inner, cap_a)  # the tile first: a constexpr times a tile would wrap the tile
+    if f == "tanh":  # 1 - tanh², tanh read back from the output (alive for P anyway; tanh's tile need not be)
+        t = apply("truediv", value, cap_a)
+        slope = apply("sub", const(1.0), apply("mul", t, t))
+    else:
+        slope = _Chain(tracer, arg)._slope(f, inner, arg)
+    if a != b:  # d/dscore a f(score / b) = (a / b) f'(score / b)
+        slope = apply("mul", slope, apply("truediv", cap_a, cap_b))
+    return _Base2(value, slope, [], (a,) if a == b else (a, b))
 
 
 def _depends(node: Node, on: list) -> bool:
@@ -96,7 +169,7 @@ def _depends(node: Node, on: list) -> bool:
 def _tile(text: str, result: Node, tiles: list) -> str:
     """An expression whose value is a tile, as the score's, even where it is a number or depends on
     the head alone (a slope of 1, a temperature's)."""
-    return text if _depends(result, tiles) else f"tl.zeros_like(score) + {text}"
+    return text if _depends(result, tiles) else f"tl.zeros_like(x) + {text}"
 
 
 # ----- the derivative of a traced expression with respect to the score ------------------------------
