@@ -259,7 +259,7 @@ def _decode_merge(Partial, PartialML, Out, Lse, stride_pz, stride_pr, stride_oz,
 # ----- the launcher ---------------------------------------------------------------------------
 
 class DecodeConfig(NamedTuple):
-    """Stage 1's launch: BLOCK_K keys per tile, warps, pipeline stages (stage 2 uses 4 warps, 1 stage)."""
+    """Stage 1's launch: BLOCK_K keys per tile, warps, pipeline stages (stage 2: :func:`merge_warps`, 1 stage)."""
 
     block_k: int = 64
     num_warps: int = 4
@@ -267,7 +267,7 @@ class DecodeConfig(NamedTuple):
 
 
 # absorbed MLA's widths (576 / 512), measured by tests/decode_compile.py (data/bench/LOG.md, 2026-12-02)
-WIDE_CONFIG = DecodeConfig(16, 8, 2)
+WIDE_CONFIG = DecodeConfig(32, 8, 3)
 
 
 def decode_config(head_dim: int, dtype: torch.dtype, capability=None, head_dim_v: int | None = None) -> DecodeConfig:
@@ -309,7 +309,7 @@ def choose_num_splits(programs: int, keys: int, sm_count: int | None) -> int:
     return max(1, min(wanted, -(-keys // MIN_KEYS_PER_SPLIT), MAX_SPLITS))
 
 
-def default_num_splits(q, k_cache, block_table=None, window_left: int = -1) -> int:
+def default_num_splits(q, k_cache, block_table=None, window_left: int = -1, head_dim_v: int = 0) -> int:
     """What ``num_splits=None`` gives for these inputs (:func:`choose_num_splits`): the programs of
     one split, batch x kv_heads x row blocks, and the longest span a query can see, the cache's
     capacity (no lengths are read on the host) or the window's."""
@@ -319,13 +319,16 @@ def default_num_splits(q, k_cache, block_table=None, window_left: int = -1) -> i
     keys = k_cache.shape[2] * (block_table.shape[1] if block_table is not None else 1)
     if window_left >= 0:
         keys = min(keys, window_left + new_tokens)
-    programs = batch * kv_heads * -(-rows // row_block(rows))
+    programs = batch * kv_heads * -(-rows // row_block(rows, head_dim_v))
     return choose_num_splits(programs, keys, sm_count(q.device))
 
 
-def row_block(rows: int) -> int:
-    """BLOCK_Q for ``rows`` stacked query rows: a power of two, >= 16 (tl.dot's minimum), <= 64."""
-    return min(MAX_BLOCK_Q, max(16, 1 << max(rows - 1, 0).bit_length()))
+def row_block(rows: int, head_dim_v: int = 0) -> int:
+    """BLOCK_Q for ``rows`` stacked query rows: a power of two, >= 16 (tl.dot's minimum), <= 64, or <= 32
+    where the values are wider than 256 (absorbed MLA's 512: a 64 x 512 float32 accumulator spills on
+    sm_80 at any warp count, data/bench/LOG.md 2026-12-02)."""
+    most = MAX_BLOCK_Q if head_dim_v <= 256 else MAX_BLOCK_Q // 2
+    return min(most, max(16, 1 << max(rows - 1, 0).bit_length()))
 
 
 _SM_COUNTS: dict = {}
@@ -418,6 +421,12 @@ def _launch_split(q_rows, k_cache, v_cache, sequences: Sequences, block_table, p
                             num_warps=cfg.num_warps, num_stages=cfg.num_stages, V_FROM_K=shared, **score_args(score))
 
 
+def merge_warps(head_dim_v: int) -> int:
+    """Stage 2's warps: 4, or 8 where the values are wider than 256 (a 32 x 512 float32 accumulator and
+    a partial beside it spill at 4 warps; data/bench/LOG.md 2026-12-02)."""
+    return 4 if head_dim_v <= 256 else 8
+
+
 def _launch_merge(partial, partial_ml, out, lse, num_splits, block_q, options: Options, kv_heads=1, new_tokens=1):
     """Stage 2; its grid's batch x kv_heads is on axis 0, which takes 2^31 - 1. The options' sinks
     join as one more partial with no value."""
@@ -427,7 +436,8 @@ def _launch_merge(partial, partial_ml, out, lse, num_splits, block_q, options: O
                                                NEW_TOKENS=new_tokens)
     _decode_merge[(bz, triton.cdiv(rows, block_q))](
         partial, partial_ml, out, lse, partial.stride(0), partial.stride(1), out.stride(0), out.stride(1),
-        num_splits, rows, d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, num_warps=4, num_stages=1, **with_sinks)
+        num_splits, rows, d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, num_warps=merge_warps(d), num_stages=1,
+        **with_sinks)
 
 
 def decode_forward(q, k_cache, v_cache, cache_seqlens, *, options: Options, score=None, block_table=None,
@@ -461,9 +471,9 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, options: Options, scor
     block_table = None if block_table is None else block_table.contiguous()
     capability = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
     cfg = config or decode_config(d, q.dtype, capability, head_dim_v=dv)
-    block_q = row_block(rows)
+    block_q = row_block(rows, dv)
     if num_splits is None:
-        num_splits = default_num_splits(q, k_cache, block_table, options.window[0])
+        num_splits = default_num_splits(q, k_cache, block_table, options.window[0], dv)
     # exact, and small enough for the kernels' integers: a window as wide as the cache limits nothing,
     # and splits past the cache's last tile would be empty
     keys = k_cache.shape[2] * (block_table.shape[1] if block_table is not None else 1)
