@@ -210,19 +210,21 @@ def gather_cache(cache: torch.Tensor, block_table: torch.Tensor, length: int) ->
 
 def paged_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, page_size: int, *, spare_pages: int = 0,
                 generator: torch.Generator | None = None):
-    """A contiguous cache (batch, kv_heads, capacity, d) copied into pages scattered at random.
+    """A contiguous cache (batch, kv_heads, capacity, d) copied into pages scattered at random (v_cache's
+    d may differ from k_cache's).
 
     Returns (k_pages, v_pages, block_table): pages (num_pages, kv_heads, page_size, d) with
     num_pages = batch * ceil(capacity / page_size) + spare_pages (spare pages hold zeros and
     belong to no sequence), and block_table (batch, ceil(capacity / page_size)) int32. The
     positions past capacity in a sequence's last page are zeros."""
-    batch, kv_heads, capacity, d = k_cache.shape
+    batch, kv_heads, capacity, _ = k_cache.shape
     per_seq = _cdiv(capacity, page_size)
     num_pages = batch * per_seq + spare_pages
     order = torch.randperm(num_pages, generator=generator)[: batch * per_seq].to(k_cache.device)
     block_table = order.reshape(batch, per_seq).to(torch.int32)
     out = []
     for cache in (k_cache, v_cache):
+        d = cache.shape[-1]  # v's may differ (MLA)
         padded = torch.zeros(batch, kv_heads, per_seq * page_size, d, dtype=cache.dtype, device=cache.device)
         padded[:, :, :capacity] = cache
         pages = torch.zeros(num_pages, kv_heads, page_size, d, dtype=cache.dtype, device=cache.device)
