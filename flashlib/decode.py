@@ -377,8 +377,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
         q: (batch, q_heads, new_tokens, head_dim); with ``cu_seqlens_q`` packed, (total_q, q_heads, head_dim).
         k_cache, v_cache: (batch, kv_heads, capacity, head_dim); with ``block_table`` a paged cache
             (num_pages, kv_heads, page_size, head_dim), vLLM's; with ``cache_batch_idx`` a pool of
-            rows. Query head h reads kv head h // (q_heads // kv_heads) (grouped-query attention).
-            v_cache's last dim, dv, may differ from k_cache's (MLA); k_new/v_new then have those widths.
+            rows. Query head h reads kv head h // (q_heads // kv_heads) (grouped-query attention);
+            v_cache's head dim (and v_new's) may differ from k_cache's (MLA's).
         cache_seqlens: (batch,) int32, each sequence's valid positions, its new tokens included (before
             the call when ``k_new`` brings them: flash-attn's convention). With L the positions after
             the call and n the new tokens, query i sees the keys j <= L - n + i (causal)::
@@ -406,11 +406,10 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
         return_lse: also return the lse, (batch, q_heads, new_tokens) float32 ((q_heads, total_q)
             packed), -inf for rows that see no key.
 
-    Returns the output in q's layout and dtype, v_cache's head dim wide. Inference only (an input
-    that requires grad is an error). float16, bfloat16 (sm_80 on) and float32, head_dim 1..576; without
-    a CUDA device in Triton's CPU interpreter. :func:`decode_reference` computes the same in PyTorch,
-    any dtype. v_cache may have a head dim of its own, dv (k_cache's is q's); when it is a view of
-    k_cache's first dv columns (absorbed MLA, :func:`mla_decode_attention`) each cached row is read once.
+    Returns the output in q's layout and dtype, v_cache's head dim wide. Inference only (an input that
+    requires grad is an error). float16, bfloat16 (sm_80 on) and float32, head_dim 1..576; without a CUDA
+    device in Triton's CPU interpreter. :func:`decode_reference` computes the same in PyTorch, any dtype. A
+    v_cache that is a view of k_cache's first columns (:func:`mla_decode_attention`) is read with the keys.
     """
     contract = dict(k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                     rotary_interleaved=rotary_interleaved, cache_batch_idx=cache_batch_idx,

@@ -184,7 +184,8 @@ def _new_tokens(fn, k_new, v_new, cu, batch, kv_heads, d, cache, dv=None):
             _check_same(fn, name, t, cache, (batch, kv_heads, n, width))
         seq_of = torch.arange(batch, device=device).repeat_interleave(n)
         offsets = torch.arange(n, device=device).repeat(batch)
-        return tuple(t.transpose(1, 2).reshape(batch * n, kv_heads, t.shape[-1]) for t in (k_new, v_new)), seq_of, offsets
+        tokens = tuple(t.transpose(1, 2).reshape(batch * n, kv_heads, t.shape[-1]) for t in (k_new, v_new))
+        return tokens, seq_of, offsets
     total = int(cu[-1])
     for name, t, width in (("k_new", k_new, d), ("v_new", v_new, dv)):
         _check_same(fn, name, t, cache, (total, kv_heads, width))

@@ -349,9 +349,10 @@ def values_in_keys(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     kv_cache[..., :512]`` of a 576-wide latent cache): one storage, one start, the same strides and
     leading sizes, a last dim no wider. Then stage 1 reads each cached row once (V_FROM_K): the
     value tile is the key tile's first columns."""
-    return (v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride()
+    same_storage = v_cache.untyped_storage().data_ptr() == k_cache.untyped_storage().data_ptr()
+    return (same_storage and v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride()
             and v_cache.shape[:-1] == k_cache.shape[:-1] and v_cache.shape[-1] <= k_cache.shape[-1]
-            and k_cache.stride(-1) == 1 and v_cache.untyped_storage().data_ptr() == k_cache.untyped_storage().data_ptr())
+            and k_cache.stride(-1) == 1)
 
 
 def _contiguous_last_dim(t: torch.Tensor) -> torch.Tensor:
@@ -447,8 +448,8 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, options: Options, scor
     lengths or the block table on the host, so the call can be captured in a CUDA graph).
 
     Returns out (batch, q_heads, new_tokens, dv) in q's dtype (dv: v_cache's head dim; a v_cache that
-    is a view of k_cache's first dv columns is read with the keys, :func:`values_in_keys`) and lse (batch, q_heads, new_tokens)
-    float32. options: the call's (flashlib.options: causal, scale, window, sinks; the sinks merged as
+    is a view of k_cache's first dv columns is read with the keys, :func:`values_in_keys`) and lse
+    (batch, q_heads, new_tokens) float32. options: the call's (flashlib.options: causal, scale, window, sinks; the sinks merged as
     one more partial with no value); score: its score function compiled
     (:func:`flashlib.kernels.function.kernel_score`: soft-capping is one), told each new token's
     position in its sequence; config: stage 1's tiles (default :func:`decode_config`);
