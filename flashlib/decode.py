@@ -568,6 +568,9 @@ def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *,
     fn = "cascade_attention"
     _check_tensor(fn, "q", q, 4)
     _check_caches(fn, q, k_cache, v_cache, block_table)
+    if v_cache.shape[-1] != q.shape[-1]:
+        raise ValueError(f"{fn}: argument 'v_cache' has head_dim {v_cache.shape[-1]} but 'q' has {q.shape[-1]}; "
+                         "cascade decoding takes one head dim for q, k and v")
     _check_prefix(fn, q, prefix_k, prefix_v, k_cache, cache_seqlens)
     batch, q_heads, n, d = q.shape
     stacked = _stack_queries(q, k_cache.shape[1])

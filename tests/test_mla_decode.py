@@ -134,6 +134,23 @@ def test_deepseek_widths_576_and_512_at_a_tiny_length():
     torch.testing.assert_close(up(out, c["w_uv"]), c["want"], rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("options", [dict(softcap=20.0), dict(window=(9, -1)), dict(causal=False, n=3),
+                                     dict(sinks=True), dict(cache_leftpad=True)], ids=str)
+def test_absorbed_decoding_takes_the_rest_of_the_contract(options):
+    # the one-read path against the reference at the same inputs: score functions, windows, sinks, padding
+    options = dict(options)
+    c = mla_case(n=options.pop("n", 2), seed=6)
+    q, cache = c["q"].float(), torch.nan_to_num(c["cache"].float())
+    if options.pop("sinks", False):
+        options["sinks"] = torch.linspace(-1.0, 2.0, 8)
+    if options.pop("cache_leftpad", False):
+        options["cache_leftpad"] = torch.tensor([5, 0, 30], dtype=torch.int32)
+    common = dict(head_dim_v=c["latent"], scale=c["scale"], **options)
+    out = decode.mla_decode_attention(q, cache, c["lengths"], num_splits=2, **common)
+    ref = decode.mla_decode_attention(q.double(), cache.double(), c["lengths"], reference=True, **common)
+    torch.testing.assert_close(out.double(), ref, rtol=2e-5, atol=2e-5)
+
+
 def test_the_value_tile_is_taken_from_the_key_tile(monkeypatch):
     c = mla_case(seed=3)
     cache, latent = c["cache"].float(), c["latent"]
@@ -159,6 +176,11 @@ def test_the_value_tile_is_taken_from_the_key_tile(monkeypatch):
     assert launched == [True, False]
     torch.testing.assert_close(shared, separate, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(up(shared, c["w_uv"]), c["want"], rtol=2e-5, atol=2e-5)
+    # v_cache is k_cache: every column shared, none of the key's own
+    same = decode.decode_attention(q, cache, cache, lengths, scale=c["scale"])
+    assert launched == [True, False, True]
+    ref = decode.decode_reference(q.double(), cache.double(), cache.double(), lengths, scale=c["scale"])
+    torch.testing.assert_close(same.double(), ref, rtol=2e-5, atol=2e-5)
 
 
 def test_absorbed_decoding_appends_latent_rows_in_place():

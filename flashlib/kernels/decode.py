@@ -21,6 +21,11 @@ Where a position's key lives is a compile-time function argument, ``KEY_ROWS``: 
 each position of a tile, its block of the cache and its row in that block. ``_contiguous_rows``:
 block b (the sequence), row j; ``_paged_rows``: block table[b, j // PAGE_SIZE], row j % PAGE_SIZE.
 The rest of the kernel is the same for both caches.
+
+Values may have a head dim of their own (HEAD_DIM_V: MLA's). Absorbed MLA keeps one latent cache
+whose first HEAD_DIM_V columns are the values too; the launcher sees v_cache as a view of k_cache's
+leading columns (:func:`values_in_keys`) and passes V_FROM_K, so each cached row is loaded once, in
+two pieces: [value columns | the key's own], q split the same way and the two dots summed.
 """
 from __future__ import annotations
 
