@@ -147,7 +147,9 @@ def launch_path() -> dict:
     with ahead.recording() as notes:
         from flashlib.options import Options
 
-        decode.decode_forward(q, k, k, lengths, options=Options(True, 0.1), num_splits=33, config=config)
+        # a value cache of its own, then (paged) the keys' own tensor as values: both stage-1 paths
+        decode.decode_forward(q, k, torch.zeros_like(k), lengths, options=Options(True, 0.1), num_splits=33,
+                              config=config)
         from flashlib.kernels.function import kernel_score
         from flashlib.options import Options
 
