@@ -478,6 +478,9 @@ def mla_decode_attention(q, kv_cache, cache_seqlens, *, head_dim_v: int = 512, b
     fn = "mla_decode_attention"
     _check_tensor(fn, "kv_cache", kv_cache, 4)
     width = kv_cache.shape[-1]
+    if isinstance(q, torch.Tensor) and q.ndim >= 1 and q.shape[-1] != width:
+        raise ValueError(f"{fn}: argument 'q' is {q.shape[-1]} wide but 'kv_cache' {width}; the absorbed queries "
+                         "[q_nope W_UK, q_rope] have the latent cache's width (576 for DeepSeek)")
     if isinstance(head_dim_v, bool) or not isinstance(head_dim_v, numbers.Integral) or not 1 <= head_dim_v <= width:
         raise ValueError(f"{fn}: argument 'head_dim_v' is {head_dim_v!r}; the values are the latent cache's first "
                          f"head_dim_v columns, so it must be an int in 1..{width} (the cache's width)")

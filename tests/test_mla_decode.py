@@ -257,6 +257,8 @@ def test_errors_name_the_argument():
         decode.mla_decode_attention(q, cache, lengths, head_dim_v=32)
     with pytest.raises(ValueError, match="'head_dim_v'"):
         decode.mla_decode_attention(q, cache, lengths, head_dim_v=0)
+    with pytest.raises(ValueError, match="'q' is 16 wide but 'kv_cache' 24"):
+        decode.mla_decode_attention(q[..., :16], cache, lengths, head_dim_v=16)
     with pytest.raises(ValueError, match="'k_new'.*kv_new"):
         decode.mla_decode_attention(q, cache, lengths, head_dim_v=16, k_new=cache[:, :, :1])
     with pytest.raises(ValueError, match="'rotary_cos'"):
