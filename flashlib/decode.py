@@ -80,9 +80,10 @@ def _check_caches(fn, q, k_cache, v_cache, block_table):
                              "move q and the caches to one device")
     if not q.is_floating_point():
         raise TypeError(f"{fn}: argument 'q' has dtype {q.dtype}; expected a floating-point dtype")
-    if k_cache.shape != v_cache.shape:
+    if k_cache.shape[:-1] != v_cache.shape[:-1] or v_cache.shape[-1] < 1:
         raise ValueError(f"{fn}: arguments 'k_cache' {tuple(k_cache.shape)} and 'v_cache' "
-                         f"{tuple(v_cache.shape)} must have the same shape")
+                         f"{tuple(v_cache.shape)} must have the same shape but for the head dim (v's may differ, "
+                         "as MLA's, and is >= 1)")
     batch, q_heads, _, head_dim = q.shape
     blocks, kv_heads, block_len, cache_dim = k_cache.shape
     if cache_dim != head_dim or head_dim < 1:
@@ -209,19 +210,21 @@ def gather_cache(cache: torch.Tensor, block_table: torch.Tensor, length: int) ->
 
 def paged_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, page_size: int, *, spare_pages: int = 0,
                 generator: torch.Generator | None = None):
-    """A contiguous cache (batch, kv_heads, capacity, d) copied into pages scattered at random.
+    """A contiguous cache (batch, kv_heads, capacity, d) copied into pages scattered at random (v_cache's
+    d may differ from k_cache's).
 
     Returns (k_pages, v_pages, block_table): pages (num_pages, kv_heads, page_size, d) with
     num_pages = batch * ceil(capacity / page_size) + spare_pages (spare pages hold zeros and
     belong to no sequence), and block_table (batch, ceil(capacity / page_size)) int32. The
     positions past capacity in a sequence's last page are zeros."""
-    batch, kv_heads, capacity, d = k_cache.shape
+    batch, kv_heads, capacity, _ = k_cache.shape
     per_seq = _cdiv(capacity, page_size)
     num_pages = batch * per_seq + spare_pages
     order = torch.randperm(num_pages, generator=generator)[: batch * per_seq].to(k_cache.device)
     block_table = order.reshape(batch, per_seq).to(torch.int32)
     out = []
     for cache in (k_cache, v_cache):
+        d = cache.shape[-1]  # v's may differ (MLA)
         padded = torch.zeros(batch, kv_heads, per_seq * page_size, d, dtype=cache.dtype, device=cache.device)
         padded[:, :, :capacity] = cache
         pages = torch.zeros(num_pages, kv_heads, page_size, d, dtype=cache.dtype, device=cache.device)
@@ -341,7 +344,8 @@ def decode_reference(q, k_cache, v_cache, cache_seqlens, *, num_splits: int = 1,
         outs.append(out)
         lses.append(lse)
     if not outs:  # batch 0
-        out, lse = batch.q.clone(), batch.q.new_zeros(batch.q.shape[:-1], dtype=torch.float32)
+        out = batch.q.new_zeros(*batch.q.shape[:-1], batch.v_cache.shape[-1])
+        lse = batch.q.new_zeros(batch.q.shape[:-1], dtype=torch.float32)
     else:
         out, lse = torch.stack(outs).to(q.dtype), torch.stack(lses)  # (B, Hq, Nnew, d), (B, Hq, Nnew)
     out, lse = batch.unpack(out, lse)
@@ -349,6 +353,18 @@ def decode_reference(q, k_cache, v_cache, cache_seqlens, *, num_splits: int = 1,
 
 
 # ----- the public function ------------------------------------------------------------------
+
+MAX_HEAD_DIM = 576  # the decoding kernels' widest q and k: absorbed MLA's latent 512 + rope 64
+
+
+def _check_decode_kernel_inputs(q, check_kernel_inputs):
+    """The fused kernels' checks (dtype, device) with decoding's own head-dim limit: the split kernel
+    takes absorbed MLA's 576 (one query row block's tile, never a whole sequence's)."""
+    head_dim = q.shape[-1]
+    if head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"{FN}: argument 'q' has head_dim {head_dim}; the decoding kernels support head_dim "
+                         f"1..{MAX_HEAD_DIM} (use flashlib.decode_reference for larger)")
+    check_kernel_inputs(FN, q[..., :min(head_dim, 1)])  # the rest of its checks, on one column
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True, scale=None, softcap=None, window=None,
                      block_table=None, num_splits=None, sinks=None, score_mod=None, k_new=None, v_new=None,
@@ -361,7 +377,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
         q: (batch, q_heads, new_tokens, head_dim); with ``cu_seqlens_q`` packed, (total_q, q_heads, head_dim).
         k_cache, v_cache: (batch, kv_heads, capacity, head_dim); with ``block_table`` a paged cache
             (num_pages, kv_heads, page_size, head_dim), vLLM's; with ``cache_batch_idx`` a pool of
-            rows. Query head h reads kv head h // (q_heads // kv_heads) (grouped-query attention).
+            rows. Query head h reads kv head h // (q_heads // kv_heads) (grouped-query attention);
+            v_cache's head dim (and v_new's) may differ from k_cache's (MLA's).
         cache_seqlens: (batch,) int32, each sequence's valid positions, its new tokens included (before
             the call when ``k_new`` brings them: flash-attn's convention). With L the positions after
             the call and n the new tokens, query i sees the keys j <= L - n + i (causal)::
@@ -389,9 +406,10 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
         return_lse: also return the lse, (batch, q_heads, new_tokens) float32 ((q_heads, total_q)
             packed), -inf for rows that see no key.
 
-    Returns the output in q's layout and dtype. Inference only (an input that requires grad is an
-    error). float16, bfloat16 (sm_80 on) and float32, head_dim 1..256; without a CUDA device in
-    Triton's CPU interpreter. :func:`decode_reference` computes the same in PyTorch, any dtype.
+    Returns the output in q's layout and dtype, v_cache's head dim wide. Inference only (an input that
+    requires grad is an error). float16, bfloat16 (sm_80 on) and float32, head_dim 1..576; without a CUDA
+    device in Triton's CPU interpreter. :func:`decode_reference` computes the same in PyTorch, any dtype. A
+    v_cache that is a view of k_cache's first columns (:func:`mla_decode_attention`) is read with the keys.
     """
     contract = dict(k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                     rotary_interleaved=rotary_interleaved, cache_batch_idx=cache_batch_idx,
@@ -407,7 +425,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
         raise TypeError(f"{FN}: argument 'q' is float64, which the kernels do not compute; use float16, "
                         "bfloat16 or float32 (or flashlib.decode_reference for float64)")
     if isinstance(q, torch.Tensor):  # (any other q is named by the shared checks)
-        check_kernel_inputs(FN, q)
+        _check_decode_kernel_inputs(q, check_kernel_inputs)
     batch, args = _prepared(FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
                             dict(causal=causal, scale=scale, softcap=softcap, window=window, sinks=sinks,
                                  score_mod=score_mod, **contract))
@@ -418,6 +436,77 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
                               sequences=Sequences(batch.seqlens, batch.new_tokens, batch.starts))
     out, lse = batch.unpack(out, lse)
     return (out, lse) if return_lse else out
+
+
+# ----- absorbed MLA: one latent cache, its first columns the values --------------------------------
+
+def mla_decode_attention(q, kv_cache, cache_seqlens, *, head_dim_v: int = 512, block_table=None, scale=None,
+                         kv_new=None, reference: bool = False, **options):
+    """DeepSeek-V2/V3's multi-head latent attention decoding, absorbed: one latent cache holds the keys,
+    and the values are its first ``head_dim_v`` columns, read once (with the keys).
+
+    Each cached position keeps c_kv, its latent (512 wide in DeepSeek-V3), and k_rope, its rotated key
+    part (64), shared by all query heads. The up-projections are absorbed: query head h's score is
+    [q_nope W_UK_h, q_rope] . [c_kv, k_rope], its output (softmax . c_kv) W_UV_h, so the attention
+    itself is MQA over one "kv head" of width 576 whose values are the keys' first 512 columns::
+
+        kv_cache row   | c_kv (latent)  0 .. head_dim_v - 1     | k_rope  head_dim_v .. width - 1 |
+        key            |<------------------------ all width columns -------------------------->|
+        value          |<------ the first head_dim_v ---------->|
+        q row          | q_nope W_UK_h (absorbed)               | q_rope                          |
+        out row        | softmax(q kᵀ scale) . values: head_dim_v wide (multiply by W_UV_h after)  |
+
+    Args:
+        q: (batch, q_heads, new_tokens, width), the absorbed queries (width 576 for DeepSeek).
+        kv_cache: (batch, kv_heads, capacity, width), kv_heads 1 for DeepSeek (all query heads share it);
+            with ``block_table`` paged, (num_pages, kv_heads, page_size, width).
+        cache_seqlens, block_table: as :func:`decode_attention`.
+        head_dim_v: the latent's width, the values' head dim (512), at most width.
+        scale: the softmax scale, 1/sqrt(width) by default; DeepSeek's is that of its un-absorbed
+            head dim (1/sqrt(128 + 64), times its YaRN mscale squared): pass it.
+        kv_new: (batch, kv_heads, n_new, width) new latent rows to append in place (flash-attn's k_new,
+            the values the same rows' first columns); rotate k_rope yourself (flash-attn's rotary
+            tables would rotate the first columns, the latent's).
+        reference: compute with :func:`decode_reference` (PyTorch, any dtype) instead of the kernels.
+        options: the rest of :func:`decode_attention`'s (causal, window, softcap, sinks, num_splits,
+            cache_leftpad, cache_batch_idx, cu_seqlens_q, return_lse, ...).
+
+    Returns out (batch, q_heads, new_tokens, head_dim_v) (and the lse with ``return_lse``). The kernel
+    sees v_cache = kv_cache[..., :head_dim_v], a view of the key cache's leading columns
+    (:func:`flashlib.kernels.decode.values_in_keys`), and reads each row once.
+    """
+    fn = "mla_decode_attention"
+    _check_tensor(fn, "kv_cache", kv_cache, 4)
+    width = kv_cache.shape[-1]
+    if isinstance(q, torch.Tensor) and q.ndim >= 1 and q.shape[-1] != width:
+        raise ValueError(f"{fn}: argument 'q' is {q.shape[-1]} wide but 'kv_cache' {width}; the absorbed queries "
+                         "[q_nope W_UK, q_rope] have the latent cache's width (576 for DeepSeek)")
+    if isinstance(head_dim_v, bool) or not isinstance(head_dim_v, numbers.Integral) or not 1 <= head_dim_v <= width:
+        raise ValueError(f"{fn}: argument 'head_dim_v' is {head_dim_v!r}; the values are the latent cache's first "
+                         f"head_dim_v columns, so it must be an int in 1..{width} (the cache's width)")
+    for name in ("k_new", "v_new", "rotary_cos", "rotary_sin"):
+        if options.get(name) is not None:
+            hint = ("pass the new latent rows as 'kv_new' (keys and values are one row)" if name in ("k_new", "v_new")
+                    else "rotate the rope columns of q and kv_new yourself (the tables would rotate the latent's)")
+            raise ValueError(f"{fn}: argument '{name}' is not taken here; {hint}")
+    if kv_new is not None:
+        _check_tensor(fn, "kv_new", kv_new, 4 if options.get("cu_seqlens_q") is None else 3)
+        options.update(k_new=kv_new, v_new=kv_new[..., :head_dim_v])
+    run = decode_reference if reference else decode_attention
+    return run(q, kv_cache, kv_cache[..., :head_dim_v], cache_seqlens, block_table=block_table, scale=scale,
+               **options)
+
+
+def mla_bytes(*, batch: int, tokens: int, width: int = 576, head_dim_v: int = 512, kv_heads: int = 1,
+              q_heads: int = 128, new_tokens: int = 1, element_size: int = 2) -> dict:
+    """Bytes one absorbed MLA decoding step moves (notebook 10's model: each cached row read once per
+    kv head, queries read and outputs written once): ``shared``, the latent cache read once (values
+    are its first columns), and ``separate``, a value cache of its own read beside it."""
+    cache = batch * kv_heads * tokens * element_size
+    queries = batch * q_heads * new_tokens * (width + head_dim_v) * element_size  # q read, out written
+    shared = cache * width + queries
+    separate = cache * (width + head_dim_v) + queries
+    return dict(shared=shared, separate=separate, ratio=separate / shared)
 
 
 # ----- shared prefixes: read once for a group, merged with each sequence's own suffix -------------
@@ -482,6 +571,9 @@ def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *,
     fn = "cascade_attention"
     _check_tensor(fn, "q", q, 4)
     _check_caches(fn, q, k_cache, v_cache, block_table)
+    if v_cache.shape[-1] != q.shape[-1]:
+        raise ValueError(f"{fn}: argument 'v_cache' has head_dim {v_cache.shape[-1]} but 'q' has {q.shape[-1]}; "
+                         "cascade decoding takes one head dim for q, k and v")
     _check_prefix(fn, q, prefix_k, prefix_v, k_cache, cache_seqlens)
     batch, q_heads, n, d = q.shape
     stacked = _stack_queries(q, k_cache.shape[1])

@@ -120,7 +120,8 @@ def prepare(fn, q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=
         plain = Batch(q, k_cache, v_cache, block_table, seqlens, new_tokens, starts, unpack, None)
         return plain._replace(write=lambda: plain)
     kv_heads = k_cache.shape[1]
-    tokens, seq_of, offsets = _new_tokens(fn, k_new, v_new, cu, batch, kv_heads, d, k_cache)
+    dv = v_cache.shape[-1] if isinstance(v_cache, torch.Tensor) and v_cache.ndim == 4 else d
+    tokens, seq_of, offsets = _new_tokens(fn, k_new, v_new, cu, batch, kv_heads, d, k_cache, dv)
     positions = seqlens.long()[seq_of] + offsets  # each new key's cache position
     moving = causal or tuple(window) != (-1, -1)  # queries rotated at their own positions
     if rotary_cos is not None:
@@ -172,20 +173,22 @@ def _queries(fn, q, cu, max_seqlen_q):
     return padded, _unpacker(seq_of, tok_of), cu
 
 
-def _new_tokens(fn, k_new, v_new, cu, batch, kv_heads, d, cache):
-    """((k, v) as (tokens, kv_heads, d), each token's sequence, its offset among that sequence's new ones)."""
+def _new_tokens(fn, k_new, v_new, cu, batch, kv_heads, d, cache, dv=None):
+    """((k, v) as (tokens, kv_heads, d and dv), each token's sequence, its offset among that sequence's new
+    ones); dv: the value cache's head dim (d by default; MLA's differs)."""
     device = cache.device
+    dv = d if dv is None else dv
     if cu is None:
-        shape = (batch, kv_heads, k_new.shape[2] if isinstance(k_new, torch.Tensor) and k_new.ndim == 4 else 0, d)
-        for name, t in (("k_new", k_new), ("v_new", v_new)):
-            _check_same(fn, name, t, cache, shape)
-        n = shape[2]
+        n = k_new.shape[2] if isinstance(k_new, torch.Tensor) and k_new.ndim == 4 else 0
+        for name, t, width in (("k_new", k_new, d), ("v_new", v_new, dv)):
+            _check_same(fn, name, t, cache, (batch, kv_heads, n, width))
         seq_of = torch.arange(batch, device=device).repeat_interleave(n)
         offsets = torch.arange(n, device=device).repeat(batch)
-        return tuple(t.transpose(1, 2).reshape(batch * n, kv_heads, d) for t in (k_new, v_new)), seq_of, offsets
+        tokens = tuple(t.transpose(1, 2).reshape(batch * n, kv_heads, t.shape[-1]) for t in (k_new, v_new))
+        return tokens, seq_of, offsets
     total = int(cu[-1])
-    for name, t in (("k_new", k_new), ("v_new", v_new)):
-        _check_same(fn, name, t, cache, (total, kv_heads, d))
+    for name, t, width in (("k_new", k_new, d), ("v_new", v_new, dv)):
+        _check_same(fn, name, t, cache, (total, kv_heads, width))
     counts = (cu[1:] - cu[:-1]).long()
     seq_of = torch.repeat_interleave(torch.arange(batch, device=device), counts)
     return (k_new, v_new), seq_of, torch.arange(total, device=device) - cu.long()[seq_of]

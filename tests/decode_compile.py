@@ -23,11 +23,15 @@ _POINTERS = {"Partial": "*fp32", "PartialML": "*fp32", "Lse": "*fp32", "SeqLens"
 
 
 def spec(kernel: str, capability, dtype: str, head_dim: int, *, paged: bool = False, softcap: bool = False,
-         rows: int = 4, sinks: bool = False):
+         rows: int = 4, sinks: bool = False, head_dim_v: int | None = None, v_from_k: bool = False,
+         config=None):
     """kernel "split" (stage 1) or "merge" (stage 2); rows: stacked query rows (group x new tokens);
-    sinks: the merge with attention sinks."""
+    sinks: the merge with attention sinks; head_dim_v: the values' (head_dim by default; the merge's
+    width); v_from_k: the values read with the keys (absorbed MLA's view of the latent cache);
+    config: stage 1's (block_k, num_warps, num_stages) in place of decode_config's."""
     return dict(kernel=kernel, capability=list(capability), dtype=dtype, head_dim=head_dim, paged=paged,
-                softcap=softcap, rows=rows, sinks=sinks)
+                softcap=softcap, rows=rows, sinks=sinks, head_dim_v=head_dim_v or head_dim, v_from_k=v_from_k,
+                config=None if config is None else list(config))
 
 
 def compile_decode(specs, *, triton_path: str | None = None, launch: bool = False, timeout: float = 600) -> dict:
@@ -55,7 +59,7 @@ def _signature(fn, dtype: str, constants: dict):
             signature[name] = "fp32"
         else:
             signature[name] = "i32"
-            if name.startswith("stride") or name == "HEAD_DIM":  # as the JIT sees multiples of 16
+            if name.startswith("stride") or name in ("HEAD_DIM", "HEAD_DIM_V"):  # as the JIT sees multiples of 16
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return signature, attrs
 
@@ -66,18 +70,24 @@ def _kernel(s):
     from flashlib.kernels import decode
     from flashlib.kernels.config import head_dim_pad
 
-    d_pad, block_q = head_dim_pad(s["head_dim"]), decode.row_block(s["rows"])
-    if s["kernel"] == "merge":
+    d, dv = s["head_dim"], s.get("head_dim_v") or s["head_dim"]
+    block_q = decode.row_block(s["rows"], dv)
+    if s["kernel"] == "merge":  # its HEAD_DIM is the output's, the values' head dim
         sinks = {} if s.get("sinks") else dict(Sinks=None)  # a launch without sinks passes None
-        return decode._decode_merge, dict(HEAD_DIM_PAD=d_pad, BLOCK_Q=block_q, **sinks), dict(num_warps=4, num_stages=1)
-    cfg = decode.decode_config(s["head_dim"], getattr(torch, s["dtype"]), tuple(s["capability"]))
+        return (decode._decode_merge, dict(HEAD_DIM_PAD=head_dim_pad(dv), BLOCK_Q=block_q, **sinks),
+                dict(num_warps=s.get("merge_warps") or decode.merge_warps(dv), num_stages=1))
+    v_from_k = bool(s.get("v_from_k"))
+    d_pad = head_dim_pad(d - dv) if v_from_k else head_dim_pad(d)  # as decode._launch_split pads
+    cfg = (decode.DecodeConfig(*s["config"]) if s.get("config") else
+           decode.decode_config(d, getattr(torch, s["dtype"]), tuple(s["capability"]), head_dim_v=dv))
     from flashlib.kernels.function import kernel_score
     from flashlib.options import Options
 
     score = kernel_score(Options(softcap=30.0 if s["softcap"] else 0.0), "cpu")  # soft-capping: a score function
-    constants = dict(HEAD_DIM_PAD=d_pad, BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
+    constants = dict(HEAD_DIM_PAD=d_pad, HEAD_DIM_V_PAD=head_dim_pad(dv), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
                      KEY_ROWS=decode._paged_rows if s["paged"] else decode._contiguous_rows,
-                     SCORE_MOD=None if score is None else score.jit, ScoreData=None, INPUT_PRECISION="tf32")
+                     SCORE_MOD=None if score is None else score.jit, ScoreData=None, INPUT_PRECISION="tf32",
+                     V_FROM_K=v_from_k)
     return decode._decode_split, constants, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
@@ -137,7 +147,9 @@ def launch_path() -> dict:
     with ahead.recording() as notes:
         from flashlib.options import Options
 
-        decode.decode_forward(q, k, k, lengths, options=Options(True, 0.1), num_splits=33, config=config)
+        # a value cache of its own, then (paged) the keys' own tensor as values: both stage-1 paths
+        decode.decode_forward(q, k, torch.zeros_like(k), lengths, options=Options(True, 0.1), num_splits=33,
+                              config=config)
         from flashlib.kernels.function import kernel_score
         from flashlib.options import Options
 

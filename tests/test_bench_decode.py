@@ -120,3 +120,20 @@ def test_the_shared_prefix_groups_time_plain_and_cascade_decoding():
         assert plain["bytes"] == plain["batch"] * 48 * 2 * 2 * 16 * 4  # every request's prefix and suffix
         assert cascade["bytes"] == (40 + plain["batch"] * 8) * 2 * 2 * 16 * 4  # 2 x 2 rows: one block
     assert [i["sweep"] for i in bench.cascade_items()] == ["cascade"] * 4
+
+
+def test_the_mla_steps_time_one_latent_read_against_a_value_cache_of_its_own():
+    assert bench.mla_items() == [dict(sweep="mla", batch=b, length=n, layout="paged", page_size=64)
+                                 for n in (4096, 16384) for b in (64, 132)]
+    items = bench.mla_items(batches=(1, 2), lengths=(40,), page_size=16)
+    tiny = dict(q_heads=4, width=24, head_dim_v=16, scale=0.25, dtype=torch.float32, device="cpu")
+    rows, skipped = bench.run_mla(items, stand_in(), 600, lambda *_: None, **tiny)
+    assert skipped == [] and [r["method"] for r in rows] == ["flashlib:mla", "flashlib:mla-separate"] * 2
+    for shared, separate in zip(rows[::2], rows[1::2]):
+        assert shared["max_abs_difference"] < 1e-5  # the same attention, through the interpreter
+        queries = shared["batch"] * 4 * (24 + 16) * 4  # q read, the output written
+        assert shared["bytes"] == shared["batch"] * 40 * 24 * 4 + queries  # the latent cache once
+        assert separate["bytes"] == shared["batch"] * 40 * (24 + 16) * 4 + queries  # and the values apart
+        assert shared["gbps"] == pytest.approx(shared["bytes"] / 1e6) and shared["row_blocks"] == 1
+    # the GPU run's step: DeepSeek-V3's 128 heads over 576 columns, 512 of them values
+    assert (bench.MLA_Q_HEADS, bench.MLA_WIDTH, bench.MLA_HEAD_DIM_V) == (128, 576, 512)

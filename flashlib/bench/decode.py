@@ -25,7 +25,9 @@ Targets at L >= 16k, on the times as called: flashlib at least as fast as the be
 and its K and V bytes over its time at least 70 % of the copy bandwidth (the graph times' ratios
 are written beside them). Every kernel the run launches is compiled first, on all cores; the
 points run targets first; the sweeps (split counts, page sizes, tiles) fill what is left of the
-budget.
+budget. Absorbed MLA steps (DeepSeek-V3: 128 query heads over one 576-wide latent cache in 64-position
+pages, values its first 512 columns) time the one read of the latent cache against a value cache of
+its own, with their bytes (:func:`flashlib.decode.mla_bytes`) and GB/s.
 """
 from __future__ import annotations
 
@@ -364,6 +366,87 @@ def run_cascade(items, bench, budget_s, log, clock=time.perf_counter, **shapes) 
     return rows, skipped
 
 
+# ----- absorbed MLA: one latent cache read once, against a value cache of its own ------------------
+
+MLA_BATCHES, MLA_LENGTHS, MLA_PAGE_SIZE = (64, 132), (4096, 16384), 64
+MLA_Q_HEADS, MLA_WIDTH, MLA_HEAD_DIM_V, MLA_SCALE = 128, 576, 512, 192 ** -0.5  # DeepSeek-V3, one GPU
+
+
+def mla_items(batches=MLA_BATCHES, lengths=MLA_LENGTHS, page_size=MLA_PAGE_SIZE) -> list[dict]:
+    """Absorbed MLA decoding steps: every sequence's paged latent cache full at ``length``."""
+    return [dict(sweep="mla", batch=b, length=n, layout="paged", page_size=page_size) for n in lengths for b in batches]
+
+
+def mla_inputs(item, *, q_heads, width, dtype, device, seed=0):
+    """(q (B, Hq, 1, width), latent pages (num_pages, 1, page_size, width) scattered by a shuffled block
+    table (B, pages per sequence) int32, lengths (B,) int32)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    batch, length, page_size = item["batch"], item["length"], item["page_size"]
+    per_seq = -(-length // page_size)
+    q = torch.randn(batch, q_heads, 1, width, generator=g, device=device, dtype=dtype)
+    pages = torch.randn(batch * per_seq, 1, page_size, width, generator=g, device=device, dtype=dtype)
+    order = torch.randperm(batch * per_seq, generator=torch.Generator().manual_seed(seed))
+    table = order.reshape(batch, per_seq).to(device=device, dtype=torch.int32)
+    return q, pages, table, torch.full((batch,), length, dtype=torch.int32, device=device)
+
+
+def measure_mla(item, *, dtype, device, bench, q_heads=MLA_Q_HEADS, width=MLA_WIDTH, head_dim_v=MLA_HEAD_DIM_V,
+                scale=MLA_SCALE, seed=0) -> list[dict]:
+    """Two rows for one step: "flashlib:mla", decoding with v_cache a view of the latent pages' first
+    head_dim_v columns (the value tile taken from the key tile, each row read once), and
+    "flashlib:mla-separate", the same attention with the values copied into pages of their own (the
+    general path: both read). Bytes by :func:`flashlib.decode.mla_bytes` (each cached row once per
+    kv head, q read and the output written once: the DRAM traffic when the query row blocks that
+    share a row, ceil(q_heads / BLOCK_Q) of them, meet it in L2), and how far the outputs are apart."""
+    from ..decode import check_decode_inputs, check_decode_values, mla_bytes
+    from ..kernels.decode import decode_forward, row_block, values_in_keys
+    from ..kvcache import prepare
+
+    q, pages, table, lengths = mla_inputs(item, q_heads=q_heads, width=width, dtype=dtype, device=device, seed=seed)
+    values = {"mla": pages[..., :head_dim_v], "mla-separate": pages[..., :head_dim_v].contiguous()}
+    assert values_in_keys(pages, values["mla"]) and not values_in_keys(pages, values["mla-separate"])
+    counted = mla_bytes(batch=item["batch"], tokens=item["length"], width=width, head_dim_v=head_dim_v,
+                        q_heads=q_heads, element_size=q.element_size())
+    calls = {}
+    for name, v in values.items():
+        args = check_decode_inputs(OURS, q, pages, v, lengths, block_table=table, num_splits=None, scale=scale)
+        check_decode_values(OURS, prepare(OURS, q, pages, v, lengths, block_table=table), args, pages.shape[0])
+        calls[name] = (lambda v=v, args=args: decode_forward(q, pages, v, lengths, options=args.options,
+                                                             block_table=table)[0])
+    rows = []
+    with torch.no_grad():
+        outs = {name: call() for name, call in calls.items()}
+        difference = (outs["mla"].float() - outs["mla-separate"].float()).abs().max().item()
+        for name, call in calls.items():
+            ms, low, high = bench(call)
+            bytes_ = counted["shared" if name == "mla" else "separate"]
+            rows.append(dict(item, method=f"{OURS}:{name}", q_heads=q_heads, width=width, head_dim_v=head_dim_v,
+                             ms=ms, ms_p20=low, ms_p80=high, bytes=bytes_, gbps=bytes_ / ms / 1e6,
+                             row_blocks=-(-q_heads // row_block(q_heads, head_dim_v)), max_abs_difference=difference))
+    return rows
+
+
+def run_mla(items, bench, budget_s, log, clock=time.perf_counter, **shapes) -> tuple[list, list]:
+    """(rows, skipped): each step only if the longest so far would still end in budget_s; shapes: dtype,
+    device (and measure_mla's head counts and widths, for a test's tiny ones)."""
+    start, longest, rows, skipped = clock(), 0.0, [], []
+    for item in items:
+        began = clock()
+        if began - start + longest > budget_s:
+            skipped.append(item)
+            continue
+        try:
+            found = measure_mla(item, bench=bench, **shapes)
+        except Exception as exc:  # a step that does not fit is a result too
+            found = [dict(item, error=error_text(exc))]
+        rows += found
+        longest = max(longest, clock() - began)
+        if "ms" in found[-1]:
+            log(f"  mla B={item['batch']} L={item['length']}: shared {found[0]['ms'] * 1e3:.0f} us "
+                f"({found[0]['gbps']:.0f} GB/s), separate {found[1]['ms'] * 1e3:.0f} us ({found[1]['gbps']:.0f} GB/s)")
+    return rows, skipped
+
+
 # ----- compiling ahead ------------------------------------------------------------------------
 
 def what_runs(p, *, q_heads, kv_heads, device) -> tuple:
@@ -418,13 +501,14 @@ def provenance(device) -> dict:
 def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, lengths=LENGTHS, layouts=LAYOUTS,
                      q_heads=Q_HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, page_size=PAGE_SIZE,
                      dtype=torch.bfloat16, sweeps=True, bench=None, ceilings=None, graph="cuda", log=print,
-                     progress=None, precompile: bool | None = None, cascade=None) -> dict:
+                     progress=None, precompile: bool | None = None, cascade=None, mla=None) -> dict:
     """Measure the points, then the sweeps, within ``budget_s``; returns {"decode": {...}} for the JSON.
     bench(fn) -> (median, 20th, 80th percentile) ms and ceilings ({"copy_gbps": ...}) default to the
     GPU's timers and a measurement now; graph(call) -> replay, default :func:`graphed` on a CUDA device
     (None: no graph times); precompile: compile every kernel first on all cores (default on a CUDA
     device: :func:`compile_ahead`); cascade: the shared-prefix groups (default :func:`cascade_items`
-    with the sweeps, none without); a test passes stand-ins and runs it through the interpreter."""
+    with the sweeps, none without); mla: the absorbed MLA steps (default :func:`mla_items` with the sweeps,
+    none without); a test passes stand-ins and runs it through the interpreter."""
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("run_decode_bench: no CUDA device; the decoding benchmark runs on a GPU")
     start, bench = time.perf_counter(), bench or bench_spread
@@ -445,6 +529,7 @@ def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, 
     length = 65536 if 65536 in lengths else max(lengths)
     items = sweep_items(batches[0], length) if sweeps else []
     cascade = (cascade_items() if sweeps else []) if cascade is None else cascade
+    mla = (mla_items() if sweeps else []) if mla is None else mla
     compiled = None
     if precompile if precompile is not None else torch.device(device).type == "cuda":
         try:
@@ -460,6 +545,10 @@ def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, 
     if cascade and not lost:  # before the sweeps: never timed before, and a quarter of what is left at most
         left = (budget_s - (time.perf_counter() - start)) / (4 if items else 1)
         cascade_rows, cascade_skipped = run_cascade(cascade, bench, left, log, **shapes)
+    mla_rows, mla_skipped = [], []
+    if mla and not lost:  # then a third of what is left at most
+        left = (budget_s - (time.perf_counter() - start)) / (3 if items else 1)
+        mla_rows, mla_skipped = run_mla(mla, bench, left, log, dtype=dtype, device=device)
     if items and not lost:
         left = budget_s - (time.perf_counter() - start)
         sweep_rows, sweep_skipped = run_sweeps(items, make_inputs, bench, left, log, graph=graph)
@@ -476,7 +565,7 @@ def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, 
                            "paged points compare with SDPA on the contiguous cache (no gather timed)"},
         "ceilings": ceilings, "precompile": compiled, "points": rows, "skipped": skipped, "timeline": timeline,
         "targets": targets(rows, ceilings.get("copy_gbps")), "sweeps": sweep_rows, "sweeps_skipped": sweep_skipped,
-        "cascade": cascade_rows, "cascade_skipped": cascade_skipped,
+        "cascade": cascade_rows, "cascade_skipped": cascade_skipped, "mla": mla_rows, "mla_skipped": mla_skipped,
         "device_lost": {k: v for k, v in lost[0].items() if k != "pending"} if lost else None,
         "elapsed_s": round(time.perf_counter() - start, 1)}}
 

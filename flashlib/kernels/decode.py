@@ -21,6 +21,11 @@ Where a position's key lives is a compile-time function argument, ``KEY_ROWS``: 
 each position of a tile, its block of the cache and its row in that block. ``_contiguous_rows``:
 block b (the sequence), row j; ``_paged_rows``: block table[b, j // PAGE_SIZE], row j % PAGE_SIZE.
 The rest of the kernel is the same for both caches.
+
+Values may have a head dim of their own (HEAD_DIM_V: MLA's). Absorbed MLA keeps one latent cache
+whose first HEAD_DIM_V columns are the values too; the launcher sees v_cache as a view of k_cache's
+leading columns (:func:`values_in_keys`) and passes V_FROM_K, so each cached row is loaded once, in
+two pieces: [value columns | the key's own], q split the same way and the two dots summed.
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ from ..options import Options
 from ._mode import interpreting
 from .config import LOG2E, head_dim_pad, lse_natural
 from .forward import _finish, _finite, _load_rows, _online_update, _scores, triton
-from .rules import _band, _batch_head, _key_range, _sink_state, _stacked_head, _visible, row_chunks
+from .rules import _band, _batch_head, _key_range, _mod_scores, _sink_state, _stacked_head, _visible, row_chunks
 from .scorefn import score_args
 
 import triton.language as tl  # noqa: E402  (after forward: it chose the interpreter mode)
@@ -102,24 +107,47 @@ def _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, 
 
 
 @triton.jit
-def _decode_inner(m_i, l_i, acc, q_blk, K, V, Table, stride_table, off_b, stride_kb, stride_kn,
-                  stride_vb, stride_vn, offs_r, offs_d, k_lo, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start,
-                  causal, window_left, window_right, qk_scale, scale, heads, positions, ScoreData, HEAD_DIM,
-                  PAGE_SIZE, BLOCK_K: tl.constexpr, KEY_ROWS: tl.constexpr, SCORE_MOD: tl.constexpr,
-                  INPUT_PRECISION: tl.constexpr):
+def _shared_scores(q_blk, q_own, v_tile, k_own, qk_scale, visible, INPUT_PRECISION: tl.constexpr, scale, off_b,
+                   off_h, q_idx, kv_idx, ScoreData, SCORE_MOD: tl.constexpr):
+    """_scores for a key tile held in two pieces, [shared | own]: q.k = q_blk.v_tileᵀ + q_own.k_ownᵀ, the
+    columns the values share and the key's own (MLA's latent 512 and rope 64)."""
+    x = tl.dot(q_blk, tl.trans(v_tile), input_precision=INPUT_PRECISION)
+    x = tl.dot(q_own, tl.trans(k_own), x, input_precision=INPUT_PRECISION)
+    s = _mod_scores(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, SCORE_MOD)
+    return tl.where(visible, s, float("-inf"))
+
+
+@triton.jit
+def _decode_inner(m_i, l_i, acc, q_blk, q_own, K, V, Table, stride_table, off_b, stride_kb, stride_kn,
+                  stride_vb, stride_vn, offs_r, offs_d, offs_dv, k_lo, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen,
+                  start, causal, window_left, window_right, qk_scale, scale, heads, positions, ScoreData, HEAD_DIM,
+                  HEAD_DIM_V, PAGE_SIZE, BLOCK_K: tl.constexpr, KEY_ROWS: tl.constexpr, SCORE_MOD: tl.constexpr,
+                  INPUT_PRECISION: tl.constexpr, V_FROM_K: tl.constexpr):
     """Fold every key/value tile of [k_lo, k_hi) into (m_i, l_i, acc); q_blk stays in registers. heads,
     positions (BLOCK_Q, 1): each row's query head and position in its sequence, for SCORE_MOD (a
-    key's position in its sequence is its cache position less the sequence's start)."""
+    key's position in its sequence is its cache position less the sequence's start). V_FROM_K: the
+    values are the keys' first HEAD_DIM_V columns (absorbed MLA), so each key row is read once, as
+    two pieces, the shared columns (the value tile, against q_blk) and the key's own (offs_d, from
+    column HEAD_DIM_V, against q_own); else K (offs_d) and V (offs_dv) are read apart, q_own unused."""
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         valid = offs_k < k_hi
         blocks, rows = KEY_ROWS(Table, stride_table, off_b, offs_k, valid, PAGE_SIZE)
-        k_tile = _load_cache_rows(K, stride_kb, stride_kn, blocks, rows, valid, offs_d, HEAD_DIM)
-        v_tile = _load_cache_rows(V, stride_vb, stride_vn, blocks, rows, valid, offs_d, HEAD_DIM)
-        visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal,
-                                  window_left, window_right)
-        s = _scores(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION, scale, off_b, heads, positions,
-                    offs_k[None, :] - start, ScoreData, SCORE_MOD)
+        if V_FROM_K:  # one read of each key row: its first HEAD_DIM_V columns are its value
+            v_tile = _load_cache_rows(K, stride_kb, stride_kn, blocks, rows, valid, offs_dv, HEAD_DIM_V)
+            k_own = _load_cache_rows(K + HEAD_DIM_V, stride_kb, stride_kn, blocks, rows, valid, offs_d,
+                                     HEAD_DIM - HEAD_DIM_V)
+            visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal,
+                                      window_left, window_right)
+            s = _shared_scores(q_blk, q_own, v_tile, k_own, qk_scale, visible, INPUT_PRECISION, scale, off_b,
+                               heads, positions, offs_k[None, :] - start, ScoreData, SCORE_MOD)
+        else:
+            k_tile = _load_cache_rows(K, stride_kb, stride_kn, blocks, rows, valid, offs_d, HEAD_DIM)
+            v_tile = _load_cache_rows(V, stride_vb, stride_vn, blocks, rows, valid, offs_dv, HEAD_DIM_V)
+            visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal,
+                                      window_left, window_right)
+            s = _scores(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION, scale, off_b, heads, positions,
+                        offs_k[None, :] - start, ScoreData, SCORE_MOD)
         m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION)
     return m_i, l_i, acc
 
@@ -128,16 +156,18 @@ def _decode_inner(m_i, l_i, acc, q_blk, K, V, Table, stride_table, off_b, stride
 def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table, qk_scale, scale, causal,
                   window_left, window_right,
                   stride_qz, stride_qr, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                  stride_table, stride_pz, stride_pr, KV_HEADS, NUM_SPLITS, ROWS, NEW_TOKENS, HEAD_DIM, PAGE_SIZE,
-                  HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                  KEY_ROWS: tl.constexpr, INPUT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr = None,
-                  ScoreData=None):
+                  stride_table, stride_pz, stride_pr, KV_HEADS, NUM_SPLITS, ROWS, NEW_TOKENS, HEAD_DIM, HEAD_DIM_V,
+                  PAGE_SIZE, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                  BLOCK_K: tl.constexpr, KEY_ROWS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                  SCORE_MOD: tl.constexpr = None, ScoreData=None, V_FROM_K: tl.constexpr = False):
     """Q: (batch * kv_heads, ROWS, HEAD_DIM), a kv head's query heads and new tokens stacked;
-    K, V: caches (blocks, kv_heads, rows per block, HEAD_DIM); Partial: (batch * kv_heads *
-    NUM_SPLITS, ROWS, HEAD_DIM) float32, each split's normalised output; PartialML: (batch * kv_heads *
+    K, V: caches (blocks, kv_heads, rows per block, HEAD_DIM and HEAD_DIM_V); Partial: (batch * kv_heads *
+    NUM_SPLITS, ROWS, HEAD_DIM_V) float32, each split's normalised output; PartialML: (batch * kv_heads *
     NUM_SPLITS, ROWS, 2) float32, its rows' base-2 max m and denominator l. SeqLens, NewTokens, Starts:
     (batch,) int32, each sequence's valid positions (its new tokens included), its new tokens (at most
-    NEW_TOKENS, the rows' stride) and its first position (left padding before it is never seen)."""
+    NEW_TOKENS, the rows' stride) and its first position (left padding before it is never seen).
+    V_FROM_K: V is K's first HEAD_DIM_V columns (absorbed MLA's latent cache), read with the keys; then
+    HEAD_DIM_PAD pads the key's own columns, HEAD_DIM - HEAD_DIM_V (the rope's), not HEAD_DIM."""
     split = tl.program_id(0)
     off_z = tl.program_id(1).to(tl.int64)  # batch * KV_HEADS + kv head; int64: offsets from it can pass 2^31
     q0 = tl.program_id(2) * BLOCK_Q
@@ -152,27 +182,35 @@ def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table
     V += kv_head * stride_vh
     offs_r = q0 + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    q_blk = _load_rows(Q, stride_qr, offs_r, offs_d, ROWS, HEAD_DIM)
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+    if V_FROM_K:  # q = [q_blk | q_own], against the columns the values share and the key's own
+        q_blk = _load_rows(Q, stride_qr, offs_r, offs_dv, ROWS, HEAD_DIM_V)
+        q_own = _load_rows(Q + HEAD_DIM_V, stride_qr, offs_r, offs_d, ROWS, HEAD_DIM - HEAD_DIM_V)
+    else:
+        q_blk = _load_rows(Q, stride_qr, offs_r, offs_d, ROWS, HEAD_DIM)
+        q_own = q_blk  # not read
     # what a score function is told of each row: its query head and its position in the sequence
     heads = _stacked_head(kv_head, offs_r, ROWS, NEW_TOKENS)[:, None]
     positions = (offset - start + offs_r % NEW_TOKENS)[:, None]
 
     m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
-    m_i, l_i, acc = _decode_inner(m_i, l_i, acc, q_blk, K, V, Table, stride_table, off_b, stride_kb, stride_kn,
-                                  stride_vb, stride_vn, offs_r, offs_d=offs_d, k_lo=k_lo, k_hi=k_hi, ROWS=ROWS,
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM_V_PAD], dtype=tl.float32)
+    m_i, l_i, acc = _decode_inner(m_i, l_i, acc, q_blk, q_own, K, V, Table, stride_table, off_b, stride_kb,
+                                  stride_kn, stride_vb, stride_vn, offs_r, offs_d=offs_d, offs_dv=offs_dv, k_lo=k_lo,
+                                  k_hi=k_hi, ROWS=ROWS,
                                   NEW_TOKENS=NEW_TOKENS, new_tokens=new_tokens, seqlen=seqlen, start=start,
                                   causal=causal, window_left=window_left, window_right=window_right, qk_scale=qk_scale,
                                   scale=scale, heads=heads, positions=positions, ScoreData=ScoreData,
-                                  HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, BLOCK_K=BLOCK_K, KEY_ROWS=KEY_ROWS,
-                                  SCORE_MOD=SCORE_MOD, INPUT_PRECISION=INPUT_PRECISION)
+                                  HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, PAGE_SIZE=PAGE_SIZE, BLOCK_K=BLOCK_K,
+                                  KEY_ROWS=KEY_ROWS, SCORE_MOD=SCORE_MOD, INPUT_PRECISION=INPUT_PRECISION,
+                                  V_FROM_K=V_FROM_K)
 
     out, _ = _finish(m_i, l_i, acc)  # an empty chunk: out = 0, m = -inf, l = 0, a weight of 0 in the merge
     part = off_z * NUM_SPLITS + split
-    o_mask = (offs_r[:, None] < ROWS) & (offs_d[None, :] < HEAD_DIM)
+    o_mask = (offs_r[:, None] < ROWS) & (offs_dv[None, :] < HEAD_DIM_V)
     rows = offs_r[:, None].to(tl.int64) * stride_pr
-    tl.store(Partial + part * stride_pz + rows + offs_d[None, :], out, mask=o_mask)
+    tl.store(Partial + part * stride_pz + rows + offs_dv[None, :], out, mask=o_mask)
     # the split's state as notebook 02 merges two: its max and denominator, not their lse, whose ulp
     # at scores near 72 (base 2) is 8e-6, an error every split's weight would carry into the merge
     stats = PartialML + (part * ROWS + offs_r) * 2
@@ -197,7 +235,8 @@ def _merge_partial(m_i, l_i, acc, m_s, l_s, out_s):
 def _decode_merge(Partial, PartialML, Out, Lse, stride_pz, stride_pr, stride_oz, stride_or,
                   NUM_SPLITS, ROWS, HEAD_DIM, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                   Sinks=None, KV_HEADS=1, NEW_TOKENS=1):
-    """Out: (batch * kv_heads, ROWS, HEAD_DIM) in q's dtype; Lse: (batch * kv_heads, ROWS) float32;
+    """Out: (batch * kv_heads, ROWS, HEAD_DIM) in q's dtype, HEAD_DIM the values' (as Partial's);
+    Lse: (batch * kv_heads, ROWS) float32;
     Sinks: (q_heads,) attention sinks or None (row r of kv head h belongs to query head
     h * ROWS // NEW_TOKENS + r // NEW_TOKENS)."""
     off_z = tl.program_id(0).to(tl.int64)  # int64: offsets from it can pass 2^31
@@ -225,19 +264,27 @@ def _decode_merge(Partial, PartialML, Out, Lse, stride_pz, stride_pr, stride_oz,
 # ----- the launcher ---------------------------------------------------------------------------
 
 class DecodeConfig(NamedTuple):
-    """Stage 1's launch: BLOCK_K keys per tile, warps, pipeline stages (stage 2 uses 4 warps, 1 stage)."""
+    """Stage 1's launch: BLOCK_K keys per tile, warps, pipeline stages (stage 2: :func:`merge_warps`, 1 stage)."""
 
     block_k: int = 64
     num_warps: int = 4
     num_stages: int = 2
 
 
-def decode_config(head_dim: int, dtype: torch.dtype, capability=None) -> DecodeConfig:
+# absorbed MLA's widths (576 / 512), measured by tests/decode_compile.py (data/bench/LOG.md, 2026-12-02)
+WIDE_CONFIG = DecodeConfig(32, 8, 3)
+
+
+def decode_config(head_dim: int, dtype: torch.dtype, capability=None, head_dim_v: int | None = None) -> DecodeConfig:
     """The shipped tiles: about 32 KB of K and V per tile (memory-bound: bytes in flight are what
     count), three stages from sm_80 on (96 KB of shared memory at most), two on sm_75 (64 KB), with
-    8 warps there (4 spilled registers at head dim 64 with a soft-cap)."""
+    8 warps there (4 spilled registers at head dim 64 with a soft-cap). Head dims past 256 (absorbed
+    MLA's 576 for q and k, head_dim_v 512): :data:`WIDE_CONFIG`, the accumulator alone (BLOCK_Q x 512
+    float32) needing eight warps."""
     if capability is None:  # the interpreter: tiles small enough that short test caches span several
         return DecodeConfig(32, 4, 1)
+    if max(head_dim, head_dim_v or head_dim) > 256:
+        return WIDE_CONFIG
     per_tile = 128 if head_dim_pad(head_dim) <= 64 else 64 if head_dim_pad(head_dim) <= 128 else 32
     if dtype == torch.float32:
         per_tile //= 2
@@ -267,7 +314,7 @@ def choose_num_splits(programs: int, keys: int, sm_count: int | None) -> int:
     return max(1, min(wanted, -(-keys // MIN_KEYS_PER_SPLIT), MAX_SPLITS))
 
 
-def default_num_splits(q, k_cache, block_table=None, window_left: int = -1) -> int:
+def default_num_splits(q, k_cache, block_table=None, window_left: int = -1, head_dim_v: int = 0) -> int:
     """What ``num_splits=None`` gives for these inputs (:func:`choose_num_splits`): the programs of
     one split, batch x kv_heads x row blocks, and the longest span a query can see, the cache's
     capacity (no lengths are read on the host) or the window's."""
@@ -277,13 +324,16 @@ def default_num_splits(q, k_cache, block_table=None, window_left: int = -1) -> i
     keys = k_cache.shape[2] * (block_table.shape[1] if block_table is not None else 1)
     if window_left >= 0:
         keys = min(keys, window_left + new_tokens)
-    programs = batch * kv_heads * -(-rows // row_block(rows))
+    programs = batch * kv_heads * -(-rows // row_block(rows, head_dim_v))
     return choose_num_splits(programs, keys, sm_count(q.device))
 
 
-def row_block(rows: int) -> int:
-    """BLOCK_Q for ``rows`` stacked query rows: a power of two, >= 16 (tl.dot's minimum), <= 64."""
-    return min(MAX_BLOCK_Q, max(16, 1 << max(rows - 1, 0).bit_length()))
+def row_block(rows: int, head_dim_v: int = 0) -> int:
+    """BLOCK_Q for ``rows`` stacked query rows: a power of two, >= 16 (tl.dot's minimum), <= 64, or <= 32
+    where the values are wider than 256 (absorbed MLA's 512: a 64 x 512 float32 accumulator spills on
+    sm_80 at any warp count, data/bench/LOG.md 2026-12-02)."""
+    most = MAX_BLOCK_Q if head_dim_v <= 256 else MAX_BLOCK_Q // 2
+    return min(most, max(16, 1 << max(rows - 1, 0).bit_length()))
 
 
 _SM_COUNTS: dict = {}
@@ -297,6 +347,17 @@ def sm_count(device: torch.device):
     if index not in _SM_COUNTS:
         _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
     return _SM_COUNTS[index]
+
+
+def values_in_keys(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether v_cache is a view of k_cache's leading columns (absorbed MLA: ``v_cache =
+    kv_cache[..., :512]`` of a 576-wide latent cache): one storage, one start, the same strides and
+    leading sizes, a last dim no wider. Then stage 1 reads each cached row once (V_FROM_K): the
+    value tile is the key tile's first columns."""
+    same_storage = v_cache.untyped_storage().data_ptr() == k_cache.untyped_storage().data_ptr()
+    return (same_storage and v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride()
+            and v_cache.shape[:-1] == k_cache.shape[:-1] and v_cache.shape[-1] <= k_cache.shape[-1]
+            and k_cache.stride(-1) == 1)
 
 
 def _contiguous_last_dim(t: torch.Tensor) -> torch.Tensor:
@@ -340,9 +401,12 @@ def _launch_split(q_rows, k_cache, v_cache, sequences: Sequences, block_table, p
     block table or contiguous cache, and partials). options: the call's (flashlib.options: its causal
     rule, scale and window are read here); score: its score function compiled, or None."""
     bz, rows, d = q_rows.shape
-    kv_heads = k_cache.shape[1]
+    kv_heads, dv = k_cache.shape[1], v_cache.shape[-1]
     paged = block_table is not None
     left, right = options.window
+    shared = values_in_keys(k_cache, v_cache)
+    # V_FROM_K: HEAD_DIM_PAD pads the key's own columns, past the dv it shares with the values
+    pad = head_dim_pad(d - dv) if shared else head_dim_pad(d)
     for run in row_chunks(bz, kv_heads):
         seqs = slice(run.start // kv_heads, run.stop // kv_heads)
         parts = slice(run.start * num_splits, run.stop * num_splits)
@@ -357,10 +421,16 @@ def _launch_split(q_rows, k_cache, v_cache, sequences: Sequences, block_table, p
                             stride_vh=v_cache.stride(1), stride_vn=v_cache.stride(2),
                             stride_table=table.stride(0) if paged else 0, stride_pz=partial.stride(0),
                             stride_pr=partial.stride(1), KV_HEADS=kv_heads, NUM_SPLITS=num_splits, ROWS=rows,
-                            NEW_TOKENS=new_tokens, HEAD_DIM=d, PAGE_SIZE=k_cache.shape[2],
-                            HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
+                            NEW_TOKENS=new_tokens, HEAD_DIM=d, HEAD_DIM_V=dv, PAGE_SIZE=k_cache.shape[2],
+                            HEAD_DIM_PAD=pad, HEAD_DIM_V_PAD=head_dim_pad(dv), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
                             KEY_ROWS=_paged_rows if paged else _contiguous_rows, INPUT_PRECISION=input_precision,
-                            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **score_args(score))
+                            num_warps=cfg.num_warps, num_stages=cfg.num_stages, V_FROM_K=shared, **score_args(score))
+
+
+def merge_warps(head_dim_v: int) -> int:
+    """Stage 2's warps: 4, or 8 where the values are wider than 256 (a 32 x 512 float32 accumulator and
+    a partial beside it spill at 4 warps; data/bench/LOG.md 2026-12-02)."""
+    return 4 if head_dim_v <= 256 else 8
 
 
 def _launch_merge(partial, partial_ml, out, lse, num_splits, block_q, options: Options, kv_heads=1, new_tokens=1):
@@ -372,7 +442,8 @@ def _launch_merge(partial, partial_ml, out, lse, num_splits, block_q, options: O
                                                NEW_TOKENS=new_tokens)
     _decode_merge[(bz, triton.cdiv(rows, block_q))](
         partial, partial_ml, out, lse, partial.stride(0), partial.stride(1), out.stride(0), out.stride(1),
-        num_splits, rows, d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, num_warps=4, num_stages=1, **with_sinks)
+        num_splits, rows, d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, num_warps=merge_warps(d), num_stages=1,
+        **with_sinks)
 
 
 def decode_forward(q, k_cache, v_cache, cache_seqlens, *, options: Options, score=None, block_table=None,
@@ -381,8 +452,9 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, options: Options, scor
     """Both stages, on inputs :func:`flashlib.decode_attention` has checked (nothing here reads the
     lengths or the block table on the host, so the call can be captured in a CUDA graph).
 
-    Returns out (batch, q_heads, new_tokens, d) in q's dtype and lse (batch, q_heads, new_tokens)
-    float32. options: the call's (flashlib.options: causal, scale, window, sinks; the sinks merged as
+    Returns out (batch, q_heads, new_tokens, dv) in q's dtype (dv: v_cache's head dim; a v_cache that
+    is a view of k_cache's first dv columns is read with the keys, :func:`values_in_keys`) and lse
+    (batch, q_heads, new_tokens) float32. options: the call's (flashlib.options: causal, scale, window, sinks; the sinks merged as
     one more partial with no value); score: its score function compiled
     (:func:`flashlib.kernels.function.kernel_score`: soft-capping is one), told each new token's
     position in its sequence; config: stage 1's tiles (default :func:`decode_config`);
@@ -390,9 +462,10 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, options: Options, scor
     sequence's new tokens and start where they differ (a mixed batch, left padding), else every
     sequence has q's new_tokens from position 0 (:func:`uniform_sequences` of cache_seqlens)."""
     batch, q_heads, new_tokens, d = q.shape
-    kv_heads = k_cache.shape[1]
+    kv_heads, dv = k_cache.shape[1], v_cache.shape[-1]
     if q.numel() == 0:  # no batch, heads or new tokens
-        return torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
+        return (q.new_zeros(*q.shape[:-1], dv),
+                torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device))
     rows = q_heads // kv_heads * new_tokens
     # (B, Hq, Nnew, d) -> (B * Hkv, group * Nnew, d): the query heads of a kv head, stacked
     q_rows = _contiguous_last_dim(q.reshape(batch * kv_heads, rows, d))
@@ -403,21 +476,22 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, options: Options, scor
     sequences = Sequences(*(t.to(torch.int32).contiguous() for t in sequences))
     block_table = None if block_table is None else block_table.contiguous()
     capability = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
-    cfg = config or decode_config(d, q.dtype, capability)
-    block_q = row_block(rows)
+    cfg = config or decode_config(d, q.dtype, capability, head_dim_v=dv)
+    block_q = row_block(rows, dv)
     if num_splits is None:
-        num_splits = default_num_splits(q, k_cache, block_table, options.window[0])
+        num_splits = default_num_splits(q, k_cache, block_table, options.window[0], dv)
     # exact, and small enough for the kernels' integers: a window as wide as the cache limits nothing,
     # and splits past the cache's last tile would be empty
     keys = k_cache.shape[2] * (block_table.shape[1] if block_table is not None else 1)
     options = options.window_within(keys + new_tokens)
     num_splits = min(num_splits, max(1, triton.cdiv(keys, cfg.block_k)))
     _check_offsets(q_rows, k_cache, v_cache, block_table, num_splits, block_q)
-    partial = torch.empty(batch * kv_heads * num_splits, rows, d, dtype=torch.float32, device=q.device)
+    partial = torch.empty(batch * kv_heads * num_splits, rows, dv, dtype=torch.float32, device=q.device)
     partial_ml = torch.empty(batch * kv_heads * num_splits, rows, 2, dtype=torch.float32, device=q.device)
     _launch_split(q_rows, k_cache, v_cache, sequences, block_table, partial, partial_ml, options, score,
                   new_tokens, num_splits, block_q, cfg, input_precision)
-    out = torch.empty_like(q_rows)
+    out = q_rows.new_empty(batch * kv_heads, rows, dv)
     lse = torch.empty(batch * kv_heads, rows, dtype=torch.float32, device=q.device)
     _launch_merge(partial, partial_ml, out, lse, num_splits, block_q, options, kv_heads, new_tokens)
-    return out.reshape(q.shape), lse_natural(lse).reshape(q.shape[:-1])  # base 2 until here
+    # base 2 until here
+    return out.reshape(*q.shape[:-1], dv), lse_natural(lse).reshape(q.shape[:-1])
