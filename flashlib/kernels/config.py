@@ -124,8 +124,15 @@ _TURING = {64: ((32, 32, 8, 1), (16, 16, 8, 1)),
            256: ((16, 16, 4, 1), (16, 16, 16, 1))}
 
 
-def default_config(head_dim: int, dtype: torch.dtype, capability: tuple[int, int] | None = None) -> FlashConfig:
-    """The shipped configuration for this head dim, dtype and GPU (capability None: interpreter)."""
+def default_config(head_dim: int, dtype: torch.dtype, capability: tuple[int, int] | None = None,
+                   head_dim_v: int | None = None) -> FlashConfig:
+    """The shipped configuration for this head dim, dtype and GPU (capability None: interpreter);
+    head_dim_v: v's head dim where it is its own (None: head_dim's)."""
+    # the larger pad sizes the tiles: q and k tiles are (rows, pad of head_dim), v, acc, dO and dV
+    # (rows, pad of head_dim_v), so the row of the larger one holds every tile at most that wide
+    # (MLA's 192/128: the 256 row, whose tiles fit 256/256 without spills; tests/test_kernel_compile.py)
+    if head_dim_v is not None:
+        head_dim = max(int(head_dim), int(head_dim_v))
     d = max(64, head_dim_pad(head_dim))
     wide = dtype == torch.float32
     if capability is not None and tuple(capability) < (8, 0):
