@@ -9,7 +9,8 @@ Three launches, as in ``flashlib/backward.py`` (notebook 04):
                              dQ += dS K · scale
 
 with dS = P * (dP - delta) and dP = dO Vᵀ. V, dO and dV have v's head dim, HEAD_DIM_V (padded to
-HEAD_DIM_V_PAD; MLA's 128 beside q and k's 192), Q, K, dQ, dK q's. Every program writes only its own rows of
+HEAD_DIM_V_PAD; MLA's 128 beside q and k's 192; None where it is q's, as in the forward), Q, K, dQ,
+dK q's. Every program writes only its own rows of
 dK, dV or dQ, so no atomics are needed and the same inputs give bitwise the same
 gradients. The price is computing P and dP twice (once per kernel).
 
@@ -122,6 +123,8 @@ def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, Score
     offs_k = k0 + tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)  # v's, dO's and dV's columns
+    if HEAD_DIM_V is None:  # v's head dim is q's (the launchers pass None): the code of before
+        HEAD_DIM_V = HEAD_DIM
     k_tile = _load_rows(K, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)  # stays resident
     v_tile = _load_rows(V, stride_vn, offs_k, offs_dv, SEQ_K, HEAD_DIM_V)
     dk = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
@@ -225,6 +228,8 @@ def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, Tiles, MaskData, ScoreData, 
     offs_q = q0 + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)  # v's and dO's columns: dP = dO Vᵀ sums over them
+    if HEAD_DIM_V is None:  # v's head dim is q's (the launchers pass None): the code of before
+        HEAD_DIM_V = HEAD_DIM
     q_blk = _load_rows(Q, stride_qm, offs_q, offs_d, SEQ_Q, HEAD_DIM)  # stays resident
     do_blk = _load_rows(DO, stride_dom, offs_q, offs_dv, SEQ_Q, HEAD_DIM_V)
     lse, lse_lo = _lse_base2_split(Lse, offs_q, SEQ_Q)

@@ -165,11 +165,10 @@ def _signature(fn, dtype: str, constexprs: dict, float32=()):
 
 
 def _kernel_and_constants(s):
-    from .config import FlashConfig, default_config, head_dim_pad
+    from .config import FlashConfig, default_config, head_dim_pad, value_dim
 
     cfg = FlashConfig(**s["config"]) if s["config"] else None
     d_pad = head_dim_pad(s["head_dim"])
-    dv_pad = head_dim_pad(s.get("head_dim_v") or s["head_dim"])
     if s["kernel"] in ("softmax", "vector_add"):
         from . import primer
 
@@ -182,12 +181,13 @@ def _kernel_and_constants(s):
                              head_dim_v=s.get("head_dim_v"))
     from . import backward, forward
 
-    common = dict(HEAD_DIM_PAD=d_pad, HEAD_DIM_V_PAD=dv_pad, CAUSAL=s["causal"], INPUT_PRECISION=cfg.input_precision)
+    values = value_dim(s["head_dim"], s.get("head_dim_v") or s["head_dim"])  # as the launchers pass them
+    common = dict(HEAD_DIM_PAD=d_pad, **values, CAUSAL=s["causal"], INPUT_PRECISION=cfg.input_precision)
     if s["kernel"] == "forward":
         return (forward._attn_fwd, dict(common, BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k),
                 dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), cfg)
     if s["kernel"] == "bwd_preprocess":
-        return (backward._attn_bwd_preprocess, dict(HEAD_DIM_PAD=dv_pad, BLOCK_Q=cfg.bwd_block_q),
+        return (backward._attn_bwd_preprocess, dict(HEAD_DIM_PAD=values["HEAD_DIM_V_PAD"], BLOCK_Q=cfg.bwd_block_q),
                 dict(num_warps=4, num_stages=1), cfg)
     fn = backward._attn_bwd_dkdv if s["kernel"] == "bwd_dkdv" else backward._attn_bwd_dq
     return (fn, dict(common, BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k),

@@ -9,7 +9,9 @@ same order and under the same names, as ``flashlib/tiled.py``:
     acc  unnormalised output, sum 2^(s - m_i) v                     (BLOCK_Q, HEAD_DIM_V_PAD)
 
 v may have a head dim of its own (MLA's 192 for q and k, 128 for v): HEAD_DIM_V, padded to
-HEAD_DIM_V_PAD (a size, equal to HEAD_DIM_PAD when v's dim is q's).
+HEAD_DIM_V_PAD (a size). Where v's dim is q's the launchers pass HEAD_DIM_V=None: v's columns are
+then masked with HEAD_DIM itself, and the kernel compiles to the code it had before (a second
+run-time dim costs registers: data/bench/LOG.md, 2026-12-02).
 
 The scale is folded into one multiplier, qk_scale = scale * log2(e), so each score costs
 one multiply and one exp2; normalisation by l_i happens once, after the loop, and the
@@ -144,6 +146,8 @@ def _attn_fwd_block(Q, K, V, Out, Lse, Tiles, MaskData, qk_scale, scale, stride_
     offs_q = q0 + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # HEAD_DIM padded to a power of two; the pad is masked
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)  # v's and out's columns
+    if HEAD_DIM_V is None:  # v's head dim is q's (the launchers pass None): the code of before
+        HEAD_DIM_V = HEAD_DIM
     q_blk = _load_rows(Q, stride_qm, offs_q, offs_d, SEQ_Q, HEAD_DIM)
 
     m_i, l_i = _sink_state(Sinks, tl.zeros([BLOCK_Q], dtype=tl.int64) + off_h)  # (-inf, 0) without sinks
@@ -173,8 +177,8 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
               GROUP=1, HEADS=1, scale=1.0, window_left=-1, window_right=-1, MaskData=None,
               Tiles=None, stride_tb=0, stride_th=0, stride_tr=0,
               SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, ROW0=0, Sinks=None, ScoreData=None):
-    """Q: (B*H, seq, HEAD_DIM), Out: (B*H, seq, HEAD_DIM_V); K: (B*H_kv, seq, HEAD_DIM), V: (B*H_kv, seq,
-    HEAD_DIM_V), H = GROUP * H_kv; last dims contiguous. Lse: (B*H, SEQ_Q) float32. Tiles: the block mask's kinds (B or 1, H or 1, query
+    """Q: (B*H, seq, HEAD_DIM), Out: (B*H, seq, HEAD_DIM_V); K: (B*H_kv, seq, HEAD_DIM), V: (B*H_kv,
+    seq, HEAD_DIM_V), H = GROUP * H_kv; last dims contiguous; HEAD_DIM_V None: HEAD_DIM. Lse: (B*H, SEQ_Q) float32. Tiles: the block mask's kinds (B or 1, H or 1, query
     blocks, key tiles), strides 0 where broadcast; MaskData: what MASK_MOD reads (or None); Sinks:
     (H,) attention sinks (or None); scale, ScoreData: the natural scale and what SCORE_MOD reads.
     ROW0: where Q's rows start among all B*H, on a batch boundary (a launch takes at most 65,535

@@ -22,7 +22,7 @@ from ..softmax import merge_sink
 from ..tiled import block_mask
 from ._mode import interpreting
 from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess, triton
-from .config import LOG2E, FlashConfig, default_config, head_dim_pad, lse_base2, lse_natural
+from .config import LOG2E, FlashConfig, default_config, head_dim_pad, lse_base2, lse_natural, value_dim
 from .forward import _attn_fwd
 from .maskfn import compile_mask, symbol_bounds
 from .scorefn import compile_score, score_args, score_bounds, score_tensors
@@ -172,7 +172,7 @@ def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None):
     kinds, data = masks or (None, None)
     causal, scale, sinks = options.causal, options.scale, options.sinks
     score = kernel_score(options, q.device, batch=bh // heads, heads=heads, seq_q=seq_q, seq_k=k.shape[1])
-    switches = dict(HEAD_DIM_PAD=head_dim_pad(d), HEAD_DIM_V_PAD=head_dim_pad(dv), BLOCK_Q=cfg.block_q,
+    switches = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, dv), BLOCK_Q=cfg.block_q,
                     BLOCK_K=cfg.block_k, CAUSAL=causal,
                     INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                     **variant_args(options, group=group, heads=heads, kinds=kinds, data=data, sinks=_sinks32(sinks),
@@ -186,7 +186,7 @@ def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None):
         _attn_fwd[(triton.cdiv(seq_q, cfg.block_q), rows.stop - rows.start)](
             q[rows], k[kv], v[kv], out[rows], lse[rows], scale * LOG2E,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            out.stride(0), out.stride(1), seq_q, k.shape[1], d, dv, ROW0=rows.start, **switches)
+            out.stride(0), out.stride(1), seq_q, k.shape[1], d, ROW0=rows.start, **switches)
     return out, lse
 
 
@@ -218,7 +218,7 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cfg, options=DEFAULT, heads=
     causal, scale, sinks = options.causal, options.scale, options.sinks
     delta = preprocess(out, dout, dlse, cfg)  # over v's head dim
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    common = dict(HEAD_DIM_PAD=head_dim_pad(d), HEAD_DIM_V_PAD=head_dim_pad(d_v), BLOCK_Q=cfg.bwd_block_q,
+    common = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, d_v), BLOCK_Q=cfg.bwd_block_q,
                   BLOCK_K=cfg.bwd_block_k, CAUSAL=causal,
                   INPUT_PRECISION=cfg.input_precision, num_warps=cfg.bwd_num_warps,
                   num_stages=cfg.bwd_num_stages)
@@ -243,8 +243,7 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cfg, options=DEFAULT, heads=
                                                                                   stride_dvz=dv.stride(0),
                                                                                   stride_dvn=dv.stride(1), SEQ_Q=seq_q,
                                                                                   SEQ_K=seq_k, HEAD_DIM=d,
-                                                                                  HEAD_DIM_V=d_v, ROW0=kv.start,
-                                                                                  **common, **by_key)
+                                                                                  ROW0=kv.start, **common, **by_key)
     by_query = variant_args(options, group=group, heads=heads, kinds=by_query, data=data, score=score)
     for rows in row_chunks(bh, heads if told else group):
         kv = slice(rows.start // group, rows.stop // group)
@@ -259,9 +258,8 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cfg, options=DEFAULT, heads=
                                                                                     stride_dqz=dq.stride(0),
                                                                                     stride_dqm=dq.stride(1),
                                                                                     SEQ_Q=seq_q, SEQ_K=seq_k,
-                                                                                    HEAD_DIM=d, HEAD_DIM_V=d_v,
-                                                                                    ROW0=rows.start, **common,
-                                                                                    **by_query)
+                                                                                    HEAD_DIM=d, ROW0=rows.start,
+                                                                                    **common, **by_query)
     dsinks = None if sinks is None else sink_grad(sinks, lse_natural(lse).reshape(-1, heads, seq_q),
                                                   delta.reshape(-1, heads, seq_q))
     return dq, dk, dv, dsinks

@@ -23,7 +23,7 @@ from .._autograd import save, saved
 from ..rules import PARTIAL, sink_grad, softmax_delta
 from ..varlen import check_varlen_inputs
 from .backward import _attn_bwd_dkdv_block, _attn_bwd_dq_block
-from .config import LOG2E, head_dim_pad, lse_natural
+from .config import LOG2E, head_dim_pad, lse_natural, value_dim
 from .forward import _attn_fwd_block, triton
 from .rules import _batch_head, _no_mask, row_chunks
 from ..options import Options, checked_options
@@ -170,8 +170,8 @@ def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, cfg, options: Options):
             switches.update(B0=b0)
         _attn_fwd_varlen[(triton.cdiv(max_q, cfg.block_q), batch * heads)](
             q, k, v, out, lse, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale, *_strides(q, k, v, out), total_q,
-            heads, heads // k.shape[1], d, dv, left, right, HEAD_DIM_PAD=head_dim_pad(d),
-            HEAD_DIM_V_PAD=head_dim_pad(dv), BLOCK_Q=cfg.block_q,
+            heads, heads // k.shape[1], d, window_left=left, window_right=right, HEAD_DIM_PAD=head_dim_pad(d),
+            **value_dim(d, dv), BLOCK_Q=cfg.block_q,
             BLOCK_K=cfg.block_k, CAUSAL=causal, INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **switches)
     return out, lse
@@ -185,7 +185,7 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, cf
     # delta = rowsum(dO * O) in lse's (heads, total_q) layout: the dense preprocess on (heads, tokens, d) views
     delta = preprocess(out.transpose(0, 1), dout.transpose(0, 1), dlse, cfg)
     dq, dk, dv_grad = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    common = dict(HEAD_DIM_PAD=head_dim_pad(d), HEAD_DIM_V_PAD=head_dim_pad(dv), BLOCK_Q=cfg.bwd_block_q,
+    common = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, dv), BLOCK_Q=cfg.bwd_block_q,
                   BLOCK_K=cfg.bwd_block_k, CAUSAL=causal, INPUT_PRECISION=cfg.input_precision,
                   num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages)
     score = kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k)
@@ -195,15 +195,16 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, cf
             switches.update(B0=b0)
         _attn_bwd_dkdv_varlen[(triton.cdiv(max_k, cfg.bwd_block_k), batch * kv_heads)](
             q, k, v, dout, dk, dv_grad, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale,
-            *_strides(q, k, v, dout, dk, dv_grad), total_q, kv_heads, d, dv, left, right, BLOCK_H=group, **common,
-            **switches)
+            *_strides(q, k, v, dout, dk, dv_grad), total_q, kv_heads, d, window_left=left, window_right=right,
+            BLOCK_H=group, **common, **switches)
     tiles, *_ = _variant_args(options, triton.cdiv(max_k, cfg.bwd_block_k), q.device)[0]
     for batch, cu_q_run, cu_k_run, b0 in _batches(cu_q, cu_k, heads):
         if score is not None:
             switches.update(B0=b0)
         _attn_bwd_dq_varlen[(triton.cdiv(max_q, cfg.bwd_block_q), batch * heads)](
             q, k, v, dout, dq, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale,
-            *_strides(q, k, v, dout, dq), total_q, heads, group, d, dv, left, right, **common, **switches)
+            *_strides(q, k, v, dout, dq), total_q, heads, group, d, window_left=left, window_right=right, **common,
+            **switches)
     # the lse (heads, total_q) holds the sinks: the kernels are unchanged; the sinks' gradient from delta
     dsinks = None if sinks is None else sink_grad(sinks, lse_natural(lse), delta)
     return dq, dk, dv_grad, dsinks

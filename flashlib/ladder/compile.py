@@ -72,7 +72,7 @@ def _forward_kernel(name, hopper, head_dim, cfg):
     if kernel is not forward._attn_fwd:
         options["HEAD_DIM"] = head_dim
     else:  # v's head dim is q's on the ladder
-        options["HEAD_DIM_V_PAD"] = head_dim_pad(head_dim)
+        options.update(HEAD_DIM_V=None, HEAD_DIM_V_PAD=head_dim_pad(head_dim))
     tiles = dict(BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k)
     return kernel, {**options, **tiles}, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), ()
 
