@@ -29,7 +29,7 @@ def check_attention_inputs(fn: str, q, k, v, *, causal, scale, groups: bool = Fa
 
     groups: k and v may have fewer heads (dim -3) than q, a divisor of q's (grouped-query
     attention); otherwise every leading dim must match. value_dim: v may have a head dim of its
-    own (MLA's 192 for q and k, 128 for v), as the references allow and the fused kernels do not."""
+    own (MLA's 192 for q and k, 128 for v), as the references and the teaching kernels allow."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
@@ -61,8 +61,8 @@ def check_attention_inputs(fn: str, q, k, v, *, causal, scale, groups: bool = Fa
                 raise ValueError(f"{fn}: argument 'v' must have head_dim >= 1; got shape {tuple(t.shape)}")
         elif t.shape[-1] != q.shape[-1]:
             rule = ("q and k must share head_dim" if name == "k" else
-                    "v must share it here (flashlib.dense_attention and tiled_attention take a head dim of v's "
-                    "own, as MLA has)")
+                    "v must share it here (flashlib.dense_attention, tiled_attention, flash_attention, "
+                    "flash_attention_varlen and ring_attention take a head dim of v's own, as MLA has)")
             raise ValueError(f"{fn}: argument '{name}' has head_dim {t.shape[-1]} but 'q' has head_dim "
                              f"{q.shape[-1]}; {rule}")
         if t.dtype != q.dtype:

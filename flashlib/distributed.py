@@ -257,7 +257,7 @@ class RingComm:
 
 
 # What every rank must agree on, one int64 each in the one all_gather of a call.
-_AGREED = ("batch", "heads", "local_seq", "head_dim", "dtype", "causal", "layout", "scale")
+_AGREED = ("batch", "heads", "local_seq", "head_dim", "head_dim_v", "dtype", "causal", "layout", "scale")
 # Floating dtypes by name: the same codes in every process of one PyTorch version.
 _FLOAT_DTYPES = tuple(sorted({d for d in vars(torch).values()
                               if isinstance(d, torch.dtype) and d.is_floating_point}, key=str))
@@ -271,8 +271,8 @@ def _bits_to_float(code: int) -> float:
     return struct.unpack("<d", struct.pack("<q", code))[0]
 
 
-def _encode(q, causal: bool, layout: str, scale: float) -> list[int]:
-    return [*q.shape, _FLOAT_DTYPES.index(q.dtype), int(causal), LAYOUTS.index(layout),
+def _encode(q, head_dim_v: int, causal: bool, layout: str, scale: float) -> list[int]:
+    return [*q.shape, head_dim_v, _FLOAT_DTYPES.index(q.dtype), int(causal), LAYOUTS.index(layout),
             _float_to_bits(scale)]
 
 
@@ -285,14 +285,14 @@ _FIXES = {
     "layout": "every rank must pass the same layout, the one the sequence was sharded with",
     "scale": "every rank must pass the same scale (or None everywhere: 1/sqrt(head_dim))",
 }
-_SHAPE_FIX = ("every rank must hold q, k, v of one shape (batch, heads, local_seq, head_dim); cut "
+_SHAPE_FIX = ("every rank must hold q, k, v of one shape (batch, heads, local_seq, head_dim; v head_dim_v); cut "
               "the sequence with shard(x, rank, world_size, layout=...) so that all hold one length")
 
 
-def _check_same_everywhere(q, causal: bool, layout: str, scale: float, group) -> None:
+def _check_same_everywhere(q, head_dim_v: int, causal: bool, layout: str, scale: float, group) -> None:
     """One small all_gather: mismatched ranks all raise the same error instead of hanging or
     silently computing garbage (a float16 rank reading a bfloat16 rank's bits)."""
-    local = torch.tensor(_encode(q, causal, layout, scale), dtype=torch.int64, device=q.device)
+    local = torch.tensor(_encode(q, head_dim_v, causal, layout, scale), dtype=torch.int64, device=q.device)
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, local, group=group)
     rows = [t.tolist() for t in gathered]
@@ -378,7 +378,7 @@ class RingStep:
     rank: int
     origin: int                 # the rank whose key/value shard is held at this step
     block: RingBlock | None     # what was computed; None if the step was idle
-    out: torch.Tensor           # (batch, heads, local_seq, head_dim) running output after it
+    out: torch.Tensor           # (batch, heads, local_seq, head_dim_v) running output after it
     lse: torch.Tensor           # (batch, heads, local_seq) running log-sum-exp after it
 
 
@@ -387,7 +387,7 @@ def ring_forward(q, k, v, *, causal: bool = False, scale: float | None = None,
                  block_forward: Callable = local_forward, on_step: Callable | None = None, score_mod=None):
     """The ring's forward pass without autograd: returns this rank's (out, lse).
 
-    q, k, v: this rank's shards, (batch, heads, local_seq, head_dim). ``comm`` (default a
+    q, k, v: this rank's shards, (batch, heads, local_seq, head_dim), v's head dim its own. ``comm`` (default a
     :class:`RingComm` on ``group``) and ``block_forward`` are what the loop uses to talk
     and to compute; ``on_step`` gets a :class:`RingStep` after every step. score_mod: told
     global positions (:func:`block_score`).
@@ -396,7 +396,7 @@ def ring_forward(q, k, v, *, causal: bool = False, scale: float | None = None,
     rank, world = comm.rank, comm.world_size
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     work = _work_dtype(q.dtype)
-    out = torch.zeros(q.shape, dtype=work, device=q.device)
+    out = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=work, device=q.device)  # (batch, heads, local_seq, dv)
     lse = torch.full(q.shape[:-1], NEG_INF, dtype=work, device=q.device)  # nothing seen yet
     for step in range(world):
         last = step + 1 == world
@@ -526,10 +526,12 @@ def _check_shards(fn: str, q, k, v, causal, scale, layout) -> float:
         if t.ndim != 4:
             raise ValueError(f"{fn}: argument '{name}' must be this rank's shard of shape (batch, heads, "
                              f"local_seq, head_dim); got shape {tuple(t.shape)}")
-    if not (q.shape == k.shape == v.shape) or not (q.dtype == k.dtype == v.dtype):
+    if not (q.shape == k.shape and q.shape[:-1] == v.shape[:-1]) or not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"{fn}: q, k and v must be shards of one shape and dtype (each rank holds the "
-                         f"same positions of all three); got q {tuple(q.shape)} {q.dtype}, "
-                         f"k {tuple(k.shape)} {k.dtype}, v {tuple(v.shape)} {v.dtype}")
+                         f"same positions of all three; v may have a head dim of its own); got q {tuple(q.shape)} "
+                         f"{q.dtype}, k {tuple(k.shape)} {k.dtype}, v {tuple(v.shape)} {v.dtype}")
+    if v.shape[-1] < 1:
+        raise ValueError(f"{fn}: argument 'v' must have head_dim >= 1; got shape {tuple(v.shape)}")
     if not isinstance(causal, bool):
         raise TypeError(f"{fn}: argument 'causal' must be True or False, got {causal!r}")
     _check_layout(fn, layout)
@@ -548,11 +550,13 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     """Exact attention over a sequence sharded across the ranks of ``group``; differentiable.
 
     Args:
-        q, k, v: this rank's shards, (batch, heads, local_seq, head_dim), equal on every
+        q, k: this rank's shards, (batch, heads, local_seq, head_dim), equal on every
             rank; take them with ``shard(x, rank, world_size, layout=layout)``.
+        v: (batch, heads, local_seq, head_dim_v); head_dim_v may differ from head_dim (MLA's
+            192/128); the output has it.
         causal: query at global position i sees keys at positions j <= i. Blocks that
             the mask hides entirely are skipped (see :func:`ring_block`).
-        scale: defaults to 1/sqrt(head_dim).
+        scale: defaults to 1/sqrt(head_dim), q's head dim.
         group: a process group (gloo on CPUs, nccl on GPUs); default: the world group,
             which ``torch.distributed.init_process_group`` must have initialised. With
             nccl, call ``torch.cuda.set_device`` on each rank first (one GPU per rank).
@@ -566,12 +570,12 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             layout), as on one device. The tensors it captures that require grad get this rank's
             share of their gradient (replicated: they add up across ranks, as the sinks' do).
 
-    Returns this rank's shard (batch, heads, local_seq, head_dim) of
+    Returns this rank's shard (batch, heads, local_seq, head_dim_v) of
     ``dense_attention(gathered q, k, v)``, in the same layout. The local blocks run
     ``flash_attention``'s forward and backward on a GPU and the tiled reference on a CPU;
     float16 and bfloat16 partial results are merged, and dQ, dK, dV summed, in float32.
 
-    Every rank must pass the same shape, dtype, causal, layout and scale: one small
+    Every rank must pass the same shapes, dtype, causal, layout and scale: one small
     all_gather per call compares them, and on a mismatch every rank raises ValueError
     naming the first rank that differs, its value and rank 0's.
     """
@@ -585,7 +589,7 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     check_sinks(fn, sinks, q.shape[1], q.device)
     score_mod = check_score_mod(fn, score_mod)
     captured = trainable(captured_tensors(fn, score_mod)) if score_mod is not None and torch.is_grad_enabled() else []
-    _check_same_everywhere(q, causal, layout, scale, group)
+    _check_same_everywhere(q, v.shape[-1], causal, layout, scale, group)
     options = Options(causal, scale, score_mod=score_mod, sinks=sinks)
     return RingAttentionFunction.apply(q, k.contiguous(), v.contiguous(), options, dict(layout=layout, group=group),
                                        *options.tensors, *captured)

@@ -2,14 +2,14 @@
 
 Which kernels run is decided per call, from the device, the dtype and the options (:func:`path_for`):
 
-    CUDA GPU, float16/bfloat16, compute capability >= 8.0, no option beyond causal
+    CUDA GPU, float16/bfloat16, compute capability >= 8.0, no option beyond causal, v's head dim q's
         forward "tma" (rung 3 of :mod:`flashlib.ladder`; rung 2's kernel where tensor
         descriptors cannot be used: before sm_90, or rows not a multiple of 16 bytes) and
         backward "tuned", both with tiles autotuned per head dim, dtype, mask and length
         bucket. The fastest combination a recorded H200 run measured (data/bench/) that the
         compile tests build for sm_80 and sm_90.
     anything else (float32 on a GPU, sm_75, the CPU; grouped-query heads, a window, a
-    soft-cap or a mask function on any device; packed sequences)
+    soft-cap or a mask function on any device; a head dim of v's own (MLA's); packed sequences)
         the teaching kernels of notebooks 06 and 07 with their shipped tiles (the ladder's
         rungs do not have these options); on a machine without a CUDA device they run in
         Triton's CPU interpreter.
@@ -43,16 +43,18 @@ VARLEN_FN = "flash_attention_varlen"
 FAST_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def path_for(q: torch.Tensor, k: torch.Tensor | None = None, options: Options | None = None,
+def path_for(q: torch.Tensor, k: torch.Tensor | None = None, options: Options | None = None, v=None,
              **keywords) -> tuple[str, str]:
     """(forward, backward) that :func:`flash_attention` runs for inputs like q (and k: fewer heads
-    than q is grouped-query attention) with these options (an :class:`~flashlib.options.Options`,
+    than q is grouped-query attention; v: a head dim of its own, which only the teaching kernels take) with
+    these options (an :class:`~flashlib.options.Options`,
     or its keywords: window=, softcap=, mask_mod=, score_mod=, sinks=): the options say whether
     anything beyond the causal rule is asked for, so no option can be dropped on the way."""
     if options is None:
         options = Options()._replace(**{name: value for name, value in keywords.items() if value is not None})
     grouped = k is not None and q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] != q.shape[-3]
-    fast = not grouped and not options.beyond_causal and not options.functions
+    own_value_dim = v is not None and v.shape[-1] != q.shape[-1]
+    fast = not grouped and not own_value_dim and not options.beyond_causal and not options.functions
     if fast and q.device.type == "cuda" and q.dtype in FAST_DTYPES and capability(q.device) >= (8, 0):
         return "tma", "tuned"
     return "teaching", "teaching"
@@ -67,15 +69,15 @@ def flash_attention_forward(q, k, v, **options):
 
 def forward_base2(q, k, v, **keywords):
     """:func:`flash_attention_forward` with the lse in base 2, as the kernels keep it."""
-    options = check_options(FN, q, k, v, **keywords)
-    check_kernel_inputs(FN, q)
+    options = check_options(FN, q, k, v, value_dim=True, **keywords)
+    check_kernel_inputs(FN, q, v)
     return _forward(q, k, v, options)
 
 
 def _forward(q, k, v, options: Options):
-    forward, _ = path_for(q, k, options)
+    forward, _ = path_for(q, k, options, v)
     if forward == "teaching":
-        return teaching.forward_pass(q, k, v, options, teaching.resolve_config(FN, q, None))
+        return teaching.forward_pass(q, k, v, options, teaching.resolve_config(FN, q, None, v))
     from .ladder.forward import forward_base2 as rung_forward
 
     out, lse2 = rung_forward(q, k, v, causal=options.causal, scale=options.scale, rung=forward)
@@ -92,13 +94,14 @@ def flash_attention_backward(q, k, v, out, lse, dout, **options):
 def backward_base2(q, k, v, out, lse2, dout, *, dlse=None, **keywords):
     """:func:`flash_attention_backward` from the forward's base-2 lse, :func:`forward_base2`'s (dq, dk,
     dv and dsinks; the gradients of what a score function captures come from autograd only)."""
-    return _backward(q, k, v, out, lse2, dout, check_options(FN, q, k, v, **keywords), dlse)
+    return _backward(q, k, v, out, lse2, dout, check_options(FN, q, k, v, value_dim=True, **keywords), dlse)
 
 
 def _backward(q, k, v, out, lse2, dout, options: Options, dlse=None):
-    _, backward = path_for(q, k, options)
+    _, backward = path_for(q, k, options, v)
     if backward == "teaching":
-        return teaching.backward_pass(q, k, v, out, lse2, dout, options, teaching.resolve_config(FN, q, None), dlse)
+        return teaching.backward_pass(q, k, v, out, lse2, dout, options, teaching.resolve_config(FN, q, None, v),
+                                      dlse)
     from .ladder.function import backward_pass_base2
 
     return backward_pass_base2(q, k, v, out, lse2, dout, causal=options.causal, scale=options.scale,
@@ -121,7 +124,8 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, numbers: li
 @_attention_op.register_fake
 def _(q, k, v, numbers, tensors):
     rows = q.shape[:-1]
-    return q.new_empty(q.shape), q.new_empty(rows, dtype=torch.float32), q.new_empty((*rows, 1), dtype=torch.float64)
+    return (q.new_empty((*rows, v.shape[-1])), q.new_empty(rows, dtype=torch.float32),
+            q.new_empty((*rows, 1), dtype=torch.float64))
 
 
 def _held_grads(grads, tensors) -> list:
@@ -175,7 +179,7 @@ _attention_op.register_autograd(_backward_op, setup_context=_setup_context)
 def _eager(q, k, v, options: Options):
     """A mask or score function is Python code, not an op argument: the teaching kernels' autograd
     Function, eagerly (with the tensors a score function captures as its inputs, for their gradients)."""
-    cfg = teaching.resolve_config(FN, q, None)
+    cfg = teaching.resolve_config(FN, q, None, v)
     return teaching.AttentionFunction.apply(q, k, v, cfg, options, *options.tensors,
                                             *teaching.captured_inputs(options, q, k, FN))
 
@@ -187,9 +191,11 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
 
     Args:
         q: (batch, heads, seq_q, head_dim); any leading dims, at least (seq_q, head_dim).
-        k, v: (batch, kv_heads, seq_k, head_dim); seq_k may differ from seq_q. kv_heads divides
+        k: (batch, kv_heads, seq_k, head_dim); seq_k may differ from seq_q. kv_heads divides
             heads: grouped-query attention (multi-query with one kv head), query head h reads kv
             head h // (heads // kv_heads); dk and dv sum over each group.
+        v: (batch, kv_heads, seq_k, head_dim_v); head_dim_v may differ from head_dim (DeepSeek's
+            MLA in prefill and training: 192 for q and k, 128 for v); out has head_dim_v.
         causal: query i sees key j when j <= i + seq_k - seq_q (bottom-right diagonal, as
             flash-attn >= 2.1 and :func:`flashlib.causal_mask`; PyTorch's SDPA aligns
             top-left, the same when seq_q == seq_k). A row that sees no key outputs zeros,
@@ -202,7 +208,7 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
                                       1 1 0                 0 1 1 1 0 0
                                       1 1 1                 0 0 1 1 1 0
                                                             0 0 0 1 1 1
-        scale: defaults to 1/sqrt(head_dim).
+        scale: defaults to 1/sqrt(head_dim), q's head dim whatever v's is.
         window: (left, right): with o = seq_k - seq_q, query i sees key j iff i + o - left <= j <=
             i + o + right; -1: no limit on a side (flash-attn's convention); ANDed with causal. Key
             tiles outside the window are never visited: the cost is O(seq * window).
@@ -225,13 +231,14 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
 
     Paths (:func:`path_for`): on a CUDA GPU in float16/bfloat16 without options, rung 3's forward
     and the tuned backward; with any option, and otherwise (float32 on a GPU: tf32 matmuls; the
-    CPU: Triton's interpreter, no bfloat16) the teaching kernels. head_dim 1..256, any lengths.
+    CPU: Triton's interpreter, no bfloat16; a head dim of v's own) the teaching kernels. head_dim and
+    head_dim_v 1..256, any lengths.
     Works inside ``torch.compile(fullgraph=True)`` and ``torch.export`` with every option but
     ``score_mod``, ``mask_mod`` and ``block_mask``, which run eagerly (a graph break).
     """
     options = check_options(FN, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                            mask_mod=mask_mod, block_mask=block_mask, sinks=sinks, score_mod=score_mod)
-    check_kernel_inputs(FN, q)
+                            mask_mod=mask_mod, block_mask=block_mask, sinks=sinks, score_mod=score_mod, value_dim=True)
+    check_kernel_inputs(FN, q, v)
     if options.functions:
         out, lse = _eager(q, k, v, options)
     else:
@@ -275,7 +282,8 @@ def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
 @_varlen_op.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, numbers, tensors):
     rows = (q.shape[1], q.shape[0])
-    return q.new_empty(q.shape), q.new_empty(rows, dtype=torch.float32), q.new_empty((*rows, 1), dtype=torch.float64)
+    return (q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(rows, dtype=torch.float32),
+            q.new_empty((*rows, 1), dtype=torch.float64))
 
 
 @torch.library.custom_op("flashlib::flash_attention_varlen_backward", mutates_args=())
@@ -323,7 +331,9 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
 
     Args:
         q: (total_q, heads, head_dim), the batch's sequences one after another, no padding.
-        k, v: (total_k, kv_heads, head_dim); kv_heads divides heads (grouped-query attention).
+        k: (total_k, kv_heads, head_dim); kv_heads divides heads (grouped-query attention).
+        v: (total_k, kv_heads, head_dim_v); head_dim_v may differ from head_dim (MLA's 192/128); out
+            has head_dim_v.
         cu_seqlens_q, cu_seqlens_k: (batch + 1,) int32 cumulative lengths: 0 first, total last,
             non-decreasing; sequence b's queries are rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1
             and attend to its keys only. A sequence may be empty. Any strides (views are copied

@@ -123,7 +123,7 @@ def check_options(fn: str, q, k, v, *, causal: bool = False, scale=None, window=
                   block_mask=None, sinks=None, score_mod=None, value_dim: bool = False) -> Options:
     """The options of a call on (..., heads, seq, head_dim) q, k, v, each checked once, with the
     inputs; a block mask's rule fills causal, window and mask_mod (the call may repeat them, not
-    change them). value_dim: v may have a head dim of its own (the references). Errors name ``fn``
+    change them). value_dim: v may have a head dim of its own (the references, the teaching kernels). Errors name ``fn``
     and the argument."""
     scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True, value_dim=value_dim)
     heads = q.shape[-3] if q.ndim >= 3 else 1

@@ -4,7 +4,7 @@ A batch of sequences of lengths n_0, n_1, ... is packed without padding, one tok
 another, and described by cumulative lengths::
 
     q             (total_q, q_heads, head_dim)     total_q = n_0 + n_1 + ...
-    k, v          (total_k, kv_heads, head_dim)    kv_heads divides q_heads
+    k, v          (total_k, kv_heads, head_dim)    kv_heads divides q_heads; v's head dim may be its own
     cu_seqlens_q  (batch + 1,) int32: 0, n_0, n_0 + n_1, ..., total_q   (likewise cu_seqlens_k);
                   any strides (a view such as t[::2] is read as it lies, copied where a kernel reads it)
 
@@ -42,7 +42,7 @@ def check_varlen_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     _check_packed(fn, q, k, v)
     # (tokens, heads, d) seen as (heads, tokens, d): the shared checks of heads, head dim, dtype, device
     scale = check_attention_inputs(fn, q[:0].transpose(0, 1), k[:0].transpose(0, 1), v[:0].transpose(0, 1),
-                                   causal=causal, scale=scale, groups=True)
+                                   causal=causal, scale=scale, groups=True, value_dim=True)
     check_window(fn, window)
     check_softcap(fn, softcap)
     check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device, read_values=False)
@@ -86,7 +86,7 @@ def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
                      causal: bool = False, scale: float | None = None, window=None, softcap: float | None = None,
                      sinks=None, score_mod=None, return_lse: bool = False):
     """:func:`flashlib.flash_attention_varlen` in plain PyTorch: tiled attention on each sequence
-    in turn; differentiable. Returns out (total_q, q_heads, head_dim) and, with return_lse, the
+    in turn; differentiable. Returns out (total_q, q_heads, v's head_dim) and, with return_lse, the
     lse (q_heads, total_q) (float32, float64 for float64 inputs; -inf for rows that see no key)."""
     check_varlen_inputs(FN, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                         scale=scale, window=window, softcap=softcap)
@@ -101,6 +101,6 @@ def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
         outs.append(out.transpose(0, 1))
         lses.append(lse)
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
-    out = torch.cat(outs) if outs else q.new_zeros(q.shape)
+    out = torch.cat(outs) if outs else q.new_zeros((*q.shape[:-1], v.shape[-1]))
     lse = torch.cat(lses, dim=1) if lses else torch.zeros(q.shape[1], 0, dtype=work, device=q.device)
     return (out, lse) if return_lse else out

@@ -164,6 +164,7 @@ MISMATCHES = {
     "heads": "heads 3 (shape (1, 3, 4, 8)) but rank 0 has 2 (shape (1, 2, 4, 8))",
     "local_seq": "local_seq 6 (shape (1, 2, 6, 8)) but rank 0 has 4 (shape (1, 2, 4, 8))",
     "head_dim": "head_dim 9 (shape (1, 2, 4, 9)) but rank 0 has 8 (shape (1, 2, 4, 8))",
+    "head_dim_v": "head_dim_v 5 but rank 0 has 8",
     "two ranks": "causal True but rank 0 has False (ranks [1, 2] all differ from rank 0)",
 }
 
@@ -175,7 +176,8 @@ def mismatch_call(case, odd):
         shape[case] += 2 if case == "local_seq" else 1
     dtype = torch.bfloat16 if odd and case == "dtype" else torch.float16
     q = torch.ones(*shape.values(), dtype=dtype)
-    return fd.ring_attention(q, q, q, scale=math.nextafter(SCALE, 1) if odd and case == "scale" else None,
+    v = q[..., :5] if odd and case == "head_dim_v" else q
+    return fd.ring_attention(q, q, v, scale=math.nextafter(SCALE, 1) if odd and case == "scale" else None,
                              causal=odd and case in ("causal", "two ranks"),
                              layout="zigzag" if odd and case == "layout" else "contiguous")
 
@@ -198,6 +200,31 @@ def mismatch_worker(rank, world_size):
 @functools.cache
 def mismatch_run():
     return fd.spawn(mismatch_worker, MISMATCH_WORLD, timeout=LIMIT)
+
+
+MLA_DIMS = (DIM, DIM // 2 + 1)  # q and k's head dim, v's: its own (MLA's 192/128, small)
+
+
+def mla_inputs(world_size=2):
+    """Seeded float64 q, k (batch, heads, seq, 8), v and dout (batch, heads, seq, 5)."""
+    g = torch.Generator().manual_seed(2000 + world_size)
+    n = 2 * world_size * CHUNK
+    d, dv = MLA_DIMS
+    return [torch.randn(BATCH, HEADS, n, dim, generator=g, dtype=torch.float64) for dim in (d, d, dv, dv)]
+
+
+def mla_worker(rank, world_size, q, k, v, dout):
+    """v with a head dim of its own: ring_attention (tiled blocks) per layout and mask, and the
+    kernel blocks once, in float32."""
+    results = {}
+    for layout in LAYOUTS:
+        for causal in (False, True):
+            parts = [fd.shard(t, rank, world_size, layout=layout).requires_grad_() for t in (q, k, v)]
+            out = fd.ring_attention(*parts, causal=causal, layout=layout)
+            out.backward(fd.shard(dout, rank, world_size, layout=layout))
+            results[layout, causal] = out.detach(), [p.grad for p in parts]
+    results["kernel"] = _kernel_ring(rank, world_size, q, k, v, dout)
+    return results
 
 
 def failing_worker(rank, world_size):
@@ -321,6 +348,27 @@ def test_ring_with_the_kernel_blocks():
     q, k, v, dout = full_inputs(2)
     expected = dense_reference(q, k, v, dout, True)
     outs, grads = zip(*[r["kernel"] for r in ring_run(2)])
+    torch.testing.assert_close(fd.unshard(list(outs), layout="zigzag").double(), expected[0], rtol=0, atol=1e-5)
+    for i in range(3):
+        grad = fd.unshard([g[i] for g in grads], layout="zigzag").double()
+        torch.testing.assert_close(grad, expected[1 + i], rtol=0, atol=1e-4)
+
+
+def test_ring_with_a_head_dim_of_vs_own():
+    """MLA's shapes, small: v and the output have their own head dim; the scale stays q's."""
+    q, k, v, dout = mla_inputs()
+    ranks = fd.spawn(mla_worker, 2, args=(q, k, v, dout), timeout=LIMIT)
+    for layout in LAYOUTS:
+        for causal in (False, True):
+            expected = dense_reference(q, k, v, dout, causal)
+            out = fd.unshard([r[layout, causal][0] for r in ranks], layout=layout)
+            assert out.shape[-1] == MLA_DIMS[1]
+            torch.testing.assert_close(out, expected[0], rtol=0, atol=1e-12)
+            for i, name in enumerate("qkv"):
+                grad = fd.unshard([r[layout, causal][1][i] for r in ranks], layout=layout)
+                torch.testing.assert_close(grad, expected[1 + i], rtol=0, atol=1e-12, msg=f"d{name}")
+    expected = dense_reference(q, k, v, dout, True)
+    outs, grads = zip(*[r["kernel"] for r in ranks])
     torch.testing.assert_close(fd.unshard(list(outs), layout="zigzag").double(), expected[0], rtol=0, atol=1e-5)
     for i in range(3):
         grad = fd.unshard([g[i] for g in grads], layout="zigzag").double()
@@ -519,6 +567,8 @@ def test_input_errors_come_before_any_communication():
         fd.ring_attention(q[..., :3, :], q[..., :3, :], q[..., :3, :], layout="zigzag")
     with pytest.raises(ValueError, match="one shape and dtype"):
         fd.ring_attention(q, q[..., :4, :], q)
+    with pytest.raises(ValueError, match="one shape and dtype"):
+        fd.ring_attention(q, q[..., :1], q)  # k's head dim is q's; v's may be its own
     with pytest.raises(ValueError, match="'layout' must be one of"):
         fd.ring_attention(q, q, q, layout="ring")
     with pytest.raises(TypeError, match="'causal' must be True or False"):

@@ -51,6 +51,11 @@ def _specs():
     rows += [spec(k, (9, 0), "float16", 1, True, ones=("SEQ_Q", "SEQ_K", "HEAD_DIM")) for k in ATTENTION_KERNELS]
     # attention sinks: one more load per block, no spill
     rows += [spec("forward", cc, "float16", 128, True, sinks=True) for cc in ((8, 0), (9, 0))]
+    # MLA's head dims in prefill and training, q and k 192, v 128: the tiles of the larger (256's)
+    rows += [spec(k, cc, dtype, 192, True, default_config(192, getattr(torch, dtype), cc, head_dim_v=128),
+                  head_dim_v=128) for cc in ((8, 0), (9, 0)) for dtype in ("float16", "bfloat16")
+             for k in ATTENTION_KERNELS]
+    rows += [spec("bwd_preprocess", (9, 0), "float16", 192, False, head_dim_v=128)]  # rowsum over v's 128
     return rows
 
 
@@ -73,7 +78,8 @@ def _id(s):
     cc = "sm_%d%d" % tuple(s["capability"])
     ones = "-ones" if s["ones"] else ""
     ones += "-sinks" if s.get("sinks") else ""
-    return f"{s['kernel']}-{cc}-{s['dtype']}-d{s['head_dim']}-{'causal' if s['causal'] else 'full'}{ones}"
+    dims = f"d{s['head_dim']}" + (f"-dv{s['head_dim_v']}" if s.get("head_dim_v") else "")
+    return f"{s['kernel']}-{cc}-{s['dtype']}-{dims}-{'causal' if s['causal'] else 'full'}{ones}"
 
 
 @pytest.mark.parametrize("version", ["pinned", "3.6"])
@@ -202,6 +208,10 @@ VARIANT_SPECS = [
     variant_spec("alibi", (9, 0), "bfloat16", 64, causal=True, group=4, score="alibi"),
     variant_spec("bias-window", (8, 0), "float16", 64, causal=True, window=(128, 0), score="bias"),
     variant_spec("t4-alibi", (7, 5), "float16", 64, causal=True, score="alibi"),
+    # MLA's head dims (192 for q and k, 128 for v), packed, grouped, as the launchers bind them
+    variant_spec("mla-varlen-gqa", (9, 0), "bfloat16", 192, causal=True, group=2, varlen=True, head_dim_v=128),
+    variant_spec("mla-window-softcap", (8, 0), "float16", 192, causal=True, window=(128, 0), softcap=30.0,
+                 head_dim_v=128),
 ]
 # a bias table read by distance inside a window's tiles spills on sm_80 (forward 616 bytes of stores
 # with Triton 3.7.1, 192 with 3.6.0; dK/dV 84): known, to be fixed (data/bench/LOG.md)
@@ -228,7 +238,8 @@ def test_variants_compile_with_tensor_cores_no_spills_and_fitting_shared_memory(
         got = {r["kernel"]: r for r in reports if r["spec"] == s["name"]}
         kernels = VARIANT_KERNELS[s["varlen"]]
         assert set(got) == set(kernels), s["name"]
-        cfg = default_config(s["head_dim"], getattr(torch, s["dtype"]), tuple(s["capability"]))
+        cfg = default_config(s["head_dim"], getattr(torch, s["dtype"]), tuple(s["capability"]),
+                             head_dim_v=s.get("head_dim_v"))
         for name, r in got.items():
             label = (s["name"], name)
             assert r["ok"], (label, r["error"])

@@ -1,6 +1,6 @@
 """A head dim of v's own (DeepSeek's MLA: 192 for q and k, 128 for v in prefill and training) in the
 references, forward and backward, against float64 autograd of the formula written here; the fused
-kernels refuse it by name."""
+kernels' tests are tests/test_value_dim_kernels.py."""
 from __future__ import annotations
 
 import importlib.util
@@ -57,7 +57,10 @@ def test_k_must_still_match_q():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton ships Linux wheels only")
-def test_the_fused_kernels_refuse_it_by_name():
+def test_the_fused_kernels_take_it_too():
+    """flash_attention, flash_attention_varlen and ring_attention take it (tests/test_value_dim_kernels.py,
+    tests/test_distributed.py); what still refuses it is checked there."""
     q, k, v = (t.float() for t in _inputs())
-    with pytest.raises(ValueError, match="'v' has head_dim 16.*tiled_attention take a head dim of v's own"):
-        flashlib.flash_attention(q, k, v)
+    out = flashlib.flash_attention(q, k, v)
+    torch.testing.assert_close(out.double(), formula(q.double(), k.double(), v.double(), False, 24 ** -0.5),
+                               rtol=0, atol=1e-5)

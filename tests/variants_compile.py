@@ -23,14 +23,15 @@ SCORES = ("alibi", "bias")
 
 
 def spec(name: str, capability, dtype: str, head_dim: int, *, causal=False, group=1, window=None, softcap=None,
-         mask=None, varlen=False, sass=False, score=None):
+         mask=None, varlen=False, sass=False, score=None, head_dim_v=None):
     """One forward and backward launch: ``group`` query heads per kv head, a window (left, right),
     a soft-cap, a mask (one of MASKS: masks.document, masks.prefix_lm, or masks.causal as a plain
     def), a score function (one of SCORES: flashlib.scores.alibi or relative_bias) and ``varlen``
     for packed sequences; sass: also read each kernel's first tensor-core loop from its machine
-    code (flashlib.kernels.compile.first_mma_loop)."""
+    code (flashlib.kernels.compile.first_mma_loop); head_dim_v: v's head dim where it is its own (MLA's)."""
     return dict(name=name, capability=list(capability), dtype=dtype, head_dim=head_dim, causal=causal, group=group,
-                window=window, softcap=softcap, mask=mask, varlen=varlen, sass=sass, score=score)
+                window=window, softcap=softcap, mask=mask, varlen=varlen, sass=sass, score=score,
+                head_dim_v=head_dim_v)
 
 
 def compile_variants(specs, *, triton_path: str | None = None, timeout: float = 600) -> list[dict]:
@@ -95,21 +96,22 @@ def _launch(s):
     from flashlib.options import checked_options
 
     dtype = getattr(torch, s["dtype"])
-    cfg = default_config(s["head_dim"], dtype, tuple(s["capability"]))
+    cfg = default_config(s["head_dim"], dtype, tuple(s["capability"]), head_dim_v=s.get("head_dim_v"))
     kv_heads, heads, seq, d = 2, 2 * s["group"], 512, s["head_dim"]
+    dv = s.get("head_dim_v") or d
     options = checked_options("compile", heads, "cpu", causal=s["causal"], scale=0.1, window=s["window"],
                               softcap=s["softcap"], mask_mod=_mask(s["mask"], seq),
                               score_mod=_score(s.get("score"), heads, seq))
     if s["varlen"]:
         cu = torch.tensor([0, 200, 512], dtype=torch.int32)
-        q, out, dout = (torch.zeros(seq, heads, d, dtype=dtype) for _ in range(3))
-        k, v = (torch.zeros(seq, kv_heads, d, dtype=dtype) for _ in range(2))
+        q, out, dout = (torch.zeros(seq, heads, dim, dtype=dtype) for dim in (d, dv, dv))
+        k, v = (torch.zeros(seq, kv_heads, dim, dtype=dtype) for dim in (d, dv))
         lse = torch.zeros(heads, seq)
         varlen._launch_forward(q, k, v, cu, cu, 312, 312, cfg, options)
         varlen._launch_backward(q, k, v, out, lse, dout, None, cu, cu, 312, 312, cfg, options)
         return
-    q, out, dout = (torch.zeros(2 * heads, seq, d, dtype=dtype) for _ in range(3))  # (B*H, N, d), B = 2
-    k, v = (torch.zeros(2 * kv_heads, seq, d, dtype=dtype) for _ in range(2))
+    q, out, dout = (torch.zeros(2 * heads, seq, dim, dtype=dtype) for dim in (d, dv, dv))  # (B*H, N, d or dv), B = 2
+    k, v = (torch.zeros(2 * kv_heads, seq, dim, dtype=dtype) for dim in (d, dv))
     lse = torch.zeros(2 * heads, seq)
     shape = torch.Size((2, heads, seq, d))
     like = torch.empty(1).expand(shape)  # the (batch, heads, seq, d) shape, for the block mask

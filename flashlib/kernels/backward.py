@@ -2,13 +2,15 @@
 
 Three launches, as in ``flashlib/backward.py`` (notebook 04):
 
-    1. _attn_bwd_preprocess  delta_i = rowsum(dO_i * O_i)                     (B*H, SEQ_Q)
+    1. _attn_bwd_preprocess  delta_i = rowsum(dO_i * O_i), over v's head dim  (B*H, SEQ_Q)
     2. _attn_bwd_dkdv        one program per key tile: loops over query blocks,
                              P = 2^(s - lse * log2 e), dV += Pᵀ dO, dK += dSᵀ Q · scale
     3. _attn_bwd_dq          one program per query block: loops over key tiles,
                              dQ += dS K · scale
 
-with dS = P * (dP - delta) and dP = dO Vᵀ. Every program writes only its own rows of
+with dS = P * (dP - delta) and dP = dO Vᵀ. V, dO and dV have v's head dim, HEAD_DIM_V (padded to
+HEAD_DIM_V_PAD; MLA's 128 beside q and k's 192; None where it is q's, as in the forward), Q, K, dQ,
+dK q's. Every program writes only its own rows of
 dK, dV or dQ, so no atomics are needed and the same inputs give bitwise the same
 gradients. The price is computing P and dP twice (once per kernel).
 
@@ -34,7 +36,8 @@ from .rules import (_SKIPPED, _batch_head, _key_range, _mod_scores_slope, _mod_s
 @triton.jit
 def _attn_bwd_preprocess(Out, DO, Delta, stride_oz, stride_om, stride_doz, stride_dom, SEQ_Q, HEAD_DIM,
                          HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr):
-    """delta = rowsum(dO * O): the term softmax's Jacobian needs, from (seq, d) tensors only."""
+    """delta = rowsum(dO * O): the term softmax's Jacobian needs, from (seq, d) tensors only; launched
+    with v's head dim (O's and dO's)."""
     off_z = tl.program_id(1).to(tl.int64)
     offs_q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -69,17 +72,23 @@ def _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, s
                          q_start, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
                          BLOCK_Q: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                          q_end=None, scale=1.0, window_left=-1, window_right=-1, off_b=0, off_h=0, MaskData=None,
-                         Tiles=None, ScoreData=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None):
+                         Tiles=None, ScoreData=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
+                         offs_dv=None, HEAD_DIM_V=None):
     """Accumulate one key tile's dk, dv over the query blocks that can see it, [q_start, q_end)
-    (q_end: SEQ_Q if None); with a mask function, blocks its block mask row (Tiles) skips are passed over."""
+    (q_end: SEQ_Q if None); with a mask function, blocks its block mask row (Tiles) skips are passed over.
+    offs_dv, HEAD_DIM_V: dO's columns and v's head dim (None: q's, as the lab's kernel calls it)."""
     if q_end is None:
         q_end = SEQ_Q
+    if offs_dv is None:
+        offs_dv = offs_d
+    if HEAD_DIM_V is None:
+        HEAD_DIM_V = HEAD_DIM
     for q0 in range(q_start, q_end, BLOCK_Q):
         kind = _tile_kind(Tiles, q0 // BLOCK_Q, MASK_MOD)  # _FULL without a mask function
         if kind != _SKIPPED:
             offs_q = q0 + tl.arange(0, BLOCK_Q)
             q_blk = _load_rows(Q, stride_qm, offs_q, offs_d, SEQ_Q, HEAD_DIM)
-            do_blk = _load_rows(DO, stride_dom, offs_q, offs_d, SEQ_Q, HEAD_DIM)
+            do_blk = _load_rows(DO, stride_dom, offs_q, offs_dv, SEQ_Q, HEAD_DIM_V)
             lse, lse_lo = _lse_base2_split(Lse, offs_q, SEQ_Q)
             delta = tl.load(Delta + offs_q, mask=offs_q < SEQ_Q, other=0.0)
             # transposed tiles (BLOCK_K, BLOCK_Q): keys are this program's rows
@@ -102,9 +111,10 @@ def _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, s
 @triton.jit
 def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, ScoreData, qk_scale, scale,
                          stride_qh, stride_qm, stride_kn, stride_vn, stride_doh, stride_dom, stride_dkn, stride_dvn,
-                         stride_lh, k0, SEQ_Q, SEQ_K, HEAD_DIM, window_left, window_right, off_b, off_h,
+                         stride_lh, k0, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V, window_left, window_right, off_b, off_h,
                          stride_tb, stride_th, stride_tr,
-                         HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                         HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                         BLOCK_K: tl.constexpr,
                          BLOCK_H: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                          SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr):
     """One key tile (k0 ..) of one kv head: K, V, DK, DV point at its first key; Q, DO, Lse and Delta
@@ -112,10 +122,13 @@ def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, Score
     stride (stride_qh, stride_doh, stride_lh) further."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)  # v's, dO's and dV's columns
+    if HEAD_DIM_V is None:  # v's head dim is q's (the launchers pass None): the code of before
+        HEAD_DIM_V = HEAD_DIM
     k_tile = _load_rows(K, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)  # stays resident
-    v_tile = _load_rows(V, stride_vn, offs_k, offs_d, SEQ_K, HEAD_DIM)
+    v_tile = _load_rows(V, stride_vn, offs_k, offs_dv, SEQ_K, HEAD_DIM_V)
     dk = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_K, HEAD_DIM_V_PAD], dtype=tl.float32)
     q_start, q_end = _query_range(k0, SEQ_Q, SEQ_K, window_left, window_right, BLOCK_Q, BLOCK_K, CAUSAL,
                                   MASK_MOD is not None)
     for g in range(0, BLOCK_H):  # the query heads that share this kv head add to its dk, dv
@@ -128,20 +141,22 @@ def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, Score
                                       CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, q_end=q_end, scale=scale,
                                       window_left=window_left, window_right=window_right, off_b=off_b, off_h=off_h + g,
                                       MaskData=MaskData, Tiles=row, ScoreData=ScoreData, SCORE_MOD=SCORE_MOD,
-                                      MASK_MOD=MASK_MOD)
+                                      MASK_MOD=MASK_MOD, offs_dv=offs_dv, HEAD_DIM_V=HEAD_DIM_V)
     mask = (offs_k[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)
     dk = dk * scale  # s = scale * q kᵀ, so dk picks up the scale once, at the end
     rows = offs_k[:, None].to(tl.int64)  # int64: a row stride times a row can pass 2^31
     tl.store(DK + rows * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=mask)
-    tl.store(DV + rows * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=mask)
+    mask_v = (offs_k[:, None] < SEQ_K) & (offs_dv[None, :] < HEAD_DIM_V)
+    tl.store(DV + rows * stride_dvn + offs_dv[None, :], dv.to(DV.dtype.element_ty), mask=mask_v)
 
 
 @triton.jit
 def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
                    stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
                    stride_doz, stride_dom, stride_dkz, stride_dkn, stride_dvz, stride_dvn,
-                   SEQ_Q, SEQ_K, HEAD_DIM,
-                   HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                   SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V,
+                   HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                   BLOCK_K: tl.constexpr,
                    CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                    HEADS=1, window_left=-1, window_right=-1, MaskData=None,
                    Tiles=None, stride_tb=0, stride_th=0, stride_tr=0, BLOCK_H: tl.constexpr = 1,
@@ -159,9 +174,9 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
                          Tiles, MaskData, ScoreData, qk_scale, scale, stride_qz, stride_qm=stride_qm, stride_kn=stride_kn,
                          stride_vn=stride_vn, stride_doh=stride_doz, stride_dom=stride_dom, stride_dkn=stride_dkn,
                          stride_dvn=stride_dvn, stride_lh=SEQ_Q, k0=k0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
-                         window_left=window_left, window_right=window_right, off_b=off_b, off_h=off_h,
-                         stride_tb=stride_tb, stride_th=stride_th, stride_tr=stride_tr, HEAD_DIM_PAD=HEAD_DIM_PAD,
-                         BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H, CAUSAL=CAUSAL,
+                         HEAD_DIM_V=HEAD_DIM_V, window_left=window_left, window_right=window_right, off_b=off_b,
+                         off_h=off_h, stride_tb=stride_tb, stride_th=stride_th, stride_tr=stride_tr,
+                         HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H, CAUSAL=CAUSAL,
                          INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
 
 
@@ -171,15 +186,20 @@ def _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn
                        BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                        k_start=0, scale=1.0, window_left=-1, window_right=-1, off_b=0, off_h=0, MaskData=None,
                        Tiles=None, ScoreData=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
-                       lse_lo=0.0):
+                       lse_lo=0.0, offs_dv=None, HEAD_DIM_V=None):
     """Accumulate one query block's dq over the key tiles it can see, [k_start, k_end); with a mask
-    function, tiles its block mask row (Tiles) skips are passed over. lse + lse_lo: the rows' base-2 lse."""
+    function, tiles its block mask row (Tiles) skips are passed over. lse + lse_lo: the rows' base-2 lse.
+    offs_dv, HEAD_DIM_V: v's columns and head dim (None: q's)."""
+    if offs_dv is None:
+        offs_dv = offs_d
+    if HEAD_DIM_V is None:
+        HEAD_DIM_V = HEAD_DIM
     for k0 in range(k_start, k_end, BLOCK_K):
         kind = _tile_kind(Tiles, k0 // BLOCK_K, MASK_MOD)  # _FULL without a mask function
         if kind != _SKIPPED:
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_tile = _load_rows(K, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)
-            v_tile = _load_rows(V, stride_vn, offs_k, offs_d, SEQ_K, HEAD_DIM)
+            v_tile = _load_rows(V, stride_vn, offs_k, offs_dv, SEQ_K, HEAD_DIM_V)
             x = tl.dot(q_blk, tl.trans(k_tile), input_precision=INPUT_PRECISION)  # (BLOCK_Q, BLOCK_K)
             s, slope = _mod_scores_slope(x, scale, qk_scale, off_b, off_h, offs_q[:, None], offs_k[None, :], ScoreData,
                                          SCORE_MOD)
@@ -198,16 +218,20 @@ def _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn
 @triton.jit
 def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, Tiles, MaskData, ScoreData, qk_scale, scale,
                        stride_qm, stride_kn, stride_vn, stride_dom, stride_dqm, q0, SEQ_Q, SEQ_K, HEAD_DIM,
-                       window_left, window_right, off_b, off_h,
-                       HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                       HEAD_DIM_V, window_left, window_right, off_b, off_h,
+                       HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                       BLOCK_K: tl.constexpr,
                        CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr,
                        MASK_MOD: tl.constexpr):
     """One query block (rows q0 ..) of one sequence and head: Q, DO, DQ, Lse, Delta point at the
     head's first row, K, V at its kv head's first key, Tiles at the block's row of the block mask."""
     offs_q = q0 + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)  # v's and dO's columns: dP = dO Vᵀ sums over them
+    if HEAD_DIM_V is None:  # v's head dim is q's (the launchers pass None): the code of before
+        HEAD_DIM_V = HEAD_DIM
     q_blk = _load_rows(Q, stride_qm, offs_q, offs_d, SEQ_Q, HEAD_DIM)  # stays resident
-    do_blk = _load_rows(DO, stride_dom, offs_q, offs_d, SEQ_Q, HEAD_DIM)
+    do_blk = _load_rows(DO, stride_dom, offs_q, offs_dv, SEQ_Q, HEAD_DIM_V)
     lse, lse_lo = _lse_base2_split(Lse, offs_q, SEQ_Q)
     delta = tl.load(Delta + offs_q, mask=offs_q < SEQ_Q, other=0.0)
     dq = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
@@ -217,7 +241,8 @@ def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, Tiles, MaskData, ScoreData, 
                             SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
                             INPUT_PRECISION=INPUT_PRECISION, k_start=k_start, scale=scale, window_left=window_left,
                             window_right=window_right, off_b=off_b, off_h=off_h, MaskData=MaskData, Tiles=Tiles,
-                            ScoreData=ScoreData, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, lse_lo=lse_lo)
+                            ScoreData=ScoreData, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, lse_lo=lse_lo,
+                            offs_dv=offs_dv, HEAD_DIM_V=HEAD_DIM_V)
     mask = (offs_q[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
     tl.store(DQ + offs_q[:, None].to(tl.int64) * stride_dqm + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=mask)
@@ -227,8 +252,9 @@ def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, Tiles, MaskData, ScoreData, 
 def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
                  stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
                  stride_doz, stride_dom, stride_dqz, stride_dqm,
-                 SEQ_Q, SEQ_K, HEAD_DIM,
-                 HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V,
+                 HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                 BLOCK_K: tl.constexpr,
                  CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                  GROUP=1, HEADS=1, window_left=-1, window_right=-1, MaskData=None,
                  Tiles=None, stride_tb=0, stride_th=0, stride_tr=0,
@@ -245,6 +271,6 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
                        DQ + off_z * stride_dqz, Lse + off_z * SEQ_Q, Delta + off_z * SEQ_Q, Tiles, MaskData, ScoreData,
                        qk_scale, scale, stride_qm, stride_kn, stride_vn=stride_vn, stride_dom=stride_dom,
                        stride_dqm=stride_dqm, q0=q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
-                       window_left=window_left, window_right=window_right, off_b=off_b, off_h=off_h,
-                       HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
+                       HEAD_DIM_V=HEAD_DIM_V, window_left=window_left, window_right=window_right, off_b=off_b,
+                       off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
                        INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)

@@ -83,9 +83,10 @@ class CompileReport(TargetReport):
 
 
 def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=False, config=None, ones=(),
-         sass: bool = False, sinks: bool = False):
+         sass: bool = False, sinks: bool = False, head_dim_v: int | None = None):
     """A JSON-able description of one compilation; config is a FlashConfig or its dict.
     sinks: the forward with attention sinks (their float32 pointer), not the default launch's None.
+    head_dim_v: v's head dim where it is its own (MLA's 128 beside 192); None: head_dim's.
 
     ones: integer arguments (e.g. "SEQ_Q", "HEAD_DIM") passed as the constant 1, as Triton's
     JIT does when a launch passes 1 (a single query, head_dim 1). sass: also count the
@@ -99,7 +100,8 @@ def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=Fa
     if config is not None and not isinstance(config, dict):
         config = asdict(config)
     return dict(kernel=kernel, capability=tuple(capability), dtype=dtype, head_dim=int(head_dim),
-                causal=bool(causal), config=config, ones=list(ones), sass=bool(sass), sinks=bool(sinks))
+                causal=bool(causal), config=config, ones=list(ones), sass=bool(sass), sinks=bool(sinks),
+                head_dim_v=None if head_dim_v is None else int(head_dim_v))
 
 
 def compile_kernels(specs, *, triton_path: str | None = None, keep_ptx: bool = False, timeout: float = 900):
@@ -157,13 +159,13 @@ def _signature(fn, dtype: str, constexprs: dict, float32=()):
             signature[name] = "fp32"
         else:
             signature[name] = "i32"
-            if name.startswith("stride") or name == "HEAD_DIM":
+            if name.startswith("stride") or name in ("HEAD_DIM", "HEAD_DIM_V"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return signature, attrs
 
 
 def _kernel_and_constants(s):
-    from .config import FlashConfig, default_config, head_dim_pad
+    from .config import FlashConfig, default_config, head_dim_pad, value_dim
 
     cfg = FlashConfig(**s["config"]) if s["config"] else None
     d_pad = head_dim_pad(s["head_dim"])
@@ -175,15 +177,17 @@ def _kernel_and_constants(s):
     import torch
 
     if cfg is None:
-        cfg = default_config(s["head_dim"], getattr(torch, s["dtype"]), tuple(s["capability"]))
+        cfg = default_config(s["head_dim"], getattr(torch, s["dtype"]), tuple(s["capability"]),
+                             head_dim_v=s.get("head_dim_v"))
     from . import backward, forward
 
-    common = dict(HEAD_DIM_PAD=d_pad, CAUSAL=s["causal"], INPUT_PRECISION=cfg.input_precision)
+    values = value_dim(s["head_dim"], s.get("head_dim_v") or s["head_dim"])  # as the launchers pass them
+    common = dict(HEAD_DIM_PAD=d_pad, **values, CAUSAL=s["causal"], INPUT_PRECISION=cfg.input_precision)
     if s["kernel"] == "forward":
         return (forward._attn_fwd, dict(common, BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k),
                 dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), cfg)
     if s["kernel"] == "bwd_preprocess":
-        return (backward._attn_bwd_preprocess, dict(HEAD_DIM_PAD=d_pad, BLOCK_Q=cfg.bwd_block_q),
+        return (backward._attn_bwd_preprocess, dict(HEAD_DIM_PAD=values["HEAD_DIM_V_PAD"], BLOCK_Q=cfg.bwd_block_q),
                 dict(num_warps=4, num_stages=1), cfg)
     fn = backward._attn_bwd_dkdv if s["kernel"] == "bwd_dkdv" else backward._attn_bwd_dq
     return (fn, dict(common, BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k),

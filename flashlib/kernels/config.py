@@ -96,6 +96,14 @@ def head_dim_pad(head_dim: int) -> int:
     return max(16, 1 << (int(head_dim) - 1).bit_length())
 
 
+def value_dim(head_dim: int, head_dim_v: int) -> dict:
+    """The kernels' HEAD_DIM_V and HEAD_DIM_V_PAD for v's head dim: HEAD_DIM_V None where it is q's,
+    so that v's columns are masked with HEAD_DIM itself and the kernels compile as they did before v
+    had a head dim of its own (a second run-time dim moved registers by up to 27: data/bench/LOG.md)."""
+    return dict(HEAD_DIM_V=None if head_dim_v == head_dim else int(head_dim_v),
+                HEAD_DIM_V_PAD=head_dim_pad(head_dim_v))
+
+
 # (BLOCK_Q, BLOCK_K, warps, stages) of the forward, then of both backward kernels, per padded
 # head dim, chosen so that no kernel spills registers (checked by tests/test_kernel_compile.py).
 # Hopper's wgmma needs the rows of a dot (BLOCK_Q forward and dQ, BLOCK_K for dK/dV) to be
@@ -115,6 +123,10 @@ _HOPPER_16BIT = {64: ((128, 64, 4, 3), (64, 64, 8, 2)),
 _HOPPER_FP32 = {64: ((64, 32, 4, 3), (32, 64, 4, 2)),
                 128: ((64, 32, 4, 2), (32, 32, 4, 1)),
                 256: ((64, 16, 8, 1), (32, 32, 8, 1))}
+# MLA's q/k 192 (pad 256), v 128 on Hopper in 16 bits: the 256 row's backward (32, 32, 8, 1) held
+# 128 registers a thread in the causal dQ kernel and spilled (4 bytes, both Tritons); on 4 warps
+# dK/dV takes 236 and dQ 196, no spill (data/bench/LOG.md, 2026-12-02)
+_HOPPER_16BIT_MLA_BACKWARD = (32, 32, 4, 1)
 # Turing: Triton emits no tensor-core instructions there (its dot falls back to FMA), and a
 # block has 64 KiB of shared memory: small tiles, no pipelining. At head dim 64, 8 warps and 16-row
 # backward tiles: with 4 warps and 32 rows a mask function that reads data (notebook 09's
@@ -124,8 +136,16 @@ _TURING = {64: ((32, 32, 8, 1), (16, 16, 8, 1)),
            256: ((16, 16, 4, 1), (16, 16, 16, 1))}
 
 
-def default_config(head_dim: int, dtype: torch.dtype, capability: tuple[int, int] | None = None) -> FlashConfig:
-    """The shipped configuration for this head dim, dtype and GPU (capability None: interpreter)."""
+def default_config(head_dim: int, dtype: torch.dtype, capability: tuple[int, int] | None = None,
+                   head_dim_v: int | None = None) -> FlashConfig:
+    """The shipped configuration for this head dim, dtype and GPU (capability None: interpreter);
+    head_dim_v: v's head dim where it is its own (None: head_dim's)."""
+    # the larger pad sizes the tiles: q and k tiles are (rows, pad of head_dim), v, acc, dO and dV
+    # (rows, pad of head_dim_v), so the row of the larger one holds every tile at most that wide
+    # (MLA's 192/128: the 256 row; tests/test_kernel_compile.py compiles it)
+    pads = (head_dim_pad(head_dim), head_dim_pad(head_dim if head_dim_v is None else head_dim_v))
+    if head_dim_v is not None:
+        head_dim = max(int(head_dim), int(head_dim_v))
     d = max(64, head_dim_pad(head_dim))
     wide = dtype == torch.float32
     if capability is not None and tuple(capability) < (8, 0):
@@ -135,6 +155,8 @@ def default_config(head_dim: int, dtype: torch.dtype, capability: tuple[int, int
     else:  # Ampere and Ada; the interpreter uses their forward tiles (bigger tiles, fewer Python steps)
         table = _AMPERE_FP32 if wide else _AMPERE_16BIT
     (bm, bn, w, st), (bbm, bbn, bw, bst) = table.get(head_dim_pad(head_dim), table[d])
+    if table is _HOPPER_16BIT and pads == (256, 128):
+        bbm, bbn, bw, bst = _HOPPER_16BIT_MLA_BACKWARD
     if capability is None:
         # the backward's tiles are the forward's: the interpreter's dot (numpy's) rounds a score
         # by the shape of its tile, and the backward must recompute exactly the forward's scores

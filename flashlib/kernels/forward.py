@@ -6,7 +6,12 @@ same order and under the same names, as ``flashlib/tiled.py``:
 
     m_i  running row max of the scaled scores, in base-2 units     (BLOCK_Q,)
     l_i  running denominator, sum 2^(s - m_i)                       (BLOCK_Q,)
-    acc  unnormalised output, sum 2^(s - m_i) v                     (BLOCK_Q, HEAD_DIM_PAD)
+    acc  unnormalised output, sum 2^(s - m_i) v                     (BLOCK_Q, HEAD_DIM_V_PAD)
+
+v may have a head dim of its own (MLA's 192 for q and k, 128 for v): HEAD_DIM_V, padded to
+HEAD_DIM_V_PAD (a size). Where v's dim is q's the launchers pass HEAD_DIM_V=None: v's columns are
+then masked with HEAD_DIM itself, and the kernel compiles to the code it had before (a second
+run-time dim costs registers: data/bench/LOG.md, 2026-12-02).
 
 The scale is folded into one multiplier, qk_scale = scale * log2(e), so each score costs
 one multiply and one exp2; normalisation by l_i happens once, after the loop, and the
@@ -104,15 +109,21 @@ def _attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, of
                     qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
                     BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                     k_start=0, scale=1.0, window_left=-1, window_right=-1, off_b=0, off_h=0, MaskData=None,
-                    Tiles=None, ScoreData=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None):
+                    Tiles=None, ScoreData=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
+                    offs_dv=None, HEAD_DIM_V=None):
     """Fold every key/value tile of [k_start, k_end) into (m_i, l_i, acc); q_blk stays in registers.
-    With a mask function, the tiles the block mask's row (Tiles) marks skipped are passed over."""
+    With a mask function, the tiles the block mask's row (Tiles) marks skipped are passed over.
+    offs_dv, HEAD_DIM_V: v's columns and head dim (None: q's, as the lab's kernel calls it)."""
+    if offs_dv is None:
+        offs_dv = offs_d
+    if HEAD_DIM_V is None:
+        HEAD_DIM_V = HEAD_DIM
     for k0 in range(k_start, k_end, BLOCK_K):
         kind = _tile_kind(Tiles, k0 // BLOCK_K, MASK_MOD)  # _FULL without a mask function
         if kind != _SKIPPED:
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_tile = _load_rows(K, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)
-            v_tile = _load_rows(V, stride_vn, offs_k, offs_d, SEQ_K, HEAD_DIM)
+            v_tile = _load_rows(V, stride_vn, offs_k, offs_dv, SEQ_K, HEAD_DIM_V)
             visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL)
             visible = _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right, off_b, off_h,
                                    MaskData, kind, MASK_MOD)
@@ -124,20 +135,23 @@ def _attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, of
 
 @triton.jit
 def _attn_fwd_block(Q, K, V, Out, Lse, Tiles, MaskData, qk_scale, scale, stride_qm, stride_kn, stride_vn, stride_om,
-                    q0, SEQ_Q, SEQ_K, HEAD_DIM, window_left, window_right, off_b, off_h,
-                    HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                    CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr,
-                    MASK_MOD: tl.constexpr, Sinks=None, ScoreData=None):
+                    q0, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V, window_left, window_right, off_b, off_h,
+                    HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                    BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                    SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, Sinks=None, ScoreData=None):
     """One query block (rows q0 ..) of one sequence and head: Q, Out point at the head's first row,
     K, V at its kv head's first key, Lse at its first lse, Tiles at the block's row of the block mask;
     Sinks: the attention sinks (one logit per query head) or None; ScoreData: what SCORE_MOD reads.
     Rows and keys are numbered from the sequence's start: what a score or mask function is told."""
     offs_q = q0 + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # HEAD_DIM padded to a power of two; the pad is masked
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)  # v's and out's columns
+    if HEAD_DIM_V is None:  # v's head dim is q's (the launchers pass None): the code of before
+        HEAD_DIM_V = HEAD_DIM
     q_blk = _load_rows(Q, stride_qm, offs_q, offs_d, SEQ_Q, HEAD_DIM)
 
     m_i, l_i = _sink_state(Sinks, tl.zeros([BLOCK_Q], dtype=tl.int64) + off_h)  # (-inf, 0) without sinks
-    acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM_V_PAD], dtype=tl.float32)
     k_start, k_end = _key_range(q0, SEQ_Q, SEQ_K, window_left, window_right, BLOCK_Q, BLOCK_K, CAUSAL,
                                 MASK_MOD is not None)
     m_i, l_i, acc = _attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end, qk_scale,
@@ -145,11 +159,11 @@ def _attn_fwd_block(Q, K, V, Out, Lse, Tiles, MaskData, qk_scale, scale, stride_
                                     INPUT_PRECISION=INPUT_PRECISION, k_start=k_start, scale=scale,
                                     window_left=window_left, window_right=window_right, off_b=off_b, off_h=off_h,
                                     MaskData=MaskData, Tiles=Tiles, ScoreData=ScoreData, SCORE_MOD=SCORE_MOD,
-                                    MASK_MOD=MASK_MOD)
+                                    MASK_MOD=MASK_MOD, offs_dv=offs_dv, HEAD_DIM_V=HEAD_DIM_V)
 
     out, lse = _finish(m_i, l_i, acc)
-    o_mask = (offs_q[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(Out + offs_q[:, None].to(tl.int64) * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty),
+    o_mask = (offs_q[:, None] < SEQ_Q) & (offs_dv[None, :] < HEAD_DIM_V)
+    tl.store(Out + offs_q[:, None].to(tl.int64) * stride_om + offs_dv[None, :], out.to(Out.dtype.element_ty),
              mask=o_mask)
     tl.store(Lse + offs_q, lse, mask=offs_q < SEQ_Q)
 
@@ -157,14 +171,14 @@ def _attn_fwd_block(Q, K, V, Out, Lse, Tiles, MaskData, qk_scale, scale, stride_
 @triton.jit
 def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
               stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn, stride_oz, stride_om,
-              SEQ_Q, SEQ_K, HEAD_DIM,
-              HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+              SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V,
+              HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
               CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
               GROUP=1, HEADS=1, scale=1.0, window_left=-1, window_right=-1, MaskData=None,
               Tiles=None, stride_tb=0, stride_th=0, stride_tr=0,
               SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, ROW0=0, Sinks=None, ScoreData=None):
-    """Q, Out: (B*H, seq, HEAD_DIM); K, V: (B*H_kv, seq, HEAD_DIM), H = GROUP * H_kv; last dims
-    contiguous. Lse: (B*H, SEQ_Q) float32. Tiles: the block mask's kinds (B or 1, H or 1, query
+    """Q: (B*H, seq, HEAD_DIM), Out: (B*H, seq, HEAD_DIM_V); K: (B*H_kv, seq, HEAD_DIM), V: (B*H_kv,
+    seq, HEAD_DIM_V), H = GROUP * H_kv; last dims contiguous; HEAD_DIM_V None: HEAD_DIM. Lse: (B*H, SEQ_Q) float32. Tiles: the block mask's kinds (B or 1, H or 1, query
     blocks, key tiles), strides 0 where broadcast; MaskData: what MASK_MOD reads (or None); Sinks:
     (H,) attention sinks (or None); scale, ScoreData: the natural scale and what SCORE_MOD reads.
     ROW0: where Q's rows start among all B*H, on a batch boundary (a launch takes at most 65,535
@@ -177,7 +191,8 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         Tiles += off_b * stride_tb + off_h * stride_th + q0 // BLOCK_Q * stride_tr
     _attn_fwd_block(Q + off_z * stride_qz, K + off_kv * stride_kz, V + off_kv * stride_vz, Out + off_z * stride_oz,
                     Lse + off_z * SEQ_Q, Tiles, MaskData, qk_scale, scale, stride_qm, stride_kn, stride_vn, stride_om,
-                    q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, window_left=window_left, window_right=window_right,
-                    off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K,
+                    q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, window_left=window_left,
+                    window_right=window_right, off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
+                    HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K,
                     CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD,
                     Sinks=Sinks, ScoreData=ScoreData)

@@ -22,7 +22,7 @@ from ..softmax import merge_sink
 from ..tiled import block_mask
 from ._mode import interpreting
 from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess, triton
-from .config import LOG2E, FlashConfig, default_config, head_dim_pad, lse_base2, lse_natural
+from .config import LOG2E, FlashConfig, default_config, head_dim_pad, lse_base2, lse_natural, value_dim
 from .forward import _attn_fwd
 from .maskfn import compile_mask, symbol_bounds
 from .scorefn import compile_score, score_args, score_bounds, score_tensors
@@ -44,12 +44,13 @@ def capability(device: torch.device):
     return None if device.type != "cuda" else torch.cuda.get_device_capability(device)
 
 
-def check_kernel_inputs(fn: str, q: torch.Tensor) -> None:
-    """What the kernels add to the shared checks: head dim, dtype, and a device they can run on."""
-    head_dim = q.shape[-1]
-    if head_dim > MAX_HEAD_DIM:
-        raise ValueError(f"{fn}: argument 'q' has head_dim {head_dim}; the fused kernels support "
-                         f"head_dim 1..{MAX_HEAD_DIM} (use flashlib.tiled_attention for larger)")
+def check_kernel_inputs(fn: str, q: torch.Tensor, v: torch.Tensor | None = None) -> None:
+    """What the kernels add to the shared checks: head dims (q's, and v's where given), dtype, and a
+    device they can run on."""
+    for name, t in (("q", q), ("v", v)):
+        if t is not None and t.shape[-1] > MAX_HEAD_DIM:
+            raise ValueError(f"{fn}: argument '{name}' has head_dim {t.shape[-1]}; the fused kernels support "
+                             f"head_dim 1..{MAX_HEAD_DIM} (use flashlib.tiled_attention for larger)")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"{fn}: argument 'q' has dtype {q.dtype}; the fused kernels support float16, "
                         "bfloat16 and float32 (use flashlib.tiled_attention for float64)")
@@ -72,20 +73,24 @@ def check_kernel_inputs(fn: str, q: torch.Tensor) -> None:
                         "use float16 (or a GPU of compute capability >= 8.0)")
 
 
-def resolve_config(fn: str, q: torch.Tensor, config) -> FlashConfig:
-    """``config`` checked, or the shipped one for q's head dim, dtype and device."""
+def resolve_config(fn: str, q: torch.Tensor, config, v: torch.Tensor | None = None) -> FlashConfig:
+    """``config`` checked, or the shipped one for the head dims (q's, and v's where given), dtype and
+    device (:func:`~flashlib.kernels.config.default_config`)."""
     if config is None:
-        return default_config(q.shape[-1], q.dtype, capability(q.device))
+        return default_config(q.shape[-1], q.dtype, capability(q.device),
+                              head_dim_v=None if v is None else v.shape[-1])
     if not isinstance(config, FlashConfig):
         raise TypeError(f"{fn}: argument 'config' must be a flashlib.kernels.FlashConfig or None, "
                         f"got {type(config).__name__}")
     return config
 
 
-def empty_result(q: torch.Tensor):
-    """Nothing to attend to: out = 0 and lse = -inf, as for a row that sees no key."""
+def empty_result(q: torch.Tensor, head_dim_v: int | None = None):
+    """Nothing to attend to: out = 0 (head_dim_v wide, q's head dim if None) and lse = -inf, as for a
+    row that sees no key."""
     lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float32, device=q.device)
-    return torch.zeros_like(q), lse
+    dv = q.shape[-1] if head_dim_v is None else head_dim_v
+    return q.new_zeros((*q.shape[:-1], dv)), lse
 
 
 DEFAULT = Options()
@@ -155,18 +160,20 @@ def variant_args(options: Options, *, group: int = 1, heads: int = 1, kinds=None
 # ----- launchers ------------------------------------------------------------------------------
 
 def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None):
-    """q: (B*H, seq_q, d), k, v: (B*H_kv, seq_k, d). Returns out (B*H, seq_q, d) and lse2 (B*H, seq_q)
-    float64, in base 2. heads: H (query heads per batch row); masks: (kinds, data) for the mask path."""
+    """q: (B*H, seq_q, d), k: (B*H_kv, seq_k, d), v: (B*H_kv, seq_k, dv). Returns out (B*H, seq_q, dv) and
+    lse2 (B*H, seq_q) float64, in base 2. heads: H (query heads per batch row); masks: (kinds, data) for the mask path."""
     from .rules import row_chunks
 
     bh, seq_q, d = q.shape
+    dv = v.shape[-1]
     group = bh // k.shape[0]
-    out = torch.empty_like(q)
+    out = q.new_empty(bh, seq_q, dv)
     lse = torch.empty(bh, seq_q, dtype=torch.float64, device=q.device)  # float64: forward._finish says why
     kinds, data = masks or (None, None)
     causal, scale, sinks = options.causal, options.scale, options.sinks
     score = kernel_score(options, q.device, batch=bh // heads, heads=heads, seq_q=seq_q, seq_k=k.shape[1])
-    switches = dict(HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, CAUSAL=causal,
+    switches = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, dv), BLOCK_Q=cfg.block_q,
+                    BLOCK_K=cfg.block_k, CAUSAL=causal,
                     INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                     **variant_args(options, group=group, heads=heads, kinds=kinds, data=data, sinks=_sinks32(sinks),
                                    score=score))
@@ -184,7 +191,7 @@ def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None):
 
 
 def preprocess(out, dout, dlse, cfg, heads_first: bool = False):
-    """delta = rowsum(dO * O) - dlse, (rows of heads, seq) float32: out and dout (B*H, seq_q, d), or
+    """delta = rowsum(dO * O) - dlse, (rows of heads, seq) float32: out and dout (B*H, seq_q, dv), or
     with heads_first their (H, total_q, d) views of a packed layout."""
     from .rules import row_chunks
 
@@ -200,18 +207,19 @@ def preprocess(out, dout, dlse, cfg, heads_first: bool = False):
 
 
 def _launch_backward(q, k, v, out, lse, dout, dlse, cfg, options=DEFAULT, heads=1, masks=None):
-    """All (B*H or B*H_kv, seq, d) but lse (base 2, as the forward wrote it) and dlse (of the
+    """All (B*H or B*H_kv, seq, d) (v, out, dout: dv) but lse (base 2, as the forward wrote it) and dlse (of the
     natural lse) (B*H, seq_q); dlse may be None. Returns dq, dk, dv
     and dsinks (None without sinks). masks: (kinds by query block, kinds by key tile, data) for the
     mask path. The lse holds the sinks, so the three kernels are the same with and without them."""
     from .rules import row_chunks
 
     bh, seq_q, d = q.shape
-    seq_k = k.shape[1]
+    seq_k, d_v = k.shape[1], v.shape[-1]
     causal, scale, sinks = options.causal, options.scale, options.sinks
-    delta = preprocess(out, dout, dlse, cfg)
+    delta = preprocess(out, dout, dlse, cfg)  # over v's head dim
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    common = dict(HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k, CAUSAL=causal,
+    common = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, d_v), BLOCK_Q=cfg.bwd_block_q,
+                  BLOCK_K=cfg.bwd_block_k, CAUSAL=causal,
                   INPUT_PRECISION=cfg.input_precision, num_warps=cfg.bwd_num_warps,
                   num_stages=cfg.bwd_num_stages)
     by_query, by_key, data = masks or (None, None, None)
@@ -296,23 +304,23 @@ def forward(q, k, v, **options):
 def forward_base2(q, k, v, *, config=None, fn=FN, **keywords):
     """:func:`forward` with the lse in base 2, as the kernels keep it for the backward: float64
     (:func:`flashlib.kernels.forward._finish` says why). keywords: the options of :func:`attention`."""
-    options = check_options(fn, q, k, v, **keywords)
-    check_kernel_inputs(fn, q)
-    return forward_pass(q, k, v, options, resolve_config(fn, q, config))
+    options = check_options(fn, q, k, v, value_dim=True, **keywords)
+    check_kernel_inputs(fn, q, v)
+    return forward_pass(q, k, v, options, resolve_config(fn, q, config, v))
 
 
 def forward_pass(q, k, v, options: Options, cfg: FlashConfig):
     """:func:`forward_base2` on checked inputs and options (flashlib.options)."""
     sinks = options.sinks
     if q.numel() == 0 or (q.shape[-2] > 0 and k.shape[-2] == 0 and sinks is None):
-        out, lse = empty_result(q)
+        out, lse = empty_result(q, v.shape[-1])
         return out, lse.double()
     if k.shape[-2] == 0:  # nothing to attend to but the sinks: out = 0, lse = sink
-        out, lse = merge_sink(*empty_result(q), sinks)
+        out, lse = merge_sink(*empty_result(q, v.shape[-1]), sinks)
         return out, lse_base2(lse).double()
     masks = _masks(options, q, k.shape[-2], cfg.block_q, cfg.block_k)
     out, lse = _launch_forward(flat(q), flat(k), flat(v), cfg, options, batch_and_heads(q.shape)[1], masks)
-    return out.reshape(q.shape), lse.reshape(q.shape[:-1])
+    return out.reshape(*q.shape[:-1], v.shape[-1]), lse.reshape(q.shape[:-1])
 
 
 def backward(q, k, v, out, lse, dout, **options):
@@ -325,8 +333,8 @@ def backward(q, k, v, out, lse, dout, **options):
 
 def backward_base2(q, k, v, out, lse2, dout, *, config=None, dlse=None, **keywords):
     """:func:`backward` from the forward's base-2 lse, :func:`forward_base2`'s."""
-    options = check_options(FN, q, k, v, **keywords)
-    return backward_pass(q, k, v, out, lse2, dout, options, resolve_config(FN, q, config), dlse)
+    options = check_options(FN, q, k, v, value_dim=True, **keywords)
+    return backward_pass(q, k, v, out, lse2, dout, options, resolve_config(FN, q, config, v), dlse)
 
 
 def backward_pass(q, k, v, out, lse2, dout, options: Options, cfg: FlashConfig, dlse=None):
@@ -418,12 +426,13 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, wind
 
     Args:
         q: (batch, heads, seq_q, head_dim); any leading dims, at least (seq_q, head_dim).
-        k, v: (batch, kv_heads, seq_k, head_dim); seq_k may differ from seq_q; kv_heads divides
+        k: (batch, kv_heads, seq_k, head_dim); seq_k may differ from seq_q; kv_heads divides
             heads (grouped-query attention: query head h reads kv head h // (heads // kv_heads)).
+        v: (batch, kv_heads, seq_k, head_dim_v); head_dim_v may differ (MLA's 192/128); out has it.
         causal: query i sees key j when j <= i + seq_k - seq_q (bottom-right diagonal, as
             :func:`flashlib.causal_mask`); key tiles entirely above it are skipped. A row that
             sees no key outputs zeros, with zero gradients.
-        scale: defaults to 1/sqrt(head_dim).
+        scale: defaults to 1/sqrt(head_dim), q's head dim.
         window: (left, right), -1 for no limit on a side: query i sees keys i + o - left ..
             i + o + right (o = seq_k - seq_q); each query block visits only its window's key tiles.
         softcap: c > 0: scores c * tanh(scale * q.k / c), the score function flashlib.scores.softcap(c).
@@ -436,7 +445,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, wind
             training loop does not evaluate the mask function on every pair at every step; it
             carries the mask (its mask function, causal and window), which the call may repeat.
         config: a :class:`FlashConfig` (tile sizes, warps, stages, float32 matmul precision);
-            defaults to :func:`default_config` for the head dim, dtype and GPU.
+            defaults to :func:`default_config` for the head dims, dtype and GPU.
         sinks: attention sinks (heads,), learnable: a score per head with no value in every row's
             softmax. Each query block starts from it (m_i = sink, l_i = 1); the lse includes it, so
             the backward kernels are unchanged and dsinks = -sum of exp(sink - lse) * delta.
@@ -448,8 +457,9 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, wind
     deterministic: every program writes only its own rows of dq, dk or dv.
     """
     options = check_options(FN, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                            mask_mod=mask_mod, block_mask=block_mask, sinks=sinks, score_mod=score_mod)
-    check_kernel_inputs(FN, q)
-    cfg = resolve_config(FN, q, config)
+                            mask_mod=mask_mod, block_mask=block_mask, sinks=sinks, score_mod=score_mod,
+                            value_dim=True)
+    check_kernel_inputs(FN, q, v)
+    cfg = resolve_config(FN, q, config, v)
     out, lse = AttentionFunction.apply(q, k, v, cfg, options, *options.tensors, *captured_inputs(options, q, k))
     return (out, lse) if return_lse else out

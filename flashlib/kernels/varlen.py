@@ -4,7 +4,8 @@ The kernels are the dense ones' blocks (:func:`_attn_fwd_block`, :func:`_attn_bw
 :func:`_attn_bwd_dq_block`) behind a prologue that reads where the program's sequence starts
 and how long it is::
 
-    q (total_q, heads, d), k, v (total_k, kv_heads, d)   packed, as flashlib.varlen describes
+    q (total_q, heads, d), k (total_k, kv_heads, d)      packed, as flashlib.varlen describes
+    v (total_k, kv_heads, dv), out (total_q, heads, dv)  v's head dim may differ (MLA's 192/128)
     lse, delta (heads, total_q) float32                  flash-attn's layout of the lse
     grid (ceil(max_seqlen / BLOCK), batch * heads)       a program whose block starts past its
                                                          sequence's end does nothing: no FLOPs
@@ -22,7 +23,7 @@ from .._autograd import save, saved
 from ..rules import PARTIAL, sink_grad, softmax_delta
 from ..varlen import check_varlen_inputs
 from .backward import _attn_bwd_dkdv_block, _attn_bwd_dq_block
-from .config import LOG2E, head_dim_pad, lse_natural
+from .config import LOG2E, head_dim_pad, lse_natural, value_dim
 from .forward import _attn_fwd_block, triton
 from .rules import _batch_head, _no_mask, row_chunks
 from ..options import Options, checked_options
@@ -44,10 +45,10 @@ def _sequence(CuSeqlens, off_b):
 @triton.jit
 def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale,
                      stride_qm, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_om, stride_oh,
-                     TOTAL_Q, HEADS, GROUP, HEAD_DIM, window_left, window_right,
-                     HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                     CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, MASK_MOD: tl.constexpr,
-                     SCORE_MOD: tl.constexpr = None, Sinks=None, ScoreData=None, B0=0):
+                     TOTAL_Q, HEADS, GROUP, HEAD_DIM, HEAD_DIM_V, window_left, window_right,
+                     HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                     BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                     MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr = None, Sinks=None, ScoreData=None, B0=0):
     """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS);
     Sinks: (HEADS,) attention sinks or None. B0: the launch's first sequence in the batch (a score
     function is told b = B0 + the sequence's index in this launch)."""
@@ -61,9 +62,9 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale,
         _attn_fwd_block(Q + q_start * stride_qm + off_h * stride_qh, K + k_start * stride_kn + off_kv * stride_kh,
                         V + k_start * stride_vn + off_kv * stride_vh, Out + q_start * stride_om + off_h * stride_oh,
                         Lse + off_h * TOTAL_Q + q_start, Tiles, None, qk_scale, scale, stride_qm, stride_kn,
-                        stride_vn, stride_om, q0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, window_left=window_left,
-                        window_right=window_right, off_b=off_b + B0, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
-                        BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD,
+                        stride_vn, stride_om, q0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V,
+                        window_left=window_left, window_right=window_right, off_b=off_b + B0, off_h=off_h,
+                        HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD,
                         MASK_MOD=MASK_MOD, Sinks=Sinks, ScoreData=ScoreData)
 
 
@@ -71,8 +72,9 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale,
 def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale,
                           stride_qm, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dom, stride_doh,
                           stride_dkn, stride_dkh, stride_dvn, stride_dvh,
-                          TOTAL_Q, KV_HEADS, HEAD_DIM, window_left, window_right,
-                          HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                          TOTAL_Q, KV_HEADS, HEAD_DIM, HEAD_DIM_V, window_left, window_right,
+                          HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                          BLOCK_K: tl.constexpr,
                           BLOCK_H: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                           MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr = None, ScoreData=None, B0=0):
     """One key tile of one sequence and kv head: the grid is (ceil(max_seqlen_k / BLOCK_K), batch * KV_HEADS);
@@ -92,18 +94,19 @@ def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlens
                              Delta + off_h * TOTAL_Q + q_start, Tiles, None, ScoreData, qk_scale, scale, stride_qh,
                              stride_qm=stride_qm, stride_kn=stride_kn, stride_vn=stride_vn, stride_doh=stride_doh,
                              stride_dom=stride_dom, stride_dkn=stride_dkn, stride_dvn=stride_dvn, stride_lh=TOTAL_Q,
-                             k0=k0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, window_left=window_left,
-                             window_right=window_right, off_b=off_b + B0, off_h=off_h, stride_tb=0, stride_th=0,
-                             stride_tr=0,
-                             HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H,
+                             k0=k0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V,
+                             window_left=window_left, window_right=window_right, off_b=off_b + B0, off_h=off_h,
+                             stride_tb=0, stride_th=0, stride_tr=0, HEAD_DIM_PAD=HEAD_DIM_PAD,
+                             HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H,
                              CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
 
 
 @triton.jit
 def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale,
                         stride_qm, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dom, stride_doh,
-                        stride_dqm, stride_dqh, TOTAL_Q, HEADS, GROUP, HEAD_DIM, window_left, window_right,
-                        HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                        stride_dqm, stride_dqh, TOTAL_Q, HEADS, GROUP, HEAD_DIM, HEAD_DIM_V, window_left, window_right,
+                        HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                        BLOCK_K: tl.constexpr,
                         CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, MASK_MOD: tl.constexpr,
                         SCORE_MOD: tl.constexpr = None, ScoreData=None, B0=0):
     """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS)."""
@@ -119,9 +122,9 @@ def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Til
                            DQ + q_start * stride_dqm + off_h * stride_dqh, Lse + off_h * TOTAL_Q + q_start,
                            Delta + off_h * TOTAL_Q + q_start, Tiles, None, ScoreData, qk_scale, scale, stride_qm,
                            stride_kn, stride_vn=stride_vn, stride_dom=stride_dom, stride_dqm=stride_dqm, q0=q0,
-                           SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, window_left=window_left,
+                           SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, window_left=window_left,
                            window_right=window_right, off_b=off_b + B0, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
-                           BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION,
+                           HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION,
                            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
 
 
@@ -154,8 +157,9 @@ def _batches(cu_seqlens_q, cu_seqlens_k, heads):
 
 def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, cfg, options: Options):
     total_q, heads, d = q.shape
+    dv = v.shape[-1]
     causal, scale, sinks = options.causal, options.scale, options.sinks
-    out = torch.empty_like(q)
+    out = q.new_empty(total_q, heads, dv)  # (total_q, heads, dv)
     lse = torch.empty(heads, total_q, dtype=torch.float64, device=q.device)  # float64: forward._finish says why
     score = kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k)
     (tiles, left, right), switches = _variant_args(options, triton.cdiv(max_k, cfg.block_k), q.device, score)
@@ -166,7 +170,8 @@ def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, cfg, options: Options):
             switches.update(B0=b0)
         _attn_fwd_varlen[(triton.cdiv(max_q, cfg.block_q), batch * heads)](
             q, k, v, out, lse, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale, *_strides(q, k, v, out), total_q,
-            heads, heads // k.shape[1], d, left, right, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.block_q,
+            heads, heads // k.shape[1], d, window_left=left, window_right=right, HEAD_DIM_PAD=head_dim_pad(d),
+            **value_dim(d, dv), BLOCK_Q=cfg.block_q,
             BLOCK_K=cfg.block_k, CAUSAL=causal, INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **switches)
     return out, lse
@@ -174,31 +179,35 @@ def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, cfg, options: Options):
 
 def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, cfg, options: Options):
     total_q, heads, d = q.shape
+    dv = v.shape[-1]
     causal, scale, sinks = options.causal, options.scale, options.sinks
     kv_heads, group = k.shape[1], heads // k.shape[1]
     # delta = rowsum(dO * O) in lse's (heads, total_q) layout: the dense preprocess on (heads, tokens, d) views
     delta = preprocess(out.transpose(0, 1), dout.transpose(0, 1), dlse, cfg)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    common = dict(HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k, CAUSAL=causal,
-                  INPUT_PRECISION=cfg.input_precision, num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages)
+    dq, dk, dv_grad = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    common = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, dv), BLOCK_Q=cfg.bwd_block_q,
+                  BLOCK_K=cfg.bwd_block_k, CAUSAL=causal, INPUT_PRECISION=cfg.input_precision,
+                  num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages)
     score = kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k)
     (tiles, left, right), switches = _variant_args(options, triton.cdiv(max_q, cfg.bwd_block_q), q.device, score)
     for batch, cu_q_run, cu_k_run, b0 in _batches(cu_q, cu_k, kv_heads):
         if score is not None:
             switches.update(B0=b0)
         _attn_bwd_dkdv_varlen[(triton.cdiv(max_k, cfg.bwd_block_k), batch * kv_heads)](
-            q, k, v, dout, dk, dv, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale,
-            *_strides(q, k, v, dout, dk, dv), total_q, kv_heads, d, left, right, BLOCK_H=group, **common, **switches)
+            q, k, v, dout, dk, dv_grad, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale,
+            *_strides(q, k, v, dout, dk, dv_grad), total_q, kv_heads, d, window_left=left, window_right=right,
+            BLOCK_H=group, **common, **switches)
     tiles, *_ = _variant_args(options, triton.cdiv(max_k, cfg.bwd_block_k), q.device)[0]
     for batch, cu_q_run, cu_k_run, b0 in _batches(cu_q, cu_k, heads):
         if score is not None:
             switches.update(B0=b0)
         _attn_bwd_dq_varlen[(triton.cdiv(max_q, cfg.bwd_block_q), batch * heads)](
             q, k, v, dout, dq, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale,
-            *_strides(q, k, v, dout, dq), total_q, heads, group, d, left, right, **common, **switches)
+            *_strides(q, k, v, dout, dq), total_q, heads, group, d, window_left=left, window_right=right, **common,
+            **switches)
     # the lse (heads, total_q) holds the sinks: the kernels are unchanged; the sinks' gradient from delta
     dsinks = None if sinks is None else sink_grad(sinks, lse_natural(lse), delta)
-    return dq, dk, dv, dsinks
+    return dq, dk, dv_grad, dsinks
 
 
 def _contiguous_last_dim(t):
@@ -207,15 +216,16 @@ def _contiguous_last_dim(t):
 
 def varlen_forward_base2(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options: Options = DEFAULT,
                          config=None):
-    """(out (total_q, heads, d), lse2 (heads, total_q) float64, the lse in base 2) on inputs and
+    """(out (total_q, heads, dv), lse2 (heads, total_q) float64, the lse in base 2) on inputs and
     options already checked (:func:`check_inputs`)."""
     sinks = options.sinks
-    cfg = resolve_config(VARLEN_FN, q, config)
+    cfg = resolve_config(VARLEN_FN, q, config, v)
     rows = (q.shape[1], q.shape[0])
+    out_shape = (*q.shape[:-1], v.shape[-1])  # (total_q, heads, dv)
     if q.numel() == 0 or max_seqlen_q == 0:  # no rows, or no heads
-        return torch.zeros_like(q), torch.full(rows, float("-inf"), dtype=torch.float64, device=q.device)
+        return q.new_zeros(out_shape), torch.full(rows, float("-inf"), dtype=torch.float64, device=q.device)
     if max_seqlen_k == 0 and sinks is not None:  # no keys anywhere: out = 0, the lse of every row its sink
-        return torch.zeros_like(q), (sinks.detach().double() * LOG2E)[:, None].expand(rows).clone()
+        return q.new_zeros(out_shape), (sinks.detach().double() * LOG2E)[:, None].expand(rows).clone()
     q, k, v = (_contiguous_last_dim(t) for t in (q, k, v))
     # the cumulative lengths as the kernels read them: contiguous (a view such as t[::2] is copied)
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
@@ -227,7 +237,7 @@ def varlen_backward_base2(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, m
     """(dq, dk, dv, dsinks) of :func:`varlen_forward_base2` from its base-2 lse, recomputing P tile by
     tile (dsinks None without sinks); dlse: an optional gradient with respect to the natural lse
     (heads, total_q)."""
-    cfg = resolve_config(VARLEN_FN, q, config)
+    cfg = resolve_config(VARLEN_FN, q, config, v)
     sinks = options.sinks
     if q.numel() == 0 or k.numel() == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
         dsinks = None
@@ -246,7 +256,7 @@ def check_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     """Everything a packed call's arguments say, checked once: its Options."""
     scale = check_varlen_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                                 scale=scale, window=window, softcap=softcap, read_values=read_values)
-    check_kernel_inputs(fn, q)
+    check_kernel_inputs(fn, q, v)
     return checked_options(fn, q.shape[1], q.device, causal=causal, scale=scale, window=window, softcap=softcap,
                            sinks=sinks, score_mod=score_mod)
 

@@ -384,6 +384,8 @@ def _launch(chosen: Backward, role: str, args, rows: int, options: dict, cfg, bu
     """One kernel of a backward over ``rows`` resident rows per head, with the tiles of cfg or
     autotuned (GPU only) when cfg is None; returns whether it built dQ transposed."""
     kernel, own = variant(chosen, role, options.pop("TMA"), options.pop("BULK_DQ"))
+    if chosen.kernels[role].startswith("kernels."):  # the teaching kernels take v's head dim, q's here
+        own.update(HEAD_DIM_V=None, HEAD_DIM_V_PAD=options["HEAD_DIM_PAD"])
     block = "BLOCK_Q" if role == "dq" else "BLOCK_K"
     tiles = {} if cfg is None else dict(BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k,
                                         num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages)

@@ -63,6 +63,7 @@ def compile_rungs(specs, *, triton_path: str | None = None, timeout: float = 900
 
 
 def _forward_kernel(name, hopper, head_dim, cfg):
+    from ..kernels.config import head_dim_pad
     from . import forward
 
     rung = BY_NAME[name]
@@ -70,6 +71,8 @@ def _forward_kernel(name, hopper, head_dim, cfg):
     kernel, options, _ = forward.variant(rung, descriptors)
     if kernel is not forward._attn_fwd:
         options["HEAD_DIM"] = head_dim
+    else:  # v's head dim is q's on the ladder
+        options.update(HEAD_DIM_V=None, HEAD_DIM_V_PAD=head_dim_pad(head_dim))
     tiles = dict(BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k)
     return kernel, {**options, **tiles}, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), ()
 

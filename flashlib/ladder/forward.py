@@ -322,6 +322,7 @@ def _launch(kernel, switches, tuner_variant, tiles, q, k, v, out, lse, options: 
     head_dim = dict(HEAD_DIM_PAD=head_dim_pad(d))
     if kernel is _attn_fwd:
         rest += (d,)  # the teaching kernel takes HEAD_DIM at run time
+        head_dim.update(HEAD_DIM_V=None, HEAD_DIM_V_PAD=head_dim["HEAD_DIM_PAD"])  # v's head dim is q's
     else:
         head_dim["HEAD_DIM"] = d
     for rows in row_chunks(bh):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
