@@ -62,7 +62,8 @@ def check_attention_inputs(fn: str, q, k, v, *, causal, scale, groups: bool = Fa
         elif t.shape[-1] != q.shape[-1]:
             rule = ("q and k must share head_dim" if name == "k" else
                     "v must share it here (flashlib.dense_attention, tiled_attention, flash_attention, "
-                    "flash_attention_varlen and ring_attention take a head dim of v's own, as MLA has)")
+                    "flash_attention_varlen, ring_attention and decode_attention take a head dim of v's own, as MLA "
+                    "has)")
             raise ValueError(f"{fn}: argument '{name}' has head_dim {t.shape[-1]} but 'q' has head_dim "
                              f"{q.shape[-1]}; {rule}")
         if t.dtype != q.dtype:
