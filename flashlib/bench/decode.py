@@ -346,8 +346,9 @@ def measure_cascade(item, *, q_heads, kv_heads, head_dim, dtype, device, bench, 
     return rows
 
 
-def run_cascade(items, bench, budget_s, log, clock=time.perf_counter, **shapes) -> tuple[list, list]:
-    """(rows, skipped): each group only if the longest so far would still end in budget_s."""
+def _run_in_budget(items, measure, budget_s, clock, describe) -> tuple[list, list]:
+    """(rows, skipped): measure(item) for each item only if the longest so far would still end in
+    budget_s; a step that raises is a row with its error; describe(item, rows) is logged per step."""
     start, longest, rows, skipped = clock(), 0.0, [], []
     for item in items:
         began = clock()
@@ -355,15 +356,22 @@ def run_cascade(items, bench, budget_s, log, clock=time.perf_counter, **shapes) 
             skipped.append(item)
             continue
         try:
-            found = measure_cascade(item, bench=bench, **shapes)
-        except Exception as exc:  # a group that does not fit is a result too
+            found = measure(item)
+        except Exception as exc:  # a step that does not fit is a result too
             found = [dict(item, error=error_text(exc))]
         rows += found
         longest = max(longest, clock() - began)
         if "ms" in found[-1]:
-            log(f"  cascade B={item['batch']} prefix={item['prefix']}: plain {found[0]['ms'] * 1e3:.0f} us, "
-                f"cascade {found[1]['ms'] * 1e3:.0f} us ({found[0]['ms'] / found[1]['ms']:.2f}x)")
+            describe(item, found)
     return rows, skipped
+
+
+def run_cascade(items, bench, budget_s, log, clock=time.perf_counter, **shapes) -> tuple[list, list]:
+    """(rows, skipped): each group only if the longest so far would still end in budget_s."""
+    def describe(item, found):
+        log(f"  cascade B={item['batch']} prefix={item['prefix']}: plain {found[0]['ms'] * 1e3:.0f} us, "
+            f"cascade {found[1]['ms'] * 1e3:.0f} us ({found[0]['ms'] / found[1]['ms']:.2f}x)")
+    return _run_in_budget(items, lambda item: measure_cascade(item, bench=bench, **shapes), budget_s, clock, describe)
 
 
 # ----- absorbed MLA: one latent cache read once, against a value cache of its own ------------------
@@ -429,22 +437,10 @@ def measure_mla(item, *, dtype, device, bench, q_heads=MLA_Q_HEADS, width=MLA_WI
 def run_mla(items, bench, budget_s, log, clock=time.perf_counter, **shapes) -> tuple[list, list]:
     """(rows, skipped): each step only if the longest so far would still end in budget_s; shapes: dtype,
     device (and measure_mla's head counts and widths, for a test's tiny ones)."""
-    start, longest, rows, skipped = clock(), 0.0, [], []
-    for item in items:
-        began = clock()
-        if began - start + longest > budget_s:
-            skipped.append(item)
-            continue
-        try:
-            found = measure_mla(item, bench=bench, **shapes)
-        except Exception as exc:  # a step that does not fit is a result too
-            found = [dict(item, error=error_text(exc))]
-        rows += found
-        longest = max(longest, clock() - began)
-        if "ms" in found[-1]:
-            log(f"  mla B={item['batch']} L={item['length']}: shared {found[0]['ms'] * 1e3:.0f} us "
-                f"({found[0]['gbps']:.0f} GB/s), separate {found[1]['ms'] * 1e3:.0f} us ({found[1]['gbps']:.0f} GB/s)")
-    return rows, skipped
+    def describe(item, found):
+        log(f"  mla B={item['batch']} L={item['length']}: shared {found[0]['ms'] * 1e3:.0f} us "
+            f"({found[0]['gbps']:.0f} GB/s), separate {found[1]['ms'] * 1e3:.0f} us ({found[1]['gbps']:.0f} GB/s)")
+    return _run_in_budget(items, lambda item: measure_mla(item, bench=bench, **shapes), budget_s, clock, describe)
 
 
 # ----- compiling ahead ------------------------------------------------------------------------
