@@ -46,7 +46,7 @@ from flashlib.ladder import backward as backward_fast  # noqa: E402
 from flashlib.ladder import forward as forward_fast  # noqa: E402
 
 
-def _checks(fn, q):
+def _checks(fn, q, v=None):
     """The kernels' input checks without the device check (CPU tensors stand in for the GPU's)."""
 
 

@@ -47,11 +47,16 @@ def compile_decode(specs, *, triton_path: str | None = None, launch: bool = Fals
     return json.loads(done.stdout)
 
 
-def _signature(fn, dtype: str, constants: dict):
+def _signature(fn, dtype: str, constants: dict, runtime: dict):
+    """runtime: arguments typed by their value, as the JIT types them (a score function's numbers, a tuple)."""
+    from triton.runtime.jit import mangle_type
+
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constants:
             signature[name] = "constexpr"
+        elif name in runtime:
+            signature[name] = mangle_type(runtime[name])
         elif name in _POINTERS or name in ("Q", "K", "V", "Out"):
             signature[name] = _POINTERS.get(name, f"*{_TYPES[dtype]}")
             attrs[(i,)] = [["tt.divisibility", 16]]
@@ -75,7 +80,7 @@ def _kernel(s):
     if s["kernel"] == "merge":  # its HEAD_DIM is the output's, the values' head dim
         sinks = {} if s.get("sinks") else dict(Sinks=None)  # a launch without sinks passes None
         return (decode._decode_merge, dict(HEAD_DIM_PAD=head_dim_pad(dv), BLOCK_Q=block_q, **sinks),
-                dict(num_warps=s.get("merge_warps") or decode.merge_warps(dv), num_stages=1))
+                dict(num_warps=s.get("merge_warps") or decode.merge_warps(dv), num_stages=1), {})
     v_from_k = bool(s.get("v_from_k"))
     d_pad = head_dim_pad(d - dv) if v_from_k else head_dim_pad(d)  # as decode._launch_split pads
     cfg = (decode.DecodeConfig(*s["config"]) if s.get("config") else
@@ -86,9 +91,11 @@ def _kernel(s):
     score = kernel_score(Options(softcap=30.0 if s["softcap"] else 0.0), "cpu")  # soft-capping: a score function
     constants = dict(HEAD_DIM_PAD=d_pad, HEAD_DIM_V_PAD=head_dim_pad(dv), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
                      KEY_ROWS=decode._paged_rows if s["paged"] else decode._contiguous_rows,
-                     SCORE_MOD=None if score is None else score.jit, ScoreData=None, INPUT_PRECISION="tf32",
-                     V_FROM_K=v_from_k)
-    return decode._decode_split, constants, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                     SCORE_MOD=None if score is None else score.jit, INPUT_PRECISION="tf32", V_FROM_K=v_from_k)
+    if score is None or score.data is None:
+        constants["ScoreData"] = None  # what a launch without them passes: a compile-time None
+    runtime = {} if score is None or score.data is None else dict(ScoreData=score.data)
+    return decode._decode_split, constants, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), runtime
 
 
 def _compile_one(s) -> dict:
@@ -100,8 +107,8 @@ def _compile_one(s) -> dict:
 
     report = dict(s, triton_version=triton.__version__, ok=False, error="")
     try:
-        fn, constants, options = _kernel(s)
-        signature, attrs = _signature(fn, s["dtype"], constants)
+        fn, constants, options, runtime = _kernel(s)
+        signature, attrs = _signature(fn, s["dtype"], constants, runtime)
         cc = s["capability"][0] * 10 + s["capability"][1]
         compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
                                   target=GPUTarget("cuda", cc, 32), options=options)

@@ -129,7 +129,8 @@ def _message(*args, **kwargs):
 
 def test_errors_name_the_public_function_the_argument_and_the_fix():
     x = torch.randn(1, 1, 4, 8)
-    assert _message(x, x, torch.randn(1, 1, 4, 9)).startswith("flash_attention: argument 'v'")
+    assert _message(x, x, torch.randn(1, 1, 4, 300)).startswith("flash_attention: argument 'v' has head_dim 300")
+    assert _message(x, x, torch.randn(1, 1, 5, 8)).startswith("flash_attention: arguments 'k' and 'v'")
     assert "head_dim 300" in _message(*(torch.randn(1, 1, 4, 300),) * 3)
     assert "tiled_attention for float64" in _message(*(x.double(),) * 3)
     assert "bfloat16" in _message(*(x.bfloat16(),) * 3) and "interpreter" in _message(*(x.bfloat16(),) * 3)
