@@ -37,12 +37,21 @@ lab: $(STAMP)
 browser-deps: $(STAMP)
 	bash tools/ensure_chromium.sh
 
+# Two phases. Everything but the browser tests runs on TEST_WORKERS processes (pytest-xdist), a
+# file's tests on one of them: a module's compile fixtures run once and a notebook's cells in
+# order, in one kernel. Then the browser tests alone: they time each slider move, which another
+# worker's load would slow. Both phases run; either failing fails the target.
+TEST_WORKERS ?= 2
+PYTEST := FLASHLIB_TRITON36=$(abspath $(TRITON36)) $(PY) -m pytest
+
 test: $(STAMP) $(TRITON36)/.stamp browser-deps
-	FLASHLIB_TRITON36=$(abspath $(TRITON36)) $(PY) -m pytest tests notebooks --nbval \
-		--nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout 600 --durations=20
+	$(PYTEST) tests notebooks --nbval --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout 600 \
+		-m "not browser" -n $(TEST_WORKERS) --dist loadfile --durations=20; first=$$?; \
+	$(PYTEST) tests -m browser --durations=5; second=$$?; \
+	test $$first -eq 0 -a $$second -eq 0
 
 test-fast: $(STAMP)
-	$(PY) -m pytest tests -m "not browser" -x -q
+	$(PY) -m pytest tests -m "not browser" -x -q -n $(TEST_WORKERS) --dist loadfile
 
 notebooks: $(STAMP)
 	$(PY) tools/notebook_setup.py

@@ -18,9 +18,10 @@ dq, dk and dv, with err(x) = max |x - reference| over the whole tensor:
                 absolute terms are sized for float16/bfloat16 (tests/flash_attn_rule.py)
 
 The fixed seed (0, as flash-attn's) passes every check. Where seq_q <= 3 the maxima come from a few
-rows, where float32 rounding of a handful of scores decides them, so these cases also run over seeds
-1-9 (flash-attn's grid over seeds 0-9 at seq_q <= 3, 1,040 checks, measured with 1 and 2 threads and
-with PyTorch on its AVX2 kernels: no miss, err/bound at most 0.87). Two things make that hold on any
+rows, where float32 rounding of a handful of scores decides them, so these cases also run over the
+seeds that once missed, 2, 4 and 7 (flash-attn's grid over seeds 0-9 at seq_q <= 3, 1,040 checks,
+was measured with 1 and 2 threads and with PyTorch on its AVX2 kernels: no miss, err/bound at most
+0.87). Two things make that hold on any
 CPU: the interpreter's tl.dot is exactly rounded (flashlib.kernels._mode; numpy's float32 matmul
 rounded a score by the shape of its tile and by the CPU's BLAS kernel, 4-20 ulps at seq_q = 1), and
 the lse stays in base 2 from the forward to the backward, which recomputes the forward's scores on
@@ -98,7 +99,7 @@ SMALL_SEQ_Q = [(1, 239, 59, False), (1, 239, 64, True), (1, 147, 40, False), (3,
                (799, 3, 40, True)]
 
 
-@pytest.mark.parametrize("seed", range(1, 10))
+@pytest.mark.parametrize("seed", [2, 4, 7])  # each missed once: 2 and 4 on dv at (799, 3), 7 at (1, 239)
 @pytest.mark.parametrize("case", SMALL_SEQ_Q, ids=_id)
 def test_few_query_rows_within_the_rule_over_seeds(case, seed):
     seq_q, seq_k, dim, causal = case

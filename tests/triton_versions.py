@@ -19,15 +19,18 @@ def triton36_dir():
     return path
 
 
-def side_by_side(compile_fn, specs, label36="3.6"):
+def side_by_side(compile_fn, specs, label36="3.6", *, only_hopper36=False):
     """{"pinned": reports, label36: reports}: compile_fn(specs, triton_path=...) with the pinned
     Triton and with 3.6.0 at once (two processes); 3.6.0 is left out where it is not installed,
-    and the test asking for it then skips or fails with triton36_dir()'s reason."""
-    jobs = {"pinned": None}
+    and the test asking for it then skips or fails with triton36_dir()'s reason. only_hopper36:
+    3.6.0 compiles the sm_90 specs only (the GPU check's machine, an H200, is where it runs them;
+    the other targets are compiled with the pinned Triton)."""
+    jobs = {"pinned": (None, specs)}
     try:
-        jobs[label36] = triton36_dir()
+        hopper = [s for s in specs if tuple(s["capability"]) == (9, 0)] if only_hopper36 else specs
+        jobs[label36] = (triton36_dir(), hopper)
     except (pytest.skip.Exception, pytest.fail.Exception):
         pass
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {label: pool.submit(compile_fn, specs, triton_path=path) for label, path in jobs.items()}
+        futures = {label: pool.submit(compile_fn, chosen, triton_path=path) for label, (path, chosen) in jobs.items()}
         return {label: f.result() for label, f in futures.items()}
