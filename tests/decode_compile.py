@@ -103,17 +103,18 @@ def _compile_one(s) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from flashlib.kernels.compile import _ptxas_info, _ptxas_path
+    from flashlib.kernels.compile import _ptxas_info, _ptxas_path, ptxas_log
 
     report = dict(s, triton_version=triton.__version__, ok=False, error="")
     try:
         fn, constants, options, runtime = _kernel(s)
         signature, attrs = _signature(fn, s["dtype"], constants, runtime)
         cc = s["capability"][0] * 10 + s["capability"][1]
-        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
-                                  target=GPUTarget("cuda", cc, 32), options=options)
+        with ptxas_log() as log:
+            compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
+                                      target=GPUTarget("cuda", cc, 32), options=options)
         ptx = compiled.asm["ptx"]
-        registers, stores, loads = _ptxas_info(ptx, _ptxas_path())
+        registers, stores, loads = _ptxas_info(ptx, _ptxas_path(), log.getvalue())
         report.update(ok=True, shared=int(compiled.metadata.shared), registers=registers, spill_stores=stores,
                       spill_loads=loads, mma_sync_ops=ptx.count("mma.sync"), wgmma_ops=ptx.count("wgmma.mma_async"))
     except Exception as exc:  # reported per spec, so one failure does not hide the others

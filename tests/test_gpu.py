@@ -457,3 +457,137 @@ def test_more_rows_than_a_grid_axis_compiled(monkeypatch):
     lengths = torch.tensor([1, 300, 17, 256, 2, 99, 150], dtype=torch.int32, device=DEVICE)
     got = decode_attention(qd, cache, cache, lengths, num_splits=3)
     assert _max_err(got, decode_reference(qd.double(), cache.double(), cache.double(), lengths)) <= 2e-2
+
+
+# ----- score functions, a head dim of v's own, serving: compiled -----------------------------------
+
+HALF = torch.bfloat16 if torch.cuda.get_device_capability() >= (8, 0) else torch.float16  # Triton: no bf16 on a T4
+
+@pytest.mark.parametrize("which", ["alibi", "relative_bias"])
+def test_score_functions_and_their_captured_gradients_compiled(which):
+    """Score functions compiled for this GPU, with the gradients of the tensors they capture (ALiBi's
+    slopes, a bias table by distance): float32 with exact products against float64 autograd of dense
+    attention, and the same bits on a second run (the captured gradients use no atomics)."""
+    from flashlib import scores
+
+    heads, seq = 4, 600
+    q, k, v, dout = _inputs(2, heads, seq, seq, 64, torch.float32, seed=11)
+    g = torch.Generator(device=DEVICE).manual_seed(12)
+    make = scores.alibi if which == "alibi" else scores.relative_bias
+    captured = (torch.rand(heads, device=DEVICE, generator=g) if which == "alibi"
+                else torch.randn(2 * seq - 1, device=DEVICE, generator=g) * 0.5)
+    cfg = replace(default_config(64, torch.float32, torch.cuda.get_device_capability()), input_precision="ieee")
+
+    def run(fn, tensors):
+        leaves = [t.detach().clone().requires_grad_() for t in tensors]
+        out = fn(*leaves[:3], make(leaves[3]))
+        return (out.detach(), *torch.autograd.grad(out, leaves, dout.to(out.dtype)))
+
+    ours = lambda a, b, c, s: kernel_attention(a, b, c, causal=True, score_mod=s, config=cfg)  # noqa: E731
+    got, again = run(ours, (q, k, v, captured)), run(ours, (q, k, v, captured))
+    want = run(lambda a, b, c, s: dense_attention(a, b, c, causal=True, score_mod=s),
+               [t.double() for t in (q, k, v, captured)])
+    for name, g_, a, w in zip(("out", "dq", "dk", "dv", "d" + which), got, again, want):
+        assert torch.equal(g_, a), f"{name}: two runs differ"
+        assert _max_err(g_, w) <= 2e-4 * max(1.0, w.abs().max().item()), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_head_dim_of_vs_own_compiled(dtype):
+    """MLA's prefill and training shapes (q and k 192 wide, v 128) through flash_attention, forward and
+    backward, causal, within flash-attn's rule: at most twice the error of PyTorch's
+    scaled_dot_product_attention in the same precision (plus a little), against float32."""
+    g = torch.Generator(device=DEVICE).manual_seed(13)
+    q, k = (torch.randn(2, 4, 777, 192, device=DEVICE, generator=g) for _ in range(2))
+    v = torch.randn(2, 4, 777, 128, device=DEVICE, generator=g)
+    dout = torch.randn(2, 4, 777, 128, device=DEVICE, generator=g)
+    sdpa = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True)  # noqa: E731
+    want = _grads(sdpa, q, k, v, dout)
+    baseline = _grads(sdpa, *(t.to(dtype) for t in (q, k, v, dout)))
+    got = _grads(lambda a, b, c: flash_attention(a, b, c, causal=True), *(t.to(dtype) for t in (q, k, v, dout)))
+    assert got[0].shape == (2, 4, 777, 128)
+    for name, g_, b, w in zip(("out", "dq", "dk", "dv"), got, baseline, want):
+        assert _max_err(g_, w) <= 2 * _max_err(b, w) + 1e-3 * max(1.0, w.abs().max().item()), name
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_absorbed_mla_decoding_compiled(paged):
+    """DeepSeek's absorbed decoding on this GPU: 128 query heads over one 576-wide latent cache whose
+    first 512 columns are the values, read once; the cache past each sequence's end is NaN (a read out
+    of bounds would show), contiguous and in pages, against the float64 reference."""
+    from flashlib.decode import mla_decode_attention, paged_cache
+
+    g = torch.Generator(device=DEVICE).manual_seed(14)
+    lengths = torch.tensor([1, 1000, 2048, 77], dtype=torch.int32, device=DEVICE)
+    cache = torch.randn(4, 1, 2048, 576, device=DEVICE, generator=g).to(HALF)
+    for b, n in enumerate(lengths.tolist()):
+        cache[b, :, n:] = float("nan")
+    q = torch.randn(4, 128, 1, 576, device=DEVICE, generator=g).to(HALF)
+    extra = {}
+    if paged:
+        cache, _, table = paged_cache(cache, cache, 64, generator=torch.Generator().manual_seed(2))
+        extra = dict(block_table=table)
+    scale = 192 ** -0.5
+    got = mla_decode_attention(q, cache, lengths, scale=scale, **extra)
+    want = mla_decode_attention(q.double(), cache.double(), lengths, scale=scale, reference=True, **extra)
+    assert got.shape == (4, 128, 1, 512) and not got.isnan().any()
+    assert _max_err(got, want) <= 2e-2
+
+
+def test_the_kvcache_contract_compiled():
+    """flash-attn's KV-cache arguments on this GPU: new keys and values appended in place with rotary
+    embeddings, a left-padded and pooled cache, then a mixed batch (cu_seqlens_q) with a window, in
+    bfloat16, against decode_reference in float64 given the same arguments (both write their caches)."""
+    from flashlib import decode_attention, decode_reference
+
+    g = torch.Generator(device=DEVICE).manual_seed(15)
+    rand = lambda *shape: torch.randn(*shape, device=DEVICE, generator=g)  # noqa: E731
+    angles = torch.arange(4096, device=DEVICE)[:, None].double() * 10000.0 ** (-torch.arange(32, device=DEVICE) / 32)
+    rope = dict(rotary_cos=angles.cos().float(), rotary_sin=angles.sin().float())
+    pool_k, pool_v = rand(6, 2, 4096, 64), rand(6, 2, 4096, 64)
+    q, k_new, v_new = rand(3, 8, 3, 64), rand(3, 2, 3, 64), rand(3, 2, 3, 64)
+    args = dict(cache_seqlens=torch.tensor([5, 4000, 1200], dtype=torch.int32, device=DEVICE),
+                cache_batch_idx=torch.tensor([4, 0, 2], dtype=torch.int32, device=DEVICE),
+                cache_leftpad=torch.tensor([3, 0, 700], dtype=torch.int32, device=DEVICE))
+    for interleaved in (False, True):
+        caches = [pool_k.to(HALF), pool_v.to(HALF)]
+        wanted = [c.double() for c in caches]
+        got = decode_attention(q.to(HALF), *caches, k_new=k_new.to(HALF),
+                               v_new=v_new.to(HALF), rotary_interleaved=interleaved, **rope, **args)
+        want = decode_reference(q.to(HALF).double(), *wanted, k_new=k_new.to(HALF).double(),
+                                v_new=v_new.to(HALF).double(), rotary_interleaved=interleaved,
+                                **rope, **args)
+        assert _max_err(got, want) <= 2e-2, interleaved
+        for ours, theirs in zip(caches, wanted):  # the appended rows, rotated as the reference rotated them
+            assert _max_err(ours, theirs) <= 1e-2, interleaved
+    counts = [700, 1, 0, 1, 37]
+    cu = torch.tensor([0] + torch.tensor(counts).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+    before = torch.tensor([0, 3000, 9, 4000, 500], dtype=torch.int32, device=DEVICE)
+    caches = [rand(5, 2, 4096, 64).to(HALF) for _ in range(2)]
+    qp, kp, vp = (rand(sum(counts), h, 64).to(HALF) for h in (8, 2, 2))
+    mixed = dict(cu_seqlens_q=cu, max_seqlen_q=max(counts), window=(1024, 0))
+    got = decode_attention(qp, *[c.clone() for c in caches], before, k_new=kp, v_new=vp, **mixed)
+    want = decode_reference(qp.double(), *[c.double() for c in caches], before, k_new=kp.double(), v_new=vp.double(),
+                            **mixed)
+    assert _max_err(got, want) <= 2e-2
+
+
+def test_cascade_equals_plain_decoding_compiled():
+    """A shared prefix read once for eight requests, merged with each one's own keys: within twice the
+    error of plain decoding over every request's whole cache (contiguous and paged suffixes), both
+    against float64."""
+    from flashlib import decode_attention, decode_reference
+    from flashlib.decode import cascade_attention, paged_cache
+
+    g = torch.Generator(device=DEVICE).manual_seed(16)
+    rand = lambda *shape: torch.randn(*shape, device=DEVICE, generator=g).to(HALF)  # noqa: E731
+    q, prefix_k, prefix_v = rand(8, 32, 1, 128), rand(8, 3000, 128), rand(8, 3000, 128)
+    k_cache, v_cache = rand(8, 8, 512, 128), rand(8, 8, 512, 128)
+    lengths = torch.tensor([1, 512, 100, 7, 300, 64, 65, 511], dtype=torch.int32, device=DEVICE)
+    whole = [torch.cat((p[None].expand(8, -1, -1, -1), c), dim=2) for p, c in ((prefix_k, k_cache), (prefix_v, v_cache))]
+    plain = decode_attention(q, *whole, lengths + 3000)
+    want = decode_reference(q.double(), *(t.double() for t in whole), lengths + 3000)
+    k_pages, v_pages, table = paged_cache(k_cache, v_cache, 64, generator=torch.Generator().manual_seed(3))
+    for suffix, extra in (((k_cache, v_cache), {}), ((k_pages, v_pages), dict(block_table=table))):
+        got = cascade_attention(q, prefix_k, prefix_v, *suffix, lengths, **extra)
+        assert _max_err(got, want) <= 2 * _max_err(plain, want) + 1e-3, bool(extra)

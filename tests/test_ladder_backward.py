@@ -184,8 +184,8 @@ def _candidate_specs():
 
 def _check_candidates(reports, version):
     """sm_90, the target the candidates were chosen for: no spills, wgmma wherever a dot has
-    64 rows. sm_80 (A100, the pinned Triton): they build within its shared memory and use its tensor
-    cores; a few spill some bytes there, which only makes them slower, and the autotuner times them."""
+    64 rows. sm_80 (A100): they build within its shared memory and use its tensor cores; a few
+    spill some bytes there, which only makes them slower, and the autotuner times them."""
     assert reports and all(r.triton_version == version for r in reports)
     from flashlib.ladder.compile import KERNELS
 
@@ -213,12 +213,13 @@ def _check_candidates(reports, version):
 
 @pytest.fixture(scope="module")
 def candidate_reports():
-    """{"pinned" / "3.6": reports}: both Triton versions compile the candidates side by side (3.6
-    for sm_90, where the GPU check runs them)."""
-    return side_by_side(compile_rungs, _candidate_specs(), only_hopper36=True)
+    """{"pinned" / "3.6": reports}: each candidate compiled once per target, with the Triton that runs
+    it: sm_90's with 3.6 (the GPU check's H200), sm_80's with the pinned Triton (which compiles every
+    rung's shipped tiles for sm_90 too: tests/test_ladder.py)."""
+    return side_by_side(compile_rungs, _candidate_specs(), by_target=True)
 
 
-def test_autotune_candidates_compile_for_hopper_with_pinned_triton(candidate_reports):
+def test_autotune_candidates_compile_for_ampere_with_pinned_triton(candidate_reports):
     from importlib.metadata import version
 
     _check_candidates(candidate_reports["pinned"], version("triton"))
@@ -227,7 +228,9 @@ def test_autotune_candidates_compile_for_hopper_with_pinned_triton(candidate_rep
 def test_autotune_candidates_compile_for_hopper_with_triton_36(candidate_reports):
     if "3.6" not in candidate_reports:
         triton36_dir()  # skips (locally) or fails (CI) with the reason
-    _check_candidates(candidate_reports["3.6"], "3.6.0")
+    reports = candidate_reports["3.6"]
+    assert {r.capability for r in reports} == {(9, 0)}
+    _check_candidates(reports, "3.6.0")
 
 
 def test_only_16_bit_inputs_on_a_gpu_without_a_config_autotune(monkeypatch):

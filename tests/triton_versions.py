@@ -19,18 +19,21 @@ def triton36_dir():
     return path
 
 
-def side_by_side(compile_fn, specs, label36="3.6", *, only_hopper36=False):
+def side_by_side(compile_fn, specs, label36="3.6", *, by_target=False):
     """{"pinned": reports, label36: reports}: compile_fn(specs, triton_path=...) with the pinned
     Triton and with 3.6.0 at once (two processes); 3.6.0 is left out where it is not installed,
-    and the test asking for it then skips or fails with triton36_dir()'s reason. only_hopper36:
-    3.6.0 compiles the sm_90 specs only (the GPU check's machine, an H200, is where it runs them;
-    the other targets are compiled with the pinned Triton)."""
+    and the test asking for it then skips or fails with triton36_dir()'s reason. by_target: each
+    spec compiled once, with the Triton that runs it: 3.6.0 the sm_90 specs (the GPU check's machine,
+    an H200, runs 3.6.0), the pinned Triton the others (all of them where 3.6.0 is missing)."""
     jobs = {"pinned": (None, specs)}
     try:
-        hopper = [s for s in specs if tuple(s["capability"]) == (9, 0)] if only_hopper36 else specs
-        jobs[label36] = (triton36_dir(), hopper)
+        path = triton36_dir()
     except (pytest.skip.Exception, pytest.fail.Exception):
-        pass
+        path = None
+    if path is not None:
+        hopper = [s for s in specs if tuple(s["capability"]) == (9, 0)]
+        jobs = {"pinned": (None, [s for s in specs if s not in hopper] if by_target else specs),
+                label36: (path, hopper if by_target else specs)}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {label: pool.submit(compile_fn, chosen, triton_path=path) for label, (path, chosen) in jobs.items()}
+        futures = {label: pool.submit(compile_fn, chosen, triton_path=where) for label, (where, chosen) in jobs.items()}
         return {label: f.result() for label, f in futures.items()}

@@ -124,14 +124,15 @@ def _launch(s):
 def _compile_note(note, s) -> dict:
     import triton
 
-    from flashlib.kernels.compile import _ptxas_info, _ptxas_path, first_mma_loop
+    from flashlib.kernels.compile import _ptxas_info, _ptxas_path, first_mma_loop, ptxas_log
 
     report = dict(spec=s["name"], kernel=note.name, capability=s["capability"], triton_version=triton.__version__,
                   ok=False, error="")
     try:
-        compiled = note.kernel.warmup(*note.args, grid=(1,), **note.kwargs)
+        with ptxas_log() as log:
+            compiled = note.kernel.warmup(*note.args, grid=(1,), **note.kwargs)
         ptx = compiled.asm["ptx"]
-        registers, stores, loads = _ptxas_info(ptx, _ptxas_path())
+        registers, stores, loads = _ptxas_info(ptx, _ptxas_path(), log.getvalue())
         report.update(ok=True, shared=int(compiled.metadata.shared), registers=registers, spill_stores=stores,
                       spill_loads=loads, mma_sync_ops=ptx.count("mma.sync"), wgmma_ops=ptx.count("wgmma.mma_async"))
         if s["sass"]:

@@ -12,7 +12,9 @@ subprocess with ``TRITON_INTERPRET=0`` (optionally with another Triton first on 
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import json
 import os
 import re
@@ -194,8 +196,20 @@ def _kernel_and_constants(s):
             dict(num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages), cfg)
 
 
-def _ptxas_info(ptx: str, ptxas: str):
-    """(registers, spill store bytes, spill load bytes) from the bundled ptxas -v."""
+def _usage(text: str):
+    """(registers, spill store bytes, spill load bytes) from a ptxas -v log, or None without them."""
+    regs = re.search(r"Used (\d+) registers", text)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    return None if regs is None or spills is None else (int(regs.group(1)), int(spills.group(1)), int(spills.group(2)))
+
+
+def _ptxas_info(ptx: str, ptxas: str, log: str = ""):
+    """(registers, spill store bytes, spill load bytes): read from ``log``, the ptxas -v output of the
+    compile that made the cubin (:func:`ptxas_log`), where it has them; else from the bundled ptxas
+    run again on the PTX (a compile Triton found in its cache ran no ptxas)."""
+    found = _usage(log)
+    if found is not None:
+        return found
     arch = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1).rstrip(",")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.ptx")
@@ -206,9 +220,23 @@ def _ptxas_info(ptx: str, ptxas: str):
     text = done.stdout + done.stderr
     if done.returncode != 0:
         raise RuntimeError(f"ptxas failed: {text[-2000:]}")
-    regs = re.search(r"Used (\d+) registers", text)
-    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
-    return int(regs.group(1)), int(spills.group(1)), int(spills.group(2))
+    return _usage(text)
+
+
+@contextlib.contextmanager
+def ptxas_log():
+    """Collect the ptxas -v log of the compiles inside (Triton prints it with its dump_ptxas_log knob),
+    so that registers and spills come from the cubin's own ptxas run rather than a second one:
+    ``with ptxas_log() as log: ...; _ptxas_info(ptx, path, log.getvalue())``."""
+    from triton import knobs
+
+    buffer, before = io.StringIO(), knobs.nvidia.dump_ptxas_log
+    knobs.nvidia.dump_ptxas_log = True
+    try:
+        with contextlib.redirect_stdout(buffer):
+            yield buffer
+    finally:
+        knobs.nvidia.dump_ptxas_log = before
 
 
 def _ptxas_path():
@@ -316,11 +344,12 @@ def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, 
     constants = _with_defaults(fn, constants, float32)
     signature, attrs = _signature(fn, dtype, constants, float32)
     cc = capability[0] * 10 + capability[1]
-    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
-                              target=GPUTarget("cuda", cc, 32), options=options)
+    with ptxas_log() as log:
+        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
+                                  target=GPUTarget("cuda", cc, 32), options=options)
     ptx = compiled.asm["ptx"]
     report.shared = int(compiled.metadata.shared)
-    report.registers, report.spill_stores, report.spill_loads = _ptxas_info(ptx, _ptxas_path())
+    report.registers, report.spill_stores, report.spill_loads = _ptxas_info(ptx, _ptxas_path(), log.getvalue())
     report.wgmma_ops = ptx.count("wgmma.mma_async")
     report.mma_sync_ops = ptx.count("mma.sync")
     report.bulk_copy_ops = ptx.count("cp.async.bulk.tensor")

@@ -157,6 +157,13 @@ def variant_args(options: Options, *, group: int = 1, heads: int = 1, kinds=None
     return args
 
 
+def _tells_head(options: Options, sinks=None, score=None) -> bool:
+    """Whether a launch's programs are told their batch row and head (masks, sinks and score functions
+    read them): its launches then start at a batch's first row. The backward passes no sinks: it reads
+    them through the lse, so its kernels are those without sinks."""
+    return options.masked or sinks is not None or score is not None
+
+
 # ----- launchers ------------------------------------------------------------------------------
 
 def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None):
@@ -181,7 +188,7 @@ def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None):
         switches.update(scale=scale)  # a score function gets the natural scaled score
     # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where the
     # kernel is told the head (masks, sinks and score functions)
-    for rows in row_chunks(bh, heads if options.masked or sinks is not None or score is not None else group):
+    for rows in row_chunks(bh, heads if _tells_head(options, sinks, score) else group):
         kv = slice(rows.start // group, rows.stop // group)
         _attn_fwd[(triton.cdiv(seq_q, cfg.block_q), rows.stop - rows.start)](
             q[rows], k[kv], v[kv], out[rows], lse[rows], scale * LOG2E,
@@ -225,7 +232,7 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cfg, options=DEFAULT, heads=
     by_query, by_key, data = masks or (None, None, None)
     group = bh // k.shape[0]
     score = kernel_score(options, q.device, batch=bh // heads, heads=heads, seq_q=seq_q, seq_k=seq_k)
-    told = options.masked or score is not None  # the kernels tell the batch and head: launches from a batch's first
+    told = _tells_head(options, score=score)
     by_key = _block_h(variant_args(options, group=group, heads=heads, kinds=by_key, data=data, score=score))
     # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where masked
     for kv in row_chunks(k.shape[0], heads // group if told else 1):
