@@ -13,7 +13,9 @@ TRITON36 := $(VENV)/triton-3.6.0
 .PHONY: lab test test-fast notebooks site student gpu-check bench demo browser-deps clean
 
 # Everything through constraints.txt, the exact tested set (pyproject.toml declares ranges).
-PIP    := $(PY) -m pip install --disable-pip-version-check -c constraints.txt
+# --no-compile: Python compiles a module when it first imports it; byte-compiling every file of
+# torch, transformers and JupyterLab at install time took longer than all of those imports.
+PIP    := $(PY) -m pip install --disable-pip-version-check --no-compile -c constraints.txt
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,7 +27,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $@
 
 $(TRITON36)/.stamp:
-	$(PY) -m pip install --disable-pip-version-check --no-deps --target $(TRITON36) triton==3.6.0
+	$(PY) -m pip install --disable-pip-version-check --no-compile --no-deps --target $(TRITON36) triton==3.6.0
 	touch $@
 
 # Jupyter refuses to run as root unless told; containers often are root.
@@ -37,17 +39,17 @@ lab: $(STAMP)
 browser-deps: $(STAMP)
 	bash tools/ensure_chromium.sh
 
-# Two phases. Everything but the browser tests runs on TEST_WORKERS processes (pytest-xdist), a
+# Two phases. Everything but the timed tests runs on TEST_WORKERS processes (pytest-xdist), a
 # file's tests on one of them: a module's compile fixtures run once and a notebook's cells in
-# order, in one kernel. Then the browser tests alone: they time each slider move, which another
-# worker's load would slow. Both phases run; either failing fails the target.
+# order, in one kernel. Then the timed tests alone (the browser's slider moves, each within
+# 300 ms), which another worker's load would slow. Both phases run; either failing fails the target.
 TEST_WORKERS ?= 2
 PYTEST := FLASHLIB_TRITON36=$(abspath $(TRITON36)) $(PY) -m pytest
 
 test: $(STAMP) $(TRITON36)/.stamp browser-deps
 	$(PYTEST) tests notebooks --nbval --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout 600 \
-		-m "not browser" -n $(TEST_WORKERS) --dist loadfile --durations=20; first=$$?; \
-	$(PYTEST) tests -m browser --durations=5; second=$$?; \
+		-m "not timed" -n $(TEST_WORKERS) --dist loadfile --durations=20; first=$$?; \
+	$(PYTEST) tests -m timed --durations=5; second=$$?; \
 	test $$first -eq 0 -a $$second -eq 0
 
 test-fast: $(STAMP)

@@ -44,7 +44,7 @@ from .browser_support import (
     widget_cells,
 )
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.timed]  # timed: make test runs these alone
 
 REPO = Path(__file__).resolve().parents[1]
 HARNESS_NOTEBOOK = "browser_harness_check.ipynb"
