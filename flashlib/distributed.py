@@ -48,8 +48,7 @@ import torch.distributed as dist
 
 from . import merge_partials, tiled_backward, tiled_forward
 from ._autograd import save, saved
-from ._checks import check_score_mod, check_sinks
-from .options import Options
+from .options import Options, checked_options
 from .rules import sink_grad, softmax_delta
 from .scores import captured_tensors, trainable
 from .softmax import merge_sink
@@ -494,7 +493,7 @@ class RingAttentionFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, options: Options, ring: dict, *tensors):
         held = len(options.tensors)
         options = options.with_tensors(tensors[:held])
-        keywords = dict(causal=options.causal, scale=options.scale, score_mod=options.score_mod, **ring)
+        keywords = dict(causal=options.causal, scale=options.scale, score_mod=options.score_function, **ring)
         out, lse = ring_forward(q, k, v, **keywords)
         sinks = options.sinks
         if sinks is not None:  # merged once, after the ring, like one more partial with no value
@@ -546,7 +545,7 @@ def _check_shards(fn: str, q, k, v, causal, scale, layout) -> float:
 
 
 def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None, group=None,
-                   layout: str = "contiguous", sinks=None, score_mod=None) -> torch.Tensor:
+                   layout: str = "contiguous", sinks=None, score_mod=None, softcap=None) -> torch.Tensor:
     """Exact attention over a sequence sharded across the ranks of ``group``; differentiable.
 
     Args:
@@ -569,6 +568,8 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             global positions (the queries' and keys' places in the whole sequence, whatever the
             layout), as on one device. The tensors it captures that require grad get this rank's
             share of their gradient (replicated: they add up across ranks, as the sinks' do).
+        softcap: soft-capping, the score function ``flashlib.scores.softcap(softcap)``, as in
+            :func:`flashlib.flash_attention`. Every rank passes the same score_mod and softcap.
 
     Returns this rank's shard (batch, heads, local_seq, head_dim_v) of
     ``dense_attention(gathered q, k, v)``, in the same layout. The local blocks run
@@ -586,11 +587,11 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             f"{fn}: argument 'group' is None and no default process group is initialised; call "
             "torch.distributed.init_process_group (gloo on CPUs, nccl on GPUs) on every rank first "
             "(flashlib.distributed.spawn does it for a ring of CPU processes)")
-    check_sinks(fn, sinks, q.shape[1], q.device)
-    score_mod = check_score_mod(fn, score_mod)
-    captured = trainable(captured_tensors(fn, score_mod)) if score_mod is not None and torch.is_grad_enabled() else []
+    options = checked_options(fn, q.shape[1], q.device, causal=causal, scale=scale, softcap=softcap, sinks=sinks,
+                              score_mod=score_mod)
+    score = options.score_function
+    captured = trainable(captured_tensors(fn, score)) if score is not None and torch.is_grad_enabled() else []
     _check_same_everywhere(q, v.shape[-1], causal, layout, scale, group)
-    options = Options(causal, scale, score_mod=score_mod, sinks=sinks)
     return RingAttentionFunction.apply(q, k.contiguous(), v.contiguous(), options, dict(layout=layout, group=group),
                                        *options.tensors, *captured)
 

@@ -387,6 +387,31 @@ def test_ring_attention_tells_score_functions_global_positions(layout):
     torch.testing.assert_close(sum(r[2] for r in ranks), want[3], atol=1e-12, rtol=0)
 
 
+def ring_softcap_worker(rank, world_size):
+    from flashlib import distributed as fd
+
+    q, k, v, dout, _ = _ring_inputs()
+    shards = [fd.shard(t * 6, rank, world_size).detach().requires_grad_() for t in (q, k, v)]
+    out = fd.ring_attention(*shards, causal=True, softcap=2.0)
+    out.backward(fd.shard(dout, rank, world_size))
+    return out.detach(), [s.grad for s in shards]
+
+
+def test_ring_attention_takes_softcap_as_every_op_does():
+    """softcap= on a ring of two processes: float64 autograd of soft-capped dense attention (scores
+    up to 6 x 6 x 8 / sqrt(8), well past the cap)."""
+    from flashlib import distributed as fd
+
+    ranks = fd.spawn(ring_softcap_worker, 2, timeout=120)
+    q, k, v, dout, _ = _ring_inputs()
+    wanted = [(x * 6).requires_grad_() for x in (q, k, v)]
+    ref = flashlib.dense_attention(*wanted, causal=True, softcap=2.0)
+    want = torch.autograd.grad((ref * dout).sum(), wanted)
+    torch.testing.assert_close(fd.unshard([r[0] for r in ranks]), ref, atol=1e-12, rtol=0)
+    for i in range(3):
+        torch.testing.assert_close(fd.unshard([r[1][i] for r in ranks]), want[i], atol=1e-12, rtol=0)
+
+
 # ----- a new option is one function: ALiBi as a user would add it -------------------------------
 
 def test_a_users_own_alibi_is_one_function_that_every_op_takes_unchanged():
