@@ -1,4 +1,4 @@
-"""Command line: ``python -m flashlib {demo, bench cpu, bench widgets, gpu-check, labs grade}``."""
+"""Command line: ``python -m flashlib {demo, bench cpu, bench cascade, bench calls, bench widgets, gpu-check, labs grade}``."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +11,7 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="replay the six-token, 2x2-tile example and run its three checks")
     bench = sub.add_parser("bench", help="measure and record benchmarks under data/bench/")
-    bench.add_argument("target", choices=["cpu", "cascade", "widgets"])
+    bench.add_argument("target", choices=["cpu", "cascade", "calls", "widgets"])
     bench.add_argument("--sizes", type=int, nargs="+", help="sequence lengths (cpu; default 1k to 16k)")
     bench.add_argument("--out-dir", help="where to write the JSON (default data/bench/)")
     sub.add_parser("gpu-check", help="GPU tests, the notebooks and the ladder benchmark (CUDA machine only)",
@@ -40,6 +40,11 @@ def main(argv=None) -> int:
         from .bench.cascade import SHAPE, run_cascade_bench
         print(f"shared-prefix decoding against plain decoding on this CPU (PyTorch, float32, {SHAPE})")
         print(f"wrote {run_cascade_bench(out_dir=args.out_dir, log=print)}")
+        return 0
+    if args.command == "bench" and args.target == "calls":
+        from .bench.calls import run_calls_bench
+        print("the host's microseconds per call, compiled score and mask functions kept and traced every call")
+        print(f"wrote {run_calls_bench(out_dir=args.out_dir, log=print)}")
         return 0
     if args.command == "bench" and args.target == "widgets":
         from .course.widgets import benchmark_redraw

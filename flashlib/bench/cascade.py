@@ -11,7 +11,6 @@ attention with it through (out, lse). Both run as PyTorch's matmuls here (``refe
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch
 from ..decode import _stack_queries, _unstack, cascade_attention, cascade_bytes
 from ..softmax import merge_partials
 from ..tiled import tiled_forward
-from .cpu import DATA_DIR, provenance
+from .cpu import provenance, write_result
 
 GROUPS = (1, 2, 4, 8, 16, 32)
 SHAPE = dict(prefix=16384, suffix=64, q_heads=8, kv_heads=2, head_dim=64)
@@ -92,11 +91,7 @@ def run_cascade_bench(groups=GROUPS, *, repeats: int = 9, out_dir: Path | None =
         rows.append(measure_group(batch, repeats=repeats, **shape))
         log(format_rows(rows[-1:], header=not rows[:-1]))
     result = dict(provenance(), kind="cascade-cpu", shape={**SHAPE, **shape}, repeats=repeats, points=rows)
-    out_dir = Path(out_dir) if out_dir is not None else DATA_DIR
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"cascade-cpu-{result['date']}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    return path
+    return write_result(result, f"cascade-cpu-{result['date']}", out_dir)
 
 
 def format_rows(rows, header: bool = True) -> str:

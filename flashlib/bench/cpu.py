@@ -161,9 +161,14 @@ def run_cpu_bench(sizes=CPU_SIZES, d: int = 64, repeats: int = 5, out_dir: Path 
               "config": {"batch": 1, "heads": 1, "d": d, "dtype": "float32", "block_q": CPU_BLOCK,
                          "block_k": CPU_BLOCK, "repeats": repeats, "timing": "median wall seconds"},
               "points": points, "ratios": cpu_ratios(points)}
+    return write_result(result, f"cpu-{result['provenance']['date']}", out_dir)
+
+
+def write_result(result: dict, stem: str, out_dir=None) -> Path:
+    """result as ``stem.json`` under out_dir (default :data:`DATA_DIR`); its path."""
     out_dir = Path(out_dir) if out_dir is not None else DATA_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"cpu-{result['provenance']['date']}.json"
+    path = out_dir / f"{stem}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     return path
 

@@ -38,6 +38,7 @@ import torch
 
 from ._mode import require_triton
 from .rules import _FLOAT32_MAX, _LOG2E, _floordiv, _floormod, _tanh
+from .tracememo import TraceMemo
 from ..trace import INT32, Graph, Node, TraceError, trace
 
 triton = require_triton()
@@ -74,14 +75,29 @@ def symbol_bounds(batch=None, heads=None, seq_q=None, seq_k=None) -> dict:
 
 def compile_mask(fn: str, mask_mod, device, bounds: dict | None = None) -> KernelMask:
     """The kernels' MASK_MOD for ``mask_mod`` as it reads its data now (see the module docstring);
-    bounds: :func:`symbol_bounds` of the call (default: int32 indices)."""
-    try:
-        graph = trace(mask_mod, bounds or symbol_bounds(), device=device)
-        tensors = [_narrow(t.detach().to(device), node) for t, node in zip(graph.tensors, _loads(graph))]
-        source = _Writer(graph, tensors).source()
-    except TraceError as exc:
-        raise TypeError(f"{fn}: argument 'mask_mod': {exc}") from None
-    return KernelMask(compiled(source), tuple(tensors) or None, source)
+    bounds: :func:`symbol_bounds` of the call (default: int32 indices). Kept while nothing the
+    function reads changes (:mod:`flashlib.kernels.tracememo`)."""
+    bounds = bounds or symbol_bounds()
+
+    def build():
+        try:
+            graph = trace(mask_mod, bounds, device=device)
+            narrow = tuple(_int32(t, node) for t, node in zip(graph.tensors, _loads(graph)))
+            source = _Writer(graph, list(_data(graph.tensors, narrow, device))).source()
+        except TraceError as exc:
+            raise TypeError(f"{fn}: argument 'mask_mod': {exc}") from None
+        return (compiled(source), source, narrow), graph.tensors
+
+    (jit, source, narrow), tensors = MEMO.get(mask_mod, ("mask", memo_key(bounds, device)), build)
+    return KernelMask(jit, _data(tensors, narrow, device) or None, source)
+
+
+MEMO = TraceMemo()
+
+
+def memo_key(bounds: dict, device) -> tuple:
+    """The part of a memo's key that is the call's: its indices' bounds and the kernels' device."""
+    return tuple(sorted(bounds.items())), None if device is None else torch.device(device)
 
 
 def _exec(source: str, name: str = "_mask_mod"):
@@ -147,12 +163,16 @@ def _loads(graph: Graph) -> list[Node]:
     return [found[slot] for slot in range(len(graph.tensors))]
 
 
-def _narrow(t: torch.Tensor, node: Node) -> torch.Tensor:
-    """int64 data whose values fit in int32, as an int32 copy (the trace's bounds say so): a tile of
-    int64 comparisons holds twice the registers, and spilled the document mask's forward."""
-    if t.dtype == torch.int64 and _ctype(node) == "tl.int32":
-        return t.to(torch.int32)
-    return t
+def _int32(t: torch.Tensor, node: Node) -> bool:
+    """Whether int64 data is passed as an int32 copy: its values fit (the trace's bounds say so), and a
+    tile of int64 comparisons holds twice the registers (it spilled the document mask's forward)."""
+    return t.dtype == torch.int64 and _ctype(node) == "tl.int32"
+
+
+def _data(tensors, narrow, device) -> tuple:
+    """The tensors a trace loads, as the kernels read them: on their device, int32 where narrowed."""
+    moved = (t.detach().to(device) for t in tensors)
+    return tuple(t.to(torch.int32) if n else t for t, n in zip(moved, narrow))
 
 
 # ----- from the trace to Triton source -------------------------------------------------------------

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from .config import LOG2E
-from .maskfn import _loads, _narrow, _Writer, compiled, symbol_bounds
+from .maskfn import MEMO, _data, _int32, _loads, _Writer, compiled, memo_key, symbol_bounds
 from ..trace import FLOAT_FUNCTIONS, Graph, Node, TraceError, trace
 
 NAMES = ("score", "b", "h", "q_idx", "kv_idx")
@@ -64,26 +64,40 @@ def trace_score(score_mod, bounds: dict | None = None, device=None) -> Graph:
 
 def compile_score(fn: str, score_mod, device, bounds: dict | None = None) -> KernelScore:
     """The kernels' SCORE_MOD for ``score_mod`` as it reads its data now; bounds:
-    :func:`score_bounds` of the call (default: int32 indices)."""
-    try:
-        graph = trace_score(score_mod, bounds, device)
-        tensors = [_narrow(t.detach().to(device), node) for t, node in zip(graph.tensors, _loads(graph))]
-        base2 = _base2(graph, len(tensors))
-        tiles = [graph.symbols[name] for name in ("score", "q_idx", "kv_idx", "x")]
-        one = _Writer(replace(graph, result=base2.value), tensors)
-        value_text = _tile(one.as_type(base2.value, "tl.float32"), base2.value, tiles)
-        both = _Writer(replace(graph, result=base2.value), tensors)
-        both._count(base2.slope)  # what the value and its slope share (tanh(score / c)) is computed once
-        pair = [_tile(both.as_type(n, "tl.float32"), n, tiles) for n in (base2.value, base2.slope)]
-    except TraceError as exc:
-        raise TypeError(f"{fn}: argument 'score_mod': {exc}") from None
+    :func:`score_bounds` of the call (default: int32 indices). Kept while nothing the function
+    reads changes (:mod:`flashlib.kernels.tracememo`)."""
+    bounds = bounds or score_bounds()
+
+    def build():
+        try:
+            return _written(score_mod, bounds, device)
+        except TraceError as exc:
+            raise TypeError(f"{fn}: argument 'score_mod': {exc}") from None
+
+    (jit, source, narrow, numbers), tensors = MEMO.get(score_mod, ("score", memo_key(bounds, device)), build)
+    data = (*_data(tensors, narrow, device), *numbers)
+    return KernelScore(jit, data or None, tensors, source)
+
+
+def _written(score_mod, bounds: dict, device):
+    """((the compiled SCORE_MOD, its source, which loads are narrowed to int32, the numbers passed
+    after the tensors), the tensors it loads)."""
+    graph = trace_score(score_mod, bounds, device)
+    narrow = tuple(_int32(t, node) for t, node in zip(graph.tensors, _loads(graph)))
+    tensors = list(_data(graph.tensors, narrow, device))
+    base2 = _base2(graph, len(tensors))
+    tiles = [graph.symbols[name] for name in ("score", "q_idx", "kv_idx", "x")]
+    one = _Writer(replace(graph, result=base2.value), tensors)
+    value_text = _tile(one.as_type(base2.value, "tl.float32"), base2.value, tiles)
+    both = _Writer(replace(graph, result=base2.value), tensors)
+    both._count(base2.slope)  # what the value and its slope share (tanh(score / c)) is computed once
+    pair = [_tile(both.as_type(n, "tl.float32"), n, tiles) for n in (base2.value, base2.slope)]
     lines = ["def _score_mod(x, scale, qk_scale, b, h, q_idx, kv_idx, data, GRAD: tl.constexpr):",
              "    if GRAD:  # the backward: the new score (base 2) and its slope d new / d score",
              *(f"        {line}" for line in base2.first + both.lines), f"        return {pair[0]}, {pair[1]}",
              "    else:", *(f"        {line}" for line in base2.first + one.lines), f"        return {value_text}"]
     source = "\n".join(lines) + "\n"
-    data = (*tensors, *base2.numbers)
-    return KernelScore(compiled(source, "_score_mod"), data or None, tuple(graph.tensors), source)
+    return (compiled(source, "_score_mod"), source, narrow, base2.numbers), graph.tensors
 
 
 # ----- from the natural scaled score to the kernels' base-2 units --------------------------------------
@@ -267,8 +281,13 @@ class _Chain:
 
 def score_tensors(fn: str, score_mod, bounds: dict | None = None) -> tuple:
     """The tensors a score function reads (captured, in the order it reads them)."""
-    try:
-        return tuple(trace_score(score_mod, bounds).tensors)
-    except TraceError as exc:
-        raise TypeError(f"{fn}: argument 'score_mod': {exc}") from None
+    bounds = bounds or score_bounds()
+
+    def build():
+        try:
+            return None, trace_score(score_mod, bounds).tensors
+        except TraceError as exc:
+            raise TypeError(f"{fn}: argument 'score_mod': {exc}") from None
+
+    return MEMO.get(score_mod, ("score tensors", memo_key(bounds, None)), build)[1]
 

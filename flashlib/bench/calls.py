@@ -1,0 +1,106 @@
+"""The Python around a launch: microseconds per call, with compiled mask and score functions kept
+(:mod:`flashlib.kernels.tracememo`) and with them traced at every call, side by side in one run.
+
+A decoding step's kernel takes tens of microseconds on a GPU, so what the host does before the
+launch (checks, options, tracing a score function and writing its kernel) can be most of a step.
+On a CPU the interpreter's launch is replaced by a no-op while timing, so only the host's work
+is counted (each case's output is first checked against dense attention with real launches); on a
+GPU the launches run and are not waited for, the host's time per call as a model sees it.
+``python -m flashlib bench calls`` writes ``data/bench/calls-DEVICE-DATE.json``.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from .. import dense_attention, flash_attention, masks, scores
+from ..decode import decode_attention, decode_reference
+from ..kernels.maskfn import MEMO
+from .cpu import provenance, write_result
+
+SHAPE = dict(batch=1, heads=4, seq=128, head_dim=64)
+DECODE = dict(batch=4, q_heads=8, kv_heads=2, capacity=256, length=100, head_dim=64)
+
+
+def cases(device) -> dict:
+    """{name: (call, reference)}: small shapes, so the host's work is what is timed."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(SHAPE["batch"], SHAPE["heads"], SHAPE["seq"], SHAPE["head_dim"], generator=g).to(device)
+               for _ in range(3))
+    slopes = scores.alibi_slopes(SHAPE["heads"]).to(device)
+    prefill = dict(plain={}, softcap=dict(softcap=30.0), alibi=dict(score_mod=scores.alibi(slopes)),
+                   window_mask=dict(mask_mod=masks.sliding_window(32)))
+    out = {f"flash_attention {name}": (lambda kw=kw: flash_attention(q, k, v, causal=True, **kw),
+                                       lambda kw=kw: dense_attention(q, k, v, causal=True, **kw))
+           for name, kw in prefill.items()}
+    d = DECODE
+    qd = torch.randn(d["batch"], d["q_heads"], 1, d["head_dim"], generator=g).to(device)
+    kc, vc = (torch.randn(d["batch"], d["kv_heads"], d["capacity"], d["head_dim"], generator=g).to(device)
+              for _ in range(2))
+    lengths = torch.full((d["batch"],), d["length"], dtype=torch.int32, device=device)
+    for name, kw in dict(plain={}, softcap=dict(softcap=30.0)).items():
+        out[f"decode_attention {name}"] = (lambda kw=kw: decode_attention(qd, kc, vc, lengths, **kw),
+                                           lambda kw=kw: decode_reference(qd, kc, vc, lengths, **kw))
+    return out
+
+
+@contextlib.contextmanager
+def _host_only(device):
+    """On a CPU, the interpreter's launches do nothing (the host's work is what is timed)."""
+    if torch.device(device).type != "cpu":
+        yield
+        return
+    from triton.runtime.interpreter import InterpretedFunction
+
+    run = InterpretedFunction.run
+    InterpretedFunction.run = lambda self, *args, **kwargs: None
+    try:
+        yield
+    finally:
+        InterpretedFunction.run = run
+
+
+def measure(device="cpu", *, calls: int = 200, repeats: int = 7, clock=time.perf_counter, log=print) -> list:
+    """Each case's median microseconds per call, kept and traced interleaved, and their ratio."""
+    rows = []
+    for name, (call, reference) in cases(device).items():
+        with torch.no_grad():
+            err = (call().double() - reference().double()).abs().max().item()
+        kept, traced = [], []
+        with torch.no_grad(), _host_only(device):
+            call()
+            for _ in range(repeats):
+                for memo, times in ((True, kept), (False, traced)):
+                    start = clock()
+                    for _ in range(calls):
+                        if not memo:
+                            MEMO.clear()  # every call traces, as before the memo
+                        call()
+                    times.append((clock() - start) / calls * 1e6)
+        row = dict(case=name, kept_us=statistics.median(kept), traced_us=statistics.median(traced),
+                   max_error=err)
+        row["ratio"] = row["traced_us"] / row["kept_us"]
+        rows.append(row)
+        log(format_rows(rows[-1:], header=len(rows) == 1))
+    return rows
+
+
+def run_calls_bench(device=None, *, out_dir: Path | None = None, log=print, **kwargs) -> Path:
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    rows = measure(device, log=log, **kwargs)
+    where = "cpu" if torch.device(device).type == "cpu" else "gpu"
+    result = dict(provenance(), kind=f"calls-{where}", device=str(device),
+                  gpu=torch.cuda.get_device_name() if where == "gpu" else None,
+                  shape=SHAPE, decode=DECODE, launches="not run (interpreter)" if where == "cpu" else "not awaited",
+                  points=rows)
+    return write_result(result, f"calls-{where}-{result['date']}", out_dir)
+
+
+def format_rows(rows, header: bool = True) -> str:
+    lines = [f"{'case':28s} {'kept µs':>8} {'traced µs':>10} {'ratio':>6}"] if header else []
+    lines += [f"{r['case']:28s} {r['kept_us']:8.0f} {r['traced_us']:10.0f} {r['ratio']:5.2f}x" for r in rows]
+    return "\n".join(lines)
