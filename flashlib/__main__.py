@@ -43,7 +43,7 @@ def main(argv=None) -> int:
         return 0
     if args.command == "bench" and args.target == "calls":
         from .bench.calls import run_calls_bench
-        print("the host's microseconds per call, compiled score and mask functions kept and traced every call")
+        print("the host's microseconds per call: compiled score and mask functions kept, and made every call")
         print(f"wrote {run_calls_bench(out_dir=args.out_dir, log=print)}")
         return 0
     if args.command == "bench" and args.target == "widgets":

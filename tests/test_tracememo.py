@@ -12,7 +12,7 @@ import torch
 
 import flashlib
 from flashlib import masks, scores
-from flashlib.kernels import attention, maskfn, scorefn, tracememo
+from flashlib.kernels import attention, function, maskfn, scorefn, tracememo
 from flashlib.kernels.maskfn import compile_mask, symbol_bounds
 from flashlib.kernels.scorefn import compile_score, score_bounds
 
@@ -22,7 +22,7 @@ from .test_flex import _flex, _inputs
 @pytest.fixture
 def traces(monkeypatch):
     """How many times the mask and score functions were traced, from here on."""
-    count = {"mask": 0, "score": 0}
+    count = {"mask": 0, "score": 0, "block mask": 0}
 
     def counting(kind, real):
         def traced(*args, **kwargs):
@@ -32,7 +32,8 @@ def traces(monkeypatch):
 
     monkeypatch.setattr(maskfn, "trace", counting("mask", maskfn.trace))
     monkeypatch.setattr(scorefn, "trace_score", counting("score", scorefn.trace_score))
-    maskfn.MEMO.clear()
+    monkeypatch.setattr(function, "block_mask", counting("block mask", function.block_mask))
+    tracememo.clear_all()
     return count
 
 
@@ -73,7 +74,15 @@ def test_the_kernels_follow_every_change_of_what_a_function_reads(traces):
                                        atol=2e-6, rtol=2e-5, msg=lambda m: f"step {step}: {m}")
         width += 4  # a closure's number rebound
         document_id.copy_(torch.arange(40) // (5 + 6 * step) + 2**40 * step)  # values past int32: new bounds
-    assert traces["mask"] == 6
+    assert traces["mask"] == 6 and traces["block mask"] == 6
+
+
+def test_a_mask_functions_block_mask_is_evaluated_once(traces):
+    q, k, v = _inputs(64, 64)
+    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+    for _ in range(3):
+        attention(q, k, v, mask_mod=masks.sliding_window(9)).sum().backward()
+    assert traces["block mask"] == 1 and traces["mask"] == 1  # the backward tiles as the forward does here
 
 
 class Window:
@@ -153,3 +162,20 @@ def test_the_calls_benchmark_checks_each_case_and_restores_the_launches(tmp_path
     for point in result["points"]:
         assert point["max_error"] < 1e-5, point  # real launches, against dense attention and decode_reference
         assert point["kept_us"] > 0 and point["traced_us"] > 0
+
+
+def test_a_weighed_memo_keeps_within_its_budget():
+    memo = tracememo.TraceMemo(size=10, weigh=len, budget=10)
+    built = []
+
+    def get(fn, kept):
+        return memo.get(fn, (), lambda: (built.append(kept) or kept, []))[0]
+
+    first, second, big = (lambda b, h, q, k: q >= k), (lambda b, h, q, k: q > k), (lambda b, h, q, k: q < k)
+    get(first, "abcdef"), get(first, "abcdef")
+    assert built == ["abcdef"]  # kept
+    get(second, "ghijkl")  # 12 bytes in all: the least recent goes
+    get(second, "ghijkl"), get(first, "abcdef")
+    assert built == ["abcdef", "ghijkl", "abcdef"]
+    get(big, "x" * 11), get(big, "x" * 11)  # heavier than the whole budget: never kept
+    assert built[-2:] == ["x" * 11] * 2

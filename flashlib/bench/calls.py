@@ -1,5 +1,6 @@
-"""The Python around a launch: microseconds per call, with compiled mask and score functions kept
-(:mod:`flashlib.kernels.tracememo`) and with them traced at every call, side by side in one run.
+"""The Python around a launch: microseconds per call, with compiled mask and score functions and
+mask functions' block masks kept (:mod:`flashlib.kernels.tracememo`) and with them made again at
+every call, side by side in one run.
 
 A decoding step's kernel takes tens of microseconds on a GPU, so what the host does before the
 launch (checks, options, tracing a score function and writing its kernel) can be most of a step.
@@ -19,7 +20,7 @@ import torch
 
 from .. import dense_attention, flash_attention, masks, scores
 from ..decode import decode_attention, decode_reference
-from ..kernels.maskfn import MEMO
+from ..kernels.tracememo import clear_all
 from .cpu import provenance, write_result
 
 SHAPE = dict(batch=1, heads=4, seq=128, head_dim=64)
@@ -78,7 +79,7 @@ def measure(device="cpu", *, calls: int = 200, repeats: int = 7, clock=time.perf
                     start = clock()
                     for _ in range(calls):
                         if not memo:
-                            MEMO.clear()  # every call traces, as before the memo
+                            clear_all()  # every call traces, as before the memo
                         call()
                     times.append((clock() - start) / calls * 1e6)
         row = dict(case=name, kept_us=statistics.median(kept), traced_us=statistics.median(traced),

@@ -26,6 +26,7 @@ from .config import LOG2E, FlashConfig, default_config, head_dim_pad, lse_base2,
 from .forward import _attn_fwd
 from .maskfn import compile_mask, symbol_bounds
 from .scorefn import compile_score, score_args, score_bounds, score_tensors
+from .tracememo import TraceMemo
 from .rules import _no_mask
 
 
@@ -120,8 +121,18 @@ def _kinds(options: Options, batch, heads, seq_q, seq_k, block_q, block_k, devic
         return torch.full(shape, PARTIAL, dtype=torch.uint8, device=device)
     if options.block_mask is not None:  # built once, by the caller
         return options.block_mask.coarsen(block_q, block_k).to(device)
-    return block_mask(seq_q, seq_k, block_q=block_q, block_k=block_k, causal=options.causal, window=options.window,
-                      mask_mod=options.mask_mod, batch=batch, heads=heads, device=device).kinds
+
+    def build():  # O(seq_q * seq_k) evaluations of the mask function: kept while it reads the same
+        return block_mask(seq_q, seq_k, block_q=block_q, block_k=block_k, causal=options.causal, window=options.window,
+                          mask_mod=options.mask_mod, batch=batch, heads=heads, device=device).kinds, ()
+
+    call = ("kinds", seq_q, seq_k, block_q, block_k, options.causal, options.window, batch, heads, torch.device(device))
+    return KINDS.get(options.mask_mod, call, build)[0]
+
+
+# a block mask is (B or 1, H or 1, query blocks, key tiles) bytes: 16k tokens in 64-tiles, 32 heads,
+# 2 MiB; at most 16 MiB are kept, so what a call leaves alive stays small beside its inputs
+KINDS = TraceMemo(size=64, weigh=lambda kinds: kinds.numel() * kinds.element_size(), budget=16 << 20)
 
 
 def rows_of_16(kinds: torch.Tensor) -> torch.Tensor:

@@ -161,12 +161,16 @@ class TraceMemo:
     """What was built from a function's trace, under the key of what the function reads (:func:`reads`).
 
     ``get(fn, extra, build)``: build() -> (kept, tensors the trace loaded); returns (kept, those
-    tensors as the function reads them now). ``extra``: the rest of the key (bounds, device)."""
+    tensors as the function reads them now). ``extra``: the rest of the key (bounds, device).
+    At most ``size`` entries, the least recently used dropped first; with ``weigh`` (kept -> bytes),
+    at most ``budget`` bytes in all (what weighs more alone is not kept)."""
 
-    def __init__(self, size: int = 256):
-        self.size = size
+    def __init__(self, size: int = 256, weigh: Callable | None = None, budget: int | None = None):
+        self.size, self.weigh, self.budget = size, weigh, budget
         self._entries: OrderedDict = OrderedDict()
+        self._weight = 0
         self._lock = threading.Lock()
+        _MEMOS.add(self)
 
     def get(self, fn, extra, build: Callable[[], tuple]):
         found = reads(fn)
@@ -185,13 +189,31 @@ class TraceMemo:
         kept, loaded = build()
         slots = [next((i for i, t in enumerate(tensors) if t is want), None) for want in loaded]
         if None not in slots:  # a tensor made inside the function is new at every call: nothing to keep
-            with self._lock:
-                self._entries[key] = (kept, [weakref.ref(t) for t in tensors], slots)
-                self._entries.move_to_end(key)
-                while len(self._entries) > self.size:
-                    self._entries.popitem(last=False)
+            self._keep(key, (kept, [weakref.ref(t) for t in tensors], slots))
         return kept, tuple(loaded)
+
+    def _keep(self, key, entry):
+        weight = self.weigh(entry[0]) if self.weigh else 0
+        if self.budget is not None and weight > self.budget:
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            self._weight += weight - (self.weigh(old[0]) if self.weigh and old else 0)
+            self._entries[key] = entry
+            while len(self._entries) > self.size or (self.budget is not None and self._weight > self.budget):
+                _, dropped = self._entries.popitem(last=False)
+                self._weight -= self.weigh(dropped[0]) if self.weigh else 0
 
     def clear(self):
         with self._lock:
             self._entries.clear()
+            self._weight = 0
+
+
+_MEMOS: weakref.WeakSet = weakref.WeakSet()
+
+
+def clear_all():
+    """Forget every kept trace and block mask (the next calls trace again)."""
+    for memo in list(_MEMOS):
+        memo.clear()
