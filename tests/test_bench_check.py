@@ -23,7 +23,15 @@ def test_arguments():
     args = check.parse_args(["--budget", "60", "--skip-notebooks"])
     assert args.budget == 60 and args.skip_notebooks and not args.skip_tests
     assert check.parse_args([]).budget == check.BUDGET_S == 480
-    for bad in (["--budget", "-1"], ["--budget", "nan"], ["--sdpa-table"], ["--quick"]):
+    notebooks = check.parse_args(["notebooks"])
+    assert notebooks.budget == 300 and notebooks.jobs == check.default_jobs() >= 1
+    assert notebooks.skip_tests and notebooks.skip_bench and notebooks.skip_decode and not notebooks.skip_notebooks
+    tests = check.parse_args(["tests", "--budget", "200"])
+    assert tests.budget == 200 and tests.skip_notebooks and not (tests.skip_tests or tests.skip_bench)
+    assert check.parse_args(["tests"]).budget == 320 and check.parse_args(["notebooks", "--jobs", "2"]).jobs == 2
+    assert [check.default_jobs(c) for c in (1, 2, 8, 16, 64)] == [1, 1, 2, 5, 6]
+    for bad in (["--budget", "-1"], ["--budget", "nan"], ["--sdpa-table"], ["--quick"], ["benchmarks"],
+                ["notebooks", "--jobs", "0"]):
         with pytest.raises(SystemExit):
             check.parse_args(bad)
 
@@ -47,22 +55,22 @@ def test_source_revision_names_the_code(tmp_path):
     assert check.source_revision(copy)["source_sha256"] != here["source_sha256"]
 
 
-def test_tests_run_beside_other_work_and_keep_their_output():
+def test_children_run_beside_other_work_and_keep_their_output():
     # 200 kB of output, more than a pipe holds, written while nobody reads it
     loud = [sys.executable, "-c", "import sys; print('x' * 200_000); print('3 passed'); sys.exit(3)"]
-    started = check.start_tests(timeout_s=60, cmd=loud)
+    started = check.processes.start(loud, timeout_s=60)
     time.sleep(0.5)  # the caller is busy elsewhere meanwhile
-    result = check.finish_tests(started, log=lambda *_: None)
+    result = check.processes.finish(started, log=lambda *_: None)
     assert result["returncode"] == 3 and result["summary"] == "3 passed"
     assert result["tail"].endswith("3 passed\n") and len(result["tail"]) == 6000
 
 
-def test_tests_past_their_time_are_stopped_with_what_they_started(tmp_path):
+def test_children_past_their_time_are_stopped_with_what_they_started(tmp_path):
     pid_file = tmp_path / "grandchild"
     slow = [sys.executable, "-c", "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
             f"'import time; time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)"]
-    started = check.start_tests(timeout_s=2.0, cmd=slow)
-    result = check.finish_tests(started, log=lambda *_: None)
+    started = check.processes.start(slow, timeout_s=2.0)
+    result = check.processes.finish(started, log=lambda *_: None)
     assert result["returncode"] == -1 and "timed out after 2 s" in result["summary"]
     assert result["seconds"] < 30
     assert started["proc"].poll() is not None  # killed, not left running
@@ -96,8 +104,8 @@ def _stub_run(monkeypatch, events, tmp_path, precompile=None):
     monkeypatch.setattr(check, "start_tests", lambda timeout_s: events.append(("tests start", timeout_s)) or {})
     monkeypatch.setattr(check, "finish_tests", lambda started, log: events.append("tests end") or dict(
         returncode=0, summary="1 passed", seconds=1.0, tail=""))
-    monkeypatch.setattr(check, "start_notebooks", lambda budget_s, path: events.append(
-        ("notebooks start", budget_s, path.name)) or {})
+    monkeypatch.setattr(check, "start_notebooks", lambda budget_s, path, jobs: events.append(
+        ("notebooks start", budget_s, path.name) + ((jobs,) if jobs != 1 else ())) or {})
     monkeypatch.setattr(check, "finish_notebooks", lambda started: events.append("notebooks end") or NOTEBOOKS)
 
     def compile_ahead(plan, threads, log):
@@ -273,3 +281,44 @@ def test_the_decoding_benchmark_runs_in_its_own_process_and_its_result_comes_bac
     child["result_path"] = path
     result = check.finish_decode(child, log=lambda *_: None)
     assert result["error"].startswith("unreadable result") and result["job"]["returncode"] == 0
+
+
+def test_the_notebooks_part_runs_them_alone_several_at_once(tmp_path, monkeypatch):
+    events = []
+    _stub_run(monkeypatch, events, tmp_path)
+    assert check.main(["notebooks", "--out-dir", str(tmp_path / "a"), "--jobs", "4"], log=lambda *_: None) == 1
+    # all of its budget but the writing, four at a time; no tests, no compiling, no benchmark
+    assert events == [("notebooks start", 300.0 - check.FINAL_WRITE_S, "notebooks.json", 4), "notebooks end"]
+    (path,) = (tmp_path / "a").glob("*.json")
+    report = json.loads(path.read_text())
+    assert report["part"] == "notebooks" and "tests" not in report and "ladder" not in report
+    monkeypatch.setattr(check, "finish_notebooks", lambda started: {"notebooks": [NOTEBOOKS["notebooks"][0]]})
+    assert check.main(["notebooks", "--out-dir", str(tmp_path / "b")], log=lambda *_: None) == 0  # all passed
+
+
+def test_the_tests_part_runs_tests_then_ladder_then_decoding(tmp_path, monkeypatch):
+    events = []
+    _stub_run(monkeypatch, events, tmp_path)
+    assert check.main(["tests", "--out-dir", str(tmp_path)], log=lambda *_: None) == 0
+    assert [e if isinstance(e, str) else e[0] for e in events] == [
+        "tests start", "compile ahead", "tests end", "ladder", "decode start", "decode end"]
+    assert events[0] == ("tests start", 160.0)
+    (path,) = tmp_path.glob("*.json")
+    assert json.loads(path.read_text())["part"] == "tests"
+
+
+def test_the_tests_step_reports_each_test_and_the_fault(tmp_path, monkeypatch):
+    """start_tests/finish_tests over a stand-in suite whose second test poisons its process as a
+    kernel fault does (the plugin's device_lost faked): each test's row, the fault named, exit 1."""
+    (tmp_path / "conftest.py").write_text("import flashlib.bench.gpu_tests as g\nPOISON = []\n"
+                                          "g.device_lost = lambda: bool(POISON)\n")
+    (tmp_path / "test_stand_in.py").write_text("import conftest\n\ndef test_a():\n    pass\n\n"
+                                               "def test_b():\n    conftest.POISON.append(1)\n\n"
+                                               "def test_c():\n    pass\n")
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    (tmp_path / "out").mkdir()
+    result = check.finish_tests(check.start_tests(120, tests=[tmp_path / "test_stand_in.py"]), log=lambda *_: None)
+    assert result["returncode"] == 1 and [j["returncode"] for j in result["jobs"]] == [3, 0]
+    assert result["faults"] == [n for n in result["tests"] if n.endswith("test_b")]
+    assert result["summary"].startswith("1 fault, 2 passed in 2 processes; kernel faults in ")
+    assert json.loads((tmp_path / "out" / "tests.json").read_text())["tests"] == result["tests"]

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
 
@@ -206,3 +207,37 @@ def test_the_carried_wheels_run_the_notebooks_under_nbval_in_a_fresh_interpreter
     assert first["notebook"] == "01_dense_attention.ipynb" and first["status"] == "passed", done.stdout[-3000:]
     assert {c["cell"]: c["status"] for c in planted_entry["cells"] if c["status"] != "passed"} == {
         8: "skipped", 9: "differed", 10: "failed", TAGGED: "not compared"}
+
+
+def test_notebooks_run_side_by_side_and_none_is_lost(tmp_path):
+    """jobs=3: three notebooks at a time, each started once, in course order; every entry kept."""
+    import threading
+
+    paths = [Path(f"/nowhere/{i:02d}_x.ipynb") for i in range(1, 8)]
+    running, most, started, lock = [0], [0], [], threading.Lock()
+
+    def run(path, order, result_path, timeout_s, device_dependent):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            started.append(path.name)
+        time.sleep(0.3)
+        write_entry(result_path, dict(notebook=path.name, order=order, status="passed", cells=[]))
+        with lock:
+            running[0] -= 1
+
+    results = notebooks.run_course(paths, tmp_path / "r.json", budget_s=300, jobs=3, run=run, log=lambda *a: None)
+    assert most[0] == 3 and started[:3] == sorted(started[:3]) and sorted(started) == [p.name for p in paths]
+    assert [e["notebook"] for e in results["notebooks"]] == [p.name for p in paths] and results["jobs"] == 3
+
+
+def test_entries_written_by_processes_at_once_are_all_kept(tmp_path):
+    """The results file is rewritten by each notebook's own process: 6 processes, 40 entries each."""
+    path = tmp_path / "r.json"
+    script = ("import sys\nfrom flashlib.bench.nbval_results import write_entry\n"
+              "for i in range(40):\n"
+              "    write_entry(sys.argv[1], dict(notebook=f'{sys.argv[2]}-{i}', order=i, status='passed', cells=[]))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(path), f"nb{j}"]) for j in range(6)]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    names = {e["notebook"] for e in json.loads(path.read_text())["notebooks"]}
+    assert names == {f"nb{j}-{i}" for j in range(6) for i in range(40)}

@@ -274,42 +274,11 @@ def test_cpu_tensors_are_refused_with_the_fix():
         flash_attention(x, x, x)
 
 
-_FAULT_SCRIPT = '''
-import json
-import torch
-import triton
-import triton.language as tl
-from flashlib.bench import gpu as perf_bench
-
-
-@triton.jit
-def _stray_store(X):
-    tl.store(X + (1 << 40), 1.0)  # 4 TiB past the allocation: an illegal address
-
-
-def fault(q, k, v, causal):
-    x = torch.zeros(1, device="cuda")
-    _stray_store[(1,)](x)
-    torch.cuda.synchronize()
-    return q
-
-
-methods = {"sdpa:flash": perf_bench._sdpa("flash"), "faulty": fault}
-point = dict(d=64, n=256, dtype="float16", causal=False, mode="fwd")
-before = perf_bench._device_usable()
-try:
-    perf_bench._measure_point(point, methods, lambda *a: None, tokens=256, hidden=128)
-    result = dict(before=before, lost=None)
-except perf_bench.DeviceLost as exc:
-    result = dict(before=before, lost=exc.method, error=exc.row["error"], after=perf_bench._device_usable())
-print(json.dumps(result))
-'''
-
-
 def test_a_kernel_fault_is_told_from_an_ordinary_error():
     """The benchmark's recovery (perf_bench.continue_after_device_lost) rests on telling a fault
     that leaves the process without a usable GPU from an error it can go on after. A kernel
-    that stores far outside any allocation, in a subprocess so that this one keeps its GPU."""
+    that stores far outside any allocation (tests/gpu_fault_probe.py: Triton reads a kernel's
+    source from its file), in a subprocess so that this one keeps its GPU."""
     import json
     import os
     import subprocess
@@ -317,8 +286,8 @@ def test_a_kernel_fault_is_told_from_an_ordinary_error():
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, "-c", _FAULT_SCRIPT], capture_output=True, text=True, timeout=300,
-                          cwd=root, env=env)
+    done = subprocess.run([sys.executable, os.path.join(root, "tests", "gpu_fault_probe.py")], capture_output=True,
+                          text=True, timeout=300, cwd=root, env=env)
     lines = done.stdout.strip().splitlines()
     assert lines, f"no result (exit {done.returncode}): {done.stderr[-2000:]}"
     result = json.loads(lines[-1])

@@ -10,8 +10,9 @@
       fresh      the points a kernel fault left, measured in fresh processes
       results    target and memory ratios, autotuned tiles, its table and file
     ahead      compiling the benchmark's kernels on many cores before their first launch
-    check      the GPU check: GPU tests and notebooks side by side, then the ladder benchmark
-               (``python -m flashlib gpu-check``, ``make gpu-check``); processes: its children
+    check      the GPU check in two parts, the notebooks and the tests with the benchmarks
+               (``python -m flashlib gpu-check [notebooks|tests]``, ``make gpu-check``); processes:
+               its children; gpu_tests: the GPU tests, a fresh process after a kernel fault
     notebooks  the course's notebooks executed on this machine and judged as nbval judges them
                (each under nbval in its own process; nbval_results: its entry, cell by cell)
     records    reading the JSON files in data/bench/ under today's method names; plots: their figures

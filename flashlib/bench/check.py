@@ -1,8 +1,16 @@
 """``python -m flashlib gpu-check``: the GPU tests, the course's notebooks and the ladder benchmark.
 
-On a CUDA machine, with its own torch and Triton, in one command within a time budget
-(default 480 s: the GPU machine is lent for 15 minutes, its start included, and the check is
-to end within 9, installing and writing included). Nothing is
+On a CUDA machine, with its own torch and Triton, within a time budget, in two parts that fit
+one 15-minute loan of a GPU machine with its start, each a call of under 6 minutes:
+
+    python -m flashlib gpu-check notebooks   every notebook under nbval, --jobs at once (default
+                                             300 s; then step 1 alone)
+    python -m flashlib gpu-check tests       the GPU tests, then the ladder and decoding benchmarks
+                                             (default 320 s; steps 1-3 without the notebooks)
+    python -m flashlib gpu-check             all of it in one call (default 480 s)
+
+The GPU tests run under :mod:`flashlib.bench.gpu_tests`: a kernel fault ends its process, naming
+the test, and the tests left run in a fresh one (``tests.json`` as they go). Nothing is
 installed here (``make gpu-check`` first unpacks the wheels carried in ``.whl/``, for the
 notebooks' nbval, kernel, IPython and ipywidgets, where the machine lacks them). In order, so that a run
 stopped at any point keeps what matters most:
@@ -42,6 +50,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -60,10 +69,28 @@ DECODE_MARGIN_S = 8     # between the decoding benchmark's own budget and the ti
 MIN_DECODE_S = 20       # below this left, the decoding benchmark is not started
 
 
+PARTS = ("all", "notebooks", "tests")
+# a part's budget by default: each of the two parts is one call of at most 6 minutes on the GPU
+# machine, its unpacking of the notebooks' wheels and its start included
+PART_BUDGET_S = {"all": BUDGET_S, "notebooks": 300.0, "tests": 320.0}
+
+
+def default_jobs(cores=None) -> int:
+    """Notebooks at once: a core for each notebook's kernel and two for the compilers it starts
+    (Triton's ptxas), at most 6 (they share one GPU: more only queue there)."""
+    return max(1, min(6, (cores or os.cpu_count() or 1) // 3))
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m flashlib gpu-check", description=__doc__.splitlines()[0])
-    p.add_argument("--budget", type=float, default=BUDGET_S,
-                   help=f"seconds for the whole check (default {BUDGET_S:.0f})")
+    p.add_argument("part", nargs="?", choices=PARTS, default="all",
+                   help="notebooks: every notebook under nbval, several at once; tests: the GPU tests, then the "
+                        "ladder and decoding benchmarks; all (default): both, tests and notebooks side by side")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds for the whole check (default: " +
+                        ", ".join(f"{k} {v:.0f}" for k, v in PART_BUDGET_S.items()) + ")")
+    p.add_argument("--jobs", type=int, default=None,
+                   help=f"notebooks run at once (default: a third of the cores, at most 6; here {default_jobs()})")
     p.add_argument("--skip-tests", action="store_true", help="leave out tests/test_gpu.py")
     p.add_argument("--skip-notebooks", action="store_true", help="leave out the notebooks")
     p.add_argument("--skip-bench", action="store_true", help="leave out the ladder benchmark")
@@ -72,8 +99,18 @@ def parse_args(argv):
                    help="do not compile the ladder's kernels on the other cores while the tests run")
     p.add_argument("--out-dir", default=str(ROOT / "data" / "bench"), help="where the JSON goes")
     args = p.parse_args(argv)
+    if args.budget is None:
+        args.budget = PART_BUDGET_S[args.part]
     if not (args.budget > 0 and math.isfinite(args.budget)):
         p.error(f"--budget must be a positive number of seconds, got {args.budget}")
+    if args.jobs is not None and args.jobs < 1:
+        p.error(f"--jobs must be at least 1, got {args.jobs}")
+    if args.part == "notebooks":  # the notebooks alone: each has the machine's cores and GPU to share
+        args.skip_tests = args.skip_bench = args.skip_decode = True
+        args.jobs = args.jobs or default_jobs()
+    elif args.part == "tests":
+        args.skip_notebooks = True
+    args.jobs = args.jobs or 1
     return args
 
 
@@ -93,17 +130,54 @@ def write_report(report: dict, out_dir, *, copy_to=None) -> Path:
     return path
 
 
-def start_tests(timeout_s: float, cmd=None) -> dict:
-    """Start tests/test_gpu.py (or cmd) in a subprocess and return at once (see finish_tests)."""
-    # --durations: the slowest tests (mostly compiling and autotuning) are listed in the report
-    cmd = cmd or [sys.executable, "-m", "pytest", str(ROOT / "tests" / "test_gpu.py"), "-q", "-p",
-                  "no:cacheprovider", "--durations=12"]
-    return processes.start(cmd, timeout_s)
+GPU_TESTS = [ROOT / "tests" / "test_gpu.py"]
+
+
+def tests_result_path() -> Path:
+    """Where the GPU tests write each test's outcome as they go: under $OUT when set, else in a
+    temporary folder."""
+    out = os.environ.get("OUT")
+    return Path(out) / "tests.json" if out else Path(tempfile.mkdtemp(prefix="flashlib-tests-")) / "tests.json"
+
+
+def start_tests(timeout_s: float, tests=None) -> dict:
+    """Start the GPU tests (:func:`flashlib.bench.gpu_tests.run_tests`: a kernel fault ends its
+    process and the tests left go on in a fresh one) on a thread of their own, and return at once;
+    the thread only waits on the test processes, so this process can compile meanwhile."""
+    from .gpu_tests import run_tests
+
+    started = dict(result=None, error=None, result_path=tests_result_path())
+
+    def run():
+        try:
+            started["result"] = run_tests(tests or GPU_TESTS, started["result_path"], budget_s=timeout_s,
+                                          log=lambda *_: None)
+        except Exception as exc:  # noqa: BLE001  reported as the tests' result
+            started["error"] = f"{type(exc).__name__}: {exc}"
+
+    started["thread"] = threading.Thread(target=run, name="gpu-tests", daemon=True)
+    started["thread"].start()
+    return started
 
 
 def finish_tests(started: dict, log=print) -> dict:
-    """Wait for the tests (until their timeout, counted from their start); their result."""
-    return processes.finish(started, log=log)
+    """Wait for the tests; their result: exit status 0 when every test passed, a summary line,
+    each test's row, the tests that faulted and each process's exit status and output tail."""
+    started["thread"].join()
+    if started["error"] or not started["result"]:
+        return dict(returncode=2, summary=f"the tests did not run: {started['error']}", seconds=0.0, tail="")
+    result = started["result"]
+    jobs = result.get("jobs", [])
+    for job in jobs:
+        log(job["tail"])
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(result["counts"].items()))
+    summary = f"{counts} in {len(jobs)} process{'es' if len(jobs) != 1 else ''}"
+    if result["faults"]:
+        summary += f"; kernel faults in {', '.join(result['faults'])}"
+    log(summary)
+    return dict(returncode=0 if result["all_passed"] else 1, summary=summary, seconds=result["seconds"],
+                tail=jobs[-1]["tail"] if jobs else "", tests=result["tests"], faults=result["faults"],
+                jobs=[{k: j[k] for k in ("returncode", "seconds", "summary")} for j in jobs])
 
 
 def notebooks_result_path() -> Path:
@@ -113,12 +187,12 @@ def notebooks_result_path() -> Path:
     return Path(out) / "notebooks.json" if out else Path(tempfile.mkdtemp(prefix="flashlib-nb-")) / "notebooks.json"
 
 
-def start_notebooks(budget_s: float, result_path: Path) -> dict:
-    """Start the notebooks in course order in a subprocess (``python -m flashlib.bench.notebooks``),
-    to end within budget_s: the job keeps to a budget a little shorter (it stops its last
-    notebook itself), and is stopped at budget_s if it does not."""
+def start_notebooks(budget_s: float, result_path: Path, jobs: int = 1) -> dict:
+    """Start the notebooks in course order, jobs at a time, in a subprocess (``python -m
+    flashlib.bench.notebooks``), to end within budget_s: the job keeps to a budget a little
+    shorter (it stops its last notebook itself), and is stopped at budget_s if it does not."""
     cmd = [sys.executable, "-m", "flashlib.bench.notebooks", "--budget", f"{max(budget_s - NOTEBOOKS_MARGIN_S, 1):.0f}",
-           "--result", str(result_path), "--device-dependent", "report"]
+           "--result", str(result_path), "--device-dependent", "report", "--jobs", str(jobs)]
     started = processes.start(cmd, budget_s)
     started["result_path"] = result_path
     return started
@@ -190,10 +264,12 @@ def _compile_ahead(report: dict, threads: int | None, log) -> None:
 
 
 def _background(args, report: dict, save, log) -> int:
-    """Step 1: tests and notebooks side by side, compiling the ladder meanwhile; the tests' status."""
-    share = BACKGROUND_SHARE * args.budget
+    """Step 1: tests and notebooks side by side (or either alone), compiling the ladder meanwhile;
+    the exit status: 1 when a test failed or faulted (or, with the notebooks alone, a notebook failed)."""
+    alone = args.skip_tests and args.skip_bench and args.skip_decode  # the notebooks: all but the writing
+    share = args.budget - FINAL_WRITE_S if alone else BACKGROUND_SHARE * args.budget
     tests = None if args.skip_tests else start_tests(timeout_s=share)
-    notebooks = None if args.skip_notebooks else start_notebooks(share, notebooks_result_path())
+    notebooks = None if args.skip_notebooks else start_notebooks(share, notebooks_result_path(), args.jobs)
     if not args.skip_bench and not args.no_precompile and (tests is not None or notebooks is not None):
         # leave a core each to pytest, the notebooks and the compilers they start themselves
         _compile_ahead(report, max(1, (os.cpu_count() or 4) - 4), log)
@@ -208,6 +284,8 @@ def _background(args, report: dict, save, log) -> int:
         report["notebooks"] = finish_notebooks(notebooks)
         log(format_results(report["notebooks"]))
         save(report)
+        if args.part == "notebooks":
+            status = 0 if all(e["status"] == "passed" for e in report["notebooks"]["notebooks"]) else 1
     return status
 
 
@@ -274,8 +352,8 @@ def _decode(args, report: dict, start: float, save, log) -> None:
 
 
 def main(argv=None, *, log=print) -> int:
-    """Exit status 0 when the GPU tests pass (2 without a CUDA device); the notebooks' and the
-    benchmark's results are in the JSON."""
+    """Exit status 0 when the GPU tests pass (with the notebooks alone: when every notebook passes;
+    2 without a CUDA device); the notebooks' and the benchmark's results are in the JSON."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     start = time.perf_counter()
     report = provenance()
@@ -283,7 +361,8 @@ def main(argv=None, *, log=print) -> int:
         log("gpu-check needs a CUDA device and none is visible here; the CPU tests are `make test`, "
             "recorded GPU results are in data/bench/")
         return 2
-    report.update(command=["gpu-check", *(argv if argv is not None else sys.argv[1:])], budget_s=args.budget)
+    report.update(command=["gpu-check", *(argv if argv is not None else sys.argv[1:])], part=args.part,
+                  budget_s=args.budget)
     log(f"flashlib gpu-check on {report['device']}: torch {report['torch']}, Triton {report['triton']}, "
         f"CUDA {report['cuda']}")
 

@@ -17,7 +17,10 @@ compared: its new output is recorded, with what nbval would have said of it.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -29,15 +32,28 @@ SHOWN_CHARS = 2000  # of a cell's new text outputs kept in the result, where the
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
+@contextlib.contextmanager
+def _locked(path: Path):
+    """Hold an exclusive lock beside path: notebooks run side by side, in processes of their own,
+    each rewriting the one results file; without it, one's read-modify-write loses another's entry."""
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def write_entry(path, entry: dict) -> None:
     """Put one notebook's entry into the results file at path (replacing its earlier one), atomically."""
     path = Path(path)
-    results = json.loads(path.read_text()) if path.exists() else {"notebooks": []}
-    others = [e for e in results.get("notebooks", []) if e.get("notebook") != entry["notebook"]]
-    results["notebooks"] = sorted(others + [entry], key=lambda e: e.get("order", 0))
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(results, indent=1, default=str) + "\n")
-    temporary.replace(path)
+    with _locked(path):
+        results = json.loads(path.read_text()) if path.exists() else {"notebooks": []}
+        others = [e for e in results.get("notebooks", []) if e.get("notebook") != entry["notebook"]]
+        results["notebooks"] = sorted(others + [entry], key=lambda e: e.get("order", 0))
+        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(results, indent=1, default=str) + "\n")
+        temporary.replace(path)
 
 
 def notebook_status(cells: list[dict]) -> str:

@@ -1,6 +1,6 @@
-"""The course's notebooks executed on this machine, in course order, within a time budget.
+"""The course's notebooks executed on this machine, in course order (N at once), within a time budget.
 
-    python -m flashlib.bench.notebooks [NOTEBOOK ...] --result FILE [--budget S]
+    python -m flashlib.bench.notebooks [NOTEBOOK ...] --result FILE [--budget S] [--jobs N]
                                        [--device-dependent compare|report]
 
 Each notebook runs under nbval in a fresh pytest process (a fresh kernel of this interpreter,
@@ -19,7 +19,9 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import processes
@@ -107,22 +109,38 @@ def run_one(path: Path, order: int, result_path: Path, timeout_s: float, device_
     _close_entry(result_path, path.name, order, note, done["seconds"])
 
 
-def run_course(paths, result_path, *, budget_s: float, device_dependent: str = "compare",
+def run_course(paths, result_path, *, budget_s: float, device_dependent: str = "compare", jobs: int = 1,
                clock=time.perf_counter, run=run_one, log=print) -> dict:
-    """Every notebook of paths in order, each within NOTEBOOK_TIMEOUT_S and all within budget_s;
-    returns the results (also in result_path)."""
+    """Every notebook of paths, each within NOTEBOOK_TIMEOUT_S and all within budget_s, ``jobs``
+    at a time (each in its own process; started in course order); returns the results (also in
+    result_path). A notebook is started only while MIN_START_S are left, and never past the budget."""
     result_path = Path(result_path)
-    start = clock()
-    for order, path in enumerate(paths):
-        left = budget_s - (clock() - start)
-        if left < MIN_START_S:
-            write_entry(result_path, dict(notebook=path.name, order=order, status="not run", cells=[],
-                                          error=f"the time budget ({budget_s:.0f} s) was spent"))
-            continue
-        log(f"notebook {path.name}")
-        run(path, order, result_path, min(NOTEBOOK_TIMEOUT_S, left), device_dependent)
+    start, lock = clock(), threading.Lock()
+    pending = list(enumerate(paths))
+
+    def worker():
+        while True:
+            with lock:  # one notebook per worker at a time, each taken once, in course order
+                if not pending:
+                    return
+                order, path = pending.pop(0)
+                left = budget_s - (clock() - start)
+                if left >= MIN_START_S:
+                    log(f"notebook {path.name}")
+            if left < MIN_START_S:
+                write_entry(result_path, dict(notebook=path.name, order=order, status="not run", cells=[],
+                                              error=f"the time budget ({budget_s:.0f} s) was spent"))
+                continue
+            run(path, order, result_path, min(NOTEBOOK_TIMEOUT_S, left), device_dependent)
+
+    if jobs <= 1:
+        worker()
+    else:  # threads only wait on their notebook's process: the work is in the processes
+        with ThreadPoolExecutor(jobs) as pool:
+            for future in [pool.submit(worker) for _ in range(jobs)]:
+                future.result()
     results = json.loads(result_path.read_text()) if result_path.exists() else {"notebooks": []}
-    results["seconds"] = round(clock() - start, 1)
+    results.update(seconds=round(clock() - start, 1), jobs=jobs)
     result_path.write_text(json.dumps(results, indent=1, default=str) + "\n")
     return results
 
@@ -148,6 +166,7 @@ def main(argv=None) -> int:
     parser.add_argument("notebooks", nargs="*", help="notebooks to run (default: all, in course order)")
     parser.add_argument("--result", required=True, help="JSON file for the results (rewritten after every cell)")
     parser.add_argument("--budget", type=float, default=600.0, help="seconds for all notebooks (default 600)")
+    parser.add_argument("--jobs", type=int, default=1, help="notebooks run at once, each in its own process (default 1)")
     parser.add_argument("--device-dependent", choices=("compare", "report"), default="compare",
                         help="compare cells marked DEVICE_DEPENDENT_OUTPUT (as CI does), or only report them")
     args = parser.parse_args(argv)
@@ -157,7 +176,10 @@ def main(argv=None) -> int:
         parser.error(f"no such notebook: {', '.join(missing)}")
     Path(args.result).parent.mkdir(parents=True, exist_ok=True)
     Path(args.result).unlink(missing_ok=True)  # results of an earlier run would read as this one's
-    results = run_course(paths, args.result, budget_s=args.budget, device_dependent=args.device_dependent)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    results = run_course(paths, args.result, budget_s=args.budget, device_dependent=args.device_dependent,
+                         jobs=args.jobs)
     print(format_results(results))
     return 0 if all(e["status"] == "passed" for e in results["notebooks"]) else 1
 
