@@ -42,7 +42,7 @@ def test_without_a_gpu_it_says_so(capsys, monkeypatch):
     assert "needs a CUDA device" in capsys.readouterr().out
 
 
-def test_source_revision_names_the_code(tmp_path):
+def test_source_revision_names_the_code(tmp_path, monkeypatch):
     import shutil
 
     here = check.source_revision()
@@ -51,6 +51,11 @@ def test_source_revision_names_the_code(tmp_path):
     shutil.copytree(check.ROOT / "flashlib", copy / "flashlib", ignore=shutil.ignore_patterns("__pycache__"))
     outside_git = check.source_revision(copy)
     assert outside_git["source_sha256"] == here["source_sha256"] and outside_git["git_commit"] is None
+    monkeypatch.setenv("FLASHLIB_GIT_COMMIT", "51f551b405bc6b011ed32b8bc7a303659f20b566")
+    declared = check.source_revision(copy)
+    assert declared["git_commit"].startswith("51f551b") and declared["git_commit_declared"] is True
+    assert check.source_revision()["git_commit"] == here["git_commit"]  # git's own answer wins where it has one
+    monkeypatch.delenv("FLASHLIB_GIT_COMMIT")
     (copy / "flashlib" / "demo.py").write_text((copy / "flashlib" / "demo.py").read_text() + "\n# changed\n")
     assert check.source_revision(copy)["source_sha256"] != here["source_sha256"]
 

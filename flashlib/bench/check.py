@@ -230,6 +230,10 @@ def source_revision(root: Path = ROOT) -> dict:
             out.update(git_commit=commit.stdout.strip(), git_modified=bool(status.stdout.strip()))
     except (OSError, subprocess.SubprocessError):  # no git on the machine: the digest still identifies the code
         pass
+    if out["git_commit"] is None and os.environ.get("FLASHLIB_GIT_COMMIT"):
+        # a copy of the tree without its history (as a GPU machine gets it): the commit it was copied
+        # from, as the sender declared it; the digest above tells whether the copy matches it
+        out.update(git_commit=os.environ["FLASHLIB_GIT_COMMIT"], git_commit_declared=True)
     return out
 
 
