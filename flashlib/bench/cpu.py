@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -42,11 +43,13 @@ def peak_allocated_bytes(fn, *args, **kwargs) -> int:
     """
     from torch.profiler import ProfilerActivity, profile
 
-    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn(*args, **kwargs)
+    with _profiler_quiet():
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            fn(*args, **kwargs)
+        allocations = _allocations(prof)
     held: dict[int, int] = {}  # address -> bytes, for blocks allocated inside the call
     current = peak = 0
-    for ptr, size in _allocations(prof):
+    for ptr, size in allocations:
         if size > 0:
             held[ptr] = size
             current += size
@@ -67,6 +70,23 @@ def _allocations(prof):
         if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
             found.append((node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size))
     return [(ptr, size) for _, ptr, size in sorted(found, key=lambda f: f[0])]
+
+
+@contextlib.contextmanager
+def _profiler_quiet():
+    """The profiler's own output, which differs between torch versions, kept out of stored
+    notebook outputs: its Python warnings and what its native library writes to stderr.
+
+    torch 2.10 and 2.11 warn "Profiler clears events at the end of each cycle" whenever a
+    profile starts (2.13 only when a schedule's cycle drops events); Jupyter shows Python
+    warnings on sys.stderr, which is not file descriptor 2. ``acc_events=True`` would avoid
+    it but makes the profiler parse every event on exit (seconds for one tiled training
+    step). Warnings that the measured call itself raises still show.
+    """
+    with warnings.catch_warnings(), _native_stderr_silenced():
+        warnings.filterwarnings("ignore", message=r"(Warning: )?Profiler clears events at the end of each cycle")
+        warnings.filterwarnings("ignore", module=r"torch\.(autograd\.)?profiler")
+        yield
 
 
 @contextlib.contextmanager
