@@ -11,6 +11,8 @@ import numbers
 
 import torch
 
+from .captures import captured, describe
+
 LOOP_ORDERS = ("query", "key")
 _FLOAT32_TINY = torch.finfo(torch.float32).tiny
 
@@ -167,27 +169,24 @@ def check_sinks(fn: str, sinks, heads: int, device):
     return sinks
 
 
-def check_mask_mod(fn: str, mask_mod):
-    """None, or a function mask_mod(b, h, q_idx, kv_idx) -> bool tensor."""
+def check_mask_mod(fn: str, mask_mod, device=None, *, built_on: bool = False):
+    """None, or a function mask_mod(b, h, q_idx, kv_idx) -> bool tensor; with ``device`` (q's), one whose
+    tensors are all on it; built_on: ``device`` is the one a mask is built on (None: the default)."""
     if mask_mod is None:
         return None
     if not callable(mask_mod):
         raise TypeError(f"{fn}: argument 'mask_mod' must be None or a function mask_mod(b, h, q_idx, kv_idx) "
                         f"-> bool, got {type(mask_mod).__name__}")
-    try:
-        params = inspect.signature(mask_mod).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature: calling it will tell
-        return mask_mod
-    if len([p for p in params if p.default is inspect.Parameter.empty]) != 4:
-        raise TypeError(f"{fn}: argument 'mask_mod' must take four arguments (b, h, q_idx, kv_idx), as "
-                        f"flex_attention's mask functions do; {getattr(mask_mod, '__name__', mask_mod)} takes "
-                        f"({', '.join(p.name for p in params)})")
+    _check_arity(fn, "mask_mod", mask_mod, ("b", "h", "q_idx", "kv_idx"), "mask")
+    if device is not None or built_on:
+        check_captured_devices(fn, "mask_mod", mask_mod, device, built_on=built_on)
     return mask_mod
 
 
-def check_score_mod(fn: str, score_mod, softcap=None):
+def check_score_mod(fn: str, score_mod, softcap=None, device=None):
     """None, or a function score_mod(score, b, h, q_idx, kv_idx) -> score; not with softcap too
-    (softcap is the score function flashlib.scores.softcap: compose the two in one)."""
+    (softcap is the score function flashlib.scores.softcap: compose the two in one); with ``device``
+    (q's), one whose tensors are all on it."""
     if score_mod is None:
         return None
     if not callable(score_mod):
@@ -197,15 +196,47 @@ def check_score_mod(fn: str, score_mod, softcap=None):
         raise ValueError(f"{fn}: arguments 'softcap' and 'score_mod' were both given; softcap is the score "
                          "function flashlib.scores.softcap(c): apply it inside yours, "
                          "lambda s, b, h, q, k: cap(mine(s, b, h, q, k), b, h, q, k)")
-    try:
-        params = inspect.signature(score_mod).parameters.values()
-    except (TypeError, ValueError):
-        return score_mod
-    if len([p for p in params if p.default is inspect.Parameter.empty]) != 5:
-        raise TypeError(f"{fn}: argument 'score_mod' must take five arguments (score, b, h, q_idx, kv_idx), as "
-                        f"flex_attention's score functions do; {getattr(score_mod, '__name__', score_mod)} takes "
-                        f"({', '.join(p.name for p in params)})")
+    _check_arity(fn, "score_mod", score_mod, ("score", "b", "h", "q_idx", "kv_idx"), "score")
+    if device is not None:
+        check_captured_devices(fn, "score_mod", score_mod, device)
     return score_mod
+
+
+def _check_arity(fn: str, argument: str, function, names: tuple, kind: str) -> None:
+    try:
+        params = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: calling it will tell
+        return
+    if len([p for p in params if p.default is inspect.Parameter.empty]) != len(names):
+        words = {4: "four", 5: "five"}[len(names)]
+        raise TypeError(f"{fn}: argument '{argument}' must take {words} arguments ({', '.join(names)}), as "
+                        f"flex_attention's {kind} functions do; {getattr(function, '__name__', function)} takes "
+                        f"({', '.join(p.name for p in params)})")
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)  # "cuda" is cuda:0's
+
+
+def check_captured_devices(fn: str, argument: str, function, device, *, built_on: bool = False) -> None:
+    """Every tensor a mask or score function reads besides its arguments (in its closure, defaults or
+    globals, or those of the functions it calls: flashlib.captures) is on ``device``, q's; one on
+    another device is refused by name before anything runs, not moved (which would copy it between
+    devices at every call). built_on: ``device`` is the one a mask is built on (argument 'device'; None:
+    the default device)."""
+    device = torch.get_default_device() if device is None else torch.device(device)
+    for path, t in captured(function):
+        if _same_device(t.device, device):
+            continue
+        name, where = describe(path)
+        function_name = (getattr(function, "__qualname__", None) or getattr(function, "__name__", None)
+                         or type(function).__name__)
+        seen, target = ((f"the mask is built on {device} (argument 'device')", "that device") if built_on else
+                        (f"'q' is on {device}", "q's device"))
+        raise ValueError(f"{fn}: argument '{argument}': {function_name} reads the tensor '{name}' ({where}), "
+                         f"which is on {t.device}, but {seen}; build it on {target}, e.g. torch.tensor(..., "
+                         f"device=q.device), or move it once with .to(q.device) before the calls (it is not "
+                         "moved for you: that would copy it at every call)")
 
 
 INT32_MAX = 2**31 - 1

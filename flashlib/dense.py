@@ -58,7 +58,7 @@ def attention_mask(seq_q: int, seq_k: int, *, causal: bool = False, window=None,
         0 0 0 1 1 1                                   1 1 1 1 1 1
     """
     fn = "attention_mask"
-    rule = Visibility(bool(causal), check_window(fn, window), check_mask_mod(fn, mask_mod))
+    rule = Visibility(bool(causal), check_window(fn, window), check_mask_mod(fn, mask_mod, device, built_on=True))
     b, h = head_indices(batch, heads, device)
     rows = torch.arange(seq_q, device=device)[:, None]
     cols = torch.arange(seq_k, device=device)[None, :]

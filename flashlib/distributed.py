@@ -582,13 +582,13 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     """
     fn = "ring_attention"
     scale = _check_shards(fn, q, k, v, causal, scale, layout)
+    options = checked_options(fn, q.shape[1], q.device, causal=causal, scale=scale, softcap=softcap, sinks=sinks,
+                              score_mod=score_mod)
     if group is None and not (dist.is_available() and dist.is_initialized()):
         raise ValueError(
             f"{fn}: argument 'group' is None and no default process group is initialised; call "
             "torch.distributed.init_process_group (gloo on CPUs, nccl on GPUs) on every rank first "
             "(flashlib.distributed.spawn does it for a ring of CPU processes)")
-    options = checked_options(fn, q.shape[1], q.device, causal=causal, scale=scale, softcap=softcap, sinks=sinks,
-                              score_mod=score_mod)
     score = options.score_function
     captured = trainable(captured_tensors(fn, score)) if score is not None and torch.is_grad_enabled() else []
     _check_same_everywhere(q, v.shape[-1], causal, layout, scale, group)

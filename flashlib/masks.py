@@ -32,7 +32,9 @@ indexing such a tensor by the indices in one subscript (``document_id[q_idx]``, 
 toward -inf, as PyTorch), ``torch.where``/``abs``/``minimum``/``maximum``/``clamp`` and their
 methods; helpers, decorators, ``functools.partial`` and the combinators trace through. What it
 captures is read afresh at every call: a new number compiles new kernels, a tensor's new values need
-none (a call that reads what the last one read reuses its trace: :mod:`flashlib.kernels.tracememo`). Not compiled (a TypeError says what to write instead): anything that needs one Python truth
+none (a call that reads what the last one read reuses its trace: :mod:`flashlib.kernels.tracememo`). The
+tensors it reads live on q's device (``torch.tensor(..., device=q.device)``): every op refuses one on
+another device by name before anything runs (:mod:`flashlib.captures` finds them). Not compiled (a TypeError says what to write instead): anything that needs one Python truth
 value (``and``/``or``/``not``, ``if``, ``x if c else y``, ``a < b < c``, ``min``/``max``), loops over
 the indices, conversions to Python numbers, other libraries.
 """

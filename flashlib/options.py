@@ -137,7 +137,7 @@ def checked_options(fn: str, heads: int, device, *, causal=False, scale: float, 
     """:func:`check_options` for a call whose inputs and scale are checked otherwise (packed
     sequences, decoding): the options alone, for ``heads`` query heads on ``device``."""
     return Options(bool(causal), float(scale), check_window(fn, window), check_softcap(fn, softcap),
-                   check_mask_mod(fn, mask_mod), None, check_score_mod(fn, score_mod, softcap),
+                   check_mask_mod(fn, mask_mod, device), None, check_score_mod(fn, score_mod, softcap, device),
                    check_sinks(fn, sinks, heads, device))
 
 
@@ -146,6 +146,8 @@ def _with_block_mask(fn, options: Options, block_mask, q, k, window, mask_mod) -
         raise TypeError(f"{fn}: argument 'block_mask' must be a flashlib BlockMask (flashlib.masks.create_block_mask),"
                         f" got {type(block_mask).__name__}")
     rule = block_mask.rule
+    if mask_mod is None:  # the block mask's own mask function: the kernels read its tensors too
+        check_mask_mod(fn, rule.mask_mod, q.device)
     given = dict(causal=options.causal and not rule.causal,
                  window=window is not None and options.window != rule.window,
                  mask_mod=mask_mod is not None and mask_mod is not rule.mask_mod)

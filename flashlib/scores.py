@@ -15,6 +15,9 @@ deterministically (:func:`captured_grads`)::
     alibi(slopes)        score + slopes[h] * (kv_idx - q_idx)         ALiBi, (heads,)
     relative_bias(table) score + table[q_idx - kv_idx + (len - 1) // 2]  a bias per distance, (2n - 1,)
     temperature(t)       score * t[h]                                 a per-head temperature, (heads,)
+
+As a mask function's, the tensors a score function reads live on q's device: every op refuses one on
+another device by name, before anything runs.
 """
 from __future__ import annotations
 

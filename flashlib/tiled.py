@@ -214,7 +214,7 @@ def block_mask(seq_q: int, seq_k: int, *, block_q: int = 64, block_k: int = 64, 
     The mask (:class:`flashlib.rules.Visibility`) is evaluated on index tensors, a chunk of
     query blocks at a time, and reduced per tile: O(seq_q * seq_k) work, O(tiles) memory."""
     fn = "block_mask"
-    rule = Visibility(bool(causal), check_window(fn, window), check_mask_mod(fn, mask_mod))
+    rule = Visibility(bool(causal), check_window(fn, window), check_mask_mod(fn, mask_mod, device, built_on=True))
     block_q, block_k = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k)
     b, h = head_indices(batch, heads, device)
     cols = torch.arange(seq_k, device=device)[None, :]

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import (check_attention_inputs, check_cu_seqlens, check_max_seqlen, check_softcap, check_window)
+from ._checks import (check_attention_inputs, check_cu_seqlens, check_max_seqlen, check_score_mod, check_softcap,
+                      check_window)
 from .backward import tiled_attention
 
 FN = "varlen_reference"
@@ -90,6 +91,7 @@ def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     lse (q_heads, total_q) (float32, float64 for float64 inputs; -inf for rows that see no key)."""
     check_varlen_inputs(FN, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                         scale=scale, window=window, softcap=softcap)
+    check_score_mod(FN, score_mod, softcap, q.device)  # here, not per sequence: before anything runs
     outs, lses = [], []
     for (q0, q1), (k0, k1) in zip(sequences(cu_seqlens_q), sequences(cu_seqlens_k)):
         # (tokens, heads, d) -> (heads, tokens, d): one sequence, every head

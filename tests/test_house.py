@@ -167,7 +167,7 @@ ALLOWED = {"top level": {"top level", "kernels", "ladder"},  # the public op (fl
            "command line": {"top level", "kernels", "ladder", "course", "labs", "bench"}}
 REFERENCE = {"flashlib.dense", "flashlib.softmax", "flashlib.tiled", "flashlib.backward", "flashlib.iomodel",
              "flashlib.roofline", "flashlib._checks", "flashlib.rules", "flashlib._autograd", "flashlib.scores",
-             "flashlib.trace", "flashlib.options"}
+             "flashlib.trace", "flashlib.options", "flashlib.captures"}
 
 
 def test_rooms_import_only_the_rooms_they_build_on():
