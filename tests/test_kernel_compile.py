@@ -162,6 +162,38 @@ def test_default_config_picks_wgmma_sized_tiles_on_hopper_for_16_bit():
         assert expected_tensor_core_op("forward", (9, 0), cfg) == "wgmma.mma_async"
 
 
+WGMMA_SASS = """
+        /*0010*/                   S2UR UR6, SR_CgaCtaId ;
+        /*0020*/                   UMOV UR4, 0x400 ;
+        /*0030*/                   ULEA UR4, UR6, UR4, 0x18 ;
+        /*0040*/                   ULDC UR14, c[0x0][0x2a0] ;
+        /*0050*/                   ULDC UR15, c[0x0][0x29c] ;
+        /*0060*/                   UIADD3 UR5, UR4, 0x11000, URZ ;
+        /*0070*/                   USHF.R.U32.HI UR5, URZ, 0x4, UR5 ;
+        /*0080*/                   UIADD3 UR14, UP0, UR14, 0x20, URZ ;
+        /*0090*/                   UIADD3.X UR15, UR15, -0x3ffffff0, URZ, UP0, !UPT ;
+        /*00a0*/                   R2UR UR52, R179 ;
+        /*00b0*/                   UMOV UR53, 0x40000040 ;
+        /*00c0*/                   UMOV UR54, UR5 ;
+        /*00d0*/                   UMOV UR55, 0xc0000010 ;
+        /*00e0*/                   UIADD3.64 UR12, UR52, 0x80, URZ ;
+        /*00f0*/                   HGMMA.64x16x16.F32.BF16 R152, gdesc[UR52].tnspA.tnspB, RZ, !UPT ;
+        /*0100*/                   HGMMA.64x16x16.F32.BF16 R152, gdesc[UR12].tnspA.tnspB, R152 ;
+        /*0110*/                   HGMMA.64x128x16.F32.BF16 R24, R152, gdesc[UR52].tnspB, R24, gsb0 ;
+"""
+
+
+def test_wgmma_descriptors_are_traced_to_their_sources():
+    """A descriptor built from the shared window's base (UR4) passes; one whose B half (UR14,
+    UR15) comes from kernel arguments (c[0x0][0x29c], c[0x0][0x2a0]) is named by its address,
+    as ptxas 12.8 built the dQ^T products of one bulk backward tile. A register-operand wgmma
+    (A in registers) is judged by its B half only."""
+    from flashlib.kernels.compile import _instructions, wgmma_descriptors_from_arguments
+
+    rows, _ = _instructions(WGMMA_SASS)
+    assert wgmma_descriptors_from_arguments(rows) == [0x100]
+
+
 def test_compile_time_arguments_take_their_defaults_or_fail_loudly():
     """A flag left out of a compile spec takes its default, as at a launch; one without a
     default is an error, not a runtime integer that would build both sides of its branches."""

@@ -262,6 +262,7 @@ def test_autotune_candidates_compile_for_hopper():
         assert rep.ok, (rep.config, rep.error)
         assert rep.shared <= SHARED_LIMIT[(9, 0)], rep.config
         assert rep.wgmma_ops + rep.mma_sync_ops > 0, rep.config
+        assert rep.wgmma_from_arguments == [], rep.config  # descriptors from shared addresses only
         cfg = rep.config  # each score's exponential once (a tile held twice does each twice)
         assert exponentials_per_score(rep.mma_loop, cfg["block_q"], cfg["block_k"], cfg["num_warps"]) < 2, \
             (cfg, rep.mma_loop["ops"].get("MUFU"))
@@ -300,6 +301,7 @@ def test_fast_rung_autotune_candidates_compile(which, fast_rung_reports):
             continue
         assert rep.spill_stores == 0, label
         assert rep.wgmma_ops > 0 and (rep.bulk_copy_ops > 0) == _descriptors(rep), label
+        assert rep.wgmma_from_arguments == [], label  # descriptors from shared addresses only
         assert exponentials_per_score(rep.mma_loop, rep.config["block_q"], rep.config["block_k"],
                                       rep.config["num_warps"]) < 2, (label, rep.mma_loop["ops"].get("MUFU"))
 

@@ -197,6 +197,8 @@ def _check_candidates(reports, version):
             assert r.mma_sync_ops > 0 and r.bulk_copy_ops == r.bulk_reduce_ops == 0, label
             continue
         assert r.spill_stores == 0 and r.spill_loads == 0, label
+        # every wgmma reads shared memory through descriptors built from shared addresses
+        assert r.wgmma_from_arguments == [], (label, [hex(a) for a in r.wgmma_from_arguments])
         backward, role = KERNELS[r.rung]
         # TMA copies where the table says descriptors, only on sm_90; bulk reductions in the fused kernel
         assert (r.bulk_copy_ops > 0) == rungs.backward(backward).descriptors, label
@@ -257,6 +259,23 @@ def test_fused_dq_tiles_are_added_without_a_multiply():
     assert ops["FMUL"] == base["FMUL"] > 0, (ops["FMUL"], base["FMUL"])
     assert ops["HGMMA"] == base["HGMMA"] > 0
     assert ops.get("UTMAREDG", 0) == 1 and ops.get("REDG", 0) == 0
+
+
+def test_the_withdrawn_bulk_tile_is_mis_assembled():
+    """Why (16, 128, 8, 1) transposed left the bulk candidates at head dim 128: built for sm_90,
+    some wgmma products of K^T dS^T take dS^T's shared-memory descriptor from kernel arguments
+    (ptxas 12.8, which both releases ship: with Triton 3.6 when causal, sequence lengths; when
+    not, with both, a stride), so on an H200 they read outside shared memory and fault. The
+    candidate that stays, (16, 64, 4, 3), is built clean (the candidate tests above)."""
+    cfg = FlashConfig(bwd_block_q=16, bwd_block_k=128, bwd_num_warps=8, bwd_num_stages=1, bwd_dq_transposed=True)
+    assert (16, 128, 8, 1, True) not in rungs.BULK_TILES[128]
+    reports = side_by_side(compile_rungs, [spec("bwd_fused_bulk", (9, 0), "bfloat16", 128, causal, cfg, sass=True)
+                                           for causal in (False, True)])
+    for label, found in reports.items():
+        assert all(r.ok for r in found), [r.error for r in found]
+        assert found[0].wgmma_from_arguments, (label, "non-causal")  # HGMMA addresses in the machine code
+    if "3.6" in reports:  # the GPU check's Triton: the causal kernel too, the one compute-sanitizer caught
+        assert reports["3.6"][1].wgmma_from_arguments
 
 
 @pytest.mark.parametrize("backward,transposed", [("bulk", True), ("bulk", False), ("tuned", True)])

@@ -69,6 +69,8 @@ class TargetReport:
     bulk_reduce_ops: int = 0        # TMA reductions (cp.reduce.async.bulk.tensor) in the PTX
     sass_ops: dict = field(default_factory=dict)  # opcode -> count in the machine code, when asked for
     mma_loop: dict = field(default_factory=dict)  # first_mma_loop() of the machine code, when asked for
+    # addresses of wgmma instructions whose operand descriptors come from kernel arguments, when asked for
+    wgmma_from_arguments: list = field(default_factory=list)
 
     @property
     def shared_limit(self) -> int:
@@ -332,11 +334,103 @@ def exponentials_per_score(mma_loop: dict, rows: int, cols: int, warps: int) -> 
     return mma_loop["ops"].get("MUFU", 0) / (rows * cols / (32 * warps))
 
 
+# ----- where a wgmma's shared-memory operands come from --------------------------------------
+
+# sm_90's kernel arguments start at this offset of constant bank 0 (below it: the driver's own words)
+_FIRST_ARGUMENT = 0x210
+_UREG = re.compile(r"-?UR(\d+)(?:\.reuse)?")
+
+
+def _uniform_step(row):
+    """(uniform registers written, operands read) of one instruction, or None if it writes none.
+    A ".64" or "WIDE" instruction writes, and reads, register pairs."""
+    _, _, op, operands = row
+    text = operands.strip()
+    modifiers = ""
+    if text.startswith("."):
+        modifiers, _, text = text.partition(" ")
+    args = [a.strip() for a in text.split(",") if a.strip()]
+    if not (op.startswith("U") or op in ("R2UR", "S2UR", "VOTEU")) or not args:
+        return None
+    first = _UREG.fullmatch(args[0])
+    if first is None:
+        return None
+    wide = ".64" in modifiers or "WIDE" in modifiers
+    n = int(first.group(1))
+    return ((n, n + 1) if wide else (n,)), args[1:], wide
+
+
+def _uniform_defs(rows) -> dict:
+    """{uniform register: [row index of each instruction that writes it]}, in address order."""
+    defs: dict = {}
+    for i, row in enumerate(rows):
+        step = _uniform_step(row)
+        for reg in (step[0] if step else ()):
+            defs.setdefault(reg, []).append(i)
+    return defs
+
+
+def _register_sources(rows, defs, use: int, reg: int, seen: set) -> set:
+    """What uniform register ``reg`` holds at row ``use``, traced back to its leaves: "argument"
+    (a kernel argument), "block index" (SR_CTAID), or nothing for the rest (constants, the
+    shared window's base, values from per-thread registers). The writer taken is the last one
+    before the use in address order, else (a value carried around a loop) the last one; a
+    predicated writer adds the one before it."""
+    written = defs.get(reg, [])
+    before = [i for i in written if rows[i][0] < rows[use][0]] or written[-1:]
+    chain = before[-1:]
+    while chain and rows[chain[-1]][1] and len(before) > len(chain):
+        chain.append(before[-len(chain) - 1])
+    found = set()
+    for i in chain:
+        if (i, reg) in seen:
+            continue
+        seen.add((i, reg))
+        _, sources, wide = _uniform_step(rows[i])
+        for source in sources:
+            constant = re.fullmatch(r"c\[0x0\]\[(0x[0-9a-f]+)\]", source)
+            if constant and int(constant.group(1), 16) >= _FIRST_ARGUMENT:
+                found.add("argument")
+            elif "SR_CTAID" in source:
+                found.add("block index")
+            elif _UREG.fullmatch(source):
+                n = int(_UREG.fullmatch(source).group(1))
+                for r in ((n, n + 1) if wide else (n,)):
+                    found |= _register_sources(rows, defs, i, r, seen)
+    return found
+
+
+def wgmma_descriptors_from_arguments(rows) -> list:
+    """Addresses of the wgmma instructions (HGMMA) whose shared-memory matrix descriptor is
+    computed from a kernel argument or the block index, in a disassembly's rows
+    (:func:`_instructions`). A descriptor holds a shared-memory address: it can only come from
+    the shared window's base, the warp and the pipeline stage. One built from an argument was
+    mis-assembled, and reads whatever that argument's value points at: ptxas 12.8 (which both
+    Triton 3.6 and 3.7 ship) does so for a product of the fused backward on one tile."""
+    defs = _uniform_defs(rows)
+    wrong = []
+    for i, (address, _, op, operands) in enumerate(rows):
+        if op != "HGMMA":
+            continue
+        args = [a.strip() for a in operands.strip().partition(" ")[2].split(",")]
+        descriptor = next((a for a in args if a.startswith("gdesc[")), None)
+        if descriptor is None:
+            continue
+        base = int(_UREG.search(descriptor).group(1))
+        # gdesc[URn]: n, n+1 describe A when A is in shared memory too, n+2, n+3 describe B
+        both = args[1].startswith("gdesc[")
+        regs = range(base, base + 4) if both else range(base + 2, base + 4)
+        if any(_register_sources(rows, defs, i, reg, set()) for reg in regs):
+            wrong.append(address)
+    return wrong
+
+
 def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, capability,
                         sass: bool = False, float32=()) -> str:
     """Compile ``fn`` for a CUDA target without a GPU; fill the report's shared memory,
     registers, spills and tensor-core instruction counts (and, with sass, the count of every
-    machine instruction); return the PTX. float32: pointer arguments holding float32."""
+    machine instruction and the wgmma instructions whose operands' descriptors come from kernel
+    arguments); return the PTX. float32: pointer arguments holding float32."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -357,6 +451,7 @@ def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, 
     if sass:  # one disassembly for both counts
         rows, labels = _instructions(_disassemble(compiled.asm["cubin"]))
         report.sass_ops = _opcode_counts(rows)
+        report.wgmma_from_arguments = wgmma_descriptors_from_arguments(rows)
         try:
             report.mma_loop = _first_mma_loop(rows, labels)
         except ValueError:  # a kernel without tensor-core loops (the primer's softmax, say)
