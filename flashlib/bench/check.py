@@ -230,10 +230,11 @@ def source_revision(root: Path = ROOT) -> dict:
             out.update(git_commit=commit.stdout.strip(), git_modified=bool(status.stdout.strip()))
     except (OSError, subprocess.SubprocessError):  # no git on the machine: the digest still identifies the code
         pass
-    if out["git_commit"] is None and os.environ.get("FLASHLIB_GIT_COMMIT"):
-        # a copy of the tree without its history (as a GPU machine gets it): the commit it was copied
-        # from, as the sender declared it; the digest above tells whether the copy matches it
-        out.update(git_commit=os.environ["FLASHLIB_GIT_COMMIT"], git_commit_declared=True)
+    declared = os.environ.get("FLASHLIB_GIT_COMMIT")
+    if declared and declared != out["git_commit"]:
+        # a copy of the tree (as a GPU machine gets it) without its history, or with a stale one: the
+        # commit it was copied from, as the sender declared it, wins; the digest tells whether it matches
+        out.update(git_commit=declared, git_commit_declared=True, git_commit_seen=out["git_commit"])
     return out
 
 

@@ -139,6 +139,7 @@ def run_course(paths, result_path, *, budget_s: float, device_dependent: str = "
         with ThreadPoolExecutor(jobs) as pool:
             for future in [pool.submit(worker) for _ in range(jobs)]:
                 future.result()
+    result_path.with_name(result_path.name + ".lock").unlink(missing_ok=True)  # every writer has ended
     results = json.loads(result_path.read_text()) if result_path.exists() else {"notebooks": []}
     results.update(seconds=round(clock() - start, 1), jobs=jobs)
     result_path.write_text(json.dumps(results, indent=1, default=str) + "\n")
