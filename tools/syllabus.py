@@ -194,8 +194,11 @@ def _provenance(cpu: dict | None, gpu: dict | None) -> str:
     else:
         text = "CPU run: not recorded yet (`python tools/syllabus.py measure`)."
     if gpu:
+        jobs = (gpu.get("notebooks") or {}).get("jobs", 1) if isinstance(gpu.get("notebooks"), dict) else 1
+        beside = " beside the GPU tests" if gpu.get("tests") else ""
+        at_once = f", {jobs} at a time{beside} on one GPU (so each took longer than alone)" if jobs > 1 else ""
         text += (f" GPU run: the GPU check's nbval run of the notebooks on {gpu.get('device')}, "
-                 f"{gpu.get('date')}: `{gpu['file']}`.")
+                 f"{gpu.get('date')}{at_once}: `{gpu['file']}`.")
     else:
         text += (" GPU run: no recorded GPU run in `data/bench/` has run the notebooks yet "
                  "(`make gpu-check` records one).")
