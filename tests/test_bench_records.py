@@ -187,6 +187,9 @@ def test_grouped_bar_chart_draws_only_measured_bars():
     fig = plots.grouped_bar_chart({"run 1": {"teaching": 100.0, "tma": 150.0}, "run 2": {"tma": 170.0}}, title="t")
     assert viz.figure_png(fig)[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(fig.axes[0].patches) == 3
+    fig = plots.grouped_bar_chart({"run 1": {"teaching": 100.0, "sdpa": 90.0}, "run 2": {"tma": 170.0, "sdpa": 95.0}},
+                                  order=["teaching", "tma", "lean"])
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["teaching", "tma", "sdpa"]
 
 
 def test_the_recorded_files_are_where_the_tests_look():

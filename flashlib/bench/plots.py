@@ -49,10 +49,13 @@ def bar_chart(labels, values, title: str = "", ylabel: str = "TFLOP/s") -> Figur
     return fig
 
 
-def grouped_bar_chart(groups: dict[str, dict[str, float]], title: str = "", ylabel: str = "TFLOP/s") -> Figure:
+def grouped_bar_chart(groups: dict[str, dict[str, float]], title: str = "", ylabel: str = "TFLOP/s",
+                      order: tuple | list = ()) -> Figure:
     """Bars of several series side by side: groups = {series: {category: value}}; a category
-    a series lacks gets no bar (and no invented value)."""
-    categories = list(dict.fromkeys(c for values in groups.values() for c in values))
+    a series lacks gets no bar (and no invented value). Categories in ``order`` come first, in
+    that order (a ladder's rungs, whichever series measured them); the rest as first met."""
+    met = [c for values in groups.values() for c in values]
+    categories = list(dict.fromkeys([c for c in order if c in met] + met))
     width = 0.8 / max(1, len(groups))
     fig, (ax,) = viz._new_figure(max(4.5, 1.2 * len(categories) + 2) + 2.5, 3.8)
     for i, ((series_name, values), color) in enumerate(zip(groups.items(), _LINE_COLORS * 3)):
