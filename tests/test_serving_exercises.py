@@ -39,6 +39,11 @@ def test_each_mistake_is_named(capsys):
     def undivided(op, lp, os_, ls):
         return torch.exp(lp)[..., None] * op + torch.exp(ls)[..., None] * os_, torch.logaddexp(lp, ls)
 
+    def naive(op, lp, os_, ls):  # right in exact arithmetic: e^lse itself, which overflows float64 here
+        total = torch.exp(lp) + torch.exp(ls)
+        out = (torch.exp(lp)[..., None] * op + torch.exp(ls)[..., None] * os_) / total[..., None]
+        return torch.nan_to_num(out), torch.log(total)
+
     def maximum(op, lp, os_, ls):
         out, _ = right(op, lp, os_, ls)
         return out, torch.maximum(lp, ls)
@@ -50,7 +55,7 @@ def test_each_mistake_is_named(capsys):
     def out_only(op, lp, os_, ls):
         return right(op, lp, os_, ls)[0]
 
-    for merge, words in [(averaged, "averaged"), (swapped, "swapped"), (undivided, "divide by the whole"),
+    for merge, words in [(averaged, "averaged"), (swapped, "swapped"), (undivided, "overflowed"), (naive, "float64 overflows past"),
                          (maximum, "larger of the two"), (unsafe, "NaN"), (out_only, "two tensors"),
                          (lambda *a: 1 / 0, "ZeroDivisionError")]:
         _says(capsys, merge, words)
@@ -61,3 +66,10 @@ def test_the_figures_draw():
     assert serving.bytes_figure().axes[0].get_yscale() == "log"
     fig = serving.mixed_batch_figure([6, 1, 0, 3], [16, 31, 5, 3])
     assert len(fig.axes[0].patches) == 4 * 6
+
+
+def test_the_case_overflows_in_its_own_dtype():
+    """The exercise says the lse overflow: they must, in float64, the dtype the checker runs."""
+    out_p, lse_p, out_s, lse_s = serving.merge_case()
+    assert lse_p.dtype == torch.float64 and lse_p[torch.isfinite(lse_p)].max() > 709.8
+    assert torch.isinf(torch.exp(lse_p[torch.isfinite(lse_p)])).any()

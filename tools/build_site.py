@@ -65,7 +65,9 @@ def lay_out(docs: Path, notebooks: Path, source: Path) -> list[str]:
     """Fill `source` with the pages of `docs` and the notebooks; the problems found."""
     problems, wanted = [], set()
     for page in sorted(docs.glob("*.md")):
-        _write_if_changed(source / page.name, page.read_text(encoding="utf-8"))
+        # pages link notebooks as GitHub shows them (docs/ -> ../notebooks/); the site holds them in notebooks/
+        text = page.read_text(encoding="utf-8").replace("](../notebooks/", "](notebooks/")
+        _write_if_changed(source / page.name, text)
         wanted.add(source / page.name)
     for path in sorted(notebooks.glob("*.ipynb")):
         notebook = nbformat.read(path, as_version=4)
