@@ -179,11 +179,25 @@ def forward_models(case: Case, q, k, v, *, kernel: bool):
     if len(case.widths()) > 1:
         models.append(("last_tile_only", None, reference.attention(q, k, v, case.scale, _last_tile(case, kernel))[0]))
     models += _scale_models(case, q, k, v, kernel)
+    models.append(("inverted_rescale", _INVERTED_WHY, inverted_alpha(case, q, k, v, guarded=True)))
     if kernel:
         models += _kernel_models(case, q, k, v, mask)
     else:
         models += _state_models(case, q, k, v)
     return models
+
+
+_INVERTED_WHY = ("alpha is inverted: when the row max grows, what was accumulated must shrink, alpha = "
+                 "exp(m_old - m_new) <= 1 (exp2 in the kernel), not exp(m_new - m_old).")
+
+
+def inverted_alpha(case: Case, q, k, v, *, guarded: bool):
+    """(out, lse) of the loop with alpha = exp(m_new - m_old). Unguarded, the first tile's alpha is
+    exp(+inf) = inf and inf * 0 is NaN in every row that sees a key; guarded (alpha 0 there), the rows
+    whose max grows later come out wrong. In base 2 (the kernel's units) the factor is the same."""
+    s = reference.scores(q, k, case.scale, case.mask())
+    grow = (lambda d: torch.where(torch.isneginf(d), 0.0, torch.exp(-d))) if guarded else (lambda d: torch.exp(-d))
+    return reference.fold_tiles(s, v, case.widths(), grow)
 
 
 def _kernel_models(case: Case, q, k, v, mask):
@@ -230,6 +244,10 @@ def forward_problem(case: Case, q, k, v, got, *, kernel: bool = False, probe=Non
         if torch.isfinite(got[0]).all() and not got[1].isnan().any():
             return Problem(what + " Rows that see no key must give out = 0 and lse = -inf (their l_i ends at 0).")
         return Problem(what, "nan_empty_rows")
+    nan_rows = got[0].isnan().any(dim=-1)
+    if nan_rows[..., ~empty].all() and inverted_alpha(case, q, k, v, guarded=False)[0][..., ~empty, :].isnan().all():
+        return Problem(what, "inverted_rescale", "every row that sees a key is NaN, as when alpha is inverted: the "
+                       "first tile's exp(m_new - m_old) is exp(+inf) = inf, and inf * 0 is NaN. " + _INVERTED_WHY)
     for key, why, model in forward_models(case, q, k, v, kernel=kernel):
         if _matches(got, model, tol):
             return Problem(what, key, why)

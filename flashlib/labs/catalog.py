@@ -208,7 +208,7 @@ LABS = {lab.name: lab for lab in (
           "scores in the hundreds", "no (seq_q, seq_k) tensor created"),
          ("full_matrix", "nan_empty_rows", "top_left_causal", "strict_diagonal", "causal_mask_missing",
           "dropped_last_tile", "last_tile_only", "unscaled_scores", "max_starts_at_zero", "no_rescale",
-          "exp2_for_exp", "lse_base2", "lse_without_max", "not_normalised"),
+          "inverted_rescale", "exp2_for_exp", "lse_base2", "lse_without_max", "not_normalised"),
          ("Two loops: query blocks outside, key tiles inside. A query block carries three things per row from "
           "one key tile to the next (a running max, a running sum and an unnormalised output) and divides only "
           "after its last key tile, so that only one tile of scores ever exists.",
@@ -260,7 +260,7 @@ LABS = {lab.name: lab for lab in (
           "scores in the hundreds", "float16 inputs", "loads outside K and V", "the precision of every tl.dot"),
          ("masked_loads_missing", "store_outside", "nothing_done", "nan_empty_rows", "top_left_causal",
           "strict_diagonal", "causal_mask_missing", "dropped_last_tile", "padded_keys", "last_tile_only",
-          "unscaled_scores", "natural_exp_base2", "no_rescale", "dot_shapes", "missing_cast",
+          "unscaled_scores", "natural_exp_base2", "no_rescale", "inverted_rescale", "dot_shapes", "missing_cast",
           "no_input_precision", "bare_inf", "wrong_stride", "causal_tiles_not_skipped"),
          ("One trip of the loop is one step of notebook 03's inner loop, with three differences: the tiles come "
           "from pointers, so the last one reaches past SEQ_K and its load must be masked; the scores are in "
