@@ -2,6 +2,7 @@
 #   make lab    set up .venv and start JupyterLab on notebooks/ (127.0.0.1, with a token)
 #   make test   set up .venv and run the whole test suite, notebooks and browser included
 #   make site   the course as a static HTML site in build/site, from the stored notebooks
+#   make wheel  the course's package as one wheel in build/wheel, to upload to a runtime
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -10,7 +11,7 @@ STAMP  := $(VENV)/.installed-stamp
 # compile the kernels for GPU targets with it; nothing imports it otherwise.
 TRITON36 := $(VENV)/triton-3.6.0
 
-.PHONY: lab test test-fast notebooks site student gpu-check bench demo browser-deps clean
+.PHONY: lab test test-fast notebooks site wheel student gpu-check bench demo browser-deps clean
 
 # Everything through constraints.txt, the exact tested set (pyproject.toml declares ranges).
 # --no-compile: Python compiles a module when it first imports it; byte-compiling every file of
@@ -65,6 +66,12 @@ notebooks: $(STAMP)
 # Never executes a notebook; any Sphinx warning fails it (tools/build_site.py).
 site: $(STAMP)
 	$(PY) tools/build_site.py
+
+# The course's package (flashlib-course) as one wheel, build/wheel/flashlib_course-VERSION-py3-none-any.whl:
+# uploaded beside a notebook on a runtime, the notebook's setup cell installs it from there.
+wheel: $(STAMP)
+	rm -rf build/wheel
+	$(PY) -m pip wheel --disable-pip-version-check --quiet --no-deps --no-build-isolation -w build/wheel .
 
 # The course without its worked solutions, as students get it (tools/student_edition.py); make lab runs there.
 student: $(STAMP)

@@ -6,15 +6,19 @@ generates from the package (docs/_ext/course_pages.py).
 """
 from __future__ import annotations
 
+import os
 import sys
-import tomllib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "_ext"))
 sys.path.insert(0, str(HERE.parent))  # the package, as the notebooks import it
+sys.path.insert(0, str(HERE.parent / "tools"))
+import notebook_setup  # noqa: E402
 
-REPOSITORY = tomllib.loads((HERE.parent / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+# the course's address, as tools/build_site.py hands it over; else the one in pyproject.toml, which a
+# site (published material) must have: notebook_setup.repository() stops, saying what to set
+REPOSITORY = os.environ.get("FLASHLIB_SITE_REPOSITORY") or notebook_setup.repository()
 
 project = "flashlib: FlashAttention, tile by tile"
 author = "flashlib"

@@ -28,6 +28,9 @@ from .varlen import varlen_reference
 from . import masks  # noqa: E402  (the module: flashlib.masks.document, ...)
 
 __version__ = "0.1.0"
+# This course's own package: the notebooks' setup cells read this line, without importing, to tell
+# it from any other package importable as flashlib (the package index's "flashlib" is another project).
+__course__ = "flashlib-course"
 
 __all__ = [
     "Visibility", "attention_mask", "causal_mask", "dense_attention", "BlockMask", "block_mask", "masks",

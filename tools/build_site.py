@@ -12,11 +12,17 @@
    (served from the site itself), the API pages from the package's docstrings, the labs.
    Any warning fails the build, except those docs/conf.py allows by name.
 
+The site is published material: each notebook page has a button to the course's repository and one
+that opens the notebook in Colab, both from the course's one address (pyproject.toml's
+``[project.urls] Repository``, read by tools/notebook_setup.py). With the address unset the build stops
+before it starts, saying what to set.
+
 Open build/site/index.html. tests/test_site.py builds it and opens every page in Chromium.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -24,11 +30,13 @@ import time
 from pathlib import Path
 
 import nbformat
+import notebook_setup
 from nbval_tags import strip_markers
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-SETUP_TAG = "flashlib-setup"  # tools/notebook_setup.py's cells
+SETUP_TAG = notebook_setup.TAG  # tools/notebook_setup.py's cells
+REPOSITORY_VARIABLE = "FLASHLIB_SITE_REPOSITORY"  # how build() hands docs/conf.py the address
 STILL_NOTE = ('<p class="flashlib-still-note">A still of the widget above, as it opens: run this '
               "notebook in JupyterLab to move its controls.</p>")
 
@@ -88,8 +96,10 @@ def lay_out(docs: Path, notebooks: Path, source: Path) -> list[str]:
 
 
 def build(out: Path, source: Path, docs: Path = ROOT / "docs", notebooks: Path = ROOT / "notebooks",
-          quiet: bool = True) -> subprocess.CompletedProcess:
-    """Lay out the sources, then run Sphinx; raises SystemExit on a missing frame."""
+          quiet: bool = True, repository: str | None = None) -> subprocess.CompletedProcess:
+    """Lay out the sources, then run Sphinx; raises SystemExit on a missing frame. ``repository``: the
+    course's address for the pages' buttons (default: the course's own, which must be set)."""
+    repository = repository or notebook_setup.repository()
     problems = lay_out(docs, notebooks, source)
     if problems:
         raise SystemExit("build_site: widgets without a still frame (re-execute their notebooks "
@@ -103,7 +113,8 @@ def build(out: Path, source: Path, docs: Path = ROOT / "docs", notebooks: Path =
                str(source), str(out)]
     if quiet:
         command.insert(3, "-q")
-    return subprocess.run(command, cwd=ROOT, text=True, capture_output=quiet)
+    return subprocess.run(command, cwd=ROOT, text=True, capture_output=quiet,
+                          env=dict(os.environ, **{REPOSITORY_VARIABLE: repository}))
 
 
 def main(argv=None) -> int:
