@@ -3,8 +3,10 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import textwrap
 import tomllib
 from pathlib import Path
 
@@ -71,7 +73,7 @@ def test_installing_flashlib_keeps_the_environments_torch_triton_and_numpy(tmp_p
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     names = sorted(item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"])
-    assert names == ["flashlib"], names
+    assert names == ["flashlib-course"], names
 
 
 def test_readme_shows_the_two_commands_and_ci_runs_the_test_one():
@@ -166,6 +168,14 @@ def test_the_wheel_carries_the_recorded_runs_and_every_module(tmp_path):
     assert done.stdout.split() == ["flashlib/recorded", "True"], done.stdout
 
 
+def _tool(name: str):
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+
+
 def test_every_notebook_opens_with_its_badge_and_setup_cell():
     """tools/notebook_setup.py keeps them in step with [project.urls] Repository; --check says where not."""
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "notebook_setup.py"), "--check"], capture_output=True,
@@ -173,12 +183,157 @@ def test_every_notebook_opens_with_its_badge_and_setup_cell():
     assert done.returncode == 0, done.stdout + done.stderr
     import nbformat
 
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import notebook_setup
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
+    notebook_setup = _tool("notebook_setup")
+    repo = notebook_setup.address()
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         badge, setup = nbformat.read(path, as_version=4).cells[:2]
-        assert notebook_setup.colab_url(path.name) in badge.source
-        assert 'os.environ.get("FLASHLIB_SOURCE"' in setup.source and setup.outputs == []  # silent where importable
+        if repo is None:
+            assert "not published" in badge.source and "make wheel" in badge.source and "FLASHLIB_SOURCE" in badge.source
+        else:
+            assert notebook_setup.colab_url(path.name) in badge.source
+        assert 'os.environ.get("FLASHLIB_SOURCE")' in setup.source
+        # where the course is importable the cell prints only its line on the runtime, which depends on the
+        # device: the GPU check reports it rather than comparing it
+        assert "device-dependent-output" in setup.metadata["tags"]
+        (line,) = [o for o in setup.outputs if o.get("name") == "stdout"]
+        assert line.text.startswith("Runtime: ") and line.text.count("\n") == 1, (path.name, setup.outputs)
+
+
+# the form of a published address, under an owner no GitHub account can have (GitHub's names hold no dots)
+ADDRESS = "https://github.com/example.invalid/flashlib-course"
+
+
+def _pyproject_with_address(folder: Path, url: str) -> Path:
+    text = (ROOT / "pyproject.toml").read_text()
+    path = folder / "pyproject.toml"
+    path.write_text(re.sub(r'^Repository = ".*"$', f'Repository = "{url}"', text, flags=re.M))
+    return path
+
+
+def test_the_address_is_a_github_repository_or_unpublished(tmp_path):
+    notebook_setup = _tool("notebook_setup")
+    unset = _pyproject_with_address(tmp_path, "https://unpublished.invalid/flashlib-course")
+    assert notebook_setup.address(unset) is None
+    with pytest.raises(SystemExit, match=r"no public address yet: set \[project.urls\] Repository in pyproject.toml "
+                                         r"to the address of your copy of the course on GitHub \(https://github.com/<owner>/<repo>\)"):
+        notebook_setup.repository(unset)
+    assert notebook_setup.repository(_pyproject_with_address(tmp_path, ADDRESS)) == ADDRESS
+    with pytest.raises(SystemExit, match=r"'https://example.org/course': it must be https://github.com/<owner>/<repo>"):
+        notebook_setup.address(_pyproject_with_address(tmp_path, "https://example.org/course"))
+    # unpublished, the setup cell has nothing to install from but what it is given, and says so
+    assert "published=None" in notebook_setup.setup_source(None)
+    assert f'published="git+{ADDRESS}"' in notebook_setup.setup_source(ADDRESS)
+
+
+def test_make_site_without_an_address_stops_saying_what_to_set(tmp_path):
+    """The site is published material: tools/build_site.py (make site) in a copy whose address is unset
+    stops before Sphinx starts, naming the setting and its form."""
+    (tmp_path / "tools").mkdir()
+    for name in ("build_site.py", "notebook_setup.py", "nbval_tags.py"):
+        shutil.copy(ROOT / "tools" / name, tmp_path / "tools" / name)
+    _pyproject_with_address(tmp_path, "https://unpublished.invalid/flashlib-course")
+    done = subprocess.run([sys.executable, str(tmp_path / "tools" / "build_site.py"), "--out", str(tmp_path / "site")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and not (tmp_path / "site").exists()
+    assert "no public address yet: set [project.urls] Repository in pyproject.toml" in done.stderr, done.stderr
+
+
+# a Colab link, a git install, or GitHub's "flashlib" account (an unrelated person's: the course once pointed there)
+ELSEWHERE = re.compile(r"colab\.research\.google\.com/github/[^/\s]+/[\w.-]+|git\+https?://[^\s\"')`]+|github\.com/flashlib\b")
+OWNER = re.compile(r"(?:github\.com|colab\.research\.google\.com/github)/([^/\s]+)")
+
+
+def _points_at_no_one(hit: str, repo: str | None) -> bool:
+    """The course's own address, or one under an owner no GitHub account can have: a placeholder
+    (<owner>) or a name with a dot."""
+    if repo is not None and (hit.startswith(f"git+{repo}") or repo.removeprefix("https://github.com") in hit):
+        return True
+    owner = OWNER.search(hit)
+    return owner is not None and (owner.group(1).startswith("<") or "." in owner.group(1))
+
+
+def test_no_address_points_anywhere_but_the_courses_own():
+    """Colab links and git installs, in every tracked file, are derived from the one address (none while it
+    is unset) or name no one; and nothing names the unrelated GitHub account."""
+    repo = _tool("notebook_setup").address()
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.decode()
+    found = {}
+    for name in filter(None, files.split("\0")):
+        path = ROOT / name
+        if path.suffix in (".png", ".svg", ".json", ".whl") or not path.is_file():
+            continue
+        hits = [h for h in ELSEWHERE.findall(path.read_text(errors="replace")) if not _points_at_no_one(h, repo)]
+        if hits:
+            found[name] = sorted(set(hits))
+    assert found == {}
+    assert not _points_at_no_one("git+https://github.com/flashlib/flashlib", repo)  # what it finds, it reports
+
+
+def test_the_course_has_a_name_of_its_own_and_declares_the_tested_floors():
+    """Its distribution is flashlib-course everywhere (the index's "flashlib" is another project), its
+    module says so in the line the setup cells read, and its lower bounds are the tested releases."""
+    import flashlib
+    from flashlib.course import runtime
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == runtime.DISTRIBUTION == _tool("notebook_setup").DISTRIBUTION == flashlib.__course__
+    assert f'\n__course__ = "{runtime.DISTRIBUTION}"\n' in (ROOT / "flashlib" / "__init__.py").read_text()
+    assert "name: flashlib-course" in (ROOT / "environment.yml").read_text()
+    floors = {}
+    for req in map(Requirement, project["dependencies"]):
+        (bound,) = req.specifier
+        assert bound.operator == ">=", req
+        floors[req.name] = bound.version
+    assert floors == runtime.TESTED
+    readme = (ROOT / "README.md").read_text()
+    for name, floor in runtime.TESTED.items():
+        shown = {"triton": "Triton"}.get(name, name)
+        assert f"{shown} ≥ {floor}" in readme, f"README.md does not state the floor {shown} ≥ {floor}"
+
+
+def _recipe(name: str) -> str:
+    """The code block of README.md after the comment <!-- recipe: NAME -->, as written there."""
+    found = re.search(rf"<!-- recipe: {name} -->\n\s*```\w*\n(.*?)\n\s*```", (ROOT / "README.md").read_text(), re.S)
+    assert found, f"README.md has no recipe {name!r}"
+    return textwrap.dedent(found.group(1))
+
+
+def _clone(folder: Path) -> Path:
+    clone = folder / "flashlib-course"
+    shutil.copytree(ROOT / "flashlib", clone / "flashlib", ignore=shutil.ignore_patterns("__pycache__"))
+    (clone / "notebooks").mkdir()
+    return clone
+
+
+def _without_pythonpath() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FLASHLIB_SOURCE")}
+
+
+def test_readmes_clone_recipe_gives_kernels_the_clones_flashlib(tmp_path):
+    """The recipe's shell lines run as written, with `jupyter` a stand-in that does what a kernel of the
+    server would: start in the notebook folder, with the server's environment, and import flashlib.
+    (The recipe it replaced, PYTHONPATH=., gave kernels notebooks/ as the path.)"""
+    clone = _clone(tmp_path)
+    (tmp_path / "bin").mkdir()
+    stand_in = tmp_path / "bin" / "jupyter"
+    stand_in.write_text('#!/bin/sh\nfor arg in "$@"; do case "$arg" in --notebook-dir=*) dir="${arg#*=}";; esac; done\n'
+                        f'cd "$dir" && exec {sys.executable} -c "import flashlib; print(flashlib.__file__)"\n')
+    stand_in.chmod(0o755)
+    env = dict(_without_pythonpath(), PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(["bash", "-euc", _recipe("clone")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(clone / "flashlib" / "__init__.py")
+
+
+def test_readmes_colab_recipe_puts_the_clone_on_the_path_and_the_setup_cell_finds_it(tmp_path):
+    clone = _clone(tmp_path)
+    setup = _tool("notebook_setup").setup_source(None)
+    code = _recipe("colab") + "\nimport flashlib; print(flashlib.__file__)\n" + setup
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_without_pythonpath(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    path, line = done.stdout.splitlines()
+    assert path == str(Path("flashlib-course") / "flashlib" / "__init__.py") or Path(path).resolve() == \
+        clone / "flashlib" / "__init__.py"
+    assert line.startswith("Runtime: ")  # the course's own package, found: nothing installed

@@ -35,6 +35,7 @@ import nbformat
 import pytest
 
 from .browser_support import CHROMIUM, launch_chromium, watch_console, widget_cells
+from .test_project import ADDRESS  # a published address's form, under an owner no GitHub account can have
 
 pytestmark = pytest.mark.browser
 
@@ -234,7 +235,7 @@ def page(browser):
 def course_site():
     """The site as `make site` builds it: built here, served from build/site."""
     start = time.perf_counter()
-    result = build_site.build(SITE, REPO / "build" / "site-src", notebooks=NOTEBOOKS)
+    result = build_site.build(SITE, REPO / "build" / "site-src", notebooks=NOTEBOOKS, repository=ADDRESS)
     seconds = time.perf_counter() - start
     warnings = (SITE.parent / "site-warnings.log").read_text(errors="replace") \
         if (SITE.parent / "site-warnings.log").exists() else ""
@@ -262,6 +263,15 @@ def test_site_has_every_notebook_in_course_order(course_site):
         assert (site.root / "notebooks" / f"{stem}.html").is_file()
     api = {p.stem for p in (site.root / "api").glob("*.html")}
     assert {"index", "reference", "ops", "kernels", "ladder", "course", "labs", "bench"} <= api
+
+
+def test_each_notebook_page_opens_in_colab_from_the_courses_address(course_site):
+    site, _ = course_site
+    owner_repo = ADDRESS.removeprefix("https://github.com/")
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        page = (site.root / "notebooks" / f"{path.stem}.html").read_text(encoding="utf-8")
+        colab = f"https://colab.research.google.com/github/{owner_repo}/blob/main/notebooks/{path.name}"
+        assert colab in page and f'href="{ADDRESS}"' in page, path.name
 
 
 def test_every_page_works_in_the_browser(course_site, page):
@@ -411,7 +421,8 @@ def _notebook_with_widget(path: Path, frame: bool) -> None:
 def test_checks_find_a_broken_page(page, tmp_path):
     docs = _harness_docs(tmp_path / "docs", HARNESS_PAGES)
     (tmp_path / "notebooks").mkdir()
-    result = build_site.build(tmp_path / "out", tmp_path / "src", docs=docs, notebooks=tmp_path / "notebooks")
+    result = build_site.build(tmp_path / "out", tmp_path / "src", docs=docs, notebooks=tmp_path / "notebooks",
+                              repository=ADDRESS)
     assert result.returncode == 0, result.stderr  # nothing Sphinx sees: the browser must
     site = Site(tmp_path / "out")
     try:
@@ -434,7 +445,8 @@ def test_checks_find_a_broken_page(page, tmp_path):
 def test_a_build_warning_fails_the_build(tmp_path):
     docs = _harness_docs(tmp_path / "docs", {"index.md": "# Scratch\n\nA [link](missing.md) to nothing.\n"})
     (tmp_path / "notebooks").mkdir()
-    result = build_site.build(tmp_path / "out", tmp_path / "src", docs=docs, notebooks=tmp_path / "notebooks")
+    result = build_site.build(tmp_path / "out", tmp_path / "src", docs=docs, notebooks=tmp_path / "notebooks",
+                              repository=ADDRESS)
     assert result.returncode != 0
     assert "missing.md" in (tmp_path / "out-warnings.log").read_text()
 
@@ -443,9 +455,10 @@ def test_a_widget_without_its_frame_stops_the_build(tmp_path):
     docs = _harness_docs(tmp_path / "docs", {"index.md": "# Scratch\n\n```{toctree}\n:glob:\n\nnotebooks/*\n```\n"})
     _notebook_with_widget(tmp_path / "notebooks" / "01_a.ipynb", frame=False)
     with pytest.raises(SystemExit, match="notebooks/01_a.ipynb cell 1: a widget view with no image/png"):
-        build_site.build(tmp_path / "out", tmp_path / "src", docs=docs, notebooks=tmp_path / "notebooks")
+        build_site.build(tmp_path / "out", tmp_path / "src", docs=docs, notebooks=tmp_path / "notebooks",
+                              repository=ADDRESS)
     _notebook_with_widget(tmp_path / "notebooks" / "01_a.ipynb", frame=True)
-    assert build_site.build(tmp_path / "out", tmp_path / "src", docs=docs,
+    assert build_site.build(tmp_path / "out", tmp_path / "src", docs=docs, repository=ADDRESS,
                             notebooks=tmp_path / "notebooks").returncode == 0
     page = (tmp_path / "out" / "notebooks" / "01_a.html").read_text()
     assert "<img" in page and "A still of the widget" in page and "widget-view" not in page

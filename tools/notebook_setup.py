@@ -42,18 +42,18 @@ BRANCH = "main"
 DISTRIBUTION = "flashlib-course"
 GITHUB = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+")
 UNSET_HELP = ("set [project.urls] Repository in pyproject.toml to the address of your copy of the course on GitHub "
-              "(https://github.com/OWNER/REPO), then run python tools/notebook_setup.py and make notebooks "
+              "(https://github.com/<owner>/<repo>), then run python tools/notebook_setup.py and make notebooks "
               '(README, "Publishing the course")')
 
 
 def address(pyproject: Path = ROOT / "pyproject.toml") -> str | None:
-    """The course's public address, https://github.com/OWNER/REPO; None while it is unpublished (a
+    """The course's public address, https://github.com/<owner>/<repo>; None while it is unpublished (a
     name under .invalid). Anything else stops with what to write."""
     url = tomllib.loads(Path(pyproject).read_text())["project"]["urls"]["Repository"]
     if (urlsplit(url).hostname or "").endswith(".invalid"):
         return None
     if not GITHUB.fullmatch(url):
-        raise SystemExit(f"notebook_setup: [project.urls] Repository is {url!r}: it must be https://github.com/OWNER/REPO "
+        raise SystemExit(f"notebook_setup: [project.urls] Repository is {url!r}: it must be https://github.com/<owner>/<repo> "
                          "(Colab opens notebooks from GitHub), or a name under .invalid while the course is unpublished")
     return url
 
