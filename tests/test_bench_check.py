@@ -42,6 +42,13 @@ def test_without_a_gpu_it_says_so(capsys, monkeypatch):
     assert "needs a CUDA device" in capsys.readouterr().out
 
 
+def test_provenance_records_the_versions_the_course_has_floors_for():
+    from flashlib.course import runtime
+
+    packages = check.provenance()["packages"]
+    assert set(packages) == set(runtime.TESTED) and packages == runtime.installed()
+
+
 def test_source_revision_names_the_code(tmp_path, monkeypatch):
     import shutil
 

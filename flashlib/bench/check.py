@@ -253,6 +253,9 @@ def provenance() -> dict:
     if torch.cuda.is_available():
         info["device"] = torch.cuda.get_device_name()
         info["capability"] = list(torch.cuda.get_device_capability())
+    from ..course.runtime import installed
+
+    info["packages"] = installed()  # numpy, matplotlib, ipywidgets too: the README's tested versions
     return info
 
 

@@ -45,9 +45,14 @@ def _version(name: str) -> str | None:
         return None
 
 
+def installed() -> dict[str, str | None]:
+    """The installed version of each package the course has a floor for (None: missing)."""
+    return {name: _version(name) for name in TESTED}
+
+
 def here() -> Runtime:
     """This process's runtime: installed versions, and the CUDA device torch can use, if any."""
-    versions = {name: _version(name) for name in TESTED}
+    versions = installed()
     if versions["torch"] is None:
         return Runtime(versions)
     import torch
