@@ -220,8 +220,14 @@ def test_the_address_is_a_github_repository_or_unpublished(tmp_path):
     assert notebook_setup.repository(_pyproject_with_address(tmp_path, ADDRESS)) == ADDRESS
     with pytest.raises(SystemExit, match=r"'https://example.org/course': it must be https://github.com/<owner>/<repo>"):
         notebook_setup.address(_pyproject_with_address(tmp_path, "https://example.org/course"))
-    # unpublished, the setup cell has nothing to install from but what it is given, and says so
-    assert "published=None" in notebook_setup.setup_source(None)
+    # unpublished, the setup cell has nothing to install from but what it is given: given nothing, in a
+    # Python that has no flashlib (-S: no site-packages), it stops and says how to bring the course in
+    done = subprocess.run([sys.executable, "-S", "-c", notebook_setup.setup_source(None)], cwd=tmp_path,
+                          env=_without_pythonpath(), capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and done.stdout == ""
+    assert ("RuntimeError: flashlib-course is not installed here and this copy of the course is not published: upload "
+            "the wheel that `make wheel` builds (build/wheel/flashlib_course-*.whl) into ") in done.stderr, done.stderr
+    assert "or set FLASHLIB_SOURCE to a path or a git URL of your copy" in done.stderr
     assert f'published="git+{ADDRESS}"' in notebook_setup.setup_source(ADDRESS)
 
 
