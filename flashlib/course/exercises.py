@@ -15,12 +15,15 @@ import numbers
 
 import torch
 
+from . import verdicts
+
 PASS = "PASS"
 RETRY = "NOT YET"
 
 
 def _passed(message: str) -> bool:
     print(f"{PASS}: {message}")
+    verdicts.report(True, f"{PASS}: {message}")
     return True
 
 
@@ -55,6 +58,7 @@ def _failed(message: str, hint) -> bool:
     """Print a NOT YET with ``hint``: a string, or the next of a :class:`HintSteps`."""
     label, text = hint.next() if isinstance(hint, HintSteps) else ("hint", hint)
     print(f"{RETRY}: {message}\n  {label}: {text}")
+    verdicts.report(False, f"{RETRY}: {message}")
     return False
 
 
@@ -62,6 +66,7 @@ def _unanswered(answer, kind: str, hint: str = "") -> bool | None:
     """False (after saying what is expected) when there is no answer yet; the hint waits for a try."""
     if answer is None or answer is Ellipsis:
         print(f"{RETRY}: no answer yet; expected {kind}.")
+        verdicts.report(False, f"{RETRY}: no answer yet; expected {kind}.")
         return False
     return None
 

@@ -82,12 +82,17 @@ def marked(source: str) -> str | None:
     return None
 
 
-def run_cell(source: str, name: str = "lab") -> str:
-    """Run a cell's code here as a notebook kernel would (its source findable, as IPython makes it) and
-    return what it printed."""
+def run_source(source: str, name: str, namespace: dict) -> None:
+    """Run a cell's code in ``namespace`` as a notebook kernel would: its source findable (as IPython
+    makes it), which Triton needs to compile a kernel the cell defines."""
     filename = f"<lab-cell-{name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)
+
+
+def run_cell(source: str, name: str = "lab") -> str:
+    """Run a cell's code here as a notebook kernel would and return what it printed."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(source, filename, "exec"), {"__name__": "__main__"})
+        run_source(source, name, {"__name__": "__main__"})
     return out.getvalue()

@@ -18,6 +18,7 @@ import textwrap
 from dataclasses import dataclass
 from importlib import resources
 
+from ..course import verdicts
 from ..course.exercises import PASS, RETRY
 from .catalog import LABS, MISTAKES, Lab
 from . import progress_file
@@ -143,6 +144,7 @@ def check(name: str, fn) -> LabResult:
         _SEEN.add(name)
         progress_file.record(name)
     print(result.message)
+    verdicts.report(result.passed, result.message, lab=name, mistake=result.mistake)
     return result
 
 
