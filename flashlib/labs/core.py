@@ -21,7 +21,7 @@ from importlib import resources
 from ..course import verdicts
 from ..course.exercises import PASS, RETRY
 from .catalog import LABS, MISTAKES, Lab
-from . import progress_file
+from . import own_code, progress_file
 from .common import Report
 
 
@@ -133,6 +133,10 @@ def check(name: str, fn) -> LabResult:
     elif not callable(fn):
         result = LabResult(name, False, f"{RETRY}: expected a function {spec.signature}; got "
                                         f"{type(fn).__name__} {fn!r:.60}.")
+    elif (borrowed := own_code.used(fn, own_code.course_functions(spec.answers))) is not None:
+        result = LabResult(name, False, f"{RETRY}: {name}: {borrowed}. The lab asks you to write this step "
+                                        f"yourself; the course's version is what you are checked against, not an "
+                                        f"answer. labs.hint(\"{name}\") gives a hint.", "course_code")
     else:
         report = _run_checker(name, fn)
         if isinstance(report, str):
