@@ -15,17 +15,25 @@ import io
 import linecache
 
 from .catalog import LABS
+from .. import edition
 from .core import has_solutions, lab, solution_source
 
 MARKER = "# LAB: "
 MARKDOWN_MARKER = "<!-- LAB: {name} -->"
 
 
-def markdown_cell(name: str, *, solutions: bool | None = None) -> str:
-    """The lab's task; ``solutions`` (default: whether this edition has them) adds where the worked one is."""
+_COUNT = ("no", "one", "two", "three")
+
+
+def markdown_cell(name: str, *, solutions: bool | None = None, hints: int | None = None) -> str:
+    """The lab's task; ``solutions`` (default: whether this edition has them) adds where the worked one is,
+    ``hints`` (default: as many as this edition gives) how many hints there are."""
     spec = lab(name, "labs.cells.markdown_cell")
     solutions = has_solutions() if solutions is None else solutions
+    hints = len(edition.given(spec.hints)) if hints is None else min(hints, len(spec.hints))
     where = f'; `labs.solution("{name}")` shows a worked solution.' if solutions else "."
+    offer = (f'`labs.hint("{name}")` gives a hint ({_COUNT[hints]}, one at a time){where}' if hints else
+             "This edition gives no hints: the checker's message says what is wrong.")
     return "\n".join([
         MARKDOWN_MARKER.format(name=name),
         f"## Lab: {spec.title}",
@@ -36,8 +44,7 @@ def markdown_cell(name: str, *, solutions: bool | None = None) -> str:
         spec.signature,
         "```",
         "",
-        f"The checker tries {', '.join(spec.tries)}, and names the mistake when it recognises one. "
-        f'`labs.hint("{name}")` gives a hint (three, one at a time){where}',
+        f"The checker tries {', '.join(spec.tries)}, and names the mistake when it recognises one. {offer}",
     ])
 
 
