@@ -74,8 +74,10 @@ wheel: $(STAMP)
 	$(PY) -m pip wheel --disable-pip-version-check --quiet --no-deps --no-build-isolation -w build/wheel .
 
 # The course without its worked solutions, as students get it (tools/student_edition.py); make lab runs there.
+# HINTS: hints a lab or exercise gives at most in the edition (0-3; the third of a lab's is close to code)
+HINTS ?= 2
 student: $(STAMP)
-	$(PY) tools/student_edition.py build/student
+	$(PY) tools/student_edition.py build/student --hints $(HINTS)
 
 demo: $(STAMP)
 	$(PY) -m flashlib demo

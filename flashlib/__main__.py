@@ -19,11 +19,17 @@ def main(argv=None) -> int:
     labs = sub.add_parser("labs", help="the labs: grade saved notebooks")
     labs_sub = labs.add_subparsers(dest="labs_command", required=True)
     grade = labs_sub.add_parser("grade", help="run every lab and checked exercise cell of the notebooks, each in a "
-                                              "fresh kernel, and print a table of the verdicts")
-    grade.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="saved notebooks (.ipynb)")
+                                              "process of its own, and print a table of the verdicts")
+    grade.add_argument("notebooks", nargs="+", metavar="PATH",
+                       help="saved notebooks (.ipynb), a student's folder of them, or a class's folder of student "
+                            "folders")
     grade.add_argument("--json", metavar="FILE", help="also write the verdicts as a JSON list of objects with the "
-                                                      "keys notebook, lab, passed, message, seconds")
+                                                      "keys student, notebook, lab, passed, message, mistake, seconds")
+    grade.add_argument("--csv", metavar="FILE", help="also write them as CSV, with a total row per student")
+    grade.add_argument("--jobs", type=int, default=1, help="cells graded at once (default 1)")
     grade.add_argument("--timeout", type=int, default=600, help="seconds a cell may run (default 600)")
+    grade.add_argument("--memory", type=int, default=4096, metavar="MIB",
+                       help="resident memory a cell may use, in MiB (default 4096)")
     args, rest = parser.parse_known_args(argv)
 
     if args.command == "demo":
@@ -52,7 +58,8 @@ def main(argv=None) -> int:
         return 0
     if args.command == "labs":
         from .labs.grade import main as grade_main
-        return grade_main(args.notebooks, args.json, args.timeout)
+        return grade_main(args.notebooks, args.json, args.timeout, csv_path=args.csv, jobs=args.jobs,
+                          memory_mib=args.memory)
     if args.command == "gpu-check":
         from .bench.check import main as gpu_main
         return gpu_main(rest)

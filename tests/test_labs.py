@@ -79,14 +79,15 @@ def test_every_worked_solution_passes_its_checker_in_time(name, tmp_path, capsys
 
 @needs_triton
 def test_the_teaching_kernels_loops_pass_the_kernel_labs(capsys, monkeypatch):
-    """The harness calls the learner's loop exactly as the teaching kernels call theirs. The course's
+    """The harness calls the learner's loop exactly as the teaching kernels call theirs (run past the
+    refusal of the course's own code, which labs.check gives them as answers). The course's
     dK/dV loop reads the lse in base 2, as the course's forward stores it (notebook 06); the lab hands a
     learner the natural lse, as flashlib's callers see it. Given the base-2 one, the course's loop passes."""
     from flashlib.kernels import backward, forward
     from flashlib.kernels.config import LOG2E
     from flashlib.labs import kernel_labs
 
-    assert labs.check("attn_fwd_inner", forward._attn_fwd_inner)
+    assert labs.core._run_checker("attn_fwd_inner", forward._attn_fwd_inner).problem is None
     natural = kernel_labs.expected_backward
 
     def base2(case, *args):
@@ -94,7 +95,7 @@ def test_the_teaching_kernels_loops_pass_the_kernel_labs(capsys, monkeypatch):
         return out, lse * LOG2E, grads
 
     monkeypatch.setattr(kernel_labs, "expected_backward", base2)
-    assert labs.check("attn_bwd_dkdv_inner", backward._attn_bwd_dkdv_inner)
+    assert labs.core._run_checker("attn_bwd_dkdv_inner", backward._attn_bwd_dkdv_inner).problem is None
 
 
 ONLINE = [
@@ -653,3 +654,82 @@ def test_log2e_is_public_and_a_triton_constant():
     from flashlib.labs import LOG2E
 
     assert isinstance(LOG2E, tl.constexpr) and abs(LOG2E.value - 1 / math.log(2)) < 1e-15
+
+
+def _course_code_answers():
+    """(lab, answer, how the refusal says it) for answers that are, copy or call the course's own code."""
+    import functools
+    import inspect
+
+    import flashlib
+    import flashlib.tiled
+    from flashlib import rules
+    from flashlib.backward import tiled_backward as course_backward
+    from flashlib.softmax import merge_states
+
+    def via_module_chain(q, k, v, block_q, block_k, causal):
+        return flashlib.tiled.tiled_forward(q, k, v, block_q=block_q, block_k=block_k, causal=causal)
+
+    def via_import(q, k, v, out, lse, dout, block_q, block_k, causal):
+        return course_backward(q, k, v, out, lse, dout, block_q=block_q, block_k=block_k, causal=causal)
+
+    def make_closure():
+        grad = rules.sink_grad
+
+        def sink_grad(sinks, lse, delta):
+            return grad(sinks, lse, delta)
+        return sink_grad
+
+    @functools.wraps(rules.sink_grad)
+    def wrapped(sinks, lse, delta):
+        return -rules.sink_grad(sinks, lse, -delta) * -1
+
+    class Merger:
+        def __init__(self):
+            self.inner = merge_states
+
+        def __call__(self, m_a, l_a, m_b, l_b):
+            return self.inner((m_a, l_a), (m_b, l_b))
+
+    copy = {}
+    exec(compile(inspect.getsource(rules.sink_grad), "<a copy>", "exec"), vars(rules).copy() | {"__name__": "x"}, copy)
+    return [("tiled_forward", via_module_chain, "calls the course's own flashlib.tiled.tiled_forward"),
+            ("tiled_backward", via_import, "calls the course's own flashlib.backward.tiled_backward"),
+            ("sink_grad", rules.sink_grad, "is the course's own flashlib.rules.sink_grad"),
+            ("sink_grad", functools.partial(rules.sink_grad), "is the course's own flashlib.rules.sink_grad"),
+            ("sink_grad", make_closure(), "calls the course's own flashlib.rules.sink_grad"),
+            ("sink_grad", wrapped, "is the course's own flashlib.rules.sink_grad"),
+            ("sink_grad", copy["sink_grad"], "is a copy of the course's own flashlib.rules.sink_grad"),
+            ("merge_states", Merger(), "calls the course's own flashlib.softmax.merge_states")]
+
+
+def test_the_courses_own_code_is_not_an_answer(capsys):
+    """The course's function, a copy of its code, or a call to it (through a module's attributes, an
+    import, a closure, functools.partial or wraps, a callable object) is refused before any case runs."""
+    for name, answer, how in _course_code_answers():
+        result = labs.check(name, answer)
+        assert not result and result.mistake == "course_code", (name, result.message)
+        assert f"your function {how}." in result.message and "write this step yourself" in result.message
+    capsys.readouterr()
+
+
+@needs_triton
+def test_the_courses_kernel_loop_is_not_an_answer(tmp_path, capsys):
+    import inspect
+
+    from flashlib.kernels import backward, forward
+
+    for name, course in (("attn_fwd_inner", forward._attn_fwd_inner),
+                         ("attn_bwd_dkdv_inner", backward._attn_bwd_dkdv_inner)):
+        result = labs.check(name, course)  # as notebook 06 hands it: fused._attn_fwd_inner
+        assert result.mistake == "course_code" and "is the course's own" in result.message
+        # its source pasted into a cell of one's own: the same code
+        source = inspect.getsource(course.fn)
+        path = tmp_path / f"{name}_copy.py"
+        path.write_text("import triton\nimport triton.language as tl\nfrom flashlib.kernels.forward import *\n"
+                        "from flashlib.kernels.backward import *\n\n" + source)
+        module = {}
+        exec(compile(path.read_text(), str(path), "exec"), module)
+        result = labs.check(name, module[course.fn.__name__])
+        assert result.mistake == "course_code" and "is a copy of the course's own" in result.message, result.message
+    capsys.readouterr()

@@ -73,6 +73,7 @@ def _function(source: str) -> str:
 
 def test_the_edition_has_no_solutions_package_and_installs_what_it_lists(edition):
     assert not (edition / "flashlib" / "labs" / "solutions").exists()
+    assert not (edition / "flashlib" / "course" / "answers.py").exists()
     assert (edition / "flashlib" / "labs" / "core.py").exists() and (edition / "notebooks").is_dir()
     packages = tomllib.loads((edition / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     assert "flashlib.labs.solutions" not in packages
@@ -105,10 +106,22 @@ def test_the_notebooks_keep_each_labs_stub_and_lose_what_shows_its_answer(editio
         nb = nbformat.read(edition / "notebooks" / f"{spec.notebook}.ipynb", as_version=4)
         task = [c.source for c in nb.cells if c.cell_type == "markdown" and cells.marked(c.source) == spec.name]
         stub = [c.source for c in nb.cells if c.cell_type == "code" and cells.marked(c.source) == spec.name]
-        assert task == [cells.markdown_cell(spec.name, solutions=False)] and "labs.solution" not in task[0]
+        assert task == [cells.markdown_cell(spec.name, solutions=False, hints=2)] and "labs.solution" not in task[0]
+        assert "(two, one at a time)" in task[0]
         assert stub == [cells.code_cell(spec.name)]
         assert not any("labs.reveal(" in c.source or "labs.solution(" in c.source for c in nb.cells)
-    assert "Student edition" in (edition / "README.md").read_text()
+    for path in sorted((edition / "notebooks").glob("*.ipynb")):  # no sentence promises what was removed
+        prose = " ".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
+        assert "after the lab" not in prose.lower() and "labs.solution" not in prose, path.name
+
+
+def test_the_editions_readme_describes_the_edition(edition):
+    readme = (edition / "README.md").read_text()
+    assert readme.startswith("# FlashAttention, tile by tile: the student edition")
+    assert "no worked\nsolutions" in readme and "(2 per lab in this edition)" in readme and "make lab" in readme
+    for absent in ("labs.solution", "docs/syllabus.md", "tests/", "tools/", "make test"):
+        assert absent not in readme, absent  # what this edition lacks is not named
+    assert not (edition / "docs").exists() and not (edition / "tests").exists()
 
 
 STUDENT_RUN = r"""
@@ -176,8 +189,53 @@ def test_solution_reveal_and_hints_in_the_edition(edition):
     lines = done.stdout.splitlines()
     assert lines[0].startswith("This is the student edition of the course: it has no worked solutions")
     assert lines[1].startswith("This is the student edition of the course") and "reveal" in lines[1]
-    assert lines[2] == f"hint 1 of 3 for sink_grad: {labs.LABS['sink_grad'].hints[0]}"  # the full edition's hints
-    assert lines[5] == f"hint 3 of 3 for merge_states: {labs.LABS['merge_states'].hints[2]}"
+    assert lines[2] == f"hint 1 of 2 for sink_grad: {labs.LABS['sink_grad'].hints[0]}"  # the first two of three
+    assert lines[4] == f"hint 2 of 2 for merge_states: {labs.LABS['merge_states'].hints[1]}"
+    assert lines[5] == "No more hints for merge_states in this edition: labs.check says what is wrong."
+
+
+EXERCISES_RUN = r"""
+from flashlib.course import score_exercises, serving, variant_exercises
+
+for module, name, check in ((score_exercises, "alibi_grad", score_exercises.check_alibi_grad),
+                            (serving, "cascade_merge", serving.check_cascade_merge),
+                            (variant_exercises, "sink_window", variant_exercises.check_sink_window)):
+    module.solution(name)
+    for _ in range(5):  # wrong tries: each gives the next hint, never the answer
+        check(lambda *a: 0)
+"""
+
+
+def test_the_editions_exercises_never_give_their_answers(edition):
+    from flashlib.course.answers import ANSWERS
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(edition), FLASHLIB_PROGRESS="off")
+    done = subprocess.run([sys.executable, "-c", EXERCISES_RUN], cwd=edition, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("it has no worked solutions") == 3
+    assert "hint 2 of 2" in done.stdout and "hint 3" not in done.stdout
+    others = [_squash(t) for path, t in _texts(ROOT / "flashlib", skip=SOLUTIONS) if path.name != "answers.py"]
+    texts = [(path, _squash(text)) for path, text in _texts(edition)]
+    for name, answer in ANSWERS.items():
+        assert _squash(answer) not in _squash(done.stdout), name
+        # the answer's lines that nothing else of the full edition holds: printed nowhere, written nowhere
+        own = [line for line in _code_lines(answer)[1:] if not any(_squash(line) in t for t in others)]
+        assert own, f"{name}: every line of its answer is somewhere else in the course"
+        for line in own:
+            assert _squash(line) not in _squash(done.stdout), (name, line)
+            for path, text in texts:
+                assert _squash(line) not in text, (path, name, line)
+
+
+def test_a_teacher_chooses_how_many_hints(tmp_path):
+    build = student_edition.build(tmp_path / "none", hints=0)
+    nb = nbformat.read(build / "notebooks" / "02_online_softmax.ipynb", as_version=4)
+    assert any("This edition gives no hints" in c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "HINTS: int | None = 0" in (build / "flashlib" / "edition.py").read_text()
+    with pytest.raises(SystemExit, match="--hints"):
+        student_edition.build(tmp_path / "bad", hints=5)
 
 
 def test_the_edition_is_not_written_over_the_course():

@@ -1,14 +1,16 @@
 """Write the student edition of the course: the notebooks and the package, with no worked solution.
 
-    python tools/student_edition.py [OUT]          (make student: OUT = build/student)
+    python tools/student_edition.py [OUT] [--hints N]     (make student: OUT = build/student, N = 2)
 
 OUT gets what a student needs to run the course (`make lab` there): the notebooks, the package,
-the recorded runs, pyproject.toml, constraints.txt, environment.yml, the Makefile and the README.
-Left out: flashlib/labs/solutions/ (and its entry in pyproject.toml's packages), so that
-labs.solution and labs.reveal say this edition has none; in the notebooks, each lab's "After the lab"
-cells, which print the course's own code once the lab passes. Each lab's task says only that
-labs.hint gives hints; its code cell is the stub; its checker and hints are the full edition's.
-Running it twice gives the same tree.
+the recorded runs, pyproject.toml, constraints.txt, environment.yml, the Makefile and a README of
+its own. Left out: flashlib/labs/solutions/ (the labs' worked solutions, and its entry in
+pyproject.toml's packages) and flashlib/course/answers.py (the exercises' worked answers), so that labs.solution, labs.reveal and the
+exercises' solution() say this edition has none; in the notebooks, each lab's "After the lab" cells,
+which print the course's own code once the lab passes, and the sentences that promise them. Each
+lab's task says only that labs.hint gives hints; its code cell is the stub. Labs and exercises give
+at most N hints (flashlib/edition.py's HINTS): the last of a lab's three is close to code, so 2 by
+default stops before it; the teacher chooses. Running it twice gives the same tree.
 """
 from __future__ import annotations
 
@@ -29,8 +31,46 @@ FILES = ("pyproject.toml", "constraints.txt", "environment.yml", "Makefile", "RE
 FOLDERS = ("flashlib", "notebooks", "data")
 LEFT_OUT = ("__pycache__", "*.egg-info", ".ipynb_checkpoints", ".flashlib-progress.json")
 SOLUTIONS = Path("flashlib") / "labs" / "solutions"
-README_NOTE = ("> **Student edition.** This copy of the course has no worked solutions: `labs.hint(name)` gives "
-               "a lab's hints, one at a time, and `labs.check(name, fn)` says what is wrong.\n\n")
+ANSWERS = Path("flashlib") / "course" / "answers.py"  # the exercises' worked answers
+HINTS = 2  # by default: a lab's third hint is close to code
+# sentences of the full edition that promise what the edition leaves out ("After the lab" cells): each
+# must be found, so that a rewording of the notebook is noticed here
+PROSE = {"06_fused_forward": [("so its code is printed after the lab.", "so its code is yours to write.")],
+         "07_backward_kernels": [("so its code is printed after the lab:", "so its code is yours to write:"),
+                                 ("so it too is printed after the lab; here is the program around it:",
+                                  "so it is not shown either; here is the program around it:")]}
+README = """# FlashAttention, tile by tile: the student edition
+
+A Jupyter course that takes you from dense attention through online softmax and tiling to a fused
+Triton FlashAttention kernel, forward and backward, and on to what practice needs. This edition is the
+one your teacher handed out: it has the notebooks and the `flashlib` package they import, and no worked
+solutions.
+
+## Start
+
+```sh
+make lab
+```
+
+sets up a virtual environment in `.venv` (Python 3.11 or newer) and starts JupyterLab on `notebooks/`.
+Open `01_dense_attention.ipynb` and run the cells in order. Notebooks 01–04 and 11 need only PyTorch;
+05–10, 12–14 and A need Triton (Linux, or WSL2 on Windows); without a GPU its kernels run on the CPU
+through Triton's interpreter.
+
+## Labs and exercises
+
+Each lab is a cell whose first line is `# LAB: name`: write the function it names, run the cell, and
+`labs.check` says whether it is right or which mistake it sees. `labs.hint(name)` gives a hint, one at a
+time ({hints} per lab in this edition); an exercise's checker gives the next hint after each wrong try.
+`labs.progress()` lists the labs you have passed. The checker compares your function with the
+definitions, never with the course's own code: handing in the course's functions is refused.
+
+## Handing in
+
+Save each notebook (File > Save) and hand in the `notebooks/` folder as your teacher asks. Your teacher
+grades the saved files: every lab and checked exercise cell is run again on its own, after only the
+import lines of the cells before it, so a cell must define everything it checks.
+"""
 
 
 def _copy(out: Path) -> None:
@@ -40,6 +80,7 @@ def _copy(out: Path) -> None:
     for name in FOLDERS:
         shutil.copytree(ROOT / name, out / name, ignore=shutil.ignore_patterns(*LEFT_OUT))
     shutil.rmtree(out / SOLUTIONS)
+    (out / ANSWERS).unlink()
 
 
 def _pyproject(out: Path) -> None:
@@ -51,33 +92,54 @@ def _pyproject(out: Path) -> None:
     path.write_text(package.sub("", text, count=1), encoding="utf-8")
 
 
-def _readme(out: Path) -> None:
-    path = out / "README.md"
+def _readme(out: Path, hints: int) -> None:
+    (out / "README.md").write_text(README.format(hints=hints), encoding="utf-8")
+
+
+def _edition(out: Path, hints: int) -> None:
+    """The edition's own flashlib/edition.py: at most ``hints`` hints per lab and exercise."""
+    path = out / "flashlib" / "edition.py"
     text = path.read_text(encoding="utf-8")
-    title, _, rest = text.partition("\n\n")
-    path.write_text(f"{title}\n\n{README_NOTE}{rest}", encoding="utf-8")
+    line = re.compile(r"^HINTS: int \| None = None(.*)$", re.M)
+    if not line.search(text):
+        raise SystemExit("flashlib/edition.py no longer sets HINTS = None: update tools/student_edition.py")
+    path.write_text(line.sub(f"HINTS: int | None = {hints}\\1", text, count=1), encoding="utf-8")
+
+
+def _prose(name: str, nb) -> None:
+    for old, new in PROSE.get(name, ()):
+        found = [c for c in nb.cells if c.cell_type == "markdown" and old in c.source]
+        if not found:
+            raise SystemExit(f"notebooks/{name}.ipynb no longer says {old!r}: update tools/student_edition.py's PROSE")
+        for cell in found:
+            cell.source = cell.source.replace(old, new)
 
 
 def _is_reveal(cell) -> bool:
     return "-reveal" in (cell.get("id") or "") or (cell.cell_type == "code" and "labs.reveal(" in cell.source)
 
 
-def student_notebook(nb):
-    """The notebook as a student gets it: no "After the lab" cells, each lab's task without a solution."""
+def student_notebook(nb, name: str = "", hints: int = HINTS):
+    """The notebook as a student gets it: no "After the lab" cells nor sentences promising them, each lab's
+    task without a solution."""
     nb.cells = [c for c in nb.cells if not _is_reveal(c)]
+    _prose(name, nb)
     for cell in nb.cells:
         name = cells.marked(cell.source)
         if name is None:
             continue
         if cell.cell_type == "markdown":
-            cell.source = cells.markdown_cell(name, solutions=False)
+            cell.source = cells.markdown_cell(name, solutions=False, hints=hints)
         elif cell.source != cells.code_cell(name):
             raise SystemExit(f"the cell of lab {name} is not its stub: run python tools/insert_lab_cells.py")
     return nb
 
 
-def build(out: Path) -> Path:
-    """Write the student edition into ``out`` (replacing what is there); return it."""
+def build(out: Path, hints: int = HINTS) -> Path:
+    """Write the student edition into ``out`` (replacing what is there), giving at most ``hints`` hints per
+    lab and exercise; return it."""
+    if isinstance(hints, bool) or not isinstance(hints, int) or not 0 <= hints <= 3:
+        raise SystemExit(f"argument --hints is {hints!r}; expected a number of hints from 0 to 3")
     out = Path(out)
     if out.resolve() in (ROOT, *ROOT.parents):
         raise SystemExit(f"argument OUT is {out}, which holds the course itself: choose a new folder")
@@ -85,9 +147,10 @@ def build(out: Path) -> Path:
     out.mkdir(parents=True)
     _copy(out)
     _pyproject(out)
-    _readme(out)
+    _readme(out, hints)
+    _edition(out, hints)
     for path in sorted((out / "notebooks").glob("*.ipynb")):
-        nb = student_notebook(nbformat.read(path, as_version=4))
+        nb = student_notebook(nbformat.read(path, as_version=4), path.stem, hints)
         nbformat.validate(nb)
         with open(path, "w", encoding="utf-8", newline="\n") as f:
             nbformat.write(nb, f)
@@ -98,8 +161,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", type=Path, default=ROOT / "build" / "student",
                         help="the folder to write (default build/student)")
+    parser.add_argument("--hints", type=int, default=HINTS,
+                        help=f"hints a lab or exercise gives at most, 0 to 3 (default {HINTS}: a lab's third is "
+                             "close to code)")
     args = parser.parse_args(argv)
-    print(f"student edition written to {build(args.out)}")
+    print(f"student edition written to {build(args.out, args.hints)}")
     return 0
 
 

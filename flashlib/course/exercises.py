@@ -15,39 +15,66 @@ import numbers
 
 import torch
 
+from .. import edition
+from . import verdicts
+
 PASS = "PASS"
 RETRY = "NOT YET"
 
 
 def _passed(message: str) -> bool:
     print(f"{PASS}: {message}")
+    verdicts.report(True, f"{PASS}: {message}")
     return True
 
 
 class HintSteps:
     """An exercise's hints in order, from the idea to the structure to code: each wrong try
-    shows the next one (the last repeats), so the answer comes only after repeated tries."""
+    shows the next one (the last repeats), so the answer comes only after repeated tries.
+    ``answer`` names the exercise's worked answer, the last step (:mod:`flashlib.course.answers`, which
+    the student edition leaves out); the student edition gives at most :data:`flashlib.edition.HINTS` steps."""
 
-    def __init__(self, *hints: str):
-        self.hints, self.given = hints, 0
+    def __init__(self, *hints: str, answer: str | None = None):
+        self.written, self.key, self.given = hints, answer, 0
+
+    @property
+    def hints(self) -> tuple[str, ...]:
+        """The steps this edition gives: the hints, then the worked answer where this edition has it."""
+        steps = self.written + ((self.answer,) if self.key is not None and edition.answers_shipped() else ())
+        return edition.given(steps)
 
     def next(self) -> tuple[str, str]:
         """(label, text) of the next hint, e.g. ("hint 1 of 3", "...")."""
-        self.given = min(self.given + 1, len(self.hints))
-        return f"hint {self.given} of {len(self.hints)}", self.hints[self.given - 1]
+        hints = self.hints
+        if not hints:
+            return "hint", "this edition gives none: the message above says what is wrong"
+        self.given = min(self.given + 1, len(hints))
+        return f"hint {self.given} of {len(hints)}", hints[self.given - 1]
 
     def reset(self) -> None:
         self.given = 0
 
     @property
     def answer(self) -> str:
-        return self.hints[-1]
+        """The worked answer (the full edition's; the student edition says it has none)."""
+        if self.key is None:
+            return self.written[-1]
+        if not edition.answers_shipped():
+            raise RuntimeError(f"{edition.NO_SOLUTIONS}: the hints of this exercise go as far as this edition's "
+                               "teacher chose.")
+        from .answers import ANSWERS
+
+        return ANSWERS[self.key]
 
 
 def print_solution(solutions: dict, name: str) -> None:
-    """Print the answer of exercise ``name`` from a notebook's {name: HintSteps} at once."""
+    """Print the answer of exercise ``name`` from a notebook's {name: HintSteps} at once (in the student
+    edition, that it has none)."""
     if name not in solutions:
         raise ValueError(f"solution: argument 'name' is {name!r}; the exercises with one are {', '.join(solutions)}")
+    if solutions[name].key is not None and not edition.answers_shipped():
+        print(f"{edition.NO_SOLUTIONS}: the checker says what is wrong, and each wrong try gives the next hint.")
+        return
     print(solutions[name].answer)
 
 
@@ -55,6 +82,7 @@ def _failed(message: str, hint) -> bool:
     """Print a NOT YET with ``hint``: a string, or the next of a :class:`HintSteps`."""
     label, text = hint.next() if isinstance(hint, HintSteps) else ("hint", hint)
     print(f"{RETRY}: {message}\n  {label}: {text}")
+    verdicts.report(False, f"{RETRY}: {message}")
     return False
 
 
@@ -62,6 +90,7 @@ def _unanswered(answer, kind: str, hint: str = "") -> bool | None:
     """False (after saying what is expected) when there is no answer yet; the hint waits for a try."""
     if answer is None or answer is Ellipsis:
         print(f"{RETRY}: no answer yet; expected {kind}.")
+        verdicts.report(False, f"{RETRY}: no answer yet; expected {kind}.")
         return False
     return None
 

@@ -24,7 +24,7 @@ from matplotlib.patches import Circle, FancyArrowPatch, Patch, Rectangle
 
 from .. import dense_attention
 from .. import distributed as ring
-from . import viz
+from . import verdicts, viz
 from .widgets import FigureBox
 
 ROUNDING = 1e-12  # distances below this are float64 rounding, shown as such
@@ -309,6 +309,7 @@ class Verdict:
 
     def __init__(self, passed: bool, message: str, hint: str | None = None, label: str = "hint"):
         self.passed, self.message, self.hint, self.label = passed, message, hint, label
+        verdicts.report(passed, f"{'PASS' if passed else 'NOT YET'}: {message}")
 
     def __bool__(self):
         return self.passed

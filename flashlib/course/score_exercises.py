@@ -14,10 +14,7 @@ ALIBI_HINTS = HintSteps(
     "of that head by its distance (kv_idx - q_idx): the slope's gradient adds up dS times that distance",
     "make a (n, n) tensor of distances kv_idx - q_idx (torch.arange(n) as a row minus the same as a column), "
     "multiply ds (batch, heads, n, n) by it, and sum over every dim but the heads': (batch, query, key)",
-    "def alibi_grad(ds):\n"
-    "    n = ds.shape[-1]\n"
-    "    distance = torch.arange(n)[None, :] - torch.arange(n)[:, None]  # kv_idx - q_idx\n"
-    "    return (ds * distance).sum(dim=(0, 2, 3))")
+    answer="alibi_grad")
 SOLUTIONS = {"alibi_grad": ALIBI_HINTS}
 
 

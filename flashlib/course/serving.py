@@ -84,11 +84,7 @@ MERGE_HINTS = HintSteps(
     "the suffix's e^lse_s; the whole denominator is their sum, and each part keeps its share of it",
     "lse = torch.logaddexp(lse_p, lse_s); each part's weight is exp(its lse - lse), a (..., rows) tensor to "
     "broadcast over the head dim with [..., None]; a row empty in both parts (both -inf) must give zeros, not NaN",
-    "def merge(out_p, lse_p, out_s, lse_s):\n"
-    "    lse = torch.logaddexp(lse_p, lse_s)\n"
-    "    safe = torch.where(torch.isneginf(lse), 0.0, lse)  # a row that saw no key in either part\n"
-    "    out = torch.exp(lse_p - safe)[..., None] * out_p + torch.exp(lse_s - safe)[..., None] * out_s\n"
-    "    return out, lse")
+    answer="cascade_merge")
 SOLUTIONS = {"cascade_merge": MERGE_HINTS}
 
 

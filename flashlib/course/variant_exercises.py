@@ -55,8 +55,7 @@ SINK_HINTS = HintSteps(
     "three comparisons: kv_idx against q_idx (causal), kv_idx against 4 (the sink), and the distance q_idx - kv_idx "
     "against 128 (the query itself is at distance 0, so its 128 latest keys are at distances 0 to 127); combine "
     "them as causal & (sink | window), with parentheses around every comparison",
-    "def sink_window(b, h, q_idx, kv_idx):\n"
-    "    return (kv_idx <= q_idx) & ((kv_idx < 4) | (q_idx - kv_idx < 128))")
+    answer="sink_window")
 SOLUTIONS = {"sink_window": SINK_HINTS}
 
 

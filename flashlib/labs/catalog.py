@@ -23,9 +23,33 @@ class Lab:
     triton: bool = False
     reveal: tuple[str, ...] = ()  # "module:function" of the course's code the lab rewrites
 
+    @property
+    def answers(self) -> tuple[str, ...]:
+        """"module:function" of the course's own code that computes what this lab asks for: no answer
+        may be it, copy its code or call it (:mod:`flashlib.labs.own_code`)."""
+        return self.reveal + COURSE_ANSWERS.get(self.name, ())
+
+
+# beyond what labs.reveal prints: the course's other code that computes a lab's answer
+COURSE_ANSWERS = {
+    "online_softmax": ("flashlib.softmax:online_softmax", "flashlib.softmax:online_softmax_state",
+                       "flashlib.softmax:online_softmax_steps", "flashlib.softmax:softmax_state",
+                       "flashlib.softmax:merge_states"),
+    "merge_states": ("flashlib.softmax:merge_states", "flashlib.softmax:merge_partials"),
+    "tiled_forward": ("flashlib.tiled:tiled_forward", "flashlib.tiled:forward_pass", "flashlib.backward:tiled_attention",
+                      "flashlib.dense:dense_attention"),
+    "tiled_backward": ("flashlib.backward:tiled_backward", "flashlib.backward:backward_pass",
+                       "flashlib.backward:tiled_attention"),
+    "split_kv": ("flashlib.decode:decode_partials", "flashlib.decode:decode_reference", "flashlib.decode:chunk_attention",
+                 "flashlib.softmax:merge_partials", "flashlib.dense:dense_attention"),
+}
+
 
 # key -> the name a message gives the mistake, and why it is wrong
 MISTAKES = {
+    "course_code": ("the course's own code handed in",
+                    "the checker compares a lab's answer with the definition; the course's own function (or a "
+                    "call to it) is not an answer to the lab."),
     "no_rescale": ("no rescale when the max grew",
                    "the running sum was not rescaled when the row max grew: rows whose max is in a later block "
                    "come out too large. Multiply what was accumulated under the old max by exp(m_old - m_new)."),

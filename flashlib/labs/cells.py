@@ -15,17 +15,25 @@ import io
 import linecache
 
 from .catalog import LABS
+from .. import edition
 from .core import has_solutions, lab, solution_source
 
 MARKER = "# LAB: "
 MARKDOWN_MARKER = "<!-- LAB: {name} -->"
 
 
-def markdown_cell(name: str, *, solutions: bool | None = None) -> str:
-    """The lab's task; ``solutions`` (default: whether this edition has them) adds where the worked one is."""
+_COUNT = ("no", "one", "two", "three")
+
+
+def markdown_cell(name: str, *, solutions: bool | None = None, hints: int | None = None) -> str:
+    """The lab's task; ``solutions`` (default: whether this edition has them) adds where the worked one is,
+    ``hints`` (default: as many as this edition gives) how many hints there are."""
     spec = lab(name, "labs.cells.markdown_cell")
     solutions = has_solutions() if solutions is None else solutions
+    hints = len(edition.given(spec.hints)) if hints is None else min(hints, len(spec.hints))
     where = f'; `labs.solution("{name}")` shows a worked solution.' if solutions else "."
+    offer = (f'`labs.hint("{name}")` gives a hint ({_COUNT[hints]}, one at a time){where}' if hints else
+             "This edition gives no hints: the checker's message says what is wrong.")
     return "\n".join([
         MARKDOWN_MARKER.format(name=name),
         f"## Lab: {spec.title}",
@@ -36,8 +44,7 @@ def markdown_cell(name: str, *, solutions: bool | None = None) -> str:
         spec.signature,
         "```",
         "",
-        f"The checker tries {', '.join(spec.tries)}, and names the mistake when it recognises one. "
-        f'`labs.hint("{name}")` gives a hint (three, one at a time){where}',
+        f"The checker tries {', '.join(spec.tries)}, and names the mistake when it recognises one. {offer}",
     ])
 
 
@@ -82,12 +89,17 @@ def marked(source: str) -> str | None:
     return None
 
 
-def run_cell(source: str, name: str = "lab") -> str:
-    """Run a cell's code here as a notebook kernel would (its source findable, as IPython makes it) and
-    return what it printed."""
+def run_source(source: str, name: str, namespace: dict) -> None:
+    """Run a cell's code in ``namespace`` as a notebook kernel would: its source findable (as IPython
+    makes it), which Triton needs to compile a kernel the cell defines."""
     filename = f"<lab-cell-{name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)
+
+
+def run_cell(source: str, name: str = "lab") -> str:
+    """Run a cell's code here as a notebook kernel would and return what it printed."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(source, filename, "exec"), {"__name__": "__main__"})
+        run_source(source, name, {"__name__": "__main__"})
     return out.getvalue()

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import ast
 import importlib
-import importlib.util
 import inspect
 import textwrap
 from dataclasses import dataclass
 from importlib import resources
 
+from .. import edition
+from ..course import verdicts
 from ..course.exercises import PASS, RETRY
 from .catalog import LABS, MISTAKES, Lab
-from . import progress_file
+from . import own_code, progress_file
 from .common import Report
 
 
@@ -71,12 +72,13 @@ def _checker(name: str):
 
 def has_solutions() -> bool:
     """Whether this edition of the course ships the worked solutions (the student edition does not)."""
-    return importlib.util.find_spec(f"{__package__}.solutions") is not None
+    return edition.solutions_shipped()
 
 
 def _no_solutions(name: str) -> str:
-    return (f"This is the student edition of the course: it has no worked solutions and no course code to reveal. "
-            f'labs.hint("{name}") gives the next hint (three, one at a time); labs.check("{name}", {name}) '
+    count = len(edition.given(lab(name).hints))
+    return (f"{edition.NO_SOLUTIONS} and no course code to reveal. "
+            f'labs.hint("{name}") gives the next hint ({count}, one at a time); labs.check("{name}", {name}) '
             "says what is wrong.")
 
 
@@ -132,6 +134,10 @@ def check(name: str, fn) -> LabResult:
     elif not callable(fn):
         result = LabResult(name, False, f"{RETRY}: expected a function {spec.signature}; got "
                                         f"{type(fn).__name__} {fn!r:.60}.")
+    elif (borrowed := own_code.used(fn, own_code.course_functions(spec.answers))) is not None:
+        result = LabResult(name, False, f"{RETRY}: {name}: {borrowed}. The lab asks you to write this step "
+                                        f"yourself; the course's version is what you are checked against, not an "
+                                        f"answer. labs.hint(\"{name}\") gives a hint.", "course_code")
     else:
         report = _run_checker(name, fn)
         if isinstance(report, str):
@@ -143,6 +149,7 @@ def check(name: str, fn) -> LabResult:
         _SEEN.add(name)
         progress_file.record(name)
     print(result.message)
+    verdicts.report(result.passed, result.message, lab=name, mistake=result.mistake)
     return result
 
 
@@ -153,15 +160,18 @@ _HINTS_GIVEN: dict[str, int] = {}
 
 
 def hint(name: str) -> None:
-    """Print the next hint of lab ``name`` (three levels), then say there are no more."""
+    """Print the next hint of lab ``name`` (three levels; the student edition may give fewer), then say
+    there are no more."""
     spec = lab(name, "labs.hint")
+    hints = edition.given(spec.hints)  # the student edition may stop before the last, which is near code
     level = _HINTS_GIVEN.get(name, 0) + 1
-    if level > len(spec.hints):
-        more = f': labs.solution("{name}") shows a worked solution' if has_solutions() else ""
+    if level > len(hints):
+        more = f': labs.solution("{name}") shows a worked solution' if has_solutions() else \
+            " in this edition: labs.check says what is wrong"
         print(f"No more hints for {name}{more}.")
         return
     _HINTS_GIVEN[name] = level
-    print(f"hint {level} of {len(spec.hints)} for {name}: {spec.hints[level - 1]}")
+    print(f"hint {level} of {len(hints)} for {name}: {hints[level - 1]}")
 
 
 def reset_hints(name: str | None = None) -> None:

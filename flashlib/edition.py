@@ -1,0 +1,30 @@
+"""Which edition of the course this copy is: the full one, or the student edition ``make student`` writes.
+
+The student edition has no worked solutions (no ``flashlib.labs.solutions``, the labs', nor
+``flashlib.course.answers``, the exercises') and gives at most ``HINTS`` hints per lab or exercise, which
+``tools/student_edition.py --hints N`` writes into its copy of this file. Nothing here imports the rest
+of the package.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+HINTS: int | None = None  # hints a lab or an exercise gives at most; None: every one it has
+
+
+def solutions_shipped() -> bool:
+    """Whether this copy ships the worked solutions (the full edition does, the student edition does not)."""
+    return importlib.util.find_spec("flashlib.labs.solutions") is not None
+
+
+def answers_shipped() -> bool:
+    """Whether this copy ships the exercises' worked answers (:mod:`flashlib.course.answers`)."""
+    return importlib.util.find_spec("flashlib.course.answers") is not None
+
+
+def given(hints: tuple) -> tuple:
+    """The hints of ``hints`` this edition gives, in order."""
+    return tuple(hints) if HINTS is None else tuple(hints)[:HINTS]
+
+
+NO_SOLUTIONS = "This is the student edition of the course: it has no worked solutions"
