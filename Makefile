@@ -76,8 +76,9 @@ wheel: $(STAMP)
 # The course without its worked solutions, as students get it (tools/student_edition.py); make lab runs there.
 # HINTS: hints a lab or exercise gives at most in the edition (0-3; the third of a lab's is close to code)
 HINTS ?= 2
+# STUDENT_ADDRESS: the edition's own https://github.com/<owner>/<repo>, where its badges and setup cells point
 student: $(STAMP)
-	$(PY) tools/student_edition.py build/student --hints $(HINTS)
+	$(PY) tools/student_edition.py build/student --hints $(HINTS) $(if $(STUDENT_ADDRESS),--address $(STUDENT_ADDRESS))
 
 demo: $(STAMP)
 	$(PY) -m flashlib demo

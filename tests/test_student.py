@@ -241,3 +241,25 @@ def test_a_teacher_chooses_how_many_hints(tmp_path):
 def test_the_edition_is_not_written_over_the_course():
     with pytest.raises(SystemExit, match="argument OUT"):
         student_edition.build(ROOT)
+
+
+def test_the_editions_badges_and_setup_cells_install_the_edition(edition, tmp_path):
+    """Its notebooks point at the edition's own address, never the full course's (unpublished by default:
+    they say how to bring the edition's wheel in)."""
+    import tomllib as toml
+
+    course = toml.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+    own = toml.loads((edition / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+    assert own == student_edition.UNPUBLISHED != course
+    for path in sorted((edition / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        setup = [c.source for c in nb.cells[:2]]
+        assert all(course not in text for text in setup), path.name
+        assert "make wheel" in setup[0], path.name  # unpublished: built from the edition's own tree
+    published = student_edition.build(tmp_path / "published", address="https://github.com/example.invalid/edition")
+    nb = nbformat.read(published / "notebooks" / "03_tiled_attention.ipynb", as_version=4)
+    assert "colab.research.google.com/github/example.invalid/edition/blob/main/notebooks/03_tiled_attention.ipynb" \
+        in nb.cells[0].source
+    assert "https://github.com/example.invalid/edition" in nb.cells[1].source
+    with pytest.raises(SystemExit, match="Repository"):
+        student_edition.build(tmp_path / "bad", address="https://example.org/not-github")

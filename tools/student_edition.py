@@ -25,6 +25,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import notebook_setup  # noqa: E402
 from flashlib.labs import cells  # noqa: E402
 
 FILES = ("pyproject.toml", "constraints.txt", "environment.yml", "Makefile", "README.md", "LICENSE")
@@ -33,6 +34,9 @@ LEFT_OUT = ("__pycache__", "*.egg-info", ".ipynb_checkpoints", ".flashlib-progre
 SOLUTIONS = Path("flashlib") / "labs" / "solutions"
 ANSWERS = Path("flashlib") / "course" / "answers.py"  # the exercises' worked answers
 HINTS = 2  # by default: a lab's third hint is close to code
+# the edition's own address (its badges and setup cells install it, never the full course): unpublished
+# until the teacher gives one (--address https://github.com/<owner>/<repo>)
+UNPUBLISHED = "https://unpublished.invalid/flashlib-course-student-edition"
 # sentences of the full edition that promise what the edition leaves out ("After the lab" cells): each
 # must be found, so that a rewording of the notebook is noticed here
 PROSE = {"06_fused_forward": [("so its code is printed after the lab.", "so its code is yours to write.")],
@@ -106,6 +110,17 @@ def _edition(out: Path, hints: int) -> None:
     path.write_text(line.sub(f"HINTS: int | None = {hints}\\1", text, count=1), encoding="utf-8")
 
 
+def _address(out: Path, address: str) -> str | None:
+    """Write the edition's own address into its pyproject.toml; the address as notebook_setup reads it."""
+    path = out / "pyproject.toml"
+    text = path.read_text(encoding="utf-8")
+    line = re.compile(r'^Repository = ".*"$', re.M)
+    if not line.search(text):
+        raise SystemExit("pyproject.toml no longer has [project.urls] Repository: update tools/student_edition.py")
+    path.write_text(line.sub(f'Repository = "{address}"', text, count=1), encoding="utf-8")
+    return notebook_setup.address(path)  # stops, saying what to write, on an address it cannot use
+
+
 def _prose(name: str, nb) -> None:
     for old, new in PROSE.get(name, ()):
         found = [c for c in nb.cells if c.cell_type == "markdown" and old in c.source]
@@ -135,9 +150,9 @@ def student_notebook(nb, name: str = "", hints: int = HINTS):
     return nb
 
 
-def build(out: Path, hints: int = HINTS) -> Path:
+def build(out: Path, hints: int = HINTS, address: str = UNPUBLISHED) -> Path:
     """Write the student edition into ``out`` (replacing what is there), giving at most ``hints`` hints per
-    lab and exercise; return it."""
+    lab and exercise, its badges and setup cells pointing at ``address`` (its own); return it."""
     if isinstance(hints, bool) or not isinstance(hints, int) or not 0 <= hints <= 3:
         raise SystemExit(f"argument --hints is {hints!r}; expected a number of hints from 0 to 3")
     out = Path(out)
@@ -149,7 +164,9 @@ def build(out: Path, hints: int = HINTS) -> Path:
     _pyproject(out)
     _readme(out, hints)
     _edition(out, hints)
+    repo = _address(out, address)
     for path in sorted((out / "notebooks").glob("*.ipynb")):
+        notebook_setup.update(path, repo)  # the edition's badge and setup cell: they install the edition
         nb = student_notebook(nbformat.read(path, as_version=4), path.stem, hints)
         nbformat.validate(nb)
         with open(path, "w", encoding="utf-8", newline="\n") as f:
@@ -164,8 +181,11 @@ def main(argv=None) -> int:
     parser.add_argument("--hints", type=int, default=HINTS,
                         help=f"hints a lab or exercise gives at most, 0 to 3 (default {HINTS}: a lab's third is "
                              "close to code)")
+    parser.add_argument("--address", default=UNPUBLISHED,
+                        help="the edition's own public address, https://github.com/<owner>/<repo> (default: "
+                             "unpublished; its notebooks then say how to bring the edition's wheel in)")
     args = parser.parse_args(argv)
-    print(f"student edition written to {build(args.out, args.hints)}")
+    print(f"student edition written to {build(args.out, args.hints, args.address)}")
     return 0
 
 
