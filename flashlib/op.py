@@ -22,8 +22,9 @@ they know, and autograd uses the backward op. The call's options, checked once i
 (``Options.op_numbers``) and one list of tensors (``Options.tensors``: the sinks), read back by
 ``Options.from_op``; the backward returns one gradient per tensor of that list. A new option
 changes no schema. A mask or score function is not an op argument (it is Python code): with
-``mask_mod`` or ``score_mod`` the call runs the teaching kernels' autograd Function directly,
-eagerly (``torch.compile`` breaks the graph there; ``fullgraph=True`` refuses it).
+``mask_mod``, ``block_mask`` or ``score_mod`` the call runs the teaching kernels' autograd Function
+directly, eagerly (``torch.compile`` breaks the graph there; ``fullgraph=True`` refuses it, its error
+naming the argument and the graph break).
 ``flashlib::flash_attention_varlen`` and its backward are the packed-sequence op, likewise.
 """
 from __future__ import annotations
@@ -77,7 +78,7 @@ def forward_base2(q, k, v, **keywords):
 def _forward(q, k, v, options: Options):
     forward, _ = path_for(q, k, options, v)
     if forward == "teaching":
-        return teaching.forward_pass(q, k, v, options, teaching.resolve_config(FN, q, None, v))
+        return teaching.forward_pass(q, k, v, options, teaching.resolve_config(FN, q, None, v), FN)
     from .ladder.forward import forward_base2 as rung_forward
 
     out, lse2 = rung_forward(q, k, v, causal=options.causal, scale=options.scale, rung=forward)
@@ -101,7 +102,7 @@ def _backward(q, k, v, out, lse2, dout, options: Options, dlse=None):
     _, backward = path_for(q, k, options, v)
     if backward == "teaching":
         return teaching.backward_pass(q, k, v, out, lse2, dout, options, teaching.resolve_config(FN, q, None, v),
-                                      dlse)
+                                      dlse, FN)
     from .ladder.function import backward_pass_base2
 
     return backward_pass_base2(q, k, v, out, lse2, dout, causal=options.causal, scale=options.scale,
@@ -175,12 +176,18 @@ def _backward_op(ctx, dout, dlse, _):
 _attention_op.register_autograd(_backward_op, setup_context=_setup_context)
 
 
-@torch.compiler.disable
+# what torch.compile(fullgraph=True) reports (as the disabled function's reason) for a call with a function
+_GRAPH_BREAK = ("{fn}: a score_mod, mask_mod or block_mask is Python code, which no custom op takes as an argument, "
+                "so the call runs eagerly, outside the graph (a graph break); with torch.compile(fullgraph=True), call "
+                "{fn} outside the compiled function, or compile with fullgraph=False (the graph breaks around it)")
+
+
+@torch.compiler.disable(reason=_GRAPH_BREAK.format(fn=FN))
 def _eager(q, k, v, options: Options):
     """A mask or score function is Python code, not an op argument: the teaching kernels' autograd
     Function, eagerly (with the tensors a score function captures as its inputs, for their gradients)."""
     cfg = teaching.resolve_config(FN, q, None, v)
-    return teaching.AttentionFunction.apply(q, k, v, cfg, options, *options.tensors,
+    return teaching.AttentionFunction.apply(q, k, v, cfg, options, FN, *options.tensors,
                                             *teaching.captured_inputs(options, q, k, FN))
 
 
@@ -248,7 +255,7 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
 
 # ----- packed sequences -----------------------------------------------------------------------
 
-@torch.compiler.disable
+@torch.compiler.disable(reason=_GRAPH_BREAK.format(fn=VARLEN_FN).replace(", mask_mod or block_mask", ""))
 def _varlen_eager(q, k, v, cu_q, cu_k, max_q, max_k, options: Options):
     """With a score function: the packed kernels' autograd Function, eagerly, the lengths checked here."""
     check_varlen_values(VARLEN_FN, q, k, cu_q, cu_k, max_q, max_k)
