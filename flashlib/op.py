@@ -183,9 +183,13 @@ _GRAPH_BREAK = ("{fn}: a score_mod, mask_mod or block_mask is Python code, which
 
 
 @torch.compiler.disable(reason=_GRAPH_BREAK.format(fn=FN))
-def _eager(q, k, v, options: Options):
-    """A mask or score function is Python code, not an op argument: the teaching kernels' autograd
-    Function, eagerly (with the tensors a score function captures as its inputs, for their gradients)."""
+def _eager(q, k, v, keywords: dict):
+    """A mask or score function is Python code, not an op argument: the call checked and run through the
+    teaching kernels' autograd Function, eagerly, all of it (so that torch.compile meets one call it
+    cannot trace, whose reason names the arguments, rather than the checks' inner workings); the
+    tensors a score function captures are the Function's inputs, for their gradients."""
+    options = check_options(FN, q, k, v, value_dim=True, **keywords)
+    check_kernel_inputs(FN, q, v)
     cfg = teaching.resolve_config(FN, q, None, v)
     return teaching.AttentionFunction.apply(q, k, v, cfg, options, FN, *options.tensors,
                                             *teaching.captured_inputs(options, q, k, FN))
@@ -243,12 +247,13 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     Works inside ``torch.compile(fullgraph=True)`` and ``torch.export`` with every option but
     ``score_mod``, ``mask_mod`` and ``block_mask``, which run eagerly (a graph break).
     """
-    options = check_options(FN, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                            mask_mod=mask_mod, block_mask=block_mask, sinks=sinks, score_mod=score_mod, value_dim=True)
-    check_kernel_inputs(FN, q, v)
-    if options.functions:
-        out, lse = _eager(q, k, v, options)
+    keywords = dict(causal=causal, scale=scale, window=window, softcap=softcap, mask_mod=mask_mod,
+                    block_mask=block_mask, sinks=sinks, score_mod=score_mod)
+    if mask_mod is not None or block_mask is not None or score_mod is not None:
+        out, lse = _eager(q, k, v, keywords)
     else:
+        options = check_options(FN, q, k, v, value_dim=True, **keywords)
+        check_kernel_inputs(FN, q, v)
         out, lse, _ = _attention_op(q, k, v, options.op_numbers(), options.tensors)
     return (out, lse) if return_lse else out
 
@@ -256,8 +261,12 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
 # ----- packed sequences -----------------------------------------------------------------------
 
 @torch.compiler.disable(reason=_GRAPH_BREAK.format(fn=VARLEN_FN).replace(", mask_mod or block_mask", ""))
-def _varlen_eager(q, k, v, cu_q, cu_k, max_q, max_k, options: Options):
-    """With a score function: the packed kernels' autograd Function, eagerly, the lengths checked here."""
+def _varlen_eager(q, k, v, cu_q, cu_k, max_q, max_k, keywords: dict):
+    """With a score function: the call checked and run through the packed kernels' autograd Function,
+    eagerly, all of it (as :func:`_eager`), the lengths checked here."""
+    options = packed.check_inputs(VARLEN_FN, q, k, v, cu_q, cu_k, max_q, max_k, read_values=False, **keywords)
+    max_q, max_k = min(max_q, q.shape[0]), min(max_k, k.shape[0])
+    options = options.window_within(max_q + max_k)
     check_varlen_values(VARLEN_FN, q, k, cu_q, cu_k, max_q, max_k)
     batch, heads = cu_q.shape[0] - 1, q.shape[1]
     captured = teaching.captured_inputs(options, q.new_empty(batch, heads, max_q, 0), k.new_empty(1, 1, max_k, 0),
@@ -360,16 +369,15 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     implementation, so eager and compiled calls raise the same errors (one transfer from the
     device per call; none while a CUDA graph is captured).
     """
+    keywords = dict(causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks, score_mod=score_mod)
+    if score_mod is not None:
+        out, lse = _varlen_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, keywords)
+        return (out, lse) if return_lse else out
     options = packed.check_inputs(VARLEN_FN, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                  causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks,
-                                  score_mod=score_mod, read_values=False)
+                                  read_values=False, **keywords)
     # exact, and within the op's numbers: no sequence is longer than its packed tensor, and a window
     # side as wide as both sequences limits nothing (-1 stays -1)
     max_q, max_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
     options = options.window_within(max_q + max_k)
-    if options.functions:
-        out, lse = _varlen_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, options)
-    else:
-        out, lse, _ = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, options.op_numbers(),
-                                 options.tensors)
+    out, lse, _ = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, options.op_numbers(), options.tensors)
     return (out, lse) if return_lse else out
