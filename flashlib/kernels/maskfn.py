@@ -110,7 +110,7 @@ def _exec(source: str, name: str, filename: str):
     scope = {"__name__": "flashlib.kernels.maskfn.generated", "tl": tl, "_floordiv": _floordiv,
              "_floormod": _floormod, "_gather": _gather, "_index_offset": _index_offset,
              "_index_offset64": _index_offset64, "_index_ok": _index_ok, "_tanh": _tanh, "_LOG2E": _LOG2E,
-             "_FLOAT32_MAX": _FLOAT32_MAX}  # the constants as the kernels hold them (exact, float64 at compile time)
+             "_FLOAT32_MAX": _FLOAT32_MAX, "_integral": _integral}  # the constants as the kernels hold them (exact, float64 at compile time)
     exec(compile(source, filename, "exec"), scope)  # noqa: S102  (source written below, from a trace)
     return triton.jit(scope[name])
 
@@ -154,6 +154,14 @@ def _index_offset64(i, size, stride):
 @triton.jit
 def _index_ok(i, size):
     return (i >= -size) & (i < size)
+
+
+@triton.jit
+def _integral(x, lo, hi):
+    """A float made ready for a cast to an integer type of range [lo, hi): itself where it fits, else lo,
+    which x86 gives PyTorch for NaN, infinities and values out of range (T5's log(0) buckets, which a
+    torch.where then drops), instead of an undefined cast."""
+    return tl.where((x >= lo) & (x < hi), x, lo)
 
 
 @triton.jit
@@ -320,6 +328,9 @@ class _Writer:
         if op == "load":
             return self._load(node)
         if op == "cast":
+            if args[0].dtype.is_floating_point and node.is_int:
+                bits = 63 if _ctype(node) == "tl.int64" else 31
+                return f"_integral({self.expr(args[0])}, {-2.0 ** bits!r}, {2.0 ** bits!r}).to({_ctype(node)})"
             return self.as_type(args[0], _ctype(node))
         if op in _COMPARE:
             operand = _work_type(args, [])
