@@ -28,7 +28,6 @@ compiles.
 """
 from __future__ import annotations
 
-import hashlib
 import linecache
 import threading
 from collections import OrderedDict
@@ -112,7 +111,10 @@ def _exec(source: str, name: str, filename: str):
              "_index_offset64": _index_offset64, "_index_ok": _index_ok, "_tanh": _tanh, "_LOG2E": _LOG2E,
              "_FLOAT32_MAX": _FLOAT32_MAX, "_integral": _integral}  # the constants as the kernels hold them (exact, float64 at compile time)
     exec(compile(source, filename, "exec"), scope)  # noqa: S102  (source written below, from a trace)
-    return triton.jit(scope[name])
+    jit = triton.jit(scope[name])
+    if interpreting():  # the interpreter reads the source on first use: now, while filename holds it
+        jit.rewrite()
+    return jit
 
 
 def compiled(source: str):
@@ -123,16 +125,23 @@ def compiled(source: str):
     with _LOCK:
         if source not in _COMPILED:
             name = source[4:source.index("(")]  # "def _mask_mod(..."
-            filename = f"<flashlib {name.strip('_')} {hashlib.sha1(source.encode()).hexdigest()[:12]}>"
-            _COMPILED[source] = _exec(source, name, filename), filename
+            number = _NUMBERS.pop() if _NUMBERS else len(_COMPILED)
+            filename = f"<flashlib {name.strip('_')} {number}>"
+            _COMPILED[source] = _exec(source, name, filename), filename, number
             while len(_COMPILED) > _MAX_COMPILED:
                 _forget(*_COMPILED.popitem(last=False)[1])
         _COMPILED.move_to_end(source)
         return _COMPILED[source][0]
 
 
-def _forget(jit, filename: str):
+# the numbers of dropped sources' file names, for the next ones: CPython keeps every file name compile()
+# was ever given (about 80 bytes each), so the names are reused, not made anew per source
+_NUMBERS: list[int] = []
+
+
+def _forget(jit, filename: str, number: int):
     linecache.cache.pop(filename, None)
+    _NUMBERS.append(number)
     if interpreting():
         from triton.runtime.interpreter import InterpretedFunction
 
