@@ -27,6 +27,7 @@ No Triton here: the graph is turned into a kernel's source by :mod:`flashlib.ker
 from __future__ import annotations
 
 import dis
+import functools
 import linecache
 import numbers
 import operator
@@ -176,6 +177,16 @@ _PYTHON_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "t
                "neg": operator.neg, "invert": operator.invert, "abs": abs}
 
 
+def _own(method):
+    """A Tracer method whose PyTorch calls (on its one-element stand-ins) are the trace's own, not the
+    function's reads: run with torch functions' overrides off (and so unseen by _Reads, and faster)."""
+    @functools.wraps(method)
+    def run(*args, **kwargs):
+        with torch._C.DisableTorchFunction():
+            return method(*args, **kwargs)
+    return run
+
+
 class Tracer:
     """The nodes of one trace, shared where equal (the same operation of the same operands)."""
 
@@ -200,6 +211,7 @@ class Tracer:
         """Whether a number the function computes with is given to the kernel at launch."""
         return self.literals is not None and not isinstance(value, bool) and id(value) not in self.literals
 
+    @_own
     def symbol(self, name: str, lo, hi, dtype=torch.int64) -> Node:
         """An argument: an int64 index in lo..hi, or (dtype floating) a value such as a score."""
         return self.node("sym", (), dtype, lo, hi, name, torch.ones(1, dtype=dtype))
@@ -237,6 +249,7 @@ class Tracer:
         self.tensors.append(t)
         return len(self.tensors) - 1
 
+    @_own
     def load(self, t: torch.Tensor, index: list) -> Node:
         slot = self.slot(t)
         lo, hi = value_bounds(t)
@@ -244,6 +257,7 @@ class Tracer:
                              dtype=t.dtype)
         return self.node("load", tuple(index), t.dtype, lo, hi, slot, example)
 
+    @_own
     def apply(self, op: str, *args, value=None) -> Node:
         """op on nodes (Python numbers folded where every operand is one; given at launch if one was);
         value: what tells apart nodes of one op (a clamp's "clamp", differentiated as torch.clamp)."""
@@ -271,6 +285,7 @@ class Tracer:
         lo, hi = _interval(op, args, example.dtype)
         return self.node(op, args, example.dtype, lo, hi, value, _shaped(example, examples))
 
+    @_own
     def cast(self, a: Node, dtype: torch.dtype) -> Node:
         if dtype == a.dtype:
             return a
@@ -293,6 +308,9 @@ def value_bounds(t: torch.Tensor) -> tuple:
     if t.numel() == 0:
         return 0, 0
     with torch._C.DisableTorchFunction():  # the trace's own read, not the function's
+        if t.device.type == "cpu":  # numpy's view: a few microseconds where PyTorch's calls take tens
+            values = t.detach().numpy()
+            return int(values.min()), int(values.max())
         lo, hi = torch.stack(torch.aminmax(t.detach().reshape(-1))).tolist()  # one transfer from the device
         return int(lo), int(hi)
 
