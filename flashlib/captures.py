@@ -48,8 +48,10 @@ def _nested(code: types.CodeType):
 
 @functools.lru_cache(maxsize=4096)
 def _code_names(code: types.CodeType) -> frozenset:
-    """The names a code object (and the functions defined inside it) may look up as attributes."""
-    return frozenset(name for c in _nested(code) for name in c.co_names)
+    """The names a code object (and the functions defined inside it) may look up as attributes: its
+    names, and the strings it spells out that could be one (getattr(cfg, "window"))."""
+    return frozenset(name for c in _nested(code) for name in (*c.co_names, *c.co_consts)
+                     if isinstance(name, str) and name.isidentifier())
 
 
 @functools.lru_cache(maxsize=4096)

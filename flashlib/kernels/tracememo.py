@@ -31,7 +31,8 @@ What each kept thing depends on, and so its guard:
 Numbers a function computes with that its code does not spell out (captured, or computed from
 captured ones) are given to the kernel at launch, not written into its source (:func:`flashlib.captures.
 literals`): a new temperature or window traces again (its value is in the key) but writes the same
-source, so compiles no new kernel (:func:`flashlib.kernels.maskfn.compiled`).
+source, so compiles no new kernel (:func:`flashlib.kernels.maskfn.compiled`; on a GPU Triton keeps each
+source's compiled kernels for the process, one set per source, not per value).
 
 What cannot be keyed (an object's attributes, a numpy array) gets no key: such a call traces afresh.
 
