@@ -1,8 +1,8 @@
 """Score functions, as FlexAttention users write them, compiled into the kernels with their derivative.
 
 A score function ``score_mod(score, b, h, q_idx, kv_idx) -> score`` changes each scaled score
-before the mask (:mod:`flashlib.scores` has ready ones: soft-capping, ALiBi, a bias table, a
-temperature). For a kernel it is traced as mask functions are (:mod:`flashlib.trace`:
+before the mask (:mod:`flashlib.scores` has ready ones: soft-capping, ALiBi, a bias table, T5's
+bias, a temperature). For a kernel it is traced as mask functions are (:mod:`flashlib.trace`:
 called once with symbolic arguments, the score a float32 one) and written out as one
 ``@triton.jit`` function::
 
@@ -14,9 +14,13 @@ called once with symbolic arguments, the score a float32 one) and written out as
 
 The derivative is not written by hand per option: it is the chain rule applied to the traced
 expression (:func:`derivative`), node by node, so the backward's dS = P (dP - delta) is
-multiplied by exactly the slope of what the forward computed. Tensors the function reads become
-loads from ``data``, as for mask functions; their own gradients (ALiBi's slopes, a bias table)
-are not the kernels' business (:func:`flashlib.scores.captured_grads` computes them).
+multiplied by exactly the slope of what the forward computed; at a kink, PyTorch's subgradient (abs:
+0 at 0; maximum, minimum: half to each side on a tie; a clamp: its argument's slope at its bounds).
+Tensors the function reads become loads from ``data``, and the numbers it captures launch arguments
+after them, as for mask functions; the tensors' own gradients (ALiBi's slopes, a bias table) are not
+the kernels' business (:func:`flashlib.scores.captured_grads` computes them). The indices it reads
+them at are checked on the host for each call's positions (:func:`check_indices`), so that an index
+past a tensor's end is refused as PyTorch refuses it, not read as 0.
 """
 from __future__ import annotations
 
