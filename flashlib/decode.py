@@ -435,8 +435,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
     out, lse = decode_forward(batch.q, batch.k_cache, batch.v_cache, batch.seqlens, options=args.options, score=score,
                               block_table=batch.block_table, num_splits=num_splits,
                               sequences=Sequences(batch.seqlens, batch.new_tokens, batch.starts))
-    out, lse = batch.unpack(out, lse)
-    return (out, lse) if return_lse else out
+    return batch.unpack(out, lse) if return_lse else batch.unpack(out, lse)[0]
 
 
 def _positions(batch: Batch, heads: int, window_left: int) -> list[dict]:

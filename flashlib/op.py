@@ -243,9 +243,8 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     Paths (:func:`path_for`): on a CUDA GPU in float16/bfloat16 without options, rung 3's forward
     and the tuned backward; with any option, and otherwise (float32 on a GPU: tf32 matmuls; the
     CPU: Triton's interpreter, no bfloat16; a head dim of v's own) the teaching kernels. head_dim and
-    head_dim_v 1..256, any lengths.
-    Works inside ``torch.compile(fullgraph=True)`` and ``torch.export`` with every option but
-    ``score_mod``, ``mask_mod`` and ``block_mask``, which run eagerly (a graph break).
+    head_dim_v 1..256, any lengths. Works inside ``torch.compile(fullgraph=True)`` and ``torch.export`` with
+    every option but ``score_mod``, ``mask_mod`` and ``block_mask``: eager, a graph break (which fullgraph names).
     """
     keywords = dict(causal=causal, scale=scale, window=window, softcap=softcap, mask_mod=mask_mod,
                     block_mask=block_mask, sinks=sinks, score_mod=score_mod)
