@@ -181,6 +181,6 @@ def tiled_attention(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bo
     tiles = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k), check_loop(fn, loop)
     captured = []
     if score_mod is not None and torch.is_grad_enabled():  # what the function reads, found by tracing it
-        captured = trainable(captured_tensors(fn, score_mod))
+        captured = trainable(captured_tensors(fn, score_mod, compiles=False))
     out, lse = TiledAttentionFunction.apply(q, k, v, options, tiles, *options.tensors, *captured)
     return (out, lse) if return_lse else out

@@ -1,15 +1,19 @@
-"""What a mask or score function reads besides its arguments: one walk, two uses.
+"""What a mask or score function reads besides its arguments: one walk, three uses.
 
 A function's result depends on its code and defaults, its closure, the globals its code names (and,
-in turn, what the functions among them read). :func:`reads` turns all of that into one hashable key
-for the memo of traced functions (:mod:`flashlib.kernels.tracememo`); :func:`captured` lists the
-tensors among it with the names they are read by, for the check that they sit on q's device
-(:func:`flashlib._checks.check_captured_devices`). Pure PyTorch: the checks of every op import it.
+in turn, what the functions among them read), and the attributes its code may read of the modules
+and classes among those (a submodule's, a staticmethod's globals, followed the same way).
+:func:`reads` turns all of that into one hashable key for the memo of traced functions
+(:mod:`flashlib.kernels.tracememo`); :func:`captured` lists the tensors among it with the names they
+are read by, for the check that they sit on q's device (:func:`flashlib._checks.check_captured_devices`);
+:func:`literals` names the numbers written in the code it runs (the rest are given to a kernel at
+launch). Pure PyTorch: the checks of every op import it.
 
-A tensor enters the key by identity, version (PyTorch bumps it at every in-place change, through any
-view), dtype, shape, strides and device, since a trace reads integer tensors' values (their bounds).
-What cannot be keyed (an object's attributes, a numpy array, an inference tensor, which has no
-version) gives no key; :func:`captured` passes over it and lists the rest.
+Numbers, strings and dtypes enter the key by value; a tensor by identity, dtype, shape, strides,
+storage offset, device and whether it requires grad: not by its values, which can change without
+PyTorch knowing (through numpy's view of it, or ``.data``), so the memo guards what depends on them
+itself. What cannot be keyed (an object's attributes, a numpy array, a class with a metaclass of its
+own) gives no key; :func:`captured` passes over it and lists the rest.
 """
 from __future__ import annotations
 
@@ -44,8 +48,10 @@ def _nested(code: types.CodeType):
 
 @functools.lru_cache(maxsize=4096)
 def _code_names(code: types.CodeType) -> frozenset:
-    """The names a code object (and the functions defined inside it) may look up as attributes."""
-    return frozenset(name for c in _nested(code) for name in c.co_names)
+    """The names a code object (and the functions defined inside it) may look up as attributes: its
+    names, and the strings it spells out that could be one (getattr(cfg, "window"))."""
+    return frozenset(name for c in _nested(code) for name in (*c.co_names, *c.co_consts)
+                     if isinstance(name, str) and name.isidentifier())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -68,6 +74,7 @@ class _Walk:
         self.where: list[tuple] = []
         self.path: list[tuple] = []
         self.seen: set[int] = set()
+        self.codes: list[types.CodeType] = []
 
     def add(self, part):
         self.parts.append(part)
@@ -107,8 +114,8 @@ class _Walk:
                 return self.add(("id", obj))  # torch.tanh, math.floor: nothing in them changes
             self.add(("builtin method", obj.__name__))  # t.clamp: the method of its tensor
             return self.value(owner, names)
-        if isinstance(obj, type) and _stable(obj.__module__):
-            return self.add(("id", obj))
+        if isinstance(obj, type):
+            return self.add(("id", obj)) if _stable(obj.__module__) else self.klass(obj, names)
         if isinstance(obj, types.MethodType):
             self.value(obj.__func__)
             return self.value(obj.__self__, names)
@@ -123,13 +130,7 @@ class _Walk:
         return self.add(("opaque", id(obj)))
 
     def tensor(self, t: torch.Tensor):
-        try:
-            version = t._version
-        except RuntimeError:  # an inference tensor keeps no version
-            if self.strict:
-                raise _NoKey from None
-            version = None
-        self.add(("tensor", id(t), version, t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), t.device,
+        self.add(("tensor", id(t), t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), t.device,
                   t.requires_grad))
         self.tensors.append(t)
         self.where.append(tuple(self.path))
@@ -140,24 +141,25 @@ class _Walk:
             return self.add(("again", code))
         self.seen.add(id(fn))
         self.add(("fn", code))
+        self.codes.append(code)
         self.path.append(("fn", fn.__name__))
+        attributes = _code_names(code)  # what the code may read of a module or class it is given
         defaults = fn.__defaults__ or ()
         self.add(("defaults", len(defaults)))
         for name, value in zip(code.co_varnames[code.co_argcount - len(defaults):code.co_argcount], defaults):
-            self.at(("default", name), value)
+            self.at(("default", name), value, attributes)
         keyword_defaults = fn.__kwdefaults__ or {}
         self.add(("keyword defaults", tuple(keyword_defaults)))
         for name, value in keyword_defaults.items():
-            self.at(("default", name), value)
+            self.at(("default", name), value, attributes)
         for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
             try:
                 contents = cell.cell_contents
             except ValueError:  # an empty cell
                 self.add("empty cell")
                 continue
-            self.at(("closure", name), contents)
+            self.at(("closure", name), contents, attributes)
         if not _stable(fn.__module__):  # a library's function: its globals are the library's
-            attributes = _code_names(code)
             for name in _global_names(code):
                 value = fn.__globals__.get(name, _MISSING)
                 if value is not _MISSING:  # names not found are builtins
@@ -170,11 +172,39 @@ class _Walk:
         self.add(("module", module.__name__))
         if _stable(module.__name__):
             return None
-        for name in sorted(names):  # a user's module: the attributes the code may read from it
+        if id(module) in self.seen:  # modules that import each other
+            return self.add("again")
+        self.seen.add(id(module))
+        for name in sorted(names):  # a user's module: the attributes the code may read from it (pkg.settings.W)
             value = getattr(module, name, _MISSING)
-            if value is not _MISSING and not isinstance(value, types.ModuleType):
+            if value is not _MISSING:
                 self.add(("attr", name))
                 self.at(("attr", name), value, names)
+        return None
+
+    def klass(self, cls: type, names):
+        """A user's class (a config class used as a namespace): the attributes the code may read from it,
+        looked up as ``cls.name`` finds them (a staticmethod's function, whose globals are followed)."""
+        if type(cls) is not type:  # a metaclass of its own may compute what cls.name gives
+            if self.strict:
+                raise _NoKey
+            return self.add(("opaque", id(cls)))
+        self.add(("class", cls.__module__, cls.__qualname__))
+        if id(cls) in self.seen:  # a classmethod's class, or a class attribute holding its class
+            return self.add("again")
+        self.seen.add(id(cls))
+        for name in sorted(n for n in names if not n.startswith("__")):
+            owner = next((c for c in cls.__mro__ if name in vars(c)), None)
+            if owner is None:
+                continue
+            value = vars(owner)[name]
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+            self.add(("attr", name))
+            if isinstance(value, (property, types.MemberDescriptorType, types.GetSetDescriptorType)):
+                self.add(("descriptor", type(value).__name__))  # cls.name gives the descriptor itself
+                continue
+            self.at(("attr", name), value, names)
         return None
 
 
@@ -187,6 +217,26 @@ def reads(fn) -> tuple[tuple, list] | None:
     except _NoKey:
         return None
     return tuple(walk.parts), walk.tensors
+
+
+def _numbers(consts):
+    for const in consts:
+        if isinstance(const, (int, float, complex)):
+            yield const
+        elif isinstance(const, (tuple, frozenset)):
+            yield from _numbers(const)
+
+
+def literals(fn) -> frozenset:
+    """The ids of the numbers written in the code ``fn`` runs (its own, and that of the functions it
+    calls, as the walk finds them): a trace writes these into a kernel's source, and gives the kernel
+    every other number at launch (captured, or computed from captured ones)."""
+    walk = _Walk(strict=False)
+    try:
+        walk.value(fn)
+    except _NoKey:  # too many values: the code found so far
+        pass
+    return frozenset(id(n) for code in walk.codes for c in _nested(code) for n in _numbers(c.co_consts))
 
 
 def captured(fn) -> list[tuple[tuple, torch.Tensor]]:

@@ -430,12 +430,23 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
                             dict(causal=causal, scale=scale, softcap=softcap, window=window, sinks=sinks,
                                  score_mod=score_mod, **contract))
     size, heads = batch.q.shape[:2]
-    score = kernel_score(args.options, q.device, batch=size, heads=heads, seq_q=args.capacity, seq_k=args.capacity)
+    score = kernel_score(args.options, q.device, batch=size, heads=heads, seq_q=args.capacity, seq_k=args.capacity,
+                         fn=FN, regions=lambda: _positions(batch, heads, args.options.window[0]))
     out, lse = decode_forward(batch.q, batch.k_cache, batch.v_cache, batch.seqlens, options=args.options, score=score,
                               block_table=batch.block_table, num_splits=num_splits,
                               sequences=Sequences(batch.seqlens, batch.new_tokens, batch.starts))
-    out, lse = batch.unpack(out, lse)
-    return (out, lse) if return_lse else out
+    return batch.unpack(out, lse) if return_lse else batch.unpack(out, lse)[0]
+
+
+def _positions(batch: Batch, heads: int, window_left: int) -> list[dict]:
+    """The (b, h, q_idx, kv_idx) ranges a score function is told for each sequence, as the reference tells
+    it (:func:`decode_partials`: positions from the sequence's start, keys from the first its new tokens
+    can see): for the check of the indices it reads, where the cache's capacity fails it."""
+    where = zip(*(t.tolist() for t in (batch.seqlens, batch.new_tokens, batch.starts)))
+    return [{"b": (b, b), "h": (0, heads - 1), "q_idx": (seqlen - n - start, seqlen - 1 - start),
+             "kv_idx": (split_bounds(seqlen, n, 1, window_left=window_left, start=start)[0][0] - start,
+                        seqlen - 1 - start)}
+            for b, (seqlen, n, start) in enumerate(where)]
 
 
 # ----- absorbed MLA: one latent cache, its first columns the values --------------------------------

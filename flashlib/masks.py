@@ -31,8 +31,9 @@ indexing such a tensor by the indices in one subscript (``document_id[q_idx]``, 
 ``ids[q_idx - 5]``); ``& | ^ ~`` to combine, arithmetic, comparisons, ``//`` and ``%`` (rounded
 toward -inf, as PyTorch), ``torch.where``/``abs``/``minimum``/``maximum``/``clamp`` and their
 methods; helpers, decorators, ``functools.partial`` and the combinators trace through. What it
-captures is read afresh at every call: a new number compiles new kernels, a tensor's new values need
-none (a call that reads what the last one read reuses its trace: :mod:`flashlib.kernels.tracememo`). The
+captures is read afresh at every call: a number it captures is given to the kernel at launch and a
+tensor's values are read by it, so neither compiles a new kernel (a call that reads what the last one
+read reuses its trace, however the values were written: :mod:`flashlib.kernels.tracememo`). The
 tensors it reads live on q's device (``torch.tensor(..., device=q.device)``): every op refuses one on
 another device by name before anything runs (:mod:`flashlib.captures` finds them). Not compiled (a TypeError says what to write instead): anything that needs one Python truth
 value (``and``/``or``/``not``, ``if``, ``x if c else y``, ``a < b < c``, ``min``/``max``), loops over

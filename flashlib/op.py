@@ -22,8 +22,9 @@ they know, and autograd uses the backward op. The call's options, checked once i
 (``Options.op_numbers``) and one list of tensors (``Options.tensors``: the sinks), read back by
 ``Options.from_op``; the backward returns one gradient per tensor of that list. A new option
 changes no schema. A mask or score function is not an op argument (it is Python code): with
-``mask_mod`` or ``score_mod`` the call runs the teaching kernels' autograd Function directly,
-eagerly (``torch.compile`` breaks the graph there; ``fullgraph=True`` refuses it).
+``mask_mod``, ``block_mask`` or ``score_mod`` the call runs the teaching kernels' autograd Function
+directly, eagerly (``torch.compile`` breaks the graph there; ``fullgraph=True`` refuses it, its error
+naming the argument and the graph break).
 ``flashlib::flash_attention_varlen`` and its backward are the packed-sequence op, likewise.
 """
 from __future__ import annotations
@@ -77,7 +78,7 @@ def forward_base2(q, k, v, **keywords):
 def _forward(q, k, v, options: Options):
     forward, _ = path_for(q, k, options, v)
     if forward == "teaching":
-        return teaching.forward_pass(q, k, v, options, teaching.resolve_config(FN, q, None, v))
+        return teaching.forward_pass(q, k, v, options, teaching.resolve_config(FN, q, None, v), FN)
     from .ladder.forward import forward_base2 as rung_forward
 
     out, lse2 = rung_forward(q, k, v, causal=options.causal, scale=options.scale, rung=forward)
@@ -101,7 +102,7 @@ def _backward(q, k, v, out, lse2, dout, options: Options, dlse=None):
     _, backward = path_for(q, k, options, v)
     if backward == "teaching":
         return teaching.backward_pass(q, k, v, out, lse2, dout, options, teaching.resolve_config(FN, q, None, v),
-                                      dlse)
+                                      dlse, FN)
     from .ladder.function import backward_pass_base2
 
     return backward_pass_base2(q, k, v, out, lse2, dout, causal=options.causal, scale=options.scale,
@@ -175,12 +176,22 @@ def _backward_op(ctx, dout, dlse, _):
 _attention_op.register_autograd(_backward_op, setup_context=_setup_context)
 
 
-@torch.compiler.disable
-def _eager(q, k, v, options: Options):
-    """A mask or score function is Python code, not an op argument: the teaching kernels' autograd
-    Function, eagerly (with the tensors a score function captures as its inputs, for their gradients)."""
+# what torch.compile(fullgraph=True) reports (as the disabled function's reason) for a call with a function
+_GRAPH_BREAK = ("{fn}: a score_mod, mask_mod or block_mask is Python code, which no custom op takes as an argument, "
+                "so the call runs eagerly, outside the graph (a graph break); with torch.compile(fullgraph=True), call "
+                "{fn} outside the compiled function, or compile with fullgraph=False (the graph breaks around it)")
+
+
+@torch.compiler.disable(reason=_GRAPH_BREAK.format(fn=FN))
+def _eager(q, k, v, keywords: dict):
+    """A mask or score function is Python code, not an op argument: the call checked and run through the
+    teaching kernels' autograd Function, eagerly, all of it (so that torch.compile meets one call it
+    cannot trace, whose reason names the arguments, rather than the checks' inner workings); the
+    tensors a score function captures are the Function's inputs, for their gradients."""
+    options = check_options(FN, q, k, v, value_dim=True, **keywords)
+    check_kernel_inputs(FN, q, v)
     cfg = teaching.resolve_config(FN, q, None, v)
-    return teaching.AttentionFunction.apply(q, k, v, cfg, options, *options.tensors,
+    return teaching.AttentionFunction.apply(q, k, v, cfg, options, FN, *options.tensors,
                                             *teaching.captured_inputs(options, q, k, FN))
 
 
@@ -232,25 +243,29 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     Paths (:func:`path_for`): on a CUDA GPU in float16/bfloat16 without options, rung 3's forward
     and the tuned backward; with any option, and otherwise (float32 on a GPU: tf32 matmuls; the
     CPU: Triton's interpreter, no bfloat16; a head dim of v's own) the teaching kernels. head_dim and
-    head_dim_v 1..256, any lengths.
-    Works inside ``torch.compile(fullgraph=True)`` and ``torch.export`` with every option but
-    ``score_mod``, ``mask_mod`` and ``block_mask``, which run eagerly (a graph break).
+    head_dim_v 1..256, any lengths. Works inside ``torch.compile(fullgraph=True)`` and ``torch.export`` with
+    every option but ``score_mod``, ``mask_mod`` and ``block_mask``: eager, a graph break (which fullgraph names).
     """
-    options = check_options(FN, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                            mask_mod=mask_mod, block_mask=block_mask, sinks=sinks, score_mod=score_mod, value_dim=True)
-    check_kernel_inputs(FN, q, v)
-    if options.functions:
-        out, lse = _eager(q, k, v, options)
+    keywords = dict(causal=causal, scale=scale, window=window, softcap=softcap, mask_mod=mask_mod,
+                    block_mask=block_mask, sinks=sinks, score_mod=score_mod)
+    if mask_mod is not None or block_mask is not None or score_mod is not None:
+        out, lse = _eager(q, k, v, keywords)
     else:
+        options = check_options(FN, q, k, v, value_dim=True, **keywords)
+        check_kernel_inputs(FN, q, v)
         out, lse, _ = _attention_op(q, k, v, options.op_numbers(), options.tensors)
     return (out, lse) if return_lse else out
 
 
 # ----- packed sequences -----------------------------------------------------------------------
 
-@torch.compiler.disable
-def _varlen_eager(q, k, v, cu_q, cu_k, max_q, max_k, options: Options):
-    """With a score function: the packed kernels' autograd Function, eagerly, the lengths checked here."""
+@torch.compiler.disable(reason=_GRAPH_BREAK.format(fn=VARLEN_FN).replace(", mask_mod or block_mask", ""))
+def _varlen_eager(q, k, v, cu_q, cu_k, max_q, max_k, keywords: dict):
+    """With a score function: the call checked and run through the packed kernels' autograd Function,
+    eagerly, all of it (as :func:`_eager`), the lengths checked here."""
+    options = packed.check_inputs(VARLEN_FN, q, k, v, cu_q, cu_k, max_q, max_k, read_values=False, **keywords)
+    max_q, max_k = min(max_q, q.shape[0]), min(max_k, k.shape[0])
+    options = options.window_within(max_q + max_k)
     check_varlen_values(VARLEN_FN, q, k, cu_q, cu_k, max_q, max_k)
     batch, heads = cu_q.shape[0] - 1, q.shape[1]
     captured = teaching.captured_inputs(options, q.new_empty(batch, heads, max_q, 0), k.new_empty(1, 1, max_k, 0),
@@ -353,16 +368,15 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     implementation, so eager and compiled calls raise the same errors (one transfer from the
     device per call; none while a CUDA graph is captured).
     """
+    keywords = dict(causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks, score_mod=score_mod)
+    if score_mod is not None:
+        out, lse = _varlen_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, keywords)
+        return (out, lse) if return_lse else out
     options = packed.check_inputs(VARLEN_FN, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                  causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks,
-                                  score_mod=score_mod, read_values=False)
+                                  read_values=False, **keywords)
     # exact, and within the op's numbers: no sequence is longer than its packed tensor, and a window
     # side as wide as both sequences limits nothing (-1 stays -1)
     max_q, max_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
     options = options.window_within(max_q + max_k)
-    if options.functions:
-        out, lse = _varlen_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, options)
-    else:
-        out, lse, _ = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, options.op_numbers(),
-                                 options.tensors)
+    out, lse, _ = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, options.op_numbers(), options.tensors)
     return (out, lse) if return_lse else out

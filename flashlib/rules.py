@@ -62,10 +62,18 @@ def _call(mask_mod, b, h, q_idx, kv_idx, seq_q: int, seq_k: int):
     try:
         return mask_mod(b, h, q_idx, kv_idx)
     except IndexError as exc:
-        name = getattr(mask_mod, "__name__", repr(mask_mod))
-        raise ValueError(f"argument 'mask_mod': {name} indexes a tensor out of its bounds ({exc}); a tensor a mask "
-                         f"function reads must cover every index it is given (here {seq_q} queries and {seq_k} "
-                         "keys)") from None
+        raise out_of_bounds(None, "mask_mod", mask_mod, str(exc), seq_q, seq_k) from None
+
+
+def out_of_bounds(fn: str | None, argument: str, function, detail: str, seq_q: int, seq_k: int) -> ValueError:
+    """The error for a mask or score function that indexes a tensor it captures out of its bounds (PyTorch
+    raises IndexError; a kernel would read outside it): every op raises this one, naming the op called
+    (fn, where known), the argument, the function, the index and what to do."""
+    name = getattr(function, "__name__", None) or type(function).__name__
+    kind = "mask" if argument == "mask_mod" else "score"
+    return ValueError(f"{fn + ': ' if fn else ''}argument '{argument}': {name} indexes a tensor out of its bounds "
+                      f"({detail}); a tensor a {kind} function reads must cover every index it is given (here "
+                      f"{seq_q} queries and {seq_k} keys)")
 
 
 def mask_values(mask_mod, values):
@@ -181,7 +189,11 @@ def scored(score_mod, s: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
     for None. What it returns must be a floating tensor that broadcasts to s's shape."""
     if score_mod is None:
         return s
-    new = score_mod(s, b, h, q_idx, kv_idx)
+    try:
+        new = score_mod(s, b, h, q_idx, kv_idx)
+    except IndexError as exc:  # named as a mask function's is (and as the kernels name it)
+        raise out_of_bounds(None, "score_mod", score_mod, str(exc), int(q_idx.max()) + 1 if q_idx.numel() else 0,
+                            int(kv_idx.max()) + 1 if kv_idx.numel() else 0) from None
     if not isinstance(new, torch.Tensor) or not new.is_floating_point():
         name = getattr(score_mod, "__name__", repr(score_mod))
         kind = type(new).__name__ if not isinstance(new, torch.Tensor) else f"a {new.dtype} tensor"

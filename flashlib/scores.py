@@ -14,6 +14,7 @@ deterministically (:func:`captured_grads`)::
     softcap(c)           c * tanh(score / c)                          Gemma 2's soft-capping
     alibi(slopes)        score + slopes[h] * (kv_idx - q_idx)         ALiBi, (heads,)
     relative_bias(table) score + table[q_idx - kv_idx + (len - 1) // 2]  a bias per distance, (2n - 1,)
+    t5_relative_bias(table, ...)  score + table[bucket(kv_idx - q_idx), h]  T5's log buckets, (buckets, heads)
     temperature(t)       score * t[h]                                 a per-head temperature, (heads,)
 
 As a mask function's, the tensors a score function reads live on q's device: every op refuses one on
@@ -21,6 +22,7 @@ another device by name, before anything runs.
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -84,6 +86,59 @@ def relative_bias(table: torch.Tensor):
     return relative_bias_score
 
 
+def t5_bucket(relative_position: torch.Tensor, *, num_buckets: int = 32, max_distance: int = 128,
+              bidirectional: bool = True) -> torch.Tensor:
+    """T5's bucket of each relative position (key position - query position), as T5 defines it (Mesh
+    TensorFlow; transformers' ``T5Attention._relative_position_bucket``, float32 logarithms included):
+    exact buckets for distances below half a side's buckets, logarithmic ones up to ``max_distance``,
+    the last bucket beyond; with ``bidirectional``, half the buckets for keys after the query."""
+    buckets = torch.zeros_like(relative_position, dtype=torch.long)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (relative_position > 0).long() * num_buckets
+        distance = relative_position.abs()
+    else:
+        distance = -torch.minimum(relative_position, torch.zeros_like(relative_position))
+    max_exact = num_buckets // 2
+    large = max_exact + (torch.log(distance.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).long()
+    large = torch.minimum(large, torch.full_like(large, num_buckets - 1))
+    return buckets + torch.where(distance < max_exact, distance, large)
+
+
+def t5_relative_bias(table: torch.Tensor, *, num_buckets: int | None = None, max_distance: int = 128,
+                     bidirectional: bool = True):
+    """score + table[bucket(kv_idx - q_idx), h]: T5's relative position bias, one learnable bias per
+    bucket of distance and head; table (num_buckets, heads), as T5's ``relative_attention_bias.weight``
+    (num_buckets: its rows unless given). The buckets (:func:`t5_bucket`, T5's own definition) are
+    computed once, here, for the distances -max_distance .. max_distance, in whose last buckets every
+    farther distance falls: the kernels read them from that small table, so that a bucket is the one
+    T5's float32 logarithm gives, whatever logarithm a GPU computes."""
+    fn = "t5_relative_bias"
+    if not isinstance(table, torch.Tensor) or table.ndim != 2 or not table.is_floating_point():
+        kind = type(table).__name__ if not isinstance(table, torch.Tensor) else f"a {table.ndim}-d {table.dtype} tensor"
+        raise TypeError(f"{FN}.{fn}: argument 'table' must be a 2-d floating-point tensor (num_buckets, heads), as "
+                        f"T5's relative_attention_bias.weight, got {kind}")
+    num_buckets = table.shape[0] if num_buckets is None else num_buckets
+    if isinstance(num_buckets, bool) or not isinstance(num_buckets, numbers.Integral) or num_buckets != table.shape[0]:
+        raise ValueError(f"{FN}.{fn}: argument 'num_buckets' is {num_buckets!r} but 'table' has {table.shape[0]} rows, "
+                         "one per bucket; pass the table's row count (or leave num_buckets out)")
+    side = num_buckets // 2 if bidirectional else num_buckets  # the buckets of one side
+    if side < 2 or isinstance(max_distance, bool) or not isinstance(max_distance, numbers.Integral) \
+            or max_distance <= side // 2:
+        raise ValueError(f"{FN}.{fn}: num_buckets {num_buckets} and max_distance {max_distance!r}: T5's buckets need "
+                         f"at least 2 per side and max_distance > {max(side // 2, 1)} (its exact buckets' reach), "
+                         "as T5's 32 and 128")
+    reach = int(max_distance)
+    buckets = t5_bucket(torch.arange(-reach, reach + 1, device=table.device), num_buckets=num_buckets,
+                        max_distance=reach, bidirectional=bidirectional)
+
+    def t5_relative_bias_score(score, b, h, q_idx, kv_idx):
+        return score + table[buckets[(kv_idx - q_idx).clamp(-reach, reach) + reach], h]
+
+    return t5_relative_bias_score
+
+
 def temperature(t: torch.Tensor):
     """score * t[h]: a per-head temperature ((heads,), learnable if it requires grad)."""
     t = _vector("temperature", "t", t)
@@ -101,17 +156,22 @@ def trainable(tensors) -> list[torch.Tensor]:
     return [t for t in tensors if t.is_floating_point() and t.requires_grad]
 
 
-def captured_tensors(fn: str, score_mod) -> list[torch.Tensor]:
+def captured_tensors(fn: str, score_mod, *, compiles: bool = True) -> list[torch.Tensor]:
     """The tensors a score function reads, found by calling it once on stand-ins (the translator the
     kernels use, :mod:`flashlib.trace`; no Triton needed): the same functions work in the
-    references and the kernels, and what cannot be traced is refused by name."""
-    from .trace import TraceError, trace
+    references and the kernels, and what cannot be traced is refused by name. compiles=False (a
+    reference, which calls the function as it is, as dense attention does): what cannot be traced is
+    taken too, its tensors those its closure, defaults and globals hold (:func:`flashlib.captures.captured`)."""
+    from .captures import captured
+    from .trace import TraceError, refusal, trace
 
     bounds = {"score": (None, None), **{name: (0, 2**31 - 1) for name in ("b", "h", "q_idx", "kv_idx")}}
     try:
         return list(trace(score_mod, bounds, floats=("score",)).tensors)
     except TraceError as exc:
-        raise TypeError(f"{fn}: argument 'score_mod': {exc}") from None
+        if not compiles:
+            return [t for _, t in captured(score_mod)]
+        raise refusal(fn, "score_mod", score_mod, exc) from None
 
 
 def captured_grads(score_mod, tensors, q, k, v, lse, dout, delta, *, scale: float, visible_of,

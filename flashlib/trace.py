@@ -27,13 +27,16 @@ No Triton here: the graph is turned into a kernel's source by :mod:`flashlib.ker
 from __future__ import annotations
 
 import dis
+import functools
 import linecache
 import numbers
 import operator
 import sys
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 INT_RANGES = {dtype: (int(torch.iinfo(dtype).min), int(torch.iinfo(dtype).max))
               for dtype in (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)}
@@ -64,6 +67,7 @@ class Node:
     hi: int | None
     value: object = None  # the constant, the argument's name, the slot, the target dtype of a cast
     example: object = field(default=None, repr=False)  # what PyTorch would hold: for dtype promotion
+    launch: bool = False  # a constant whose value the kernel is given at launch (not written into its source)
 
     @property
     def is_int(self) -> bool:
@@ -78,6 +82,7 @@ class Graph:
     result: Node
     tensors: list
     tracer: object = None  # where more nodes of the same graph are made (a derivative's)
+    read: frozenset = frozenset()  # ids of the tensors the function read in Python while traced (t[0], t.max())
 
 
 # ----- intervals ----------------------------------------------------------------------------------
@@ -107,7 +112,9 @@ def _interval(op, args, dtype):
     """Bounds of op(*args) from its operands' bounds (before clamping to dtype)."""
     if dtype is torch.bool:
         return 0, 1
-    if dtype.is_floating_point or any(a.lo is None for a in args if isinstance(a, Node)):
+    if op == "cast" and args[0].lo is None and not dtype.is_floating_point:
+        return _full(dtype)  # a float made an integer (T5's log-bucket): any value of the dtype
+    if dtype.is_floating_point or any(a.lo is None for a in args):
         return None, None
     a, b = (args + (None,))[:2]
     if op in ("add", "sub", "mul"):
@@ -170,26 +177,47 @@ _PYTHON_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "t
                "neg": operator.neg, "invert": operator.invert, "abs": abs}
 
 
+def _own(method):
+    """A Tracer method whose PyTorch calls (on its one-element stand-ins) are the trace's own, not the
+    function's reads: run with torch functions' overrides off (and so unseen by _Reads, and faster)."""
+    @functools.wraps(method)
+    def run(*args, **kwargs):
+        with torch._C.DisableTorchFunction():
+            return method(*args, **kwargs)
+    return run
+
+
 class Tracer:
     """The nodes of one trace, shared where equal (the same operation of the same operands)."""
 
-    def __init__(self, device=None):
+    def __init__(self, device=None, literals=None):
         self.device = device
         self.memo: dict = {}
         self.tensors: list[torch.Tensor] = []
+        # ids of the numbers written in the function's code (and the code it calls); any other number it
+        # computes with (captured, or computed from captured ones) is given to the kernel at launch, so
+        # that a new value writes the same source. None: every number is written into the source.
+        self.literals = literals
+        self.read: set[int] = set()
 
-    def node(self, op, args, dtype, lo, hi, value=None, example=None) -> Node:
-        key = (op, tuple(id(a) for a in args), dtype, value)
+    def node(self, op, args, dtype, lo, hi, value=None, example=None, launch=False) -> Node:
+        key = (op, tuple(id(a) for a in args), dtype, value, launch)
         if key not in self.memo:
             lo, hi = _clamped(lo, hi, dtype)
-            self.memo[key] = Node(op, args, dtype, lo, hi, value, example)
+            self.memo[key] = Node(op, args, dtype, lo, hi, value, example, launch)
         return self.memo[key]
 
+    def travels(self, value) -> bool:
+        """Whether a number the function computes with is given to the kernel at launch."""
+        return self.literals is not None and not isinstance(value, bool) and id(value) not in self.literals
+
+    @_own
     def symbol(self, name: str, lo, hi, dtype=torch.int64) -> Node:
         """An argument: an int64 index in lo..hi, or (dtype floating) a value such as a score."""
         return self.node("sym", (), dtype, lo, hi, name, torch.ones(1, dtype=dtype))
 
-    def const(self, value) -> Node:
+    def const(self, value, launch: bool = False) -> Node:
+        """A number; launch: its value is given to the kernel at launch, not written into the source."""
         if isinstance(value, bool):
             return self.node("const", (), torch.bool, int(value), int(value), value, value)
         if isinstance(value, numbers.Integral):
@@ -197,9 +225,9 @@ class Tracer:
             if not INT_RANGES[torch.int64][0] <= value <= INT_RANGES[torch.int64][1]:
                 raise TraceError(f"the number {value}", "it does not fit int64, PyTorch's index dtype: use a "
                                  "smaller one")
-            return self.node("const", (), torch.int64, value, value, value, value)
+            return self.node("const", (), torch.int64, value, value, value, value, launch)
         if isinstance(value, numbers.Real):
-            return self.node("const", (), torch.get_default_dtype(), None, None, float(value), float(value))
+            return self.node("const", (), torch.get_default_dtype(), None, None, float(value), float(value), launch)
         raise TraceError(f"the value {value!r} ({type(value).__name__})",
                          "a mask function computes with its indices, numbers and tensors indexed by them")
 
@@ -221,21 +249,21 @@ class Tracer:
         self.tensors.append(t)
         return len(self.tensors) - 1
 
+    @_own
     def load(self, t: torch.Tensor, index: list) -> Node:
         slot = self.slot(t)
-        if t.dtype is torch.bool or t.dtype.is_floating_point or t.numel() == 0:
-            lo, hi = (0, 1) if t.dtype is torch.bool else (None, None) if t.dtype.is_floating_point else (0, 0)
-        else:  # the values it holds now (read again at every call: new values, new bounds)
-            lo, hi = int(t.min()), int(t.max())
+        lo, hi = value_bounds(t)
         example = torch.ones(1 if any(i.example is not None and _dimensioned(i.example) for i in index) else (),
                              dtype=t.dtype)
         return self.node("load", tuple(index), t.dtype, lo, hi, slot, example)
 
-    def apply(self, op: str, *args) -> Node:
-        """op on nodes (Python numbers folded where every operand is one)."""
+    @_own
+    def apply(self, op: str, *args, value=None) -> Node:
+        """op on nodes (Python numbers folded where every operand is one; given at launch if one was);
+        value: what tells apart nodes of one op (a clamp's "clamp", differentiated as torch.clamp)."""
         if all(a.op == "const" for a in args) and op in _PYTHON_OPS:
             try:
-                return self.const(_PYTHON_OPS[op](*(a.value for a in args)))
+                return self.const(_PYTHON_OPS[op](*(a.value for a in args)), any(a.launch for a in args))
             except (ArithmeticError, TypeError):
                 pass
         if op in ("and", "or") and all(a.dtype is torch.bool for a in args):
@@ -255,17 +283,36 @@ class Tracer:
         if op in ("neg",) and example.dtype is torch.bool:
             raise TraceError("'-' of a boolean", "use ~ for not")
         lo, hi = _interval(op, args, example.dtype)
-        return self.node(op, args, example.dtype, lo, hi, None, _shaped(example, examples))
+        return self.node(op, args, example.dtype, lo, hi, value, _shaped(example, examples))
 
+    @_own
     def cast(self, a: Node, dtype: torch.dtype) -> Node:
         if dtype == a.dtype:
             return a
         if a.op == "const":  # a number given a dtype (new_ones((), dtype=torch.bool)): a 0-d tensor
             value = torch.tensor(a.value, dtype=dtype).item()
             lo = None if dtype.is_floating_point else int(value)
-            return self.node("const", (), dtype, lo, lo, value, torch.tensor(value, dtype=dtype))
+            launch = a.launch and dtype is not torch.bool
+            return self.node("const", (), dtype, lo, lo, value, torch.tensor(value, dtype=dtype), launch)
         lo, hi = (0, 1) if dtype is torch.bool else _interval("cast", (a,), dtype)
         return self.node("cast", (a,), dtype, lo, hi, dtype, _shaped(torch.ones((), dtype=dtype), [a.example]))
+
+
+def value_bounds(t: torch.Tensor) -> tuple:
+    """(lo, hi) of the values a tensor holds, as a trace bounds its loads: (0, 1) for a boolean, (None,
+    None) for a float, its least and greatest element for an integer one (one pass over it)."""
+    if t.dtype is torch.bool:
+        return 0, 1
+    if t.dtype.is_floating_point:
+        return None, None
+    if t.numel() == 0:
+        return 0, 0
+    with torch._C.DisableTorchFunction():  # the trace's own read, not the function's
+        if t.device.type == "cpu":  # numpy's view: a few microseconds where PyTorch's calls take tens
+            values = t.detach().numpy()
+            return int(values.min()), int(values.max())
+        lo, hi = torch.stack(torch.aminmax(t.detach().reshape(-1))).tolist()  # one transfer from the device
+        return int(lo), int(hi)
 
 
 def _dimensioned(example) -> bool:
@@ -351,7 +398,8 @@ class Traced:
         if not isinstance(exponent, numbers.Integral) or isinstance(exponent, bool) or not 0 <= exponent <= 8:
             raise TraceError("'**' with this exponent", "a small whole power is x * x; anything else needs a float "
                              "function the kernels' masks do not take")
-        result = _as_node(self.tracer, 1)
+        one = self.tracer.const(1)  # x ** 0 is a one of x's dtype, as PyTorch's (an index's: int64)
+        result = self.tracer.cast(one, self.node.dtype) if self.node.dtype.is_floating_point else one
         for _ in range(int(exponent)):
             result = self.tracer.apply("mul", result, self.node)
         return Traced(self.tracer, result)
@@ -419,7 +467,7 @@ def _as_node(tracer: Tracer, value) -> Node:
         return value.node
     if isinstance(value, torch.Tensor):
         return tracer.tensor_value(value)
-    return tracer.const(value)
+    return tracer.const(value, tracer.travels(value))
 
 
 def _index_list(index) -> list:
@@ -521,9 +569,9 @@ def _combine(tracer: Tracer, name, args, kwargs):
         low, high = kwargs.get("min", low), kwargs.get("max", high)
         result = nodes[0]
         if low is not None:
-            result = tracer.apply("maximum", result, _as_node(tracer, low))
+            result = tracer.apply("maximum", result, _as_node(tracer, low), value="clamp")
         if high is not None:
-            result = tracer.apply("minimum", result, _as_node(tracer, high))
+            result = tracer.apply("minimum", result, _as_node(tracer, high), value="clamp")
         return result
     if name.startswith("logical_"):
         bools = [tracer.cast(n, torch.bool) for n in nodes]
@@ -542,19 +590,227 @@ def _combine(tracer: Tracer, name, args, kwargs):
     return tracer.apply(op, *nodes)
 
 
-def trace(fn, symbols: dict, *, device=None, floats=()) -> Graph:
+class _Reads(TorchFunctionMode):
+    """Notes the tensors a traced function reads in Python (``t[0]``, ``int(t.max())``, ``t + 1``): what the
+    trace then holds may depend on any of their values. Reads of shapes, dtypes and devices are not noted."""
+
+    def __init__(self, tracer: Tracer):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in _METADATA and getattr(func, "__name__", "") != "__get__":
+            values = list(_flat(args, kwargs))
+            if not any(isinstance(a, Traced) for a in values):
+                self.tracer.read.update(id(a) for a in values if isinstance(a, torch.Tensor))
+        return func(*args, **kwargs)
+
+
+_METADATA = {torch.Tensor.__len__, torch.Tensor.size, torch.Tensor.dim, torch.Tensor.numel, torch.Tensor.stride,
+             torch.Tensor.storage_offset, torch.Tensor.element_size, torch.Tensor.is_floating_point,
+             torch.Tensor.is_complex, torch.Tensor.is_contiguous, torch.Tensor.nelement, torch.Tensor.ndimension,
+             torch.Tensor.get_device}
+
+
+def trace(fn, symbols: dict, *, device=None, floats=(), literals=None) -> Graph:
     """The graph of ``fn(*symbols)``; symbols: {name: (lo, hi)} in the order fn takes them, each an
-    int64 index whose values lie in lo..hi, but those named in floats: float32 values (lo, hi None)."""
-    tracer = Tracer(device)
+    int64 index whose values lie in lo..hi, but those named in floats: float32 values (lo, hi None).
+    literals: ids of the numbers written in the code fn runs (:func:`flashlib.captures.literals`):
+    any other number becomes a constant given at launch (None: every number is written into the source)."""
+    tracer = Tracer(device, literals)
     nodes = {name: tracer.symbol(name, lo, hi, torch.float32 if name in floats else torch.int64)
              for name, (lo, hi) in symbols.items()}
-    result = fn(*(Traced(tracer, n) for n in nodes.values()))
+    with _Reads(tracer):
+        result = fn(*(Traced(tracer, n) for n in nodes.values()))
     if isinstance(result, Traced):
-        return Graph(nodes, result.node, tracer.tensors, tracer)
+        return Graph(nodes, result.node, tracer.tensors, tracer, frozenset(tracer.read))
     if isinstance(result, torch.Tensor) and result.ndim:
         raise TraceError(f"a returned tensor of shape {tuple(result.shape)} that does not depend on the indices",
                          "return a comparison of the indices (one boolean per pair)", where="")
     try:
-        return Graph(nodes, _as_node(tracer, result), tracer.tensors, tracer)
+        return Graph(nodes, _as_node(tracer, result), tracer.tensors, tracer, frozenset(tracer.read))
     except TraceError as exc:
         raise TraceError(f"the returned {exc.what}", exc.fix, where="") from None
+
+
+def function_name(fn) -> str:
+    """How an error names a user's function: its name, or its type's."""
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def refusal(op: str, argument: str, function, exc: TraceError) -> TypeError:
+    """The TypeError an op raises for a function the kernels cannot compile: the op called, the argument,
+    the construct and where it is (at least the function's name) and the fix."""
+    if not exc.where:
+        exc = TraceError(exc.what, exc.fix, where=f" (in {function_name(function)})")
+    return TypeError(f"{op}: argument '{argument}': {exc}")
+
+
+# ----- the indices a graph reads its tensors at, for a call's index ranges ----------------------------
+
+class _Span(NamedTuple):
+    lo: int | None
+    hi: int | None
+
+
+class Outside(NamedTuple):
+    """An index that reads outside its tensor: the tensor (its slot and shape), the dim, one index value
+    outside and the (b, h, q_idx, kv_idx) it is read at; for an index computed from the score, which no
+    host can evaluate, value None, at {} and the bounds lo..hi it may take."""
+
+    slot: int
+    shape: tuple
+    dim: int
+    value: int | None
+    at: dict
+    lo: int | None = None
+    hi: int | None = None
+
+
+_CELLS = 1 << 22  # the most (b, h, q_idx, kv_idx) combinations evaluated at once
+
+
+class IndexCheck:
+    """Whether a traced function's loads stay inside their tensors for a call's index ranges, as PyTorch
+    checks an index (``-size <= i < size``, negative ones counted from the end).
+
+    First by bounds: each index's interval, worked out from the ranges of the arguments as the trace
+    works out its own (exact for sums, products and clamps). Where bounds cannot tell (``torch.where``
+    joins both branches' intervals: T5's log buckets), by evaluating the index expressions in PyTorch
+    on every (b, h, q_idx, kv_idx) of the ranges they use (cost: that many evaluations of the indices
+    alone, in blocks of 2^22, on the tensors' device). A verdict that depends on no tensor's values
+    is kept per ranges (at most 16)."""
+
+    def __init__(self, graph: Graph):
+        self.loads = [(node, tuple(graph.tensors[node.value].shape)) for node in _nodes(graph.result)
+                      if node.op == "load" and node.args]
+        self._verdicts: dict = {}
+
+    def outside(self, ranges: dict, tensors=()) -> Outside | None:
+        """The first index outside its tensor for ``ranges`` ({"b": (lo, hi), "h": .., "q_idx": ..,
+        "kv_idx": ..}, inclusive, every one non-empty), or None; tensors: the captured tensors in slot
+        order, as the function reads them now (for loads whose indices are themselves loaded)."""
+        key = tuple(sorted(ranges.items()))
+        if key in self._verdicts:
+            return self._verdicts[key]
+        spans, found, depends_on_data = {}, None, False
+        for node, shape in self.loads:
+            for dim, (index, size) in enumerate(zip(node.args, shape)):
+                span = _span(index, ranges, spans)
+                if -size <= span.lo and span.hi < size:
+                    continue
+                depends_on_data = depends_on_data or any(n.op == "load" for n in _nodes(index))
+                found = _evaluated(node, dim, shape, ranges, tensors)
+                if found is not None:
+                    break
+            if found is not None:
+                break
+        if not depends_on_data:
+            if len(self._verdicts) >= 16:
+                self._verdicts.pop(next(iter(self._verdicts)))
+            self._verdicts[key] = found
+        return found
+
+
+def _nodes(result: Node) -> list:
+    """Every node result is computed from, result included, each once."""
+    out, stack, seen = [], [result], set()
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            out.append(node)
+            stack.extend(node.args)
+    return out
+
+
+def _span(node: Node, ranges: dict, spans: dict) -> _Span:
+    """node's interval when the arguments range over ``ranges`` (a load: the values its tensor held when
+    traced, which the memo of traces guards); (None, None) for a float."""
+    if id(node) in spans:
+        return spans[id(node)]
+    if node.op == "sym":
+        span = _Span(*ranges.get(node.value, (None, None)))
+    elif node.op in ("const", "load") or node.lo is None:
+        span = _Span(node.lo, node.hi)
+    else:
+        args = tuple(_span(a, ranges, spans) for a in node.args)
+        span = _Span(*_clamped(*_interval(node.op, args, node.dtype), node.dtype))
+    spans[id(node)] = span
+    return span
+
+
+def _uses(node: Node) -> set:
+    return {n.value for n in _nodes(node) if n.op == "sym"}
+
+
+def _boxes(ranges: dict, used: set):
+    """Sub-ranges of ranges covering it, each of at most _CELLS combinations of the used arguments."""
+    cells = 1
+    for name in used:
+        cells *= ranges[name][1] - ranges[name][0] + 1
+    if cells <= _CELLS:
+        yield ranges
+        return
+    name = max(used, key=lambda n: ranges[n][1] - ranges[n][0])
+    lo, hi = ranges[name]
+    mid = (lo + hi) // 2
+    yield from _boxes({**ranges, name: (lo, mid)}, used)
+    yield from _boxes({**ranges, name: (mid + 1, hi)}, used)
+
+
+def _evaluated(load: Node, dim: int, shape: tuple, ranges: dict, tensors) -> Outside | None:
+    """Outside for load's index ``dim`` by evaluating it on every combination of the ranges, or None."""
+    index = load.args[dim]
+    used = _uses(load)
+    if "score" in used:  # an index computed from the score: its values are known only to the kernel
+        span = _span(index, ranges, {})
+        return Outside(load.value, shape, dim, None, {}, span.lo, span.hi)
+    device = next((t.device for t in tensors), torch.device("cpu"))
+    for box in _boxes(ranges, used):
+        grids = {name: torch.arange(lo, hi + 1, device=device).view([-1 if i == axis else 1 for i in range(4)])
+                 for axis, (name, (lo, hi)) in enumerate(sorted(box.items(), key=lambda kv: _AXES[kv[0]]))}
+        try:
+            _value(load, grids, tensors, {})
+        except _OutOfRange as exc:  # this index, or one it is computed from (a load of a load)
+            return exc.outside
+    return None
+
+
+_AXES = {"b": 0, "h": 1, "q_idx": 2, "kv_idx": 3}
+
+
+class _OutOfRange(Exception):
+    def __init__(self, outside: Outside):
+        self.outside = outside
+
+
+def _value(node: Node, grids: dict, tensors, memo: dict) -> torch.Tensor:
+    """node's values as PyTorch computes them on the index grids (b, h, q_idx, kv_idx broadcast against
+    each other); a load whose index leaves its tensor raises _OutOfRange."""
+    if id(node) in memo:
+        return memo[id(node)]
+    op, args = node.op, node.args
+    if op == "sym":
+        value = grids[node.value]
+    elif op == "const":
+        value = torch.tensor(node.value, dtype=node.dtype, device=next(iter(grids.values())).device)
+    elif op == "load":
+        t = tensors[node.value]
+        indices = [_value(a, grids, tensors, memo) for a in args]
+        for dim, (i, size) in enumerate(zip(indices, t.shape)):
+            bad = (i < -size) | (i >= size)
+            if bool(bad.any()):  # one pair that reads outside: its coordinates (any value along unused dims)
+                spot = bad.nonzero()[0].tolist() if bad.ndim == 4 else [0] * 4
+                at = {name: int(g.reshape(-1)[spot[_AXES[name]] if g.numel() > 1 else 0]) for name, g in grids.items()}
+                value = int(i.expand(bad.shape)[tuple(spot)] if bad.ndim == 4 else i)
+                raise _OutOfRange(Outside(node.value, tuple(t.shape), dim, value, at))
+        value = t[tuple(indices)] if indices else t
+    elif op == "cast":
+        value = _value(args[0], grids, tensors, memo).to(node.value)
+    else:
+        operands = [_value(a, grids, tensors, memo) for a in args]
+        value = OPS[op](*operands).to(node.dtype)
+    memo[id(node)] = value
+    return value

@@ -240,14 +240,20 @@ VARIANT_SPECS = [
     variant_spec("alibi", (9, 0), "bfloat16", 64, causal=True, group=4, score="alibi"),
     variant_spec("bias-window", (8, 0), "float16", 64, causal=True, window=(128, 0), score="bias"),
     variant_spec("t4-alibi", (7, 5), "float16", 64, causal=True, score="alibi"),
+    # numbers given at launch with a function's tensors: a prefix length, a window of 1 (which Triton
+    # binds as a constant), T5's bucket table read at a clamped distance
+    variant_spec("prefix-lm", (9, 0), "bfloat16", 64, causal=False, mask="prefix_lm"),
+    variant_spec("window-of-one", (9, 0), "bfloat16", 64, mask="window1"),
+    variant_spec("t5", (9, 0), "bfloat16", 64, score="t5"),
     # MLA's head dims (192 for q and k, 128 for v), packed, grouped, as the launchers bind them
     variant_spec("mla-varlen-gqa", (9, 0), "bfloat16", 192, causal=True, group=2, varlen=True, head_dim_v=128),
     variant_spec("mla-window-softcap", (8, 0), "float16", 192, causal=True, window=(128, 0), softcap=30.0,
                  head_dim_v=128),
 ]
 # a bias table read by distance inside a window's tiles spills on sm_80 (forward 616 bytes of stores
-# with Triton 3.7.1, 192 with 3.6.0; dK/dV 84): known, to be fixed (data/bench/LOG.md)
-VARIANT_SPILLS = {"bias-window"}  # forward and dK/dV
+# with Triton 3.7.1, 192 with 3.6.0; dK/dV 84), and T5's two reads per score (its bucket, then the bias)
+# in the sm_90 forward (112 bytes with 3.7.1, 132 with 3.6.0): known, to be fixed (data/bench/LOG.md)
+VARIANT_SPILLS = {"bias-window", "t5"}
 # the kernels a spec launches, by the name compile.expected_tensor_core_op knows them
 VARIANT_KERNELS = {False: {"_attn_fwd": "forward", "_attn_bwd_dkdv": "bwd_dkdv", "_attn_bwd_dq": "bwd_dq"},
                    True: {"_attn_fwd_varlen": "forward", "_attn_bwd_dkdv_varlen": "bwd_dkdv",

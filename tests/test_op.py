@@ -145,7 +145,7 @@ def test_the_package_exports_the_op():
 
 # ----- variants: grouped heads, windows, soft-capping, mask functions -----------------------------
 
-from flashlib import masks  # noqa: E402
+from flashlib import masks, scores  # noqa: E402
 
 from .variants_reference import explicit_attention  # noqa: E402
 
@@ -228,8 +228,28 @@ def test_a_mask_function_runs_eagerly_outside_the_op():
     compiled = _ours(torch.compile(_with(options)), q, k, v, None)  # a graph break, then the same result
     for e, c in zip(got, compiled):
         torch.testing.assert_close(c, e, atol=1e-6, rtol=1e-6)
-    with pytest.raises(Exception, match="(?i)skip|disable|graph break"):
+    with pytest.raises(Exception, match="flash_attention: a score_mod, mask_mod or block_mask is Python code.*graph "
+                                        r"break.*fullgraph=True\), call flash_attention outside the compiled function"):
         torch.compile(_with(options), fullgraph=True)(q, k, v, None)
+
+
+@pytest.mark.parametrize("score_mod", [scores.alibi(scores.alibi_slopes(4)), lambda s, b, h, q_idx, kv_idx: s * 0.5])
+def test_a_score_function_leaves_the_graph_and_fullgraph_names_it(score_mod):
+    """A score function is Python code, as a mask function is: torch.compile breaks the graph around the
+    call (the same result), and fullgraph=True refuses it with an error naming score_mod and the graph
+    break, not the inner workings of the checks it would otherwise have tried to trace."""
+    q, k, v = _grouped(seed=7)
+    options = dict(causal=True, score_mod=score_mod)
+    eager = _ours(_with(options), q, k, v, None)
+    for e, c in zip(eager, _ours(torch.compile(_with(options)), q, k, v, None)):
+        torch.testing.assert_close(c, e, atol=1e-6, rtol=1e-6)
+    with pytest.raises(Exception, match="score_mod.*Python code.*a graph break"):
+        torch.compile(_with(options), fullgraph=True)(q, k, v, None)
+    packed = [x[0].transpose(0, 1).contiguous() for x in (q, k, v)]
+    cu = torch.tensor([0, q.shape[-2]], dtype=torch.int32)
+    with pytest.raises(Exception, match="flash_attention_varlen: a score_mod is Python code.*a graph break"):
+        torch.compile(lambda *t: flashlib.flash_attention_varlen(*t, cu, cu, q.shape[-2], q.shape[-2],
+                                                                 score_mod=score_mod), fullgraph=True)(*packed)
 
 
 def test_every_option_takes_the_teaching_kernels():

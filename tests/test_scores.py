@@ -11,6 +11,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
 import flashlib
@@ -447,3 +449,246 @@ def test_a_users_own_alibi_is_one_function_that_every_op_takes_unchanged():
         last = flashlib.decode_attention(q[:, :, -3:].float(), k.float(), v.float(), torch.full((B,), 24, dtype=torch.int32),
                                          score_mod=my_alibi(theirs.detach()))
     torch.testing.assert_close(last.double(), want.detach()[:, :, -3:], rtol=0, atol=2e-6)
+
+
+# ----- subgradients at kinks: PyTorch's ------------------------------------------------------------
+
+KINKED = {  # each meets a kink on the zero query row (every score 0) and on ties between its two sides
+    "abs": lambda s, b, h, q_idx, kv_idx: torch.abs(s),
+    "maximum": lambda s, b, h, q_idx, kv_idx: torch.maximum(s, torch.zeros_like(s)),
+    "minimum": lambda s, b, h, q_idx, kv_idx: torch.minimum(s, s * 0.0),
+    "max of two": lambda s, b, h, q_idx, kv_idx: torch.max(s, -s),
+    "clamp": lambda s, b, h, q_idx, kv_idx: s.clamp(min=0.0, max=0.5),
+}
+
+
+@pytest.mark.parametrize("name", KINKED)
+def test_kinks_take_pytorchs_subgradients(name):
+    """abs' slope at 0 is 0; maximum and minimum give each side half on a tie; clamp passes the slope at
+    its bounds: the kernels' gradients equal float64 autograd's on a query row of zeros (all scores 0)."""
+    fn = KINKED[name]
+    q, k, v = _inputs(24, 24, seed=9)
+    q[:, :, 5] = 0.0
+    wanted = [x.clone().requires_grad_() for x in (q, k, v)]
+    want = torch.autograd.grad(plain_attention(*wanted, fn).sum(), wanted)
+    ours = [x.float().requires_grad_() for x in (q, k, v)]
+    got = torch.autograd.grad(flashlib.flash_attention(*ours, score_mod=fn).sum(), ours)
+    tiled = torch.autograd.grad(flashlib.tiled_attention(*wanted, score_mod=fn).sum(), wanted)
+    for what, g, t, w in zip(("dq", "dk", "dv"), got, tiled, want):
+        torch.testing.assert_close(g.double(), w, atol=2e-6, rtol=1e-5, msg=lambda m: f"{name} {what}: {m}")
+        torch.testing.assert_close(t, w, atol=1e-12, rtol=1e-10, msg=lambda m: f"{name} tiled {what}: {m}")
+
+
+def test_a_power_of_zero_is_a_one_of_the_scores_dtype():
+    q, k, v = (x.float() for x in _inputs(16, 16))
+    for fn in (lambda s, b, h, q_idx, kv_idx: s ** 0, lambda s, b, h, q_idx, kv_idx: s ** 0 + s ** 2):
+        torch.testing.assert_close(flashlib.flash_attention(q, k, v, score_mod=fn),
+                                   plain_attention(q.double(), k.double(), v.double(), fn).float(), atol=2e-6,
+                                   rtol=1e-5)
+
+
+# ----- T5's relative position bias -----------------------------------------------------------------
+
+def test_t5_buckets_are_transformers_own():
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    distances = torch.arange(-2000, 2001)
+    for buckets, reach, both in ((32, 128, True), (32, 128, False), (64, 1000, True), (8, 20, True)):
+        assert torch.equal(scores.t5_bucket(distances, num_buckets=buckets, max_distance=reach, bidirectional=both),
+                           T5Attention._relative_position_bucket(distances, both, buckets, reach))
+
+
+def _t5_plain(table, buckets, reach, both):
+    """T5's bias as transformers computes it: a (q, k) bucket matrix, then the table's rows."""
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    def t5(score, b, h, q_idx, kv_idx):
+        bucket = T5Attention._relative_position_bucket(kv_idx - q_idx, both, buckets, reach)
+        return score + table[bucket, h]
+
+    return t5
+
+
+@pytest.mark.parametrize("both", [True, False])
+def test_t5_relative_bias_equals_its_definition_in_float64_forward_and_backward(both):
+    """flashlib.scores.t5_relative_bias against T5's own bucket function in float64 autograd, the table's
+    gradient included, over distances past max_distance (90 positions, max_distance 40)."""
+    q, k, v = _inputs(90, 90, seed=11)
+    g = torch.Generator().manual_seed(12)
+    table64 = torch.randn(16, H, generator=g, dtype=torch.float64).requires_grad_()
+    dout = torch.randn(B, H, 90, D, generator=g, dtype=torch.float64)
+    wanted = [x.clone().requires_grad_() for x in (q, k, v)] + [table64]
+    ref = plain_attention(*wanted[:3], _t5_plain(table64, 16, 40, both), causal=not both)
+    want = torch.autograd.grad((ref * dout).sum(), wanted)
+    table = table64.detach().float().requires_grad_()
+    ours = [x.float().requires_grad_() for x in (q, k, v)] + [table]
+    fn = scores.t5_relative_bias(table, max_distance=40, bidirectional=both)
+    out = flashlib.flash_attention(*ours[:3], score_mod=fn, causal=not both)
+    got = torch.autograd.grad((out * dout.float()).sum(), ours)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+    for what, gr, w in zip(("dq", "dk", "dv", "table"), got, want):
+        torch.testing.assert_close(gr.double(), w, atol=2e-6 * max(w.abs().max().item(), 1.0), rtol=1e-5,
+                                   msg=lambda m: f"{what}: {m}")
+
+
+def test_t5_written_as_transformers_writes_it_compiles():
+    """T5's bucket function itself (log of the distance, scaled, cast to an integer, clamped) inside a
+    score function: the cast's integer has its dtype's range, which torch.where and the clamp narrow;
+    the kernels compute its buckets in float32 as transformers does."""
+    q, k, v = (x.float() for x in _inputs(200, 200, seed=13))
+    table = torch.randn(32, H)
+    fn = _t5_plain(table, 32, 128, True)
+    torch.testing.assert_close(flashlib.flash_attention(q, k, v, score_mod=fn),
+                               plain_attention(q.double(), k.double(), v.double(), fn).float(), atol=2e-6, rtol=1e-5)
+
+
+def test_t5_relative_bias_refuses_a_table_of_another_shape():
+    with pytest.raises(ValueError, match="'num_buckets' is 32 but 'table' has 16 rows"):
+        scores.t5_relative_bias(torch.zeros(16, 4), num_buckets=32)
+    with pytest.raises(TypeError, match="'table' must be a 2-d floating-point tensor"):
+        scores.t5_relative_bias(torch.zeros(32))
+    with pytest.raises(ValueError, match="max_distance > 8"):
+        scores.t5_relative_bias(torch.zeros(32, 2), max_distance=8)
+
+
+# ----- a captured tensor indexed past its end: refused where every reference refuses ------------------
+
+def _ops(q, k, v, fn):
+    """Each op that takes a score function, on the same (1, H, n, D) problem: packed as one sequence, and
+    decoding the last 3 queries against the cache of all n keys."""
+    n = q.shape[-2]
+    cu = torch.tensor([0, n], dtype=torch.int32)
+    packed = [x[0].transpose(0, 1).contiguous() for x in (q, k, v)]
+    return {
+        "flash_attention": lambda: flashlib.flash_attention(q, k, v, score_mod=fn),
+        "flashlib.kernels.attention": lambda: attention(q, k, v, score_mod=fn),
+        "flash_attention_varlen": lambda: flashlib.flash_attention_varlen(*packed, cu, cu, n, n, score_mod=fn),
+        "decode_attention": lambda: flashlib.decode_attention(q[..., -3:, :], k, v, torch.tensor([n], dtype=torch.int32),
+                                                              score_mod=fn),
+        "dense_attention": lambda: flashlib.dense_attention(q, k, v, score_mod=fn),
+        "tiled_attention": lambda: flashlib.tiled_attention(q, k, v, score_mod=fn),
+        "flex_attention": lambda: flex_attention(q, k, v, score_mod=fn),
+    }
+
+
+@pytest.mark.parametrize("op", ["flash_attention", "flashlib.kernels.attention", "flash_attention_varlen",
+                                "decode_attention", "dense_attention", "tiled_attention"])
+def test_a_bias_table_built_for_shorter_sequences_is_refused_by_every_op(op):
+    """relative_bias of a table for 20 positions (39 distances) on 30: flex_attention raises (IndexError),
+    and every op raises the ValueError a mask function gets, naming the op (the kernels), the function
+    and the index; a table that covers the distances runs."""
+    q, k, v = (x[:1].float() for x in _inputs(30, 30, heads_kv=H, seed=14))
+    short = scores.relative_bias(torch.randn(39))
+    with pytest.raises(IndexError):
+        _ops(q, k, v, short)["flex_attention"]()
+    with pytest.raises(ValueError) as info:
+        _ops(q, k, v, short)[op]()
+    message = str(info.value)
+    assert "argument 'score_mod': relative_bias_score indexes a tensor out of its bounds" in message, message
+    assert "must cover every index it is given" in message and (op.endswith("_attention") and "kernels" not in op
+                                                                 and op not in ("dense_attention", "tiled_attention")
+                                                                 ) <= message.startswith(op + ": ")
+    _ops(q, k, v, scores.relative_bias(torch.randn(59)))[op]()
+
+
+def test_a_negative_index_within_the_tensor_reads_from_its_end_as_pytorch_does():
+    q, k, v = (x.float() for x in _inputs(20, 20, seed=15))
+    table = torch.randn(20)
+    fn = lambda s, b, h, q_idx, kv_idx: s + table[kv_idx - 19]  # -19 .. 0  # noqa: E731
+    torch.testing.assert_close(flashlib.flash_attention(q, k, v, score_mod=fn),
+                               plain_attention(q.double(), k.double(), v.double(), fn).float(), atol=2e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="index -21 is out of bounds"):
+        flashlib.flash_attention(q, k, v, score_mod=lambda s, b, h, q_idx, kv_idx: s + table[kv_idx - 21])
+
+
+def test_decoding_checks_the_positions_each_sequence_has_not_the_caches_capacity():
+    """A table covering the distances the sequences' real lengths give runs, though the cache could hold
+    more; one too short for the longest sequence is refused, at that sequence."""
+    g = torch.Generator().manual_seed(16)
+    q = torch.randn(2, H, 1, D, generator=g)
+    k, v = (torch.randn(2, H_KV, 64, D, generator=g) for _ in range(2))
+    lengths = torch.tensor([20, 33], dtype=torch.int32)
+    fits = scores.relative_bias(torch.randn(65))  # distances 0..32 from the center 32
+    torch.testing.assert_close(flashlib.decode_attention(q, k, v, lengths, score_mod=fits),
+                               flashlib.decode_reference(q, k, v, lengths, score_mod=fits), atol=2e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"decode_attention: .*out of its bounds .* at b=1"):
+        flashlib.decode_attention(q, k, v, lengths, score_mod=scores.relative_bias(torch.randn(61)))
+
+
+def test_an_index_computed_from_the_score_must_be_clamped():
+    q, k, v = (x.float() for x in _inputs(16, 16))
+    table = torch.randn(8)
+    with pytest.raises(ValueError, match="computed from the score.*clamp it into 0..7"):
+        flashlib.flash_attention(q, k, v, score_mod=lambda s, b, h, i, j: s + table[(s * 4).long()])
+    clamped = lambda s, b, h, i, j: s + table[(s * 4).long().clamp(0, 7)]  # noqa: E731
+    torch.testing.assert_close(flashlib.flash_attention(q, k, v, score_mod=clamped),
+                               plain_attention(q.double(), k.double(), v.double(), clamped).float(),
+                               atol=2e-6, rtol=1e-5)
+
+
+@settings(max_examples=60)
+@given(st.integers(-3, 3), st.integers(-3, 3), st.integers(-40, 40), st.integers(1, 50), st.sampled_from(
+    ["affine", "mod", "where", "clamp", "nested"]), st.integers(1, 30), st.integers(1, 30))
+def test_the_index_check_refuses_exactly_what_pytorch_refuses(a, c, shift, size, form, seq_q, seq_k):
+    """For index expressions of many forms, IndexCheck finds an index outside the tensor exactly when
+    PyTorch's indexing of the same function on every (q_idx, kv_idx) raises IndexError."""
+    from flashlib.trace import IndexCheck, trace
+
+    table = torch.arange(size)
+    inner = torch.arange(size) - size // 2
+    bodies = {"affine": lambda i, j: table[a * i + c * j + shift],
+              "mod": lambda i, j: table[(a * i + c * j + shift) % 7],
+              "where": lambda i, j: table[torch.where(i > j, i - j + shift, c * j)],
+              "clamp": lambda i, j: table[(a * i - j).clamp(-size, size - 1 + shift)],
+              "nested": lambda i, j: table[inner[(i + j) % size] + shift]}
+    fn = lambda s, b, h, i, j: s + bodies[form](i, j)  # noqa: E731
+    graph = trace(fn, {"score": (None, None), "b": (0, 0), "h": (0, 0), "q_idx": (0, seq_q - 1),
+                       "kv_idx": (0, seq_k - 1)}, floats=("score",))
+    found = IndexCheck(graph).outside({"b": (0, 0), "h": (0, 0), "q_idx": (0, seq_q - 1), "kv_idx": (0, seq_k - 1)},
+                                      graph.tensors)
+    try:
+        fn(torch.zeros(seq_q, seq_k), 0, 0, torch.arange(seq_q)[:, None], torch.arange(seq_k)[None, :])
+        raised = False
+    except IndexError:
+        raised = True
+    assert (found is not None) == raised, (found, raised)
+
+
+# ----- refusals name the op called, the function and the fix ---------------------------------------
+
+def test_tiled_attention_takes_what_dense_attention_takes():
+    """Functions the kernels cannot compile (a Python branch, a function outside the kernels' table, a
+    captured tensor used whole) run in both references alike, the captured tensor's gradient included."""
+    q, k, v = _inputs(20, 20, seed=17)
+    bias = torch.randn(20, 20, dtype=torch.float64, requires_grad=True)
+    for fn in (lambda s, b, h, i, j: torch.sin(s) if s.ndim else s,
+               lambda s, b, h, i, j: s + torch.log1p(s.abs()),
+               lambda s, b, h, i, j: s + torch.log1p(bias[i, j].abs())):
+        dense = flashlib.dense_attention(q, k, v, score_mod=fn)
+        tiled = flashlib.tiled_attention(q, k, v, score_mod=fn, block_q=8, block_k=8)
+        torch.testing.assert_close(tiled, dense, atol=1e-12, rtol=1e-10)
+    grads = [torch.autograd.grad(run(q, k, v, score_mod=fn).sum(), bias)[0]
+             for run in (flashlib.dense_attention, flashlib.tiled_attention)]
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-12, rtol=1e-10)
+
+
+def test_refusals_name_the_op_called_and_the_function():
+    q, k, v = (x.float() for x in _inputs(16, 16))
+    cache = torch.tensor([16, 16], dtype=torch.int32)
+
+    def integer_score(score, b, h, q_idx, kv_idx):
+        return q_idx - kv_idx
+
+    def branching(score, b, h, q_idx, kv_idx):
+        return score if q_idx > kv_idx else -score
+
+    for run, op in ((lambda fn: flashlib.decode_attention(q[..., :1, :], k, v, cache, score_mod=fn), "decode_attention"),
+                    (lambda fn: flashlib.flash_attention(q, k, v, score_mod=fn), "flash_attention"),
+                    (lambda fn: attention(q, k, v, score_mod=fn), "flashlib.kernels.attention")):
+        with pytest.raises(TypeError, match=rf"^{op}: argument 'score_mod': .*returns int64 values \(in "
+                                            r"integer_score\) cannot be compiled into the kernels; return a float"):
+            run(integer_score)
+        with pytest.raises(TypeError, match=rf"^{op}: argument 'score_mod': .*truth value.*\(in branching, line \d+"):
+            run(branching)
+    with pytest.raises(TypeError, match=r"^flash_attention: argument 'mask_mod': .*truth value.*\(in <lambda>"):
+        flashlib.flash_attention(q, k, v, mask_mod=lambda b, h, i, j: i >= j and i < j + 3)

@@ -1,11 +1,20 @@
-"""The memo of traced mask and score functions: a second call with nothing changed traces nothing, any
-change to what the function reads traces again (and the kernels then agree with flex_attention and
-dense attention on the function as it is now), and the memo keeps no tensor alive."""
+"""The memo of traced mask and score functions: a second call with nothing changed traces nothing, and
+every change to what the function reads, however it is made, gives the fresh answer: a number
+rebound, a tensor written in place, through numpy's view of it or through ``.data`` (which PyTorch's
+version counter does not see), a config class's attribute, a module global a staticmethod reads, a
+submodule's attribute. The kernels are compared with flex_attention and float64 dense attention on the
+function as it is now. Memory stays bounded over 10,000 distinct captured numbers, and the memo keeps
+no tensor alive."""
 from __future__ import annotations
 
 import gc
+import importlib
 import json
+import linecache
+import tracemalloc
 import weakref
+
+import numpy as np
 
 import pytest
 import torch
@@ -49,14 +58,35 @@ def test_the_same_function_is_traced_once(traces):
     assert traces["mask"] == 1
 
 
-def test_a_captured_tensor_changed_in_place_is_traced_again(traces):
+def test_a_float_tensor_changed_in_place_is_read_by_the_kernel_without_a_new_trace(traces):
+    """A float tensor's values never shape the kernel (it reads them at launch): a training step's update of
+    a bias table, however it is written, traces nothing and the kernel gives the new answer."""
+    q, k, v = _inputs(24, 24)
     slopes = scores.alibi_slopes(4)
     alibi = scores.alibi(slopes)
-    first = compile_score("t", alibi, "cpu")
-    assert compile_score("t", alibi, "cpu").captured[0] is slopes and traces["score"] == 1
-    slopes.mul_(2)  # a new version: the trace may read values (an integer tensor's bounds)
-    compile_score("t", alibi, "cpu")
-    assert traces["score"] == 2 and first.data[0] is not None
+    for write in (lambda: None, lambda: slopes.mul_(2), lambda: slopes.data.add_(0.5),
+                  lambda: slopes.numpy().__imul__(-1)):
+        write()
+        want = flashlib.dense_attention(q.double(), k.double(), v.double(), score_mod=scores.alibi(slopes.double()))
+        torch.testing.assert_close(flashlib.flash_attention(q, k, v, score_mod=alibi).double(), want,
+                                   atol=2e-6, rtol=2e-5)
+    assert traces["score"] == 2  # once for the kernel, once for the tensors autograd differentiates
+
+
+def test_an_integer_tensor_is_traced_again_when_its_bounds_change(traces):
+    """The kernel depends on an integer tensor's values through their bounds alone (int32 or int64
+    arithmetic, which indices need guards): new values within them trace nothing, new bounds trace again."""
+    table, index = torch.randn(40), torch.arange(40)
+
+    def by_index(score, b, h, q_idx, kv_idx):
+        return score + table[index[kv_idx]]
+
+    bounds = score_bounds(1, 2, 40, 40)
+    compile_score("t", by_index, "cpu", bounds)
+    index.numpy()[:] = np.random.default_rng(0).permutation(40)  # other values, the same bounds 0..39
+    assert "_index_offset" not in compile_score("t", by_index, "cpu", bounds).source and traces["score"] == 1
+    index.numpy()[:] -= 40  # negative: the kernel must count from the end, as PyTorch does
+    assert "_index_offset" in compile_score("t", by_index, "cpu", bounds).source and traces["score"] == 2
 
 
 def test_the_kernels_follow_every_change_of_what_a_function_reads(traces):
@@ -104,10 +134,187 @@ def test_what_cannot_be_keyed_is_traced_at_every_call(traces):
         window.size = size
         torch.testing.assert_close(attention(q, k, v, mask_mod=attribute), _flex(q, k, v, attribute)[0],
                                    atol=2e-6, rtol=2e-5)
-    with torch.inference_mode():
-        ids = torch.arange(40) // 9  # an inference tensor keeps no version
-    assert tracememo.reads(masks.document(ids)) is None
     assert traces["mask"] >= 2
+
+
+def test_an_inference_tensor_is_keyed_and_its_values_guarded(traces):
+    """An inference tensor keeps no version; its values are guarded as any tensor's are."""
+    q, k, v = _inputs(40, 40)
+    with torch.inference_mode():
+        ids = torch.arange(40) // 9
+    doc = masks.document(ids)
+    assert tracememo.reads(doc) is not None
+    for step in range(2):
+        torch.testing.assert_close(attention(q, k, v, mask_mod=doc), _flex(q, k, v, doc)[0], atol=2e-6, rtol=2e-5)
+        with torch.inference_mode():
+            ids.copy_(torch.arange(40) // 4)
+    assert traces["block mask"] == 2
+
+
+# ----- values written where PyTorch does not see them, and reads the key follows --------------------
+
+def _dense(q, k, v, **options):
+    return flashlib.dense_attention(q.double(), k.double(), v.double(), **options).float()
+
+
+def _fresh(run, q, k, v, **options):
+    """run(q, k, v, **options) equals float64 dense attention on the functions as they are now."""
+    torch.testing.assert_close(run(q, k, v, **options), _dense(q, k, v, **options), atol=3e-6, rtol=3e-5)
+
+
+def test_a_numpy_fed_batch_of_document_ids_gives_the_fresh_mask(traces):
+    """A data loader's batch: one numpy buffer behind torch.from_numpy, refilled in numpy for each batch.
+    Each step's block mask and kernel follow the new ids (flex_attention and dense attention agree)."""
+    q, k, v = _inputs(48, 48)
+    rng = np.random.default_rng(0)
+    buffer = np.zeros(48, dtype=np.int64)
+    ids = torch.from_numpy(buffer)
+    doc = masks.document(ids)
+    for _ in range(4):
+        buffer[:] = np.sort(rng.integers(0, 5, size=48))  # the next batch's documents, written in numpy
+        out = flashlib.flash_attention(q, k, v, mask_mod=doc)
+        torch.testing.assert_close(out, _flex(q, k, v, doc)[0], atol=3e-6, rtol=3e-5)
+        torch.testing.assert_close(out, _dense(q, k, v, mask_mod=doc), atol=3e-6, rtol=3e-5)
+    assert traces["block mask"] == 4
+
+
+def test_writes_through_data_give_the_fresh_answer():
+    """``.data`` shares the storage but not the version counter: a mask's ids and a score function's index
+    tensor rewritten that way (made negative: PyTorch counts from the end) give the fresh answer."""
+    q, k, v = _inputs(40, 40)
+    ids = torch.arange(40) // 8
+    doc = masks.document(ids)
+    table, index = torch.randn(40), torch.arange(40)
+
+    def by_index(score, b, h, q_idx, kv_idx):
+        return score + table[index[kv_idx]]
+
+    for step in range(3):
+        _fresh(flashlib.flash_attention, q, k, v, mask_mod=doc)
+        _fresh(flashlib.flash_attention, q, k, v, score_mod=by_index)
+        ids.data[:] = torch.arange(40) // (3 + step)
+        index.data[:] = -torch.arange(1, 41) if step == 0 else torch.arange(40).flip(0)
+
+
+class Settings:
+    """A config class used as a namespace."""
+
+    window = 2
+
+
+WINDOW = 3
+
+
+class Rules:
+    @staticmethod
+    def window():
+        return WINDOW  # a module global, read by a staticmethod
+
+
+def by_class(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx) & (q_idx - kv_idx <= Settings.window)
+
+
+def by_staticmethod(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx) & (q_idx - kv_idx <= Rules.window())
+
+
+def test_a_config_class_and_a_staticmethods_global_are_read_afresh(monkeypatch):
+    q, k, v = _inputs(40, 40)
+    for size in (2, 7, 2):
+        monkeypatch.setattr(Settings, "window", size)
+        monkeypatch.setattr(f"{__name__}.WINDOW", size + 1)
+        _fresh(flashlib.flash_attention, q, k, v, mask_mod=by_class)
+        _fresh(flashlib.flash_attention, q, k, v, mask_mod=by_staticmethod)
+        temperature = lambda s, b, h, q_idx, kv_idx: s * (Settings.window / 4)  # noqa: E731
+        _fresh(flashlib.flash_attention, q, k, v, score_mod=temperature)
+
+
+def test_a_submodules_attribute_is_read_afresh(tmp_path, monkeypatch):
+    """pkg.settings.WINDOW: a module global that is a package, whose submodule holds the number."""
+    package = tmp_path / "memo_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from . import settings\n")
+    (package / "settings.py").write_text("WINDOW = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pkg = importlib.import_module("memo_pkg")
+    scope = {"pkg": pkg}
+    exec("def windowed(b, h, q_idx, kv_idx):\n"  # noqa: S102  (a function whose global is the package)
+         "    return (q_idx >= kv_idx) & (q_idx - kv_idx <= pkg.settings.WINDOW)\n", scope)
+    q, k, v = _inputs(40, 40)
+    for size in (2, 11, 5):
+        monkeypatch.setattr(pkg.settings, "WINDOW", size)
+        _fresh(flashlib.flash_attention, q, k, v, mask_mod=scope["windowed"])
+
+
+def test_a_trace_that_reads_a_captured_tensor_in_python_is_not_kept(traces):
+    """lengths[0] read in Python makes a number of the trace from the tensor's value: such a trace is made
+    again at every call (nothing could guard every value it may depend on)."""
+    q, k, v = _inputs(40, 40)
+    lengths = torch.tensor([5, 9])
+
+    def first_length(b, h, q_idx, kv_idx):
+        return kv_idx < int(lengths[0])
+
+    for value in (5, 30):
+        lengths.numpy()[0] = value
+        _fresh(flashlib.flash_attention, q, k, v, mask_mod=first_length)
+    assert traces["mask"] == 2
+
+
+# ----- memory: numbers are launch arguments, one source per code, everything bounded ---------------
+
+def test_an_annealing_schedule_of_10000_temperatures_stays_within_the_memory_bound(traces):
+    """A temperature that changes at every call writes one source (the number is given at launch), so
+    one compiled function; what the memo keeps stays within its 256 entries, linecache does not grow,
+    and 9,000 more temperatures after the first 1,000 add under 256 KiB (traced memory)."""
+    bounds = score_bounds(1, 2, 64, 64)
+
+    def annealed(t):
+        return lambda score, b, h, q_idx, kv_idx: score * t
+
+    temperatures = torch.linspace(0.05, 3.0, 10_000).tolist()
+    first = compile_score("t", annealed(temperatures[0]), "cpu", bounds)
+    lines, sources = len(linecache.cache), len(maskfn._COMPILED)
+    tracemalloc.start()
+    try:
+        for i, t in enumerate(temperatures):
+            kernel = compile_score("t", annealed(t), "cpu", bounds)
+            assert kernel.jit is first.jit and kernel.data == (t,)
+            if i == 999:
+                gc.collect()
+                settled = tracemalloc.get_traced_memory()[0]
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - settled
+    finally:
+        tracemalloc.stop()
+    assert grown < 256 << 10, grown
+    assert len(linecache.cache) == lines and len(maskfn._COMPILED) == sources
+    assert len(maskfn.MEMO) <= maskfn.MEMO.size and traces["score"] == 10_000
+    q, k, v = _inputs(24, 24)
+    for t in temperatures[::3333]:  # real calls: the same kernel, each temperature's answer
+        _fresh(flashlib.flash_attention, q, k, v, score_mod=annealed(t))
+
+
+def test_compiled_sources_past_the_limit_drop_their_linecache_entries(monkeypatch):
+    """Sources that differ (here by their code) are kept up to _MAX_COMPILED; those dropped take their
+    linecache entry and the interpreter's rewrite of them along."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    def generated():  # (linecache entries, interpreter rewrites) of generated functions
+        return (sum(name.startswith("<flashlib ") for name in linecache.cache),
+                sum(fn.__globals__.get("__name__") == "flashlib.kernels.maskfn.generated"
+                    for fn in InterpretedFunction.rewritten_fn))
+
+    monkeypatch.setattr(maskfn, "_MAX_COMPILED", 4)
+    q, k, v = _inputs(16, 16)
+    _fresh(attention, q, k, v, mask_mod=masks.causal)
+    before = generated()
+    for shift in range(12):
+        scope = {}
+        exec(f"def near(b, h, q_idx, kv_idx):\n    return q_idx - kv_idx <= {shift}\n", scope)  # noqa: S102
+        _fresh(attention, q, k, v, mask_mod=scope["near"])
+    assert len(maskfn._COMPILED) <= 4 and all(after <= 4 for after in generated()), (before, generated())
 
 
 def test_the_memo_keeps_no_tensor_alive(traces):

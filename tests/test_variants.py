@@ -135,13 +135,14 @@ def test_grouped_backward_is_deterministic():
         assert torch.equal(a, b)
 
 
-def test_a_mask_function_is_compiled_once_per_source_and_values():
+def test_a_mask_function_is_compiled_once_per_source():
     from flashlib.kernels.function import kernel_mask
+    from flashlib.kernels.maskfn import compile_mask
 
     assert kernel_mask(striped) is kernel_mask(striped)
-    # what a closure captures is part of what is compiled: the same value, the same kernel
-    assert kernel_mask(masks.sliding_window(4)) is kernel_mask(masks.sliding_window(4))
-    assert kernel_mask(masks.sliding_window(4)) is not kernel_mask(masks.sliding_window(5))
+    # a number a closure captures is given to the kernel at launch: another window, the same kernel
+    four, five = (compile_mask("t", masks.sliding_window(n), "cpu") for n in (4, 5))
+    assert four.jit is five.jit and four.data == (4,) and five.data == (5,)
 
 
 def test_mask_functions_of_a_window_equal_the_window_option():

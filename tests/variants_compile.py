@@ -18,15 +18,16 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MASKS = ("document", "prefix_lm", "plain")
-SCORES = ("alibi", "bias")
+MASKS = ("document", "prefix_lm", "plain", "window1")
+SCORES = ("alibi", "bias", "t5")
 
 
 def spec(name: str, capability, dtype: str, head_dim: int, *, causal=False, group=1, window=None, softcap=None,
          mask=None, varlen=False, sass=False, score=None, head_dim_v=None):
     """One forward and backward launch: ``group`` query heads per kv head, a window (left, right),
-    a soft-cap, a mask (one of MASKS: masks.document, masks.prefix_lm, or masks.causal as a plain
-    def), a score function (one of SCORES: flashlib.scores.alibi or relative_bias) and ``varlen``
+    a soft-cap, a mask (one of MASKS: masks.document, masks.prefix_lm, masks.causal as a plain def, or
+    masks.sliding_window(1), whose number, given at launch, is an integer equal to 1), a score function
+    (one of SCORES: flashlib.scores.alibi, relative_bias or t5_relative_bias) and ``varlen``
     for packed sequences; sass: also read each kernel's first tensor-core loop from its machine
     code (flashlib.kernels.compile.first_mma_loop); head_dim_v: v's head dim where it is its own (MLA's)."""
     return dict(name=name, capability=list(capability), dtype=dtype, head_dim=head_dim, causal=causal, group=group,
@@ -73,7 +74,7 @@ def _mask(name, seq):
     if name is None:
         return None
     return {"document": lambda: masks.document(torch.arange(seq) // 100), "prefix_lm": lambda: masks.prefix_lm(64),
-            "plain": lambda: masks.causal}[name]()
+            "plain": lambda: masks.causal, "window1": lambda: masks.sliding_window(1)}[name]()
 
 
 def _score(name, heads, seq):
@@ -84,7 +85,8 @@ def _score(name, heads, seq):
     if name is None:
         return None
     return {"alibi": lambda: scores.alibi(scores.alibi_slopes(heads)),
-            "bias": lambda: scores.relative_bias(torch.zeros(2 * seq - 1))}[name]()
+            "bias": lambda: scores.relative_bias(torch.zeros(2 * seq - 1)),
+            "t5": lambda: scores.t5_relative_bias(torch.zeros(32, heads))}[name]()
 
 
 def _launch(s):

@@ -33,8 +33,9 @@ def cases(device) -> dict:
     q, k, v = (torch.randn(SHAPE["batch"], SHAPE["heads"], SHAPE["seq"], SHAPE["head_dim"], generator=g).to(device)
                for _ in range(3))
     slopes = scores.alibi_slopes(SHAPE["heads"]).to(device)
+    ids = (torch.arange(SHAPE["seq"]) // 32).to(device)  # a mask that reads a tensor: its values guarded each call
     prefill = dict(plain={}, softcap=dict(softcap=30.0), alibi=dict(score_mod=scores.alibi(slopes)),
-                   window_mask=dict(mask_mod=masks.sliding_window(32)))
+                   window_mask=dict(mask_mod=masks.sliding_window(32)), document_mask=dict(mask_mod=masks.document(ids)))
     out = {f"flash_attention {name}": (lambda kw=kw: flash_attention(q, k, v, causal=True, **kw),
                                        lambda kw=kw: dense_attention(q, k, v, causal=True, **kw))
            for name, kw in prefill.items()}

@@ -25,8 +25,8 @@ from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess, triton
 from .config import LOG2E, FlashConfig, default_config, head_dim_pad, lse_base2, lse_natural, value_dim
 from .forward import _attn_fwd
 from .maskfn import compile_mask, symbol_bounds
-from .scorefn import compile_score, score_args, score_bounds, score_tensors
-from .tracememo import TraceMemo
+from .scorefn import check_indices, compile_score, score_args, score_bounds, score_tensors
+from .tracememo import TraceMemo, contents_guard
 from .rules import _no_mask
 
 
@@ -97,11 +97,21 @@ def empty_result(q: torch.Tensor, head_dim_v: int | None = None):
 DEFAULT = Options()
 
 
-def kernel_score(options: Options, device, *, batch=None, heads=None, seq_q=None, seq_k=None):
+def kernel_score(options: Options, device, *, batch=None, heads=None, seq_q=None, seq_k=None, fn: str = FN,
+                 regions=None):
     """The options' score function compiled for the kernels (:mod:`flashlib.kernels.scorefn`), for
-    indices within these sizes; None without one."""
-    fn = options.score_function
-    return None if fn is None else compile_score(FN, fn, device, score_bounds(batch, heads, seq_q, seq_k))
+    indices within these sizes; None without one. Where the sizes are given, a function that reads a
+    tensor it captures outside its bounds for them is refused, naming fn, the op called; regions: as
+    :func:`~flashlib.kernels.scorefn.check_indices` takes them, where the sizes are wider than the call's
+    positions (decoding's capacity, packed sequences' longest)."""
+    function = options.score_function
+    if function is None:
+        return None
+    score = compile_score(fn, function, device, score_bounds(batch, heads, seq_q, seq_k))
+    if None not in (batch, heads, seq_q, seq_k):
+        ranges = {"b": (0, batch - 1), "h": (0, heads - 1), "q_idx": (0, seq_q - 1), "kv_idx": (0, seq_k - 1)}
+        check_indices(fn, options.score_mod or function, score, ranges, regions)
+    return score
 
 
 # ----- mask functions, compiled into the kernels ------------------------------------------------
@@ -122,7 +132,7 @@ def _kinds(options: Options, batch, heads, seq_q, seq_k, block_q, block_k, devic
     if options.block_mask is not None:  # built once, by the caller
         return options.block_mask.coarsen(block_q, block_k).to(device)
 
-    def build():  # O(seq_q * seq_k) evaluations of the mask function: kept while it reads the same
+    def build():  # O(seq_q * seq_k) evaluations of the mask function: kept while it reads the same values
         return block_mask(seq_q, seq_k, block_q=block_q, block_k=block_k, causal=options.causal, window=options.window,
                           mask_mod=options.mask_mod, batch=batch, heads=heads, device=device).kinds, ()
 
@@ -131,8 +141,10 @@ def _kinds(options: Options, batch, heads, seq_q, seq_k, block_q, block_k, devic
 
 
 # a block mask is (B or 1, H or 1, query blocks, key tiles) bytes: 16k tokens in 64-tiles, 32 heads,
-# 2 MiB; at most 16 MiB are kept, so what a call leaves alive stays small beside its inputs
-KINDS = TraceMemo(size=64, weigh=lambda kinds: kinds.numel() * kinds.element_size(), budget=16 << 20)
+# 2 MiB; at most 16 MiB are kept, so what a call leaves alive stays small beside its inputs. It depends on
+# every value the mask function reads: guarded by their digest (tracememo)
+KINDS = TraceMemo(size=64, weigh=lambda kinds: kinds.numel() * kinds.element_size(), budget=16 << 20,
+                  guard=contents_guard)
 
 
 def rows_of_16(kinds: torch.Tensor) -> torch.Tensor:
@@ -177,7 +189,7 @@ def _tells_head(options: Options, sinks=None, score=None) -> bool:
 
 # ----- launchers ------------------------------------------------------------------------------
 
-def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None):
+def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None, fn=FN):
     """q: (B*H, seq_q, d), k: (B*H_kv, seq_k, d), v: (B*H_kv, seq_k, dv). Returns out (B*H, seq_q, dv) and
     lse2 (B*H, seq_q) float64, in base 2. heads: H (query heads per batch row); masks: (kinds, data) for the mask path."""
     from .rules import row_chunks
@@ -189,7 +201,7 @@ def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None):
     lse = torch.empty(bh, seq_q, dtype=torch.float64, device=q.device)  # float64: forward._finish says why
     kinds, data = masks or (None, None)
     causal, scale, sinks = options.causal, options.scale, options.sinks
-    score = kernel_score(options, q.device, batch=bh // heads, heads=heads, seq_q=seq_q, seq_k=k.shape[1])
+    score = kernel_score(options, q.device, batch=bh // heads, heads=heads, seq_q=seq_q, seq_k=k.shape[1], fn=fn)
     switches = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, dv), BLOCK_Q=cfg.block_q,
                     BLOCK_K=cfg.block_k, CAUSAL=causal,
                     INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -224,7 +236,7 @@ def preprocess(out, dout, dlse, cfg, heads_first: bool = False):
     return delta
 
 
-def _launch_backward(q, k, v, out, lse, dout, dlse, cfg, options=DEFAULT, heads=1, masks=None):
+def _launch_backward(q, k, v, out, lse, dout, dlse, cfg, options=DEFAULT, heads=1, masks=None, fn=FN):
     """All (B*H or B*H_kv, seq, d) (v, out, dout: dv) but lse (base 2, as the forward wrote it) and dlse (of the
     natural lse) (B*H, seq_q); dlse may be None. Returns dq, dk, dv
     and dsinks (None without sinks). masks: (kinds by query block, kinds by key tile, data) for the
@@ -242,7 +254,7 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cfg, options=DEFAULT, heads=
                   num_stages=cfg.bwd_num_stages)
     by_query, by_key, data = masks or (None, None, None)
     group = bh // k.shape[0]
-    score = kernel_score(options, q.device, batch=bh // heads, heads=heads, seq_q=seq_q, seq_k=seq_k)
+    score = kernel_score(options, q.device, batch=bh // heads, heads=heads, seq_q=seq_q, seq_k=seq_k, fn=fn)
     told = _tells_head(options, score=score)
     by_key = _block_h(variant_args(options, group=group, heads=heads, kinds=by_key, data=data, score=score))
     # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where masked
@@ -291,7 +303,7 @@ def _block_h(args: dict) -> dict:
     return args
 
 
-def _masks(options: Options, q, seq_k, block_q, block_k, backward=False):
+def _masks(options: Options, q, seq_k, block_q, block_k, backward=False, fn=FN):
     """(kinds, data) of a forward launch, or (kinds by query block, kinds by key tile, data) of a
     backward one, for q (..., H, seq_q, d); None without a window or mask function."""
     if not options.masked:
@@ -300,7 +312,7 @@ def _masks(options: Options, q, seq_k, block_q, block_k, backward=False):
     # traced before the block mask evaluates it: a construct the kernels cannot compile is named by
     # the trace, not by PyTorch's error on index tensors
     bounds = symbol_bounds(batch, heads, q.shape[-2], seq_k)
-    data = None if options.mask_mod is None else compile_mask(FN, options.mask_mod, q.device, bounds)
+    data = None if options.mask_mod is None else compile_mask(fn, options.mask_mod, q.device, bounds)
     kinds = _kinds(options, batch, heads, q.shape[-2], seq_k, block_q, block_k, q.device)
     if backward:
         return rows_of_16(kinds), rows_of_16(kinds.transpose(-1, -2)), data
@@ -324,11 +336,12 @@ def forward_base2(q, k, v, *, config=None, fn=FN, **keywords):
     (:func:`flashlib.kernels.forward._finish` says why). keywords: the options of :func:`attention`."""
     options = check_options(fn, q, k, v, value_dim=True, **keywords)
     check_kernel_inputs(fn, q, v)
-    return forward_pass(q, k, v, options, resolve_config(fn, q, config, v))
+    return forward_pass(q, k, v, options, resolve_config(fn, q, config, v), fn)
 
 
-def forward_pass(q, k, v, options: Options, cfg: FlashConfig):
-    """:func:`forward_base2` on checked inputs and options (flashlib.options)."""
+def forward_pass(q, k, v, options: Options, cfg: FlashConfig, fn: str = FN):
+    """:func:`forward_base2` on checked inputs and options (flashlib.options); fn: the op called, as
+    refusals name it."""
     sinks = options.sinks
     if q.numel() == 0 or (q.shape[-2] > 0 and k.shape[-2] == 0 and sinks is None):
         out, lse = empty_result(q, v.shape[-1])
@@ -336,8 +349,8 @@ def forward_pass(q, k, v, options: Options, cfg: FlashConfig):
     if k.shape[-2] == 0:  # nothing to attend to but the sinks: out = 0, lse = sink
         out, lse = merge_sink(*empty_result(q, v.shape[-1]), sinks)
         return out, lse_base2(lse).double()
-    masks = _masks(options, q, k.shape[-2], cfg.block_q, cfg.block_k)
-    out, lse = _launch_forward(flat(q), flat(k), flat(v), cfg, options, batch_and_heads(q.shape)[1], masks)
+    masks = _masks(options, q, k.shape[-2], cfg.block_q, cfg.block_k, fn=fn)
+    out, lse = _launch_forward(flat(q), flat(k), flat(v), cfg, options, batch_and_heads(q.shape)[1], masks, fn)
     return out.reshape(*q.shape[:-1], v.shape[-1]), lse.reshape(q.shape[:-1])
 
 
@@ -355,7 +368,7 @@ def backward_base2(q, k, v, out, lse2, dout, *, config=None, dlse=None, **keywor
     return backward_pass(q, k, v, out, lse2, dout, options, resolve_config(FN, q, config, v), dlse)
 
 
-def backward_pass(q, k, v, out, lse2, dout, options: Options, cfg: FlashConfig, dlse=None):
+def backward_pass(q, k, v, out, lse2, dout, options: Options, cfg: FlashConfig, dlse=None, fn: str = FN):
     """:func:`backward_base2` on checked options: (dq, dk, dv), and dsinks after them with sinks."""
     sinks = options.sinks
     if out.numel() == 0 or k.shape[-2] == 0:
@@ -365,10 +378,10 @@ def backward_pass(q, k, v, out, lse2, dout, options: Options, cfg: FlashConfig, 
         delta = softmax_delta(out, dout, dlse)
         return *zeros, sink_grad(sinks, lse_natural(lse2), delta)  # rows with no key still give the sink a share
     seq_q = q.shape[-2]
-    masks = _masks(options, q, k.shape[-2], cfg.bwd_block_q, cfg.bwd_block_k, backward=True)
+    masks = _masks(options, q, k.shape[-2], cfg.bwd_block_q, cfg.bwd_block_k, backward=True, fn=fn)
     dq, dk, dv, dsinks = _launch_backward(flat(q), flat(k), flat(v), flat(out), lse2.reshape(-1, seq_q), flat(dout),
                                           None if dlse is None else dlse.reshape(-1, seq_q).float(), cfg, options,
-                                          batch_and_heads(q.shape)[1], masks)
+                                          batch_and_heads(q.shape)[1], masks, fn)
     grads = dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
     return grads if sinks is None else (*grads, dsinks)
 
@@ -403,26 +416,26 @@ def score_grads(q, k, v, out, lse, dout, dlse, options: Options, tensors):
 
 class AttentionFunction(torch.autograd.Function):
     """Saves (q, k, v, out, lse, lse2) — never the (seq_q, seq_k) probabilities. options: the call's,
-    checked (flashlib.options); tensors: the options' tensors (Options.tensors), then those the score
+    checked (flashlib.options); fn: the op called (refusals name it); tensors: the options' tensors (Options.tensors), then those the score
     function reads that require grad, inputs so that autograd returns their gradients."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cfg, options: Options, *tensors):
+    def forward(ctx, q, k, v, cfg, options: Options, fn: str, *tensors):
         held = len(options.tensors)
         options = options.with_tensors(tensors[:held])
-        out, lse2 = forward_pass(q, k, v, options, cfg)
+        out, lse2 = forward_pass(q, k, v, options, cfg, fn)
         lse, column = save_lse(lse2)
         save(ctx, q, k, v, out, lse, column, *tensors)
-        ctx.cfg, ctx.options, ctx.held = cfg, options, held
+        ctx.cfg, ctx.options, ctx.held, ctx.fn = cfg, options, held, fn
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, lse2, *tensors = saved(ctx)
         options, captured = ctx.options.with_tensors(tensors[:ctx.held]), tensors[ctx.held:]
-        dq, dk, dv, *dheld = backward_pass(q, k, v, out, lse2.squeeze(-1), dout, options, ctx.cfg, dlse)
+        dq, dk, dv, *dheld = backward_pass(q, k, v, out, lse2.squeeze(-1), dout, options, ctx.cfg, dlse, ctx.fn)
         dcaptured = score_grads(q, k, v, out, lse, dout, dlse, options, captured) if captured else []
-        return dq, dk, dv, None, None, *dheld, *dcaptured
+        return dq, dk, dv, None, None, None, *dheld, *dcaptured
 
 
 def captured_inputs(options: Options, q, k, fn: str = FN) -> list:
@@ -479,5 +492,5 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, wind
                             value_dim=True)
     check_kernel_inputs(FN, q, v)
     cfg = resolve_config(FN, q, config, v)
-    out, lse = AttentionFunction.apply(q, k, v, cfg, options, *options.tensors, *captured_inputs(options, q, k))
+    out, lse = AttentionFunction.apply(q, k, v, cfg, options, FN, *options.tensors, *captured_inputs(options, q, k))
     return (out, lse) if return_lse else out

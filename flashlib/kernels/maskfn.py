@@ -6,10 +6,10 @@ A mask function ``mask_mod(b, h, q_idx, kv_idx) -> bool`` runs as it is on PyTor
 not how its source is laid out) and the trace is written out as one ``@triton.jit`` function
 ``MASK_MOD(b, h, q_idx, kv_idx, data)``:
 
-* what it reads from outside is read again at every call: numbers become literals of the generated
-  source (a new value, a new kernel), and tensors become loads from ``data``, a tuple of tensors
-  passed at launch (their values are read by the kernel itself, so a changed tensor needs no new
-  kernel unless its values leave the bounds the source was written for);
+* what it reads from outside is read again at every call: tensors become loads from ``data``, a tuple
+  passed at launch, and so do the numbers it captures (a window, a temperature, a length: any number
+  its code does not spell out), which follow the tensors in ``data``: a new value needs no new kernel,
+  nor do new values in a tensor unless they leave the bounds the source was written for;
 * ``t[q_idx]``, ``t[b, h]``, ``t[h][q_idx - 5]``... index a captured tensor (any dtype, any strides,
   negative indices counted from the end, as PyTorch does);
 * arithmetic is PyTorch's: its dtypes (an index is int64), ``//`` and ``%`` rounding toward -inf
@@ -28,7 +28,6 @@ compiles.
 """
 from __future__ import annotations
 
-import hashlib
 import linecache
 import threading
 from collections import OrderedDict
@@ -36,10 +35,11 @@ from typing import NamedTuple
 
 import torch
 
-from ._mode import require_triton
+from ._mode import interpreting, require_triton
 from .rules import _FLOAT32_MAX, _LOG2E, _floordiv, _floormod, _tanh
-from .tracememo import TraceMemo
-from ..trace import INT32, Graph, Node, TraceError, trace
+from .tracememo import TraceMemo, bounds_guard
+from ..captures import literals
+from ..trace import INT32, Graph, Node, TraceError, refusal, trace
 
 triton = require_triton()
 import triton.language as tl  # noqa: E402
@@ -51,15 +51,15 @@ _INT32_MAX = INT32[1]
 
 class KernelMask(NamedTuple):
     """A mask function as the kernels call it: the compiled ``MASK_MOD``, its ``data`` (a tuple of
-    the tensors it reads, on the kernels' device; None when it reads none) and the generated
-    Triton source."""
+    the tensors it reads, on the kernels' device, then the numbers it is given at launch; None when
+    there are none) and the generated Triton source."""
 
     jit: object
     data: tuple | None
     source: str
 
 
-_COMPILED: OrderedDict = OrderedDict()  # generated source -> its @triton.jit function
+_COMPILED: OrderedDict = OrderedDict()  # generated source -> (its @triton.jit function, its linecache name)
 _MAX_COMPILED = 256
 _LOCK = threading.Lock()  # threads compiling masks at once share _COMPILED and linecache
 
@@ -81,18 +81,20 @@ def compile_mask(fn: str, mask_mod, device, bounds: dict | None = None) -> Kerne
 
     def build():
         try:
-            graph = trace(mask_mod, bounds, device=device)
+            graph = trace(mask_mod, bounds, device=device, literals=literals(mask_mod))
             narrow = tuple(_int32(t, node) for t, node in zip(graph.tensors, _loads(graph)))
-            source = _Writer(graph, list(_data(graph.tensors, narrow, device))).source()
+            writer = _Writer(graph, list(_data(graph.tensors, narrow, device)))
+            source = writer.source()
         except TraceError as exc:
-            raise TypeError(f"{fn}: argument 'mask_mod': {exc}") from None
-        return (compiled(source), source, narrow), graph.tensors
+            raise refusal(fn, "mask_mod", mask_mod, exc) from None
+        compiled(source)
+        return (source, narrow, writer.launched()), graph.tensors, graph.read
 
-    (jit, source, narrow), tensors = MEMO.get(mask_mod, ("mask", memo_key(bounds, device)), build)
-    return KernelMask(jit, _data(tensors, narrow, device) or None, source)
+    (source, narrow, numbers), tensors = MEMO.get(mask_mod, ("mask", memo_key(bounds, device)), build)
+    return KernelMask(compiled(source), (*_data(tensors, narrow, device), *numbers) or None, source)
 
 
-MEMO = TraceMemo()
+MEMO = TraceMemo(guard=bounds_guard)
 
 
 def memo_key(bounds: dict, device) -> tuple:
@@ -100,29 +102,50 @@ def memo_key(bounds: dict, device) -> tuple:
     return tuple(sorted(bounds.items())), None if device is None else torch.device(device)
 
 
-def _exec(source: str, name: str = "_mask_mod"):
-    """The generated @triton.jit function ``name``; its source is registered with linecache, where
-    Triton's JIT (and a traceback) read it."""
-    filename = f"<flashlib {name.strip('_')} {hashlib.sha1(source.encode()).hexdigest()[:12]}>"
+def _exec(source: str, name: str, filename: str):
+    """The generated @triton.jit function ``name``; its source is registered with linecache as
+    ``filename``, where Triton's JIT (and a traceback) read it."""
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     scope = {"__name__": "flashlib.kernels.maskfn.generated", "tl": tl, "_floordiv": _floordiv,
              "_floormod": _floormod, "_gather": _gather, "_index_offset": _index_offset,
              "_index_offset64": _index_offset64, "_index_ok": _index_ok, "_tanh": _tanh, "_LOG2E": _LOG2E,
-             "_FLOAT32_MAX": _FLOAT32_MAX}  # the constants as the kernels hold them (exact, float64 at compile time)
+             "_FLOAT32_MAX": _FLOAT32_MAX, "_integral": _integral}  # the constants as the kernels hold them (exact, float64 at compile time)
     exec(compile(source, filename, "exec"), scope)  # noqa: S102  (source written below, from a trace)
-    return triton.jit(scope[name])
+    jit = triton.jit(scope[name])
+    if interpreting():  # the interpreter reads the source on first use: now, while filename holds it
+        jit.rewrite()
+    return jit
 
 
-def compiled(source: str, name: str = "_mask_mod"):
-    """The @triton.jit function of a generated source, made once per source (the same source, the
-    same function, so the same compiled kernels)."""
+def compiled(source: str):
+    """The @triton.jit function of a generated source (``_mask_mod`` or ``_score_mod``), made once per
+    source (the same source, the same function, so the same compiled kernels). At most _MAX_COMPILED
+    are kept, the least recently asked for dropped first with their linecache entry and the
+    interpreter's rewrite of them (which would otherwise be kept for the process's life)."""
     with _LOCK:
         if source not in _COMPILED:
-            _COMPILED[source] = _exec(source, name)
-            if len(_COMPILED) > _MAX_COMPILED:
-                _COMPILED.popitem(last=False)
+            name = source[4:source.index("(")]  # "def _mask_mod(..."
+            number = _NUMBERS.pop() if _NUMBERS else len(_COMPILED)
+            filename = f"<flashlib {name.strip('_')} {number}>"
+            _COMPILED[source] = _exec(source, name, filename), filename, number
+            while len(_COMPILED) > _MAX_COMPILED:
+                _forget(*_COMPILED.popitem(last=False)[1])
         _COMPILED.move_to_end(source)
-        return _COMPILED[source]
+        return _COMPILED[source][0]
+
+
+# the numbers of dropped sources' file names, for the next ones: CPython keeps every file name compile()
+# was ever given (about 80 bytes each), so the names are reused, not made anew per source
+_NUMBERS: list[int] = []
+
+
+def _forget(jit, filename: str, number: int):
+    linecache.cache.pop(filename, None)
+    _NUMBERS.append(number)
+    if interpreting():
+        from triton.runtime.interpreter import InterpretedFunction
+
+        InterpretedFunction.rewritten_fn.pop(jit.fn, None)
 
 
 @triton.jit
@@ -140,6 +163,14 @@ def _index_offset64(i, size, stride):
 @triton.jit
 def _index_ok(i, size):
     return (i >= -size) & (i < size)
+
+
+@triton.jit
+def _integral(x, lo, hi):
+    """A float made ready for a cast to an integer type of range [lo, hi): itself where it fits, else lo,
+    which x86 gives PyTorch for NaN, infinities and values out of range (T5's log(0) buckets, which a
+    torch.where then drops), instead of an undefined cast."""
+    return tl.where((x >= lo) & (x < hi), x, lo)
 
 
 @triton.jit
@@ -218,12 +249,20 @@ def _work_type(operands, also) -> str:
 class _Writer:
     """The Triton source of one trace: nested expressions, a local for a value used twice."""
 
-    def __init__(self, graph: Graph, tensors: list[torch.Tensor]):
+    def __init__(self, graph: Graph, tensors: list[torch.Tensor], numbers: list | None = None, first: int | None = None):
+        """numbers: the constants given at launch, in data order from ``first`` (default: after the
+        tensors); writers of one graph share it, so that a number has one slot."""
         self.graph, self.tensors = graph, tensors
+        self.numbers = [] if numbers is None else numbers
+        self.first = len(tensors) if first is None else first
         self.uses: dict[int, int] = {}
         self._count(graph.result)
         self.lines: list[str] = []
         self.names: dict[int, str] = {}
+
+    def launched(self) -> tuple:
+        """The values the kernel is given at launch, after the tensors, in data order."""
+        return tuple(node.value for node in self.numbers)
 
     def _count(self, node: Node):
         self.uses[id(node)] = self.uses.get(id(node), 0) + 1
@@ -258,11 +297,24 @@ class _Writer:
         return text
 
     def as_type(self, node: Node, ctype: str) -> str:
-        """node's value in ctype (a cast where its own type differs; a number as a literal)."""
+        """node's value in ctype (a cast where its own type differs; a number as a literal, or as the
+        launch argument that holds it)."""
         if node.op == "const":
-            return self._literal(node.value, ctype)
+            return self._number(node, ctype) if node.launch else self._literal(node.value, ctype)
         text = self.expr(node)
         return text if _ctype(node) == ctype else f"{text}.to({ctype})"
+
+    def _number(self, node: Node, ctype: str) -> str:
+        """A number given at launch: data[slot], which Triton types int32 (int64 if it needs it) or float32
+        (an int equal to 1 becomes a compile-time 1: tl.cast takes both). A float64 use is written as a
+        literal: a float32 argument would round it."""
+        if ctype == "tl.float64" or ctype == "tl.int1":
+            return self._literal(node.value, ctype)
+        if not any(n is node for n in self.numbers):
+            self.numbers.append(node)
+        text = f"data[{self.first + next(i for i, n in enumerate(self.numbers) if n is node)}]"
+        return text if ctype == "tl.float32" or (ctype == "tl.int32" and _fits32(node.value, node.value)) \
+            else f"tl.cast({text}, {ctype})"
 
     @staticmethod
     def _literal(value, ctype: str) -> str:
@@ -281,10 +333,13 @@ class _Writer:
         if op == "sym":
             return node.value
         if op == "const":
-            return self._literal(node.value, _ctype(node))
+            return self.as_type(node, _ctype(node))
         if op == "load":
             return self._load(node)
         if op == "cast":
+            if args[0].dtype.is_floating_point and node.is_int:
+                bits = 63 if _ctype(node) == "tl.int64" else 31
+                return f"_integral({self.expr(args[0])}, {-2.0 ** bits!r}, {2.0 ** bits!r}).to({_ctype(node)})"
             return self.as_type(args[0], _ctype(node))
         if op in _COMPARE:
             operand = _work_type(args, [])

@@ -1,8 +1,8 @@
 """Score functions, as FlexAttention users write them, compiled into the kernels with their derivative.
 
 A score function ``score_mod(score, b, h, q_idx, kv_idx) -> score`` changes each scaled score
-before the mask (:mod:`flashlib.scores` has ready ones: soft-capping, ALiBi, a bias table, a
-temperature). For a kernel it is traced as mask functions are (:mod:`flashlib.trace`:
+before the mask (:mod:`flashlib.scores` has ready ones: soft-capping, ALiBi, a bias table, T5's
+bias, a temperature). For a kernel it is traced as mask functions are (:mod:`flashlib.trace`:
 called once with symbolic arguments, the score a float32 one) and written out as one
 ``@triton.jit`` function::
 
@@ -14,9 +14,13 @@ called once with symbolic arguments, the score a float32 one) and written out as
 
 The derivative is not written by hand per option: it is the chain rule applied to the traced
 expression (:func:`derivative`), node by node, so the backward's dS = P (dP - delta) is
-multiplied by exactly the slope of what the forward computed. Tensors the function reads become
-loads from ``data``, as for mask functions; their own gradients (ALiBi's slopes, a bias table)
-are not the kernels' business (:func:`flashlib.scores.captured_grads` computes them).
+multiplied by exactly the slope of what the forward computed; at a kink, PyTorch's subgradient (abs:
+0 at 0; maximum, minimum: half to each side on a tie; a clamp: its argument's slope at its bounds).
+Tensors the function reads become loads from ``data``, and the numbers it captures launch arguments
+after them, as for mask functions; the tensors' own gradients (ALiBi's slopes, a bias table) are not
+the kernels' business (:func:`flashlib.scores.captured_grads` computes them). The indices it reads
+them at are checked on the host for each call's positions (:func:`check_indices`), so that an index
+past a tensor's end is refused as PyTorch refuses it, not read as 0.
 """
 from __future__ import annotations
 
@@ -27,20 +31,24 @@ import torch
 
 from .config import LOG2E
 from .maskfn import MEMO, _data, _int32, _loads, _Writer, compiled, memo_key, symbol_bounds
-from ..trace import FLOAT_FUNCTIONS, Graph, Node, TraceError, trace
+from ..captures import literals
+from ..rules import out_of_bounds
+from ..trace import FLOAT_FUNCTIONS, Graph, IndexCheck, Node, TraceError, refusal, trace
 
 NAMES = ("score", "b", "h", "q_idx", "kv_idx")
 
 
 class KernelScore(NamedTuple):
     """A score function as the kernels call it: the compiled ``SCORE_MOD``, its ``data`` (the tensors
-    it reads, on the kernels' device; None when it reads none), the tensors themselves as the
-    function captured them (for their gradients) and the generated Triton source."""
+    it reads, on the kernels' device, then the numbers it is given at launch; None when there are none),
+    the tensors themselves as the function captured them (for their gradients), the generated Triton
+    source and the check of the indices it reads them at (None when it reads none by index)."""
 
     jit: object
     data: tuple | None
     captured: tuple
     source: str
+    indices: IndexCheck | None = None
 
 
 def score_args(score: KernelScore | None) -> dict:
@@ -53,9 +61,10 @@ def score_bounds(batch=None, heads=None, seq_q=None, seq_k=None) -> dict:
     return {"score": (None, None), **symbol_bounds(batch, heads, seq_q, seq_k)}
 
 
-def trace_score(score_mod, bounds: dict | None = None, device=None) -> Graph:
-    """The traced graph of a score function (a TraceError for what cannot compile)."""
-    graph = trace(score_mod, bounds or score_bounds(), device=device, floats=("score",))
+def trace_score(score_mod, bounds: dict | None = None, device=None, literals=None) -> Graph:
+    """The traced graph of a score function (a TraceError for what cannot compile); literals: as
+    :func:`flashlib.trace.trace` takes them."""
+    graph = trace(score_mod, bounds or score_bounds(), device=device, floats=("score",), literals=literals)
     if not graph.result.dtype.is_floating_point:
         kind = str(graph.result.dtype).replace("torch.", "")
         raise TraceError(f"a score function that returns {kind} values", "return a float: the new score", where="")
@@ -72,24 +81,54 @@ def compile_score(fn: str, score_mod, device, bounds: dict | None = None) -> Ker
         try:
             return _written(score_mod, bounds, device)
         except TraceError as exc:
-            raise TypeError(f"{fn}: argument 'score_mod': {exc}") from None
+            raise refusal(fn, "score_mod", score_mod, exc) from None
 
-    (jit, source, narrow, numbers), tensors = MEMO.get(score_mod, ("score", memo_key(bounds, device)), build)
+    (source, narrow, numbers, indices), tensors = MEMO.get(score_mod, ("score", memo_key(bounds, device)), build)
     data = (*_data(tensors, narrow, device), *numbers)
-    return KernelScore(jit, data or None, tensors, source)
+    return KernelScore(compiled(source), data or None, tensors, source, indices)
+
+
+def check_indices(fn: str, score_mod, score: KernelScore, ranges: dict, regions=None) -> None:
+    """A ValueError naming the op (fn), the function and the index if the score function reads a tensor it
+    captures out of its bounds for the call's index ranges ({"b": (lo, hi), "h", "q_idx", "kv_idx"}, the
+    positions it is given), as PyTorch raises on the references; regions(): where ranges is wider than
+    the positions a call really has (decoding's capacity, packed sequences' longest), those positions,
+    one ranges per sequence, asked only when ranges fail."""
+    if score.indices is None or any(hi < lo for lo, hi in ranges.values()):
+        return
+    found = score.indices.outside(ranges, score.captured)
+    if found is not None and regions is not None:  # the call's own positions: their union, else each
+        found, boxes = None, [r for r in regions() if all(lo <= hi for lo, hi in r.values())]
+        union = {name: (min(r[name][0] for r in boxes), max(r[name][1] for r in boxes)) for name in ranges}
+        if boxes and score.indices.outside(union, score.captured) is not None:
+            for box in map(dict, dict.fromkeys(tuple(sorted(r.items())) for r in boxes)):
+                found, ranges = score.indices.outside(box, score.captured), box
+                if found is not None:
+                    break
+    if found is None:
+        return
+    size = found.shape[found.dim]
+    if found.at:
+        detail = (f"index {found.value} is out of bounds for dimension {found.dim} with size {size} of a tensor of "
+                  f"shape {found.shape}, at " + ", ".join(f"{k}={v}" for k, v in found.at.items()))
+    else:
+        detail = (f"an index computed from the score may reach {found.lo}..{found.hi} along dimension {found.dim} "
+                  f"of a tensor of shape {found.shape}, which only the kernel could check: clamp it into 0..{size - 1}")
+    raise out_of_bounds(fn, "score_mod", score_mod, detail, ranges["q_idx"][1] + 1, ranges["kv_idx"][1] + 1)
 
 
 def _written(score_mod, bounds: dict, device):
-    """((the compiled SCORE_MOD, its source, which loads are narrowed to int32, the numbers passed
-    after the tensors), the tensors it loads)."""
-    graph = trace_score(score_mod, bounds, device)
+    """((the SCORE_MOD source, which loads are narrowed to int32, the numbers passed after the tensors,
+    the check of its indices), the tensors it loads, the ids of those it read in Python)."""
+    graph = trace_score(score_mod, bounds, device, literals(score_mod))
     narrow = tuple(_int32(t, node) for t, node in zip(graph.tensors, _loads(graph)))
     tensors = list(_data(graph.tensors, narrow, device))
     base2 = _base2(graph, len(tensors))
     tiles = [graph.symbols[name] for name in ("score", "q_idx", "kv_idx", "x")]
-    one = _Writer(replace(graph, result=base2.value), tensors)
+    numbers, first = [], len(tensors) + len(base2.numbers)  # launch numbers after the tensors and a, b
+    one = _Writer(replace(graph, result=base2.value), tensors, numbers, first)
     value_text = _tile(one.as_type(base2.value, "tl.float32"), base2.value, tiles)
-    both = _Writer(replace(graph, result=base2.value), tensors)
+    both = _Writer(replace(graph, result=base2.value), tensors, numbers, first)
     both._count(base2.slope)  # what the value and its slope share (tanh(score / c)) is computed once
     pair = [_tile(both.as_type(n, "tl.float32"), n, tiles) for n in (base2.value, base2.slope)]
     lines = ["def _score_mod(x, scale, qk_scale, b, h, q_idx, kv_idx, data, GRAD: tl.constexpr):",
@@ -97,7 +136,10 @@ def _written(score_mod, bounds: dict, device):
              *(f"        {line}" for line in base2.first + both.lines), f"        return {pair[0]}, {pair[1]}",
              "    else:", *(f"        {line}" for line in base2.first + one.lines), f"        return {value_text}"]
     source = "\n".join(lines) + "\n"
-    return (compiled(source, "_score_mod"), source, narrow, base2.numbers), graph.tensors
+    compiled(source)
+    check = IndexCheck(graph)
+    kept = (source, narrow, (*base2.numbers, *(n.value for n in numbers)), check if check.loads else None)
+    return kept, graph.tensors, graph.read
 
 
 # ----- from the natural scaled score to the kernels' base-2 units --------------------------------------
@@ -210,8 +252,9 @@ class _Chain:
         for c, x in ((a, b), (b, a)):  # numbers gathered into one (c (1/c) x -> x): fewer roundings
             if c.op == "const" and c.dtype.is_floating_point:
                 if x.op == "mul" and x.args[0].op == "const" and x.args[0].dtype.is_floating_point:
-                    c, x = self.const(c.value * x.args[0].value), x.args[1]
-                if c.value == 1.0 and x.dtype.is_floating_point:
+                    product = c.value * x.args[0].value  # given at launch if either was
+                    c, x = self.tracer.const(product, c.launch or x.args[0].launch), x.args[1]
+                if c.value == 1.0 and not c.launch and x.dtype.is_floating_point:
                     return x
                 return self.tracer.apply("mul", c, x)
         return self.tracer.apply("mul", a, b)
@@ -254,16 +297,33 @@ class _Chain:
             return self.neg(self.d(args[0]))
         if op == "where":
             return self.select(args[0], self.d(args[1]), self.d(args[2]))
-        if op in ("minimum", "maximum"):  # the slope of the side taken
-            takes_a = apply("le" if op == "minimum" else "ge", args[0], args[1])
-            return self.select(takes_a, self.d(args[0]), self.d(args[1]))
-        if op == "abs":
+        if op in ("minimum", "maximum"):
+            return self._extreme(node)
+        if op == "abs":  # PyTorch's: the sign's slope, 0 at 0
             da = self.d(args[0])
-            return None if da is None else apply("where", apply("ge", args[0], self.const(0.0)), da, self.neg(da))
+            if da is None:
+                return None
+            zero = self.const(0.0)
+            return self.select(apply("gt", args[0], zero), da, self.select(apply("lt", args[0], zero), self.neg(da), None))
         if op in FLOAT_FUNCTIONS:
             return self.mul(self.d(args[0]), self._slope(op, node, args[0]))
         raise TraceError(f"the score's derivative through '{op}'", "use + - * /, torch.where, abs, minimum, "
                          "maximum, clamp, tanh, exp, log, sqrt or sigmoid on the score", where="")
+
+    def _extreme(self, node: Node):
+        """minimum/maximum as PyTorch differentiates them: the slope of the side taken, half of each on a
+        tie; a clamp (value "clamp") passes its argument's slope on a tie with its bound, as torch.clamp."""
+        apply, (a, b) = self.tracer.apply, node.args
+        da, db = self.d(a), self.d(b)
+        if da is None and db is None:
+            return None
+        takes_a = apply("lt" if node.op == "minimum" else "gt", a, b)
+        if node.value == "clamp":  # a = the clamped value, b = the bound
+            tie = da
+        else:
+            both = self.add(da, db)
+            tie = None if both is None else apply("mul", self.const(0.5), both)
+        return self.select(takes_a, da, self.select(apply("eq", a, b), tie, db))
 
     def _slope(self, op: str, node: Node, x: Node) -> Node:
         """f'(x) of a float function, from f(x) = node where that is cheaper."""
@@ -285,9 +345,10 @@ def score_tensors(fn: str, score_mod, bounds: dict | None = None) -> tuple:
 
     def build():
         try:
-            return None, trace_score(score_mod, bounds).tensors
+            graph = trace_score(score_mod, bounds)
         except TraceError as exc:
-            raise TypeError(f"{fn}: argument 'score_mod': {exc}") from None
+            raise refusal(fn, "score_mod", score_mod, exc) from None
+        return None, graph.tensors, graph.read
 
     return MEMO.get(score_mod, ("score tensors", memo_key(bounds, None)), build)[1]
 

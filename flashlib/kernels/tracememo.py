@@ -1,23 +1,54 @@
-"""Compiled mask and score functions, kept while nothing the function reads has changed.
+"""What was built from a mask or score function, kept for exactly what it was built from.
 
-Tracing a mask or score function (:mod:`flashlib.trace`) and writing its kernel's source costs
-60-200 µs of Python, at every call that takes one: on a GPU, more than a decoding step's kernel.
-Yet what a trace finds depends only on what the function reads: its code and defaults, its
-closure, the globals its code names (and, in turn, what the functions among them read), the
-call's bounds and device. :func:`flashlib.captures.reads` turns all of that into one hashable key;
-a tensor enters it by identity, version (PyTorch bumps it at every in-place change, through any
-view), dtype, shape, strides and device, since a trace reads integer tensors' values (their bounds).
+Tracing a function (:mod:`flashlib.trace`) and writing its kernel's source costs 60-200 µs of Python at
+every call that takes one, and a mask function's block mask costs an evaluation of every (query, key)
+pair. Each memo below keeps what was built under a key and a guard, and a kept thing is returned only
+while both are what they were when it was built:
 
-The memo holds no tensor: an entry keeps what the trace left (a kernel, its source) and where, in
-the function's reads, each tensor the trace loaded sits; a hit takes those tensors from the
-function as it is now. Weak references tell a tensor that died from a new one at the same address.
+* the **key**, :func:`flashlib.captures.reads`: everything the function can read but tensors' values.
+  Its code and defaults, its closure, the globals its code names and the attributes its code may read
+  of the modules and classes among them, followed into the functions among those; numbers and strings
+  by value; tensors by identity, dtype, shape, strides, offset, device and requires_grad. With it, the
+  call's part (the indices' bounds, i.e. the lengths, and the device) and the default dtype.
+* the **guard**: what the kept thing depends on of the values of the tensors the function reads,
+  computed from those tensors at every hit, since values can change without PyTorch knowing (a numpy
+  view's writes, ``.data``) and PyTorch's version counter misses those.
 
-A function that reads what cannot be keyed (an object's attributes, a numpy array, an inference
-tensor, which has no version) gets no key and is traced at every call, as without the memo: what
-the docs promise, that a function's captures are read afresh at every call, holds either way.
+What each kept thing depends on, and so its guard:
+
+* a compiled kernel (``MEMO``: ``MASK_MOD``/``SCORE_MOD``, its source, which loads are narrowed to
+  int32, the numbers it is given at launch, the index check of its loads): the trace's graph. The
+  graph reads tensors' values only through the bounds of the integer tensors it loads (an index's
+  range decides int32 or int64 arithmetic and which guards a load needs); its floats and booleans are
+  read by the kernel itself at launch. Guard: (least, greatest) of each integer tensor loaded (one
+  pass over it, a transfer from a GPU). A trace that read a captured tensor in Python (``t[0]``,
+  ``t.max().item()``) may hold any of its values: never kept, traced at every call.
+* the tensors a score function reads (``MEMO``, for autograd): which tensors the trace loaded. No guard
+  (a trace that read one in Python is not kept).
+* a block mask (``KINDS`` in :mod:`flashlib.kernels.function`): every value of every tensor the
+  function reads. Guard: a sha256 digest of each (about 20 µs per 32 KB here; on a GPU one transfer).
+
+Numbers a function computes with that its code does not spell out (captured, or computed from
+captured ones) are given to the kernel at launch, not written into its source (:func:`flashlib.captures.
+literals`): a new temperature or window traces again (its value is in the key) but writes the same
+source, so compiles no new kernel (:func:`flashlib.kernels.maskfn.compiled`; on a GPU Triton keeps each
+source's compiled kernels for the process, one set per source, not per value).
+
+What cannot be keyed (an object's attributes, a numpy array) gets no key: such a call traces afresh.
+
+Memory is bounded, whatever the calls: ``MEMO`` holds at most 256 entries (the key, the source, a few
+numbers and, for a function that indexes tensors, the graph of its loads for the index check: 2 KB for a
+temperature, 5 KB for a bias table, 7 KB for T5's here), the compiled sources at most 256
+(:data:`flashlib.kernels.maskfn._COMPILED`; their linecache entries, interpreter rewrites and file names
+go with them or are reused), about 2 MB for both when full (measured: 6.7 KB per mask function, all
+included), and ``KINDS`` at most 64 block masks and 16 MiB. 10,000 distinct temperatures write one source
+and add nothing past the first 256 entries (tests/test_tracememo.py). No memo holds a tensor: an entry
+keeps where in the function's reads each tensor the trace loaded sits, and a hit takes them from the
+function as it is now; weak references tell a tensor that died from a new one at the same address.
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 import weakref
 from collections import OrderedDict
@@ -26,27 +57,55 @@ from typing import Callable
 import torch
 
 from ..captures import reads  # the walk over what a function reads, shared with the device check
+from ..trace import value_bounds
+
+
+def bounds_guard(read, loaded) -> tuple:
+    """What a trace read of its tensors' values: the bounds of each tensor it loaded (None where fixed by
+    the dtype: a float or a boolean)."""
+    return tuple(value_bounds(t) if not (t.is_floating_point() or t.dtype is torch.bool) else None
+                 for t in loaded)
+
+
+def digest(t: torch.Tensor) -> bytes:
+    """sha256 of a tensor's values (its bytes, in order): equal values, equal digests."""
+    if t.device.type == "cpu" and t.dtype is not torch.bfloat16:  # numpy's view, copied in order if strided
+        return hashlib.sha256(t.detach().numpy().tobytes()).digest()
+    flat = t.detach().reshape(-1).contiguous()
+    return hashlib.sha256(flat.view(torch.uint8).cpu().numpy().data).digest() if flat.numel() else b""
+
+
+def contents_guard(read, loaded) -> tuple:
+    """Every value of every tensor a function reads (for what was computed by calling it: a block mask)."""
+    return tuple(digest(t) for t in read)
 
 
 class TraceMemo:
-    """What was built from a function's trace, under the key of what the function reads (:func:`reads`).
+    """What was built from a function, under the key of what the function reads (:func:`reads`) and the
+    guard of what it depends on of their values.
 
-    ``get(fn, extra, build)``: build() -> (kept, tensors the trace loaded); returns (kept, those
-    tensors as the function reads them now). ``extra``: the rest of the key (bounds, device).
-    At most ``size`` entries, the least recently used dropped first; with ``weigh`` (kept -> bytes),
-    at most ``budget`` bytes in all (what weighs more alone is not kept)."""
+    ``get(fn, extra, build)``: build() -> (kept, tensors it loaded[, ids of tensors the function read in
+    Python]); returns (kept, those tensors as the function reads them now). ``extra``: the rest of the
+    key (bounds, device). ``guard(read, loaded)``: a hashable of the tensors' values, recomputed at every
+    hit (read: every tensor the function reads; loaded: those the build loaded). At most ``size`` entries,
+    the least recently used dropped first; with ``weigh`` (kept -> bytes), at most ``budget`` bytes in
+    all (what weighs more alone is not kept)."""
 
-    def __init__(self, size: int = 256, weigh: Callable | None = None, budget: int | None = None):
-        self.size, self.weigh, self.budget = size, weigh, budget
+    def __init__(self, size: int = 256, weigh: Callable | None = None, budget: int | None = None,
+                 guard: Callable | None = None):
+        self.size, self.weigh, self.budget, self.guard = size, weigh, budget, guard
         self._entries: OrderedDict = OrderedDict()
         self._weight = 0
         self._lock = threading.Lock()
         _MEMOS.add(self)
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def get(self, fn, extra, build: Callable[[], tuple]):
         found = reads(fn)
         if found is None:
-            return build()
+            return tuple(build()[:2])
         parts, tensors = found
         key = (extra, torch.get_default_dtype(), parts)
         with self._lock:
@@ -54,13 +113,17 @@ class TraceMemo:
             if entry is not None:
                 self._entries.move_to_end(key)
         if entry is not None:
-            kept, refs, slots = entry
+            kept, refs, slots, fact = entry
             if all(ref() is t for ref, t in zip(refs, tensors)):  # no tensor died and left its address
-                return kept, tuple(tensors[i] for i in slots)
-        kept, loaded = build()
+                loaded = tuple(tensors[i] for i in slots)
+                if self.guard is None or self.guard(tensors, loaded) == fact:
+                    return kept, loaded
+        kept, loaded, *read = build()
         slots = [next((i for i, t in enumerate(tensors) if t is want), None) for want in loaded]
-        if None not in slots:  # a tensor made inside the function is new at every call: nothing to keep
-            self._keep(key, (kept, [weakref.ref(t) for t in tensors], slots))
+        # a tensor made inside the function is new at every call; one read in Python may matter whole
+        if None not in slots and not (read and any(id(t) in read[0] for t in tensors)):
+            fact = None if self.guard is None else self.guard(tensors, tuple(loaded))
+            self._keep(key, (kept, [weakref.ref(t) for t in tensors], slots, fact))
         return kept, tuple(loaded)
 
     def _keep(self, key, entry):

@@ -144,6 +144,17 @@ def _variant_args(options: Options, tiles: int, device, score=None) -> tuple:
     return (tiles_row, left, right), dict(MASK_MOD=_no_mask if options.masked else None, **score_args(score))
 
 
+def _positions(cu_q, cu_k, heads: int):
+    """regions() of the positions each packed sequence's pairs take (b, h, q_idx, kv_idx), one per sequence:
+    what a score function is told, for the check of the indices it reads (asked only where the longest
+    lengths fail it; one transfer of the lengths from the device)."""
+    def regions():
+        starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
+        return [{"b": (b, b), "h": (0, heads - 1), "q_idx": (0, starts_q[b + 1] - starts_q[b] - 1),
+                 "kv_idx": (0, starts_k[b + 1] - starts_k[b] - 1)} for b in range(len(starts_q) - 1)]
+    return regions
+
+
 def _batches(cu_seqlens_q, cu_seqlens_k, heads):
     """(sequences, their cumulative lengths, the first's index) of each launch: grid axis 1 holds
     batch x heads rows and CUDA takes at most 65,535 (rules.row_chunks), so a larger batch is
@@ -161,7 +172,8 @@ def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, cfg, options: Options):
     causal, scale, sinks = options.causal, options.scale, options.sinks
     out = q.new_empty(total_q, heads, dv)  # (total_q, heads, dv)
     lse = torch.empty(heads, total_q, dtype=torch.float64, device=q.device)  # float64: forward._finish says why
-    score = kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k)
+    score = kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k,
+                         fn=VARLEN_FN, regions=_positions(cu_q, cu_k, heads))
     (tiles, left, right), switches = _variant_args(options, triton.cdiv(max_k, cfg.block_k), q.device, score)
     if sinks is not None:
         switches.update(Sinks=sinks.detach().to(torch.float32).contiguous())
@@ -188,7 +200,8 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, cf
     common = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, dv), BLOCK_Q=cfg.bwd_block_q,
                   BLOCK_K=cfg.bwd_block_k, CAUSAL=causal, INPUT_PRECISION=cfg.input_precision,
                   num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages)
-    score = kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k)
+    score = kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k,
+                         fn=VARLEN_FN, regions=_positions(cu_q, cu_k, heads))
     (tiles, left, right), switches = _variant_args(options, triton.cdiv(max_q, cfg.bwd_block_q), q.device, score)
     for batch, cu_q_run, cu_k_run, b0 in _batches(cu_q, cu_k, kv_heads):
         if score is not None:
