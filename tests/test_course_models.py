@@ -18,11 +18,13 @@ from flashlib.decode import gather_cache  # noqa: E402
 def test_the_sink_gradient_lab_goes_through_labs_check_and_passes_flashlibs_rule(capsys):
     from flashlib import labs, rules
 
-    result = labs.check("sink_grad", rules.sink_grad)  # the course's own rule, with its -inf rows, passes
-    assert result and result.name == "sink_grad"
-    assert capsys.readouterr().out.startswith("PASS: sink_grad is right in all 3 cases")
-    wrong = labs.check("sink_grad", lambda s, l, d: -rules.sink_grad(s, l, d))
-    assert not wrong and wrong.mistake == "sink_sign" and "hint" not in wrong.message.split("\n")[0]
+    # the course's own rule, with its -inf rows, passes the lab's cases; handed in, it is no answer
+    assert labs.core._run_checker("sink_grad", rules.sink_grad).problem is None
+    refused = labs.check("sink_grad", rules.sink_grad)
+    assert not refused and refused.mistake == "course_code" and refused.name == "sink_grad"
+    assert capsys.readouterr().out.startswith("NOT YET: sink_grad: your function is the course's own")
+    wrong = labs.core._run_checker("sink_grad", lambda s, l, d: -rules.sink_grad(s, l, d))
+    assert wrong.problem.mistake == "sink_sign"
     labs.reset_hints("sink_grad")
 
 

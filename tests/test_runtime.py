@@ -124,7 +124,10 @@ def _fingerprint(python: Path, names) -> dict:
     reinstall, an upgrade or a downgrade changes one or the other."""
     code = ("import importlib.metadata as m, hashlib, json, sys; print(json.dumps({n: (m.version(n), "
             "hashlib.sha1(m.distribution(n).read_text('RECORD').encode()).hexdigest()) for n in sys.argv[1:]}))")
-    done = subprocess.run([str(python), "-c", code, *names], capture_output=True, text=True, timeout=120)
+    # from the interpreter's own folder: `python -c` puts its working folder first on the path, and a
+    # checkout's folder may hold metadata (an *.egg-info) that is not the runtime's
+    done = subprocess.run([str(python), "-c", code, *names], capture_output=True, text=True, timeout=120,
+                          cwd=python.parent)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
 
