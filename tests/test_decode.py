@@ -181,8 +181,10 @@ def test_nothing_to_do_gives_empty_outputs():
 
 def test_the_split_rule():
     h200 = 132
-    assert kernels.choose_num_splits(1 * 8, 65536, h200) == 33  # two programs per multiprocessor
-    assert kernels.choose_num_splits(8 * 8, 65536, h200) == 5
+    # one wave of three programs per multiprocessor: 396 programs at most, never a second, part-filled wave
+    assert kernels.choose_num_splits(1 * 8, 65536, h200) == 49  # 392 programs
+    assert kernels.choose_num_splits(8 * 8, 65536, h200) == 6  # 384
+    assert kernels.choose_num_splits(100, 65536, h200) == 3
     assert kernels.choose_num_splits(8, 1024, h200) == 4  # at least 256 keys per split
     assert kernels.choose_num_splits(1, 10 ** 6, h200) == kernels.MAX_SPLITS
     assert kernels.choose_num_splits(300, 65536, h200) == 1  # enough programs already
