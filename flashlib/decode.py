@@ -487,6 +487,11 @@ class DecodePlan:
         out, lse = self._launch(q, k_cache, v_cache, cache_seqlens, block_table, out)
         return (out, lse) if return_lse else out
 
+    def bound(self, q, k_cache, v_cache, cache_seqlens, block_table=None) -> list:
+        """What :meth:`run` launches on these tensors, [(kernel, grid, args, kwargs)]: to inspect the
+        launches or time them bare (flashlib.bench.calls)."""
+        return self._launch.bound(q, k_cache, v_cache, cache_seqlens, block_table)
+
     def check(self, cache_seqlens, block_table=None):
         """This step's values checked as the plan's were (lengths within the capacity, pages in range):
         one synchronisation, once per step rather than per layer."""
@@ -808,6 +813,11 @@ class CascadePlan:
         self._prefix(q, prefix_k, prefix_v, self._prefix_len)
         out, lse = self._suffix(q, k_cache, v_cache, cache_seqlens, block_table, out)
         return (out, lse) if return_lse else out
+
+    def bound(self, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table=None) -> list:
+        """What :meth:`run` launches on these tensors, [(kernel, grid, args, kwargs)] (as :meth:`DecodePlan.bound`)."""
+        return (self._prefix.bound(q, prefix_k, prefix_v, self._prefix_len)
+                + self._suffix.bound(q, k_cache, v_cache, cache_seqlens, block_table))
 
 
 def cascade_bytes(*, batch: int, kv_heads: int, rows_per_kv_head: int, prefix: int, suffix: int, head_dim: int,

@@ -53,30 +53,35 @@ import triton.language as tl  # noqa: E402  (after forward: it chose the interpr
 DECODE_FN = "decode_attention"
 MAX_BLOCK_Q = 64
 # The split rule (choose_num_splits): one wave of programs, PROGRAMS_PER_SM on each streaming
-# multiprocessor (what the decoding kernels' registers and shared memory let reside on an H200:
-# flashlib.kernels.launches, tests/test_launch_model.py), each reading at least MIN_KEYS_PER_SPLIT keys
+# multiprocessor (what the decoding kernels' registers and shared memory let reside on an H200, 2 or
+# 3, MLA's 1 in whole waves: flashlib.kernels.launches, tests/test_launch_model.py), each reading at least MIN_KEYS_PER_SPLIT keys
 # (shorter chunks spend more on their partial output and its merge than they save), and never more
 # than MAX_SPLITS partial outputs to merge.
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 64
-PROGRAMS_PER_SM = 3
+PROGRAMS_PER_SM = 2
 _LN2 = tl.constexpr(LN2)
 
 
 # ----- stage 1: one chunk of the cache per program -----------------------------------------------
 
 @triton.jit
-def _contiguous_rows(Table, stride_table, off_b, offs_k, valid, PAGE_SIZE: tl.constexpr):
+def _contiguous_rows(Table, stride_table, off_b, k0, offs_k, valid, PAGE_SIZE: tl.constexpr, BLOCK_K: tl.constexpr):
     """Contiguous cache (batch, kv_heads, capacity, d): position j of sequence b is row j of block b
     (int64: a row stride times a position can pass 2^31)."""
     return tl.zeros_like(offs_k).to(tl.int64) + off_b, offs_k.to(tl.int64)
 
 
 @triton.jit
-def _paged_rows(Table, stride_table, off_b, offs_k, valid, PAGE_SIZE: tl.constexpr):
+def _paged_rows(Table, stride_table, off_b, k0, offs_k, valid, PAGE_SIZE: tl.constexpr, BLOCK_K: tl.constexpr):
     """Paged cache (num_pages, kv_heads, PAGE_SIZE, d): position j of sequence b is row j % PAGE_SIZE
     of page Table[b, j // PAGE_SIZE] (the page int64: pages x their size can pass 2^31 elements; the
-    row int32, 17 fewer registers: a page holds fewer, checked on the host)."""
+    row int32, 17 fewer registers: a page holds fewer, checked on the host). A tile that lies in one page
+    (k0 a multiple of BLOCK_K, which divides PAGE_SIZE) reads one page number, and its rows share a base
+    address as a contiguous tile's do; else each key reads its own."""
+    if PAGE_SIZE % BLOCK_K == 0:
+        page = tl.load(Table + off_b.to(tl.int64) * stride_table + k0 // PAGE_SIZE).to(tl.int64)
+        return tl.zeros_like(offs_k).to(tl.int64) + page, (offs_k % PAGE_SIZE).to(tl.int32)
     page = tl.load(Table + off_b.to(tl.int64) * stride_table + offs_k // PAGE_SIZE, mask=valid, other=0)
     return page.to(tl.int64), (offs_k % PAGE_SIZE).to(tl.int32)
 
@@ -152,7 +157,7 @@ def _decode_inner(m_i, l_i, acc, q_blk, q_own, K, V, Table, stride_table, off_b,
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         valid = offs_k < k_hi
-        blocks, rows = KEY_ROWS(Table, stride_table, off_b, offs_k, valid, PAGE_SIZE)
+        blocks, rows = KEY_ROWS(Table, stride_table, off_b, k0, offs_k, valid, PAGE_SIZE, BLOCK_K)
         if V_FROM_K:  # one read of each key row: its first HEAD_DIM_V columns are its value
             v_tile = _load_cache_rows(K, stride_kb, stride_kn, blocks, rows, valid, offs_dv, HEAD_DIM_V)
             k_own = _load_cache_rows(K + HEAD_DIM_V, stride_kb, stride_kn, blocks, rows, valid, offs_d,
@@ -349,10 +354,10 @@ def choose_num_splits(programs: int, keys: int, sm_count: int | None) -> int:
     PROGRAMS_PER_SM programs per multiprocessor holds (a second wave, partly filled, would take as long
     as the first), no more than keys / MIN_KEYS_PER_SPLIT, at most MAX_SPLITS:
 
-        num_splits = clamp(min(floor(3 * sm_count / programs), ceil(keys / 256)), 1, 64)
+        num_splits = clamp(min(floor(2 * sm_count / programs), ceil(keys / 256)), 1, 64)
 
     e.g. an H200 (132 multiprocessors), 8 kv heads, one query row block, 64k keys: batch 1
-    gives 49 splits (392 programs), batch 8 gives 6 (384 programs).
+    gives 33 splits (264 programs), batch 8 gives 4 (256 programs).
     """
     if sm_count is None or programs < 1:
         return 1
@@ -398,8 +403,9 @@ class LaunchShape(NamedTuple):
     block_q: int
     num_splits: int
     split_grid: tuple   # (query row blocks, num_splits, batch x kv_heads)
-    merge_grid: tuple   # (batch x kv_heads, query row blocks)
+    merge_grid: tuple   # (batch x kv_heads, stage 2's query row blocks)
     merge_warps: int
+    merge_block_q: int
 
 
 def launch_shape(batch: int, kv_heads: int, rows: int, keys: int, head_dim: int, head_dim_v: int, dtype, *,
@@ -415,8 +421,9 @@ def launch_shape(batch: int, kv_heads: int, rows: int, keys: int, head_dim: int,
         span = keys if window_left < 0 else min(keys, window_left + new_tokens)
         num_splits = choose_num_splits(batch * kv_heads * row_blocks, span, sms)
     num_splits = min(num_splits, max(1, -(-keys // config.block_k)))  # splits past the last tile are empty
+    merge_block_q = merge_block(rows, head_dim_v)
     return LaunchShape(config, block_q, num_splits, (row_blocks, num_splits, batch * kv_heads),
-                       (batch * kv_heads, row_blocks), merge_warps(head_dim_v))
+                       (batch * kv_heads, -(-rows // merge_block_q)), merge_warps(head_dim_v), merge_block_q)
 
 
 def default_num_splits(q, k_cache, block_table=None, window_left: int = -1, head_dim_v: int = 0) -> int:
@@ -461,6 +468,12 @@ def uniform_sequences(cache_seqlens, new_tokens: int) -> Sequences:
     """Every sequence with ``new_tokens`` new tokens and no left padding."""
     lengths = cache_seqlens.to(torch.int32).contiguous()
     return Sequences(lengths, torch.full_like(lengths, new_tokens), torch.zeros_like(lengths))
+
+
+def merge_block(rows: int, head_dim_v: int) -> int:
+    """Stage 2's BLOCK_Q: stage 1's rule without tensor cores to use (32 rows where the values are wider than
+    256: 64 x 512 float32 spills at 8 warps on sm_90 too)."""
+    return row_block(rows, head_dim_v)
 
 
 def merge_warps(head_dim_v: int) -> int:
@@ -548,7 +561,8 @@ class DecodeLaunch:
         self._merge_args = (self.partial, self.partial_ml)
         self._merge_tail = (self.partial.stride(0), self.partial.stride(1), self._out_rows.stride(0),
                             self._out_rows.stride(1), splits, rows, dv)
-        self._merge_kw = dict(HEAD_DIM_PAD=head_dim_pad(dv), BLOCK_Q=block_q, num_warps=self.shape.merge_warps,
+        self._merge_kw = dict(HEAD_DIM_PAD=head_dim_pad(dv), BLOCK_Q=self.shape.merge_block_q,
+                              num_warps=self.shape.merge_warps,
                               num_stages=1, KV_HEADS=kv_heads, NEW_TOKENS=n, **extra)
 
     def _split_runs(self, batch, kv_heads, splits, new_tokens, starts):
@@ -588,6 +602,19 @@ class DecodeLaunch:
         _decode_merge[self.shape.merge_grid](*self._merge_args, out_rows, self._lse_rows, *self._merge_tail,
                                              **self._merge_kw)
         return (self.out if out is None else out), self.lse
+
+
+    def bound(self, q, k_cache, v_cache, seqlens, block_table=None, out=None) -> list:
+        """What a call launches on these tensors, as [(kernel, grid, args, kwargs)] (one run of sequences;
+        q of a layout that needs no copy): to inspect the launches, or to time them bare."""
+        grid, _, _, partial, partial_ml, new_tokens, starts = self._runs[0]
+        table = seqlens if block_table is None else block_table
+        split = (_decode_split, grid, (q, k_cache, v_cache, partial, partial_ml, seqlens, new_tokens, starts, table,
+                                       *self._split_args), self._split_kw)
+        out_rows = self._out_rows if out is None else out.view(self._out_rows_shape)
+        merge = (_decode_merge, self.shape.merge_grid, (*self._merge_args, out_rows, self._lse_rows, *self._merge_tail),
+                 self._merge_kw)
+        return [split, merge] if self._merge else [split]
 
 
 def _viewed(t: torch.Tensor, shape):
