@@ -225,3 +225,26 @@ def test_a_cascade_run_only_launches():
 
 def test_the_package_exports_the_plan():
     assert flashlib.DecodePlan is decode.DecodePlan and "DecodePlan" in flashlib.__all__
+
+
+# ----- the host's time: a run beside its bare launches (flashlib.bench.calls) --------------------------
+
+def test_the_calls_benchmark_times_a_run_beside_its_bare_launches():
+    from flashlib.bench import calls
+
+    rows = calls.measure_runs("cpu", calls=3, repeats=1, log=lambda *_: None)
+    assert [r["case"] for r in rows] == list(calls.plan_cases("cpu"))
+    for r in rows:
+        assert r["max_error"] < 1e-5, r  # real launches, against the reference
+        assert r["run_over_bare_us"] == r["run_us"] - r["bare_us"] and r["call_us"] > 0
+
+
+def test_the_recorded_runs_cost_at_most_ten_microseconds_over_their_launches():
+    from flashlib.bench import records
+
+    run = records.latest("calls-cpu", with_key="runs")
+    assert run is not None, "python -m flashlib bench calls records the host's time per call"
+    assert {r["case"] for r in run["runs"]} >= {"DecodePlan.run plain", "DecodePlan.run paged", "CascadePlan.run"}
+    for r in run["runs"]:
+        assert r["run_over_bare_us"] <= 10, r  # what a plan's run adds to the launches themselves, on this CPU
+        assert r["run_us"] * 5 < r["call_us"], r  # the one-call form: checks, trace and plan at every call

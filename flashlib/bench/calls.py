@@ -8,7 +8,7 @@ launch (checks, options, tracing a score function and writing its kernel) can be
 On a CPU the interpreter's launch is replaced by a no-op while timing, so only the host's work
 is counted (each case's output is first checked against dense attention with real launches); on a
 GPU the launches run and are not waited for, the host's time per call as a model sees it.
-``python -m flashlib bench calls`` writes ``data/bench/calls-DEVICE-DATE.json``.
+``python -m flashlib bench calls`` writes ``data/bench/calls-DEVICE-DATE[THHMMZ].json``.
 """
 from __future__ import annotations
 
@@ -158,7 +158,8 @@ def run_calls_bench(device=None, *, out_dir: Path | None = None, log=print, **kw
                   gpu=torch.cuda.get_device_name() if where == "gpu" else None,
                   shape=SHAPE, decode=DECODE, launches="not run (interpreter)" if where == "cpu" else "not awaited",
                   points=rows, runs=runs)
-    return write_result(result, f"calls-{where}-{result['date']}", out_dir)
+    stamp = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())  # a run's own file: earlier runs of the day are kept
+    return write_result(result, f"calls-{where}-{stamp}", out_dir)
 
 
 def format_runs(rows, header: bool = True) -> str:

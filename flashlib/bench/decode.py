@@ -634,6 +634,26 @@ def provenance(device) -> dict:
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
 
 
+_CONFIG = {"new_tokens": 1,
+           "timing": "triton.testing.do_bench median ms (ms_p20, ms_p80: 20th and 80th percentiles), "
+                     "L2 flushed before each call; ms_graph: the same call replayed from a CUDA graph "
+                     "(flashlib's plan.run, the fastest SDPA backend, cascade and MLA plans); "
+                     "flashlib:call: decode_attention as a user calls it (plan and run every call)",
+           "bytes": "K and V read: 2 * batch * kv_heads * length * head_dim * element size",
+           "sdpa": "on the contiguous cache, enable_gqa=True or K/V expanded beforehand (row 'gqa'); "
+                   "paged points compare with SDPA on the contiguous cache (no gather timed)"}
+
+
+def _precompile(points, cascade, mla, log, **shapes) -> dict:
+    """compile_ahead for the points and sweep items, the cascade groups and MLA steps; its error, if any."""
+    try:
+        runs = [what_runs(p, q_heads=shapes["q_heads"], kv_heads=shapes["kv_heads"], device=shapes["device"],
+                          head_dim=shapes["head_dim"], dtype=shapes["dtype"]) for p in points]
+        return compile_ahead(runs, log=log, groups=cascade, steps=mla, **shapes)
+    except Exception as exc:  # the kernels then compile at their first launch
+        return {"error": error_text(exc)}
+
+
 def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, lengths=LENGTHS, layouts=LAYOUTS,
                      q_heads=Q_HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, page_size=PAGE_SIZE,
                      dtype=torch.bfloat16, sweeps=True, bench=None, ceilings=None, graph="cuda", log=print,
@@ -668,12 +688,7 @@ def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, 
     mla = (mla_items() if sweeps else []) if mla is None else mla
     compiled = None
     if precompile if precompile is not None else torch.device(device).type == "cuda":
-        try:
-            runs = [what_runs(p, q_heads=q_heads, kv_heads=kv_heads, device=device, head_dim=head_dim, dtype=dtype)
-                    for p in grid + items]
-            compiled = compile_ahead(runs, log=log, groups=cascade, steps=mla, **shapes)
-        except Exception as exc:  # the kernels then compile at their first launch
-            compiled = {"error": error_text(exc)}
+        compiled = _precompile(grid + items, cascade, mla, log, **shapes)
     sdpa_rows, lost, timeline = {}, [], []
     measure = lambda p: measure_point(p, make_inputs(p), sdpa_rows, bench, log, device, graph)  # noqa: E731
     rows, skipped = run_plan(grid, measure, budget_s - (time.perf_counter() - start), progress=progress,
@@ -692,16 +707,8 @@ def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, 
         sweep_rows, sweep_skipped = run_sweeps(items, make_inputs, bench, left, log, graph=graph)
     return {"decode": {
         "provenance": info,
-        "config": {"q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim,
-                   "dtype": str(dtype).replace("torch.", ""), "new_tokens": 1, "page_size": page_size,
-                   "budget_s": budget_s,
-                   "timing": "triton.testing.do_bench median ms (ms_p20, ms_p80: 20th and 80th percentiles), "
-                             "L2 flushed before each call; ms_graph: the same call replayed from a CUDA graph "
-                             "(flashlib's plan.run, the fastest SDPA backend, cascade and MLA plans); "
-                             "flashlib:call: decode_attention as a user calls it (plan and run every call)",
-                   "bytes": "K and V read: 2 * batch * kv_heads * length * head_dim * element size",
-                   "sdpa": "on the contiguous cache, enable_gqa=True or K/V expanded beforehand (row 'gqa'); "
-                           "paged points compare with SDPA on the contiguous cache (no gather timed)"},
+        "config": dict(_CONFIG, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
+                       dtype=str(dtype).replace("torch.", ""), budget_s=budget_s),
         "ceilings": ceilings, "precompile": compiled, "points": rows, "skipped": skipped, "timeline": timeline,
         "targets": targets(rows, ceilings.get("copy_gbps")), "sweeps": sweep_rows, "sweeps_skipped": sweep_skipped,
         "cascade": cascade_rows, "cascade_skipped": cascade_skipped, "mla": mla_rows, "mla_skipped": mla_skipped,
