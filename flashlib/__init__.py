@@ -2,8 +2,8 @@
 
 The reference algorithms of notebooks 01-04 (plain PyTorch, any device, differentiable)
 import without Triton; ``flash_attention`` and ``flash_attention_varlen``, the public fused ops
-(:mod:`flashlib.op`), and ``decode_attention``, split-KV decoding over a KV cache
-(:mod:`flashlib.decode`), are imported on first use. The rooms of the package:
+(:mod:`flashlib.op`), and ``decode_attention``, split-KV decoding over a KV cache, with ``DecodePlan``,
+its launches planned once per batch layout (:mod:`flashlib.decode`), are imported on first use. The rooms of the package:
 
     flashlib.dense, softmax, tiled, backward, iomodel, roofline   the reference algorithms
     flashlib.masks       mask functions, the dense mask and the block mask (windows, documents, ...)
@@ -39,6 +39,7 @@ __all__ = [
     "TiledTrace", "TileStep", "tiled_attention", "tiled_forward", "trace_tiled_attention",
     "TiledAttentionFunction", "tiled_backward",
     "varlen_reference", "flash_attention", "flash_attention_varlen", "decode_attention", "decode_reference",
+    "DecodePlan",
 ]
 
 
@@ -51,8 +52,8 @@ def __getattr__(name):
         from . import op
 
         return getattr(op, name)
-    if name in ("decode_attention", "decode_reference"):
-        # KV-cache decoding (notebook 10); decode_attention imports its kernels when called
+    if name in ("decode_attention", "decode_reference", "DecodePlan"):
+        # KV-cache decoding (notebook 10); decode_attention and a plan import their kernels when used
         from . import decode
 
         return getattr(decode, name)

@@ -109,13 +109,13 @@ def _check_caches(fn, q, k_cache, v_cache, block_table):
     return block_len, block_table.shape[1] * block_len
 
 
-def _check_num_splits(fn, num_splits):
+def _check_num_splits(fn, num_splits, name="num_splits"):
     if num_splits is None:
         return None
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
-        raise TypeError(f"{fn}: argument 'num_splits' must be None or an int >= 1, got {num_splits!r}")
+        raise TypeError(f"{fn}: argument '{name}' must be None or an int >= 1, got {num_splits!r}")
     if num_splits < 1:
-        raise ValueError(f"{fn}: argument 'num_splits' is {num_splits}; it must be >= 1 (or None to choose)")
+        raise ValueError(f"{fn}: argument '{name}' is {num_splits}; it must be >= 1 (or None to choose)")
     return int(num_splits)
 
 
@@ -164,9 +164,9 @@ def check_decode_values(fn, batch: Batch, args: DecodeArgs, num_pages: int, tabl
                      f"must lie in 0..{num_pages - 1}")
 
 
-def _check_inference(fn, *tensors):
+def _check_inference(fn, **tensors):
     if torch.is_grad_enabled():
-        for name, t in zip(("q", "k_cache", "v_cache", "sinks", "k_new", "v_new"), tensors):
+        for name, t in tensors.items():
             if t is not None and t.requires_grad:
                 raise ValueError(f"{fn}: argument '{name}' requires grad, but decoding is inference only "
                                  "(there is no backward); call it under torch.no_grad() or "
@@ -357,14 +357,147 @@ def decode_reference(q, k_cache, v_cache, cache_seqlens, *, num_splits: int = 1,
 MAX_HEAD_DIM = 576  # the decoding kernels' widest q and k: absorbed MLA's latent 512 + rope 64
 
 
-def _check_decode_kernel_inputs(q, check_kernel_inputs):
-    """The fused kernels' checks (dtype, device) with decoding's own head-dim limit: the split kernel
-    takes absorbed MLA's 576 (one query row block's tile, never a whole sequence's)."""
+def _check_kernel_q(fn, q):
+    """The fused kernels' checks of q (dtype, device) with decoding's own head-dim limit: the split kernel
+    takes absorbed MLA's 576 (one query row block's tile, never a whole sequence's); says how to get
+    Triton where it is missing."""
+    from .kernels._mode import require_triton
+
+    require_triton()
+    from .kernels.function import check_kernel_inputs
+
+    if isinstance(q, torch.Tensor) and q.dtype == torch.float64:
+        raise TypeError(f"{fn}: argument 'q' is float64, which the kernels do not compute; use float16, "
+                        "bfloat16 or float32 (or flashlib.decode_reference for float64)")
+    if not isinstance(q, torch.Tensor) or q.ndim < 1:  # named by the shared checks
+        return
     head_dim = q.shape[-1]
     if head_dim > MAX_HEAD_DIM:
-        raise ValueError(f"{FN}: argument 'q' has head_dim {head_dim}; the decoding kernels support head_dim "
+        raise ValueError(f"{fn}: argument 'q' has head_dim {head_dim}; the decoding kernels support head_dim "
                          f"1..{MAX_HEAD_DIM} (use flashlib.decode_reference for larger)")
-    check_kernel_inputs(FN, q[..., :min(head_dim, 1)])  # the rest of its checks, on one column
+    check_kernel_inputs(fn, q[..., :min(head_dim, 1)])  # the rest of its checks, on one column
+
+
+# ----- plan once, run many ---------------------------------------------------------------------------
+
+PLAN_FN = "DecodePlan"
+
+
+def _layout(t):
+    """What a plan's launches fix of a tensor: its shape, strides, dtype and device (and that it needs no grad)."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
+
+
+def _describe(layout) -> str:
+    if layout is None:
+        return "None"
+    shape, stride, dtype, device, grad = layout
+    return f"shape {tuple(shape)}, strides {stride}, {dtype} on {device}" + (", requiring grad" if grad else "")
+
+
+def _refuse(fn, names, got, want):
+    """The ValueError of a run given tensors of another layout than its plan's: the first that differs, named."""
+    name, g, w = next((n, g, w) for n, g, w in zip(names, got, want) if g != w)
+    raise ValueError(f"{fn}.run: argument '{name}' has {_describe(g)}, but the plan was made for {_describe(w)}; "
+                     f"make a {fn} for this layout (its launches carry the shapes and strides it was made with)")
+
+
+def _contiguous_layout(fn, **tensors):
+    """What a plan reads in place: the caches' and block table's last dims, the lengths, contiguous."""
+    for name, t in tensors.items():
+        if t is not None and t.stride(-1) != 1:
+            raise ValueError(f"{fn}: argument '{name}' has strides {t.stride()}; a plan reads it in place, so its "
+                             f"last dim must be contiguous: pass {name}.contiguous()")
+
+
+class DecodePlan:
+    """:func:`decode_attention` for one batch layout, planned once; :meth:`run` only launches.
+
+    A model's decoding step calls attention once per layer, and every step has the same layout. What
+    depends on the layout alone is done here, once: the checks, the score function's trace, the split
+    count, both kernels' grids and arguments, the scratch buffers and the output. :meth:`run` launches
+    the two kernels and nothing else: no allocation, no synchronisation with the GPU, no value read on the
+    host, so that a CUDA graph can capture it (FlashInfer's ``plan``/``run``, vLLM's metadata builders)::
+
+        plan = DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table=table)   # once per layout
+        for layer in range(layers):                                                  # every step
+            out = plan.run(q_of[layer], k_of[layer], v_of[layer], cache_seqlens, table)
+
+    Args: :func:`decode_attention`'s for a cache that is already written (no append, rotation, pooled rows,
+    left padding or packed q: :func:`decode_attention` takes those, a plan made and run per call). The
+    example call's values are checked here (lengths within the capacity, pages in range); :meth:`check`
+    checks a later step's (one synchronisation), :meth:`run` only layouts, as flash-attn's kernels trust
+    theirs. A tensor a score function reads by position must cover the cache's capacity (a plan serves
+    every length up to it); the numbers it captures are the plan's, its tensors are read at every run.
+
+    ``run(q, k_cache, v_cache, cache_seqlens, block_table=None, *, out=None, return_lse=False)``: tensors of
+    the plan's layout (shapes, strides, dtypes, devices), any values. The output goes to ``out`` or to the
+    plan's own buffer, ``plan.out``, which the next run overwrites (a CUDA graph's output does the same):
+    copy it, or pass ``out``, to keep it; the lse (natural log) to ``plan.lse``.
+    """
+
+    def __init__(self, q, k_cache, v_cache, cache_seqlens, *, causal: bool = True, scale=None, softcap=None,
+                 window=None, block_table=None, num_splits=None, sinks=None, score_mod=None):
+        fn = PLAN_FN
+        _check_inference(fn, q=q, k_cache=k_cache, v_cache=v_cache, sinks=sinks)
+        _check_kernel_q(fn, q)
+        args = check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table,
+                                   num_splits=num_splits, causal=causal, scale=scale, window=window, softcap=softcap,
+                                   score_mod=score_mod, sinks=sinks)
+        _contiguous_layout(fn, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, block_table=block_table)
+        batch = kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
+                                window=args.options.window).write()
+        check_decode_values(fn, batch, args, k_cache.shape[0])
+        self._build(fn, batch, args, num_splits, regions=None)
+
+    @classmethod
+    def _of(cls, fn, batch: Batch, args: DecodeArgs, num_splits, regions):
+        """The plan of a call already checked and prepared (:func:`decode_attention`'s)."""
+        plan = cls.__new__(cls)
+        plan._build(fn, batch, args, num_splits, regions)
+        return plan
+
+    def _build(self, fn, batch: Batch, args: DecodeArgs, num_splits, regions):
+        from .kernels.decode import DecodeLaunch
+        from .kernels.function import kernel_score
+
+        size, heads = batch.q.shape[:2]
+        score = kernel_score(args.options, batch.q.device, batch=size, heads=heads, seq_q=args.capacity,
+                             seq_k=args.capacity, fn=fn, regions=regions)
+        self.args, self._starts = args, batch.starts
+        self._launch = DecodeLaunch(batch.q, batch.k_cache, batch.v_cache, options=args.options, score=score,
+                                    block_table=batch.block_table, num_splits=num_splits,
+                                    new_tokens=batch.new_tokens, starts=batch.starts)
+        self.out, self.lse = self._launch.out, self._launch.lse
+        self._layouts = tuple(map(_layout, (batch.q, batch.k_cache, batch.v_cache, batch.seqlens, batch.block_table)))
+
+    @property
+    def launch_shape(self):
+        """Both kernels' tiles, split count and grids (:class:`flashlib.kernels.decode.LaunchShape`); None
+        for an empty batch."""
+        return getattr(self._launch, "shape", None)
+
+    def run(self, q, k_cache, v_cache, cache_seqlens, block_table=None, *, out=None, return_lse: bool = False):
+        """Launch both kernels on this step's tensors (the plan's layout, any values); see the class."""
+        got = (_layout(q), _layout(k_cache), _layout(v_cache), _layout(cache_seqlens), _layout(block_table))
+        if got != self._layouts:
+            _refuse(PLAN_FN, ("q", "k_cache", "v_cache", "cache_seqlens", "block_table"), got, self._layouts)
+        if out is not None and _layout(out) != _layout(self.out):
+            _refuse(PLAN_FN, ("out",), (_layout(out),), (_layout(self.out),))
+        out, lse = self._launch(q, k_cache, v_cache, cache_seqlens, block_table, out)
+        return (out, lse) if return_lse else out
+
+    def bound(self, q, k_cache, v_cache, cache_seqlens, block_table=None) -> list:
+        """What :meth:`run` launches on these tensors, [(kernel, grid, args, kwargs)]: to inspect the
+        launches or time them bare (flashlib.bench.calls)."""
+        return self._launch.bound(q, k_cache, v_cache, cache_seqlens, block_table)
+
+    def check(self, cache_seqlens, block_table=None):
+        """This step's values checked as the plan's were (lengths within the capacity, pages in range):
+        one synchronisation, once per step rather than per layer."""
+        batch = Batch(None, None, None, block_table, cache_seqlens, None, self._starts, None, None)
+        pages = self._layouts[1][0][0]  # k_cache's pages (or sequences)
+        check_decode_values(PLAN_FN, batch, self.args, pages)
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True, scale=None, softcap=None, window=None,
                      block_table=None, num_splits=None, sinks=None, score_mod=None, k_new=None, v_new=None,
@@ -414,27 +547,20 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
     contract = dict(k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                     rotary_interleaved=rotary_interleaved, cache_batch_idx=cache_batch_idx,
                     cache_leftpad=cache_leftpad, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
-    _check_inference(FN, q, k_cache, v_cache, sinks, k_new, v_new)
-    from .kernels._mode import require_triton
+    _check_inference(FN, q=q, k_cache=k_cache, v_cache=v_cache, sinks=sinks, k_new=k_new, v_new=v_new)
+    _check_kernel_q(FN, q)
+    from .kernels.decode import Sequences, as_kernels_read
 
-    require_triton()  # says how to get Triton where it is missing
-    from .kernels.decode import Sequences, decode_forward
-    from .kernels.function import check_kernel_inputs, kernel_score
-
-    if isinstance(q, torch.Tensor) and q.dtype == torch.float64:
-        raise TypeError(f"{FN}: argument 'q' is float64, which the kernels do not compute; use float16, "
-                        "bfloat16 or float32 (or flashlib.decode_reference for float64)")
-    if isinstance(q, torch.Tensor):  # (any other q is named by the shared checks)
-        _check_decode_kernel_inputs(q, check_kernel_inputs)
     batch, args = _prepared(FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
                             dict(causal=causal, scale=scale, softcap=softcap, window=window, sinks=sinks,
                                  score_mod=score_mod, **contract))
-    size, heads = batch.q.shape[:2]
-    score = kernel_score(args.options, q.device, batch=size, heads=heads, seq_q=args.capacity, seq_k=args.capacity,
-                         fn=FN, regions=lambda: _positions(batch, heads, args.options.window[0]))
-    out, lse = decode_forward(batch.q, batch.k_cache, batch.v_cache, batch.seqlens, options=args.options, score=score,
-                              block_table=batch.block_table, num_splits=num_splits,
-                              sequences=Sequences(batch.seqlens, batch.new_tokens, batch.starts))
+    k, v, seqs, table = as_kernels_read(batch.k_cache, batch.v_cache,
+                                        Sequences(batch.seqlens, batch.new_tokens, batch.starts), batch.block_table)
+    ready = batch._replace(k_cache=k, v_cache=v, block_table=table, seqlens=seqs.seqlens, new_tokens=seqs.new_tokens,
+                           starts=seqs.starts)
+    heads = batch.q.shape[1]
+    plan = DecodePlan._of(FN, ready, args, num_splits, regions=lambda: _positions(ready, heads, args.options.window[0]))
+    out, lse = plan._launch(ready.q, k, v, seqs.seqlens, table)
     return batch.unpack(out, lse) if return_lse else batch.unpack(out, lse)[0]
 
 
@@ -549,16 +675,26 @@ def _check_prefix(fn, q, prefix_k, prefix_v, k_cache, cache_seqlens):
                          "tokens follow the prefix, so each sequence's own cache holds them all")
 
 
+def _check_cascade(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table):
+    _check_tensor(fn, "q", q, 4)
+    _check_caches(fn, q, k_cache, v_cache, block_table)
+    if v_cache.shape[-1] != q.shape[-1]:
+        raise ValueError(f"{fn}: argument 'v_cache' has head_dim {v_cache.shape[-1]} but 'q' has {q.shape[-1]}; "
+                         "cascade decoding takes one head dim for q, k and v")
+    _check_prefix(fn, q, prefix_k, prefix_v, k_cache, cache_seqlens)
+
+
 def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None,
-                      block_table=None, num_splits=None, sinks=None, return_lse: bool = False, reference: bool = False):
+                      block_table=None, num_splits=None, prefix_splits=None, sinks=None, return_lse: bool = False,
+                      reference: bool = False):
     """Decoding for a group of sequences that share a prefix (a system prompt), the prefix read once.
 
     FlashInfer's cascade attention: every sequence's keys are the shared prefix (positions 0 ..
     P - 1) and then its own suffix. The prefix is attended by all the group's new queries at once,
-    stacked as the rows of one query block per kv head (``flashlib.flash_attention``: a prefill's
-    shape, so its keys are read once per block of rows, not once per sequence), each suffix by
-    :func:`decode_attention`, and the two (out, lse) merged with notebook 02's
-    :func:`flashlib.merge_partials`; sinks, if any, join last (:func:`flashlib.softmax.merge_sink`)::
+    stacked as the rows of query blocks per kv head (a prefill's shape: its keys are read once per
+    block of rows, not once per sequence), its keys split across programs as decoding splits a cache;
+    each suffix by split-KV decoding; one merge folds both sets of splits with notebook 02's merge
+    (:class:`CascadePlan`: three launches); sinks, if any, join as one more partial::
 
         out = e^(lse_p - lse) out_prefix + e^(lse_s - lse) out_suffix,  lse = log(e^lse_p + e^lse_s)
 
@@ -570,6 +706,8 @@ def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *,
             :func:`decode_attention` takes a cache (contiguous or paged); suffix position j is
             sequence position prefix_len + j; cache_seqlens >= new_tokens (the new tokens follow
             the prefix).
+        prefix_splits: chunks of the prefix's keys, each read by its own programs (None chooses, as
+            num_splits; 1 in the interpreter).
         scale, softcap, sinks, return_lse: as :func:`decode_attention`. A score function of the
             positions is not taken (the prefix's rows would each need their sequence's offset).
         reference: compute in PyTorch (:func:`flashlib.tiled_forward` over the prefix,
@@ -580,34 +718,106 @@ def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *,
     (:func:`cascade_bytes`).
     """
     fn = "cascade_attention"
-    _check_tensor(fn, "q", q, 4)
-    _check_caches(fn, q, k_cache, v_cache, block_table)
-    if v_cache.shape[-1] != q.shape[-1]:
-        raise ValueError(f"{fn}: argument 'v_cache' has head_dim {v_cache.shape[-1]} but 'q' has {q.shape[-1]}; "
-                         "cascade decoding takes one head dim for q, k and v")
-    _check_prefix(fn, q, prefix_k, prefix_v, k_cache, cache_seqlens)
+    if not reference:
+        plan = CascadePlan._of(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, scale=scale,
+                               softcap=softcap, block_table=block_table, num_splits=num_splits,
+                               prefix_splits=prefix_splits, sinks=sinks)
+        return plan.run(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table, return_lse=return_lse)
+    _check_cascade(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table)
+    _check_num_splits(fn, prefix_splits, "prefix_splits")
+    from .tiled import tiled_forward
+
     batch, q_heads, n, d = q.shape
     stacked = _stack_queries(q, k_cache.shape[1])
     common = dict(scale=scale, softcap=softcap)
-    if reference:
-        from .tiled import tiled_forward
-
-        rows, keys = stacked.shape[2], prefix_k.shape[1]
-        out_p, lse_p = tiled_forward(stacked, prefix_k[None], prefix_v[None], block_q=max(rows, 1),
-                                     block_k=max(keys, 1), **common)  # one tile: a matmul and a softmax
-        out_s, lse_s = decode_reference(q, k_cache, v_cache, cache_seqlens, block_table=block_table,
-                                        num_splits=num_splits or 1, return_lse=True, **common)
-    else:
-        from .op import flash_attention
-
-        out_p, lse_p = flash_attention(stacked, prefix_k[None], prefix_v[None], return_lse=True, **common)
-        out_s, lse_s = decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=block_table,
-                                        num_splits=num_splits, return_lse=True, **common)
+    rows, keys = stacked.shape[2], prefix_k.shape[1]
+    out_p, lse_p = tiled_forward(stacked, prefix_k[None], prefix_v[None], block_q=max(rows, 1),
+                                 block_k=max(keys, 1), **common)  # one tile: a matmul and a softmax
+    out_s, lse_s = decode_reference(q, k_cache, v_cache, cache_seqlens, block_table=block_table,
+                                    num_splits=num_splits or 1, return_lse=True, **common)
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     out_p, lse_p = _unstack(out_p, batch, q_heads, n).to(work), _unstack(lse_p[..., None], batch, q_heads, n)[..., 0]
     out, lse = merge_partials(out_p, lse_p.to(work), out_s.to(work), lse_s.to(work))
     out, lse = merge_sink(out, lse, checked_options(fn, q_heads, q.device, scale=1.0, sinks=sinks).sinks)
     return (out.to(q.dtype), lse.float() if work != torch.float64 else lse) if return_lse else out.to(q.dtype)
+
+
+class CascadePlan:
+    """:func:`cascade_attention` on the kernels for one layout, planned once (as :class:`DecodePlan`);
+    :meth:`run` launches three kernels and nothing else:
+
+        the prefix's pass   stage 1 of split-KV decoding over the prefix's keys, its query rows every
+                            sequence's queries of a kv head (read in place), its keys cut into
+                            ``prefix_splits`` chunks so that the launch fills the GPU
+        the suffixes' pass  stage 1 over each sequence's own cache
+        the merge           each sequence's splits and the prefix's, and the sinks, folded into one output
+
+    ``run(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table=None, *, out=None,
+    return_lse=False)``: tensors of the plan's layout, any values; ``out``/``plan.out`` as :class:`DecodePlan`'s.
+    """
+
+    NAMES = ("q", "prefix_k", "prefix_v", "k_cache", "v_cache", "cache_seqlens", "block_table")
+
+    def __init__(self, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None,
+                 block_table=None, num_splits=None, prefix_splits=None, sinks=None):
+        self._build("CascadePlan", q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, scale, softcap, block_table,
+                    num_splits, prefix_splits, sinks)
+
+    @classmethod
+    def _of(cls, fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *, scale, softcap, block_table,
+            num_splits, prefix_splits, sinks):
+        plan = cls.__new__(cls)
+        plan._build(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, scale, softcap, block_table,
+                    num_splits, prefix_splits, sinks)
+        return plan
+
+    def _build(self, fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, scale, softcap, block_table,
+               num_splits, prefix_splits, sinks):
+        _check_cascade(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table)
+        _check_inference(fn, q=q, prefix_k=prefix_k, prefix_v=prefix_v, k_cache=k_cache, v_cache=v_cache,
+                         sinks=sinks)
+        _check_kernel_q(fn, q)
+        args = check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table,
+                                   num_splits=num_splits, scale=scale, softcap=softcap, sinks=sinks)
+        _check_num_splits(fn, prefix_splits, "prefix_splits")
+        _contiguous_layout(fn, prefix_k=prefix_k, prefix_v=prefix_v, k_cache=k_cache, v_cache=v_cache,
+                           cache_seqlens=cache_seqlens, block_table=block_table)
+        check_decode_values(fn, kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table),
+                            args, k_cache.shape[0])
+        from .kernels.decode import DecodeLaunch
+        from .kernels.function import kernel_score
+
+        score = kernel_score(args.options, q.device)  # soft-capping, or nothing
+        # every new token sees the whole prefix: no causal rule there; the sinks join once, in the merge
+        self._prefix = DecodeLaunch(q, prefix_k[None], prefix_v[None], options=args.options._replace(
+            causal=False, sinks=None), score=score, num_splits=prefix_splits, stacked=True)
+        self._suffix = DecodeLaunch(q, k_cache, v_cache, options=args.options, score=score, block_table=block_table,
+                                    num_splits=num_splits, prefix=self._prefix)
+        self._prefix_len = torch.full((1,), prefix_k.shape[1], dtype=torch.int32, device=q.device)
+        self.out, self.lse = self._suffix.out, self._suffix.lse
+        self._layouts = tuple(map(_layout, (q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table)))
+
+    @property
+    def launch_shapes(self) -> dict:
+        """{"prefix": , "suffix": } each launch's tiles, splits and grids (None for an empty batch)."""
+        return {"prefix": getattr(self._prefix, "shape", None), "suffix": getattr(self._suffix, "shape", None)}
+
+    def run(self, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table=None, *, out=None,
+            return_lse: bool = False):
+        """Launch the three kernels on this step's tensors (the plan's layout, any values); see the class."""
+        got = tuple(map(_layout, (q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table)))
+        if got != self._layouts:
+            _refuse("CascadePlan", self.NAMES, got, self._layouts)
+        if out is not None and _layout(out) != _layout(self.out):
+            _refuse("CascadePlan", ("out",), (_layout(out),), (_layout(self.out),))
+        self._prefix(q, prefix_k, prefix_v, self._prefix_len)
+        out, lse = self._suffix(q, k_cache, v_cache, cache_seqlens, block_table, out)
+        return (out, lse) if return_lse else out
+
+    def bound(self, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table=None) -> list:
+        """What :meth:`run` launches on these tensors, [(kernel, grid, args, kwargs)] (as :meth:`DecodePlan.bound`)."""
+        return (self._prefix.bound(q, prefix_k, prefix_v, self._prefix_len)
+                + self._suffix.bound(q, k_cache, v_cache, cache_seqlens, block_table))
 
 
 def cascade_bytes(*, batch: int, kv_heads: int, rows_per_kv_head: int, prefix: int, suffix: int, head_dim: int,

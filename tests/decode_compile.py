@@ -18,20 +18,21 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 _POINTERS = {"Partial": "*fp32", "PartialML": "*fp32", "Lse": "*fp32", "SeqLens": "*i32", "NewTokens": "*i32",
-             "Starts": "*i32", "Table": "*i32",
-             "Sinks": "*fp32"}
+             "Starts": "*i32", "Table": "*i32", "Sinks": "*fp32", "Prefix": "*fp32", "PrefixML": "*fp32"}
 
 
 def spec(kernel: str, capability, dtype: str, head_dim: int, *, paged: bool = False, softcap: bool = False,
          rows: int = 4, sinks: bool = False, head_dim_v: int | None = None, v_from_k: bool = False,
-         config=None):
+         config=None, page_size: int = 16, prefix: bool = False, sass: bool = False):
     """kernel "split" (stage 1) or "merge" (stage 2); rows: stacked query rows (group x new tokens);
     sinks: the merge with attention sinks; head_dim_v: the values' (head_dim by default; the merge's
     width); v_from_k: the values read with the keys (absorbed MLA's view of the latent cache);
-    config: stage 1's (block_k, num_warps, num_stages) in place of decode_config's."""
+    config: stage 1's (block_k, num_warps, num_stages) in place of decode_config's; page_size: a paged
+    cache's (a compile-time constant); prefix: the merge folding a shared prefix's splits (cascade);
+    sass: also report the loads of stage 1's key loop from the machine code (:func:`key_loop_loads`)."""
     return dict(kernel=kernel, capability=list(capability), dtype=dtype, head_dim=head_dim, paged=paged,
                 softcap=softcap, rows=rows, sinks=sinks, head_dim_v=head_dim_v or head_dim, v_from_k=v_from_k,
-                config=None if config is None else list(config))
+                config=None if config is None else list(config), page_size=page_size, prefix=prefix, sass=sass)
 
 
 def compile_decode(specs, *, triton_path: str | None = None, launch: bool = False, timeout: float = 600) -> dict:
@@ -76,21 +77,24 @@ def _kernel(s):
     from flashlib.kernels.config import head_dim_pad
 
     d, dv = s["head_dim"], s.get("head_dim_v") or s["head_dim"]
-    block_q = decode.row_block(s["rows"], dv)
+    block_q = decode.row_block(s["rows"], dv, tuple(s["capability"]))
     if s["kernel"] == "merge":  # its HEAD_DIM is the output's, the values' head dim
+        block_q = decode.merge_block(s["rows"], dv)
         sinks = {} if s.get("sinks") else dict(Sinks=None)  # a launch without sinks passes None
-        return (decode._decode_merge, dict(HEAD_DIM_PAD=head_dim_pad(dv), BLOCK_Q=block_q, **sinks),
+        prefix = {} if s.get("prefix") else dict(Prefix=None, PrefixML=None)
+        return (decode._decode_merge, dict(HEAD_DIM_PAD=head_dim_pad(dv), BLOCK_Q=block_q, **sinks, **prefix),
                 dict(num_warps=s.get("merge_warps") or decode.merge_warps(dv), num_stages=1), {})
     v_from_k = bool(s.get("v_from_k"))
-    d_pad = head_dim_pad(d - dv) if v_from_k else head_dim_pad(d)  # as decode._launch_split pads
+    d_pad = head_dim_pad(d - dv) if v_from_k else head_dim_pad(d)  # as decode.DecodeLaunch pads
     cfg = (decode.DecodeConfig(*s["config"]) if s.get("config") else
-           decode.decode_config(d, getattr(torch, s["dtype"]), tuple(s["capability"]), head_dim_v=dv))
+           decode.decode_config(d, getattr(torch, s["dtype"]), tuple(s["capability"]), head_dim_v=dv, paged=s["paged"]))
     from flashlib.kernels.function import kernel_score
     from flashlib.options import Options
 
     score = kernel_score(Options(softcap=30.0 if s["softcap"] else 0.0), "cpu")  # soft-capping: a score function
     constants = dict(HEAD_DIM_PAD=d_pad, HEAD_DIM_V_PAD=head_dim_pad(dv), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
                      KEY_ROWS=decode._paged_rows if s["paged"] else decode._contiguous_rows,
+                     PAGE_SIZE=s.get("page_size", 16) if s["paged"] else 1,
                      SCORE_MOD=None if score is None else score.jit, INPUT_PRECISION="tf32", V_FROM_K=v_from_k)
     if score is None or score.data is None:
         constants["ScoreData"] = None  # what a launch without them passes: a compile-time None
@@ -103,7 +107,7 @@ def _compile_one(s) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from flashlib.kernels.compile import _ptxas_info, _ptxas_path, ptxas_log
+    from flashlib.kernels.compile import _first_mma_loop, _instructions, _disassemble, _ptxas_info, _ptxas_path, ptxas_log
 
     report = dict(s, triton_version=triton.__version__, ok=False, error="")
     try:
@@ -116,7 +120,11 @@ def _compile_one(s) -> dict:
         ptx = compiled.asm["ptx"]
         registers, stores, loads = _ptxas_info(ptx, _ptxas_path(), log.getvalue())
         report.update(ok=True, shared=int(compiled.metadata.shared), registers=registers, spill_stores=stores,
-                      spill_loads=loads, mma_sync_ops=ptx.count("mma.sync"), wgmma_ops=ptx.count("wgmma.mma_async"))
+                      spill_loads=loads, mma_sync_ops=ptx.count("mma.sync"), wgmma_ops=ptx.count("wgmma.mma_async"),
+                      num_warps=options["num_warps"], num_stages=options["num_stages"])
+        if s.get("sass"):  # stage 1's key loop in the machine code: its length and its global loads
+            loop = _first_mma_loop(*_instructions(_disassemble(compiled.asm["cubin"])))
+            report["key_loop"] = dict(body=loop["body"], loads=loop["loads"], ops=loop["ops"])
     except Exception as exc:  # reported per spec, so one failure does not hide the others
         report["error"] = f"{type(exc).__name__}: {exc}"[:2000]
     return report
@@ -170,7 +178,14 @@ def launch_path() -> dict:
     shapes = dict(q_heads=32, kv_heads=8, head_dim=128, dtype=torch.bfloat16, device="cpu")
     items = [bench.plan()[0], bench.plan()[1], *bench.sweep_items()[:2], bench.sweep_items()[-1]]
     runs = [bench.what_runs(p, q_heads=32, kv_heads=8, device="cpu") for p in items]
-    bench_ahead = bench.compile_ahead(runs, threads=2, log=lambda *_: None, **shapes)
+    # and its plans' (a cascade group, an MLA step), made by the public classes: their checks of q's device
+    # are this stand-in's (CPU tensors standing in for the GPU's)
+    import flashlib.decode
+
+    flashlib.decode._check_kernel_q = lambda fn, q: None
+    groups = bench.cascade_items(groups=(8,), prefixes=(4096,))
+    steps = bench.mla_items(batches=(2,), lengths=(256,))
+    bench_ahead = bench.compile_ahead(runs, threads=2, log=lambda *_: None, groups=groups, steps=steps, **shapes)
     return dict(notes=[n.name for n in notes], compiled=compiled, runs=[list(map(str, r)) for r in runs],
                 bench_ahead=bench_ahead)
 

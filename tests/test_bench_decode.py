@@ -39,6 +39,7 @@ def test_targets_compare_with_the_best_sdpa_and_the_copy_bandwidth():
             dict(ours, layout="paged", ms=2.0, gbps=1500.0),
             dict(ours, layout="paged", length=8192, ms=1.0, gbps=1.0),  # below 16k: no target
             dict(ours, batch=8, layout="contiguous", ms=0.1, gbps=4000.0, max_abs_err_vs_sdpa=0.5)]
+    rows.append(dict(ours, method="flashlib:call", layout="contiguous", ms=3.0))  # the one-call form
     got = bench.targets(rows, copy_gbps=4000.0)
     assert [(t["layout"], t["sdpa"], t["speedup"], t["speedup_met"], t["bandwidth_fraction"], t["bandwidth_met"])
             for t in got] == [("contiguous", "sdpa:cudnn", 1.5, True, 0.75, True),
@@ -48,6 +49,7 @@ def test_targets_compare_with_the_best_sdpa_and_the_copy_bandwidth():
     assert got[0]["speedup_graph"] == pytest.approx(1.5) and got[0]["bandwidth_fraction_graph"] == 0.9
     assert got[1]["speedup_graph"] is None  # no graph time for that row
     assert got[0]["speedup_range"] == pytest.approx([0.9 / 1.1, 1.1 / 0.9])
+    assert got[0]["speedup_call"] == 0.5 and got[1]["speedup_call"] is None
     text = bench.format_targets({"decode": {"targets": got}})
     assert "0.75x sdpa:cudnn (not met)" in text and "from graphs 1.50x, bandwidth 90%" in text
 
@@ -72,6 +74,11 @@ def test_a_run_on_tiny_shapes_through_the_interpreter():
     # flashlib at every point and the fastest SDPA backend once per batch and length, from graphs too
     assert len(replays) == 8 + 4 and all("ms_graph" in p for p in ours)
     assert sum("ms_graph" in p for p in sdpa) == 4
+    # decode_attention as a user calls it, beside the plan's run at every point: as called only
+    called = [p for p in points if p["method"] == "flashlib:call"]
+    assert [(p["batch"], p["length"], p["layout"]) for p in called] == [(p["batch"], p["length"], p["layout"])
+                                                                        for p in ours]
+    assert all("ms" in p and "ms_graph" not in p for p in called)
     assert result["ceilings"] == {"copy_gbps": 100.0} and result["skipped"] == [] and result["device_lost"] is None
     json.dumps(result)  # the check writes it as JSON
 
@@ -112,13 +119,17 @@ def test_main_writes_the_json(tmp_path, monkeypatch, capsys):
 
 def test_the_shared_prefix_groups_time_plain_and_cascade_decoding():
     items = bench.cascade_items(groups=(2, 4), prefixes=(40,), suffix=8)
+    replays = []
     rows, skipped = bench.run_cascade(items, stand_in(), 600, lambda *_: None, q_heads=4, kv_heads=2, head_dim=16,
-                                      dtype=torch.float32, device="cpu")
+                                      dtype=torch.float32, device="cpu", graph=lambda call: replays.append(1) or call,
+                                      copy_gbps=100.0)
     assert skipped == [] and [r["method"] for r in rows] == ["flashlib:plain", "flashlib:cascade"] * 2
+    assert len(replays) == 4 and all("ms_graph" in r and r["num_splits"] == 1 for r in rows)  # plans, from graphs
     for plain, cascade in zip(rows[::2], rows[1::2]):
         assert plain["max_abs_difference"] < 1e-5  # the same attention, through the interpreter
         assert plain["bytes"] == plain["batch"] * 48 * 2 * 2 * 16 * 4  # every request's prefix and suffix
         assert cascade["bytes"] == (40 + plain["batch"] * 8) * 2 * 2 * 16 * 4  # 2 x 2 rows: one block
+        assert cascade["copy_fraction"] == pytest.approx(cascade["gbps"] / 100.0)
     assert [i["sweep"] for i in bench.cascade_items()] == ["cascade"] * 4
 
 
@@ -127,8 +138,10 @@ def test_the_mla_steps_time_one_latent_read_against_a_value_cache_of_its_own():
                                  for n in (4096, 16384) for b in (64, 132)]
     items = bench.mla_items(batches=(1, 2), lengths=(40,), page_size=16)
     tiny = dict(q_heads=4, width=24, head_dim_v=16, scale=0.25, dtype=torch.float32, device="cpu")
-    rows, skipped = bench.run_mla(items, stand_in(), 600, lambda *_: None, **tiny)
+    rows, skipped = bench.run_mla(items, stand_in(), 600, lambda *_: None, graph=lambda call: call, copy_gbps=50.0,
+                                  **tiny)
     assert skipped == [] and [r["method"] for r in rows] == ["flashlib:mla", "flashlib:mla-separate"] * 2
+    assert all(r["copy_fraction_graph"] == pytest.approx(r["gbps_graph"] / 50.0) for r in rows)
     for shared, separate in zip(rows[::2], rows[1::2]):
         assert shared["max_abs_difference"] < 1e-5  # the same attention, through the interpreter
         queries = shared["batch"] * 4 * (24 + 16) * 4  # q read, the output written
@@ -137,3 +150,33 @@ def test_the_mla_steps_time_one_latent_read_against_a_value_cache_of_its_own():
         assert shared["gbps"] == pytest.approx(shared["bytes"] / 1e6) and shared["row_blocks"] == 1
     # the GPU run's step: DeepSeek-V3's 128 heads over 576 columns, 512 of them values
     assert (bench.MLA_Q_HEADS, bench.MLA_WIDTH, bench.MLA_HEAD_DIM_V) == (128, 576, 512)
+
+
+def test_serving_targets_compare_paged_with_contiguous_cascade_with_plain_and_mla_with_copy():
+    ours = dict(method="flashlib", batch=8, length=16384)
+    points = [dict(ours, layout="contiguous", ms=1.0, ms_graph=0.8), dict(ours, layout="paged", ms=1.25, ms_graph=0.8),
+              dict(ours, layout="paged", length=4096, ms=9.0)]  # below 16k: no target
+    group = dict(batch=8, prefix=16384, suffix=512)
+    cascade = [dict(group, method="flashlib:plain", ms=0.6, ms_graph=0.5),
+               dict(group, method="flashlib:cascade", ms=0.2, ms_graph=0.3)]
+    mla = [dict(method="flashlib:mla", batch=64, length=4096, copy_fraction=0.4, copy_fraction_graph=0.55),
+           dict(method="flashlib:mla-separate", batch=64, length=4096, copy_fraction=0.9)]
+    got = {t["target"]: t for t in bench.serving_targets(points, cascade, mla)}
+    assert (got["paged/contiguous"]["ratio"], got["paged/contiguous"]["met"], got["paged/contiguous"]["met_graph"]) == (
+        0.8, False, True)
+    assert got["cascade/plain"]["ratio"] == pytest.approx(3.0) and got["cascade/plain"]["met"]
+    assert not got["cascade/plain"]["met_graph"]  # 0.5 / 0.3 < 2
+    assert (got["mla/copy"]["met"], got["mla/copy"]["met_graph"]) == (False, True) and len(got) == 3
+    text = bench.format_targets({"decode": {"targets": [], "serving_targets": list(got.values())}})
+    assert "cascade/plain batch=8 prefix=16384: 3.00 as called (met, goal 2.0), from graphs 1.67 (not met)" in text
+
+
+def test_the_launch_points_cover_every_step_of_the_benchmark():
+    points = bench.launch_points()
+    names = [p["name"] for p in points]
+    assert len(points) == len(bench.plan()) + 2 * len(bench.cascade_items()) + len(bench.mla_items())
+    assert "paged B=8 L=16384" in names and "cascade prefix B=32 P=65536" in names and "mla B=132 L=16384" in names
+    prefix = next(p for p in points if p["name"] == "cascade prefix B=8 P=16384")
+    assert prefix["rows"] == 32 and prefix["shape"].split_grid == (1, 33, 8)  # 8 programs a split: 33 splits
+    mla = next(p for p in points if p["name"] == "mla B=64 L=4096")
+    assert mla["shape"].block_q == 64 and mla["shape"].split_grid == (2, 2, 64)  # two blocks of 64 heads, side by side

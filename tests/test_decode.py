@@ -126,14 +126,15 @@ def run_kernels(q, k, v, lengths, *, table=None, num_splits=None, block_k=16, **
                                   score=score, num_splits=num_splits, config=kernels.DecodeConfig(block_k, 4, 1))
 
 
-@pytest.mark.parametrize("paged", [False, True])
-def test_every_split_count_gives_the_same_output(paged):
-    # 70 keys in tiles of 16: 5 tiles; 1 to 9 splits, the last ones more splits than tiles
+@pytest.mark.parametrize("page_size", [None, 8, 16, 32])
+def test_every_split_count_gives_the_same_output(page_size):
+    # 70 keys in tiles of 16: 5 tiles; 1 to 9 splits, the last ones more splits than tiles; pages of 8 (a
+    # tile spans two: a page number per key), 16 and 32 (a tile lies in one page: one page number per tile)
     q, k, v, lengths = case(batch=3, q_heads=4, kv_heads=1, new_tokens=4, capacity=70, lengths=[70, 4, 41])
     want, want_lse = decode.decode_reference(*as64(q, k, v), lengths, return_lse=True)
     table = None
-    if paged:
-        k, v, table = decode.paged_cache(k, v, 8, spare_pages=5, generator=torch.Generator().manual_seed(0))
+    if page_size:
+        k, v, table = decode.paged_cache(k, v, page_size, spare_pages=5, generator=torch.Generator().manual_seed(0))
     for num_splits in (1, 2, 3, 5, 9):
         out, lse = run_kernels(q, k, v, lengths, table=table, num_splits=num_splits)
         torch.testing.assert_close(out.double(), want, rtol=0, atol=2e-6)
@@ -181,8 +182,10 @@ def test_nothing_to_do_gives_empty_outputs():
 
 def test_the_split_rule():
     h200 = 132
-    assert kernels.choose_num_splits(1 * 8, 65536, h200) == 33  # two programs per multiprocessor
-    assert kernels.choose_num_splits(8 * 8, 65536, h200) == 5
+    # one wave of two programs per multiprocessor: 264 programs at most, never a second, part-filled wave
+    assert kernels.choose_num_splits(1 * 8, 65536, h200) == 33  # 264 programs
+    assert kernels.choose_num_splits(8 * 8, 65536, h200) == 4  # 256, where ceil would give 5: 320, 1.2 waves
+    assert kernels.choose_num_splits(100, 65536, h200) == 2
     assert kernels.choose_num_splits(8, 1024, h200) == 4  # at least 256 keys per split
     assert kernels.choose_num_splits(1, 10 ** 6, h200) == kernels.MAX_SPLITS
     assert kernels.choose_num_splits(300, 65536, h200) == 1  # enough programs already
@@ -319,9 +322,10 @@ def test_the_launchers_bind_and_compile_as_on_an_h200(compiled, version):
     assert [r[:3] for r in launch["runs"]] == [["contiguous", "16", "1"], ["paged", "16", "1"],
                                                ["contiguous", "16", "1"], ["contiguous", "16", "8"],
                                                ["paged", "16", "1"]]  # splits: 1 without a GPU, or as asked
-    assert launch["runs"][-1][3].startswith("DecodeConfig(block_k=128, num_warps=8, num_stages=3)")
+    assert launch["runs"][-1][3].startswith("DecodeConfig(block_k=128, num_warps=8, num_stages=5)")  # a paged tile
     ahead = launch["bench_ahead"]
-    assert ahead["failed"] == 0 and ahead["kernels"] >= 1 and ahead["launches_noted"] == 2 * 4, ahead  # 4 distinct runs
+    # 4 distinct runs of two launches; a cascade group's plain plan (2) and cascade plan (3); an MLA step's two plans
+    assert ahead["failed"] == 0 and ahead["kernels"] >= 1 and ahead["launches_noted"] == 2 * 4 + 2 + 3 + 2 * 2, ahead
 
 
 # ----- notebook 10's figures, slider and checkers ----------------------------------------------

@@ -560,3 +560,39 @@ def test_cascade_equals_plain_decoding_compiled():
     for suffix, extra in (((k_cache, v_cache), {}), ((k_pages, v_pages), dict(block_table=table))):
         got = cascade_attention(q, prefix_k, prefix_v, *suffix, lengths, **extra)
         assert _max_err(got, want) <= 2 * _max_err(plain, want) + 1e-3, bool(extra)
+
+
+def test_plans_run_from_a_cuda_graph():
+    """DecodePlan.run and CascadePlan.run captured in a CUDA graph (nothing in them waits for the GPU or
+    allocates) and replayed after the caches and lengths change in place: the replay's output equals a fresh
+    call's, paged and contiguous, and an MLA step's."""
+    from flashlib.decode import CascadePlan, DecodePlan, cascade_attention, decode_attention, paged_cache
+
+    g = torch.Generator(device=DEVICE).manual_seed(17)
+    rand = lambda *shape: torch.randn(*shape, device=DEVICE, generator=g).to(HALF)  # noqa: E731
+    q, k, v = rand(4, 32, 1, 128), rand(4, 8, 2048, 128), rand(4, 8, 2048, 128)
+    lengths = torch.tensor([2048, 1, 700, 1500], dtype=torch.int32, device=DEVICE)
+    k_pages, v_pages, table = paged_cache(k, v, 16, generator=torch.Generator().manual_seed(4))
+    prefix_k, prefix_v = rand(8, 1000, 128), rand(8, 1000, 128)
+    latent = rand(4, 1, 2048, 576)
+    q_mla = rand(4, 128, 1, 576)
+    cases = {
+        "contiguous": ((q, k, v, lengths), DecodePlan(q, k, v, lengths), lambda: decode_attention(q, k, v, lengths)),
+        "paged": ((q, k_pages, v_pages, lengths, table), DecodePlan(q, k_pages, v_pages, lengths, block_table=table),
+                  lambda: decode_attention(q, k_pages, v_pages, lengths, block_table=table)),
+        "mla": ((q_mla, latent, latent[..., :512], lengths), DecodePlan(q_mla, latent, latent[..., :512], lengths),
+                lambda: decode_attention(q_mla, latent, latent[..., :512], lengths)),
+        "cascade": ((q, prefix_k, prefix_v, k, v, lengths), CascadePlan(q, prefix_k, prefix_v, k, v, lengths),
+                    lambda: cascade_attention(q, prefix_k, prefix_v, k, v, lengths)),
+    }
+    for name, (args, plan, fresh) in cases.items():
+        plan.run(*args)  # compiles, outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = plan.run(*args)
+        for tensor in (q, k, v, k_pages, v_pages, prefix_k, latent, q_mla):
+            tensor.copy_(torch.randn(tensor.shape, device=DEVICE, generator=g))
+        lengths.copy_(torch.tensor([5, 2000, 1, 1024], dtype=torch.int32))
+        graph.replay()
+        assert _max_err(out, fresh()) <= 1e-2, name

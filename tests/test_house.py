@@ -5,7 +5,7 @@
 - no call (a kernel launch, a jit call) that passes more than 20 arguments by position: past that a
   reader cannot check which value lands in which slot, so the rest go by name;
 - no Triton kernel or helper that selects its code path with more than four compile-time
-  switches (``tl.constexpr`` parameters other than sizes: BLOCK_*, HEAD_DIM*);
+  switches (``tl.constexpr`` parameters other than sizes: BLOCK_*, HEAD_DIM*, PAGE_SIZE);
 - the rooms stay in their order: reference modules import no room, kernels import no ladder,
   bench or course, the ladder no bench or course, nothing but bench imports bench, and nothing in the
   package imports labs (notebooks and tests do).
@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "flashlib"
-SIZE_CONSTEXPRS = ("BLOCK", "HEAD_DIM")
+SIZE_CONSTEXPRS = ("BLOCK", "HEAD_DIM", "PAGE_SIZE")
 MAX_FUNCTION_LINES = 70
 MAX_SWITCHES = 4
 MAX_POSITIONAL = 20

@@ -6,9 +6,10 @@ Points: batch 1 and 8, 32 query heads, 8 kv heads, head_dim 128, bfloat16, one n
 sequence's cache full at L = 4k ... 128k keys, contiguous and paged (16-position pages scattered by
 a shuffled block table, as :func:`flashlib.decode.paged_cache` makes them). Methods:
 
-    flashlib        the two kernels of :mod:`flashlib.kernels.decode` (``decode_forward``, with
-                    the split rule's num_splits; the inputs are checked once before timing, as
-                    ``decode_attention`` does at every call)
+    flashlib        :meth:`flashlib.DecodePlan.run`, the plan made once before timing (an engine's
+                    path: the checks, trace, split count, grids and buffers once per layout)
+    flashlib:call   :func:`flashlib.decode_attention` as a user calls it: a plan made and run at
+                    every call (timed as called only: its value checks wait for the GPU)
     sdpa:<backend>  torch's scaled_dot_product_attention forced to one backend, on the contiguous
                     cache, with ``enable_gqa=True`` where the backend accepts it, else on K and V
                     expanded to the 32 query heads beforehand (the expansion is not timed; the
@@ -18,16 +19,19 @@ SDPA cannot read pages: a paged point is compared with SDPA on the contiguous ca
 same keys, so the gather SDPA would need first is not counted against it. Timed with
 ``triton.testing.do_bench`` (medians and 20th/80th percentiles; L2 flushed before each call) as
 a caller runs them, and, for flashlib and the fastest SDPA backend, replayed from a CUDA graph
-(``ms_graph``: a step of a few microseconds is otherwise partly the launches' Python).
+(``ms_graph``: the kernels alone; as called, a step of a few microseconds is partly the host's Python).
 Bytes: the K and V the step must read, 2 · batch · kv_heads · L · head_dim · 2. The copy
 bandwidth is measured at the start of the same run (:func:`flashlib.bench.point.measure_ceilings`).
 Targets at L >= 16k, on the times as called: flashlib at least as fast as the best SDPA backend,
 and its K and V bytes over its time at least 70 % of the copy bandwidth (the graph times' ratios
 are written beside them). Every kernel the run launches is compiled first, on all cores; the
 points run targets first; the sweeps (split counts, page sizes, tiles) fill what is left of the
-budget. Absorbed MLA steps (DeepSeek-V3: 128 query heads over one 576-wide latent cache in 64-position
-pages, values its first 512 columns) time the one read of the latent cache against a value cache of
-its own, with their bytes (:func:`flashlib.decode.mla_bytes`) and GB/s.
+budget. Shared-prefix groups time plain decoding over each request's whole cache against
+:class:`flashlib.decode.CascadePlan`; absorbed MLA steps (DeepSeek-V3: 128 query heads over one 576-wide
+latent cache in 64-position pages, values its first 512 columns) time the one read of the latent cache
+against a value cache of its own, with their bytes (:func:`flashlib.decode.mla_bytes`); both as called and
+from graphs, with their GB/s as a fraction of the run's copy bandwidth. Their kernels are compiled ahead
+with the points', so the budget goes to timing them.
 """
 from __future__ import annotations
 
@@ -48,12 +52,17 @@ LENGTHS = (4096, 8192, 16384, 32768, 65536, 131072)
 LAYOUTS = ("contiguous", "paged")
 Q_HEADS, KV_HEADS, HEAD_DIM, PAGE_SIZE = 32, 8, 128, 16
 TARGET_LENGTH, SPEEDUP_TARGET, BANDWIDTH_TARGET = 16384, 1.0, 0.7
+# serving's targets: paged as fast as contiguous, a shared prefix read once pays, MLA near the copy bandwidth
+PAGED_TARGET, CASCADE_TARGET, MLA_TARGET = 0.9, 2.0, 0.5
 # bf16 outputs of values of size about 1 differ by a few 1e-3 between two correct kernels; a point
 # whose output is farther from SDPA's meets no target
 MAX_ERROR_VS_SDPA = 3e-2
 OURS = "flashlib"
 SPLIT_SWEEP = (1, 8, 16, 32, 64, 128)
 TILE_SWEEP = ((32, 4, 3), (64, 4, 2), (64, 4, 4), (128, 4, 2), (128, 8, 3))  # (BLOCK_K, warps, stages)
+# a paged tile's loads wait on its page numbers: two more stages for as many tiles in flight
+# (flashlib.kernels.decode.PAGED_EXTRA_STAGES); 16 keys: a tile per page, one page number per tile
+PAGED_TILE_SWEEP = ((16, 4, 10), (32, 4, 5), (64, 8, 5), (128, 4, 4), (128, 8, 5))
 PAGE_SWEEP = (16, 64, 256)
 
 
@@ -93,16 +102,26 @@ class Inputs:
 
 
 def ours_call(x: Inputs, *, num_splits=None, config=None):
-    """f() -> out running flashlib's kernels on x (paged when x holds pages); the inputs checked once."""
-    from ..decode import check_decode_inputs, check_decode_values
-    from ..kernels.decode import decode_forward
-    from ..kvcache import prepare
+    """f() -> out running flashlib's kernels on x (paged when x holds pages): a DecodePlan made once and
+    its run; with config (the tile sweep), the kernels' own DecodeLaunch, made once with those tiles."""
+    from ..decode import DecodePlan, check_decode_inputs
+    from ..kernels.decode import DecodeLaunch
 
     k, v, table = x.pages if x.pages is not None else (x.k, x.v, None)
+    if config is None:
+        plan = DecodePlan(x.q, k, v, x.lengths, block_table=table, num_splits=num_splits)
+        return lambda: plan.run(x.q, k, v, x.lengths, table)
     args = check_decode_inputs(OURS, x.q, k, v, x.lengths, block_table=table, num_splits=num_splits)
-    check_decode_values(OURS, prepare(OURS, x.q, k, v, x.lengths, block_table=table), args, k.shape[0])
-    return lambda: decode_forward(x.q, k, v, x.lengths, options=args.options, block_table=table,
-                                  num_splits=num_splits, config=config)[0]
+    launch = DecodeLaunch(x.q, k, v, options=args.options, block_table=table, num_splits=num_splits, config=config)
+    return lambda: launch(x.q, k, v, x.lengths, table)[0]
+
+
+def user_call(x: Inputs):
+    """f() -> out: :func:`flashlib.decode_attention` on x as a user calls it (checks, trace, plan every call)."""
+    from ..decode import decode_attention
+
+    k, v, table = x.pages if x.pages is not None else (x.k, x.v, None)
+    return lambda: decode_attention(x.q, k, v, x.lengths, block_table=table)
 
 
 def sdpa_call(backend: str, x: Inputs):
@@ -209,6 +228,12 @@ def measure_point(p, x: Inputs, sdpa_rows, bench, log, device, graph=None) -> li
         if not device_usable(device):
             raise DeviceLost(OURS, p, row) from exc
     rows.append(row)
+    called = dict(base, method=f"{OURS}:call")  # the one-call form: the host's work at every call
+    try:
+        _timed(called, user_call(x), None, bench)
+    except Exception as exc:  # noqa: BLE001 - a result row, as flashlib's
+        called["error"] = error_text(exc)
+    rows.append(called)
     best = best_sdpa(sdpa_rows[key])
     log(f"  B={p['batch']} L={p['length']:6d} {p['layout']:10s} flashlib "
         + (f"{row['ms'] * 1e3:7.1f} us {row['gbps']:5.0f} GB/s" if "ms" in row else row.get("error", "?"))
@@ -234,13 +259,16 @@ def best_sdpa(rows):
 def targets(rows, copy_gbps) -> list[dict]:
     """Per point at L >= 16k: flashlib's speed-up over the best SDPA backend at the same batch and
     length, its fraction of the copy bandwidth, and whether each target is met (never by an output
-    farther than MAX_ERROR_VS_SDPA from SDPA's, or not checked against it)."""
+    farther than MAX_ERROR_VS_SDPA from SDPA's, or not checked against it); beside them the one-call
+    form's speed-up (``speedup_call``: decode_attention as a user calls it)."""
     out = []
     for r in rows:
         if r["method"] != OURS or r["length"] < TARGET_LENGTH or not r.get("ms"):
             continue
         same = [s for s in rows if s["batch"] == r["batch"] and s["length"] == r["length"]]
         best = best_sdpa(same)
+        called = next((s for s in same if s["method"] == f"{OURS}:call" and s["layout"] == r["layout"]
+                       and s.get("ms")), None)
         speedup = best["ms"] / r["ms"] if best else None
         fraction = r["gbps"] / copy_gbps if copy_gbps else None
         correct = r.get("max_abs_err_vs_sdpa", math.inf) <= MAX_ERROR_VS_SDPA
@@ -254,7 +282,36 @@ def targets(rows, copy_gbps) -> list[dict]:
                         # the same from CUDA graphs: the GPU's time without the launches' Python
                         speedup_graph=best["ms_graph"] / r["ms_graph"] if graphs else None,
                         bandwidth_fraction_graph=r["gbps_graph"] / copy_gbps if copy_gbps and "gbps_graph" in r
-                        else None))
+                        else None,
+                        speedup_call=best["ms"] / called["ms"] if best and called else None))
+    return out
+
+
+def serving_targets(points, cascade, mla) -> list[dict]:
+    """Serving's targets, as called and from graphs: paged over contiguous time at each batch and length
+    (L >= 16k) >= PAGED_TARGET; plain over cascade time >= CASCADE_TARGET for a group of 8 sharing 16k;
+    MLA's one-read step at >= MLA_TARGET of the copy bandwidth."""
+    def ratio(a, b, key):
+        return a[key] / b[key] if key in a and key in b else None
+
+    out = []
+    ours = {(r["batch"], r["length"], r["layout"]): r for r in points if r["method"] == OURS and r.get("ms")}
+    for (batch, length, layout), paged in ours.items():
+        contiguous = ours.get((batch, length, "contiguous"))
+        if layout == "paged" and contiguous and length >= TARGET_LENGTH:
+            out.append(dict(target="paged/contiguous", batch=batch, length=length, goal=PAGED_TARGET,
+                            ratio=ratio(contiguous, paged, "ms"), ratio_graph=ratio(contiguous, paged, "ms_graph")))
+    for plain, shared in zip(cascade[::2], cascade[1::2]):
+        if plain.get("ms") and shared.get("ms") and plain["batch"] == 8 and plain["prefix"] == 16384:
+            out.append(dict(target="cascade/plain", batch=8, prefix=16384, goal=CASCADE_TARGET,
+                            ratio=ratio(plain, shared, "ms"), ratio_graph=ratio(plain, shared, "ms_graph")))
+    for row in mla:
+        if row.get("method") == f"{OURS}:mla" and "copy_fraction" in row:
+            out.append(dict(target="mla/copy", batch=row["batch"], length=row["length"], goal=MLA_TARGET,
+                            ratio=row["copy_fraction"], ratio_graph=row.get("copy_fraction_graph")))
+    for t in out:
+        t["met"] = t["ratio"] is not None and t["ratio"] >= t["goal"]
+        t["met_graph"] = t["ratio_graph"] is not None and t["ratio_graph"] >= t["goal"]
     return out
 
 
@@ -268,7 +325,7 @@ def sweep_items(batch: int = 1, length: int = 65536) -> list[dict]:
     items += [dict(sweep="pages", batch=batch, length=length, layout="paged", page_size=ps) for ps in PAGE_SWEEP]
     # last: each tile compiles its own kernels
     items += [dict(sweep="tiles", batch=batch, length=length, layout=layout, block_k=bk, num_warps=w, num_stages=st)
-              for layout in LAYOUTS for bk, w, st in TILE_SWEEP]
+              for layout, tiles in zip(LAYOUTS, (TILE_SWEEP, PAGED_TILE_SWEEP)) for bk, w, st in tiles]
     return items
 
 
@@ -315,35 +372,67 @@ def cascade_items(groups=CASCADE_GROUPS, prefixes=CASCADE_PREFIXES, suffix=CASCA
     return [dict(sweep="cascade", batch=b, prefix=p, suffix=suffix) for p in prefixes for b in groups]
 
 
-def measure_cascade(item, *, q_heads, kv_heads, head_dim, dtype, device, bench, seed=0) -> list[dict]:
-    """Two rows for one group: flashlib's decoding over each request's concatenated cache (plain) and
-    :func:`flashlib.decode.cascade_attention` (the prefix read once for the group); their bytes by
-    :func:`flashlib.decode.cascade_bytes` (BLOCK_Q 64 assumed for the prefix's stacked rows), and
-    how far the two outputs are apart."""
-    from ..decode import cascade_attention, cascade_bytes, decode_attention
+def _filled(fill, generator):
+    """make(*shape) -> a tensor: random values (fill "randn"), or uninitialised memory ("empty": what
+    compiling ahead needs, the shapes and layouts alone)."""
+    def make(*shape, dtype, device):
+        if fill == "empty":
+            return torch.empty(*shape, dtype=dtype, device=device)
+        return torch.randn(*shape, generator=generator, dtype=dtype, device=device)
+    return make
 
-    g = torch.Generator(device=device).manual_seed(seed)
+
+def cascade_plans(item, *, q_heads, kv_heads, head_dim, dtype, device, seed=0, fill="randn") -> dict:
+    """{"plain": (run, bytes), "cascade": (run, bytes)} for one group: a DecodePlan over each request's
+    concatenated cache and a CascadePlan (the prefix read once), each made once; bytes by
+    :func:`flashlib.decode.cascade_bytes` (BLOCK_Q 64 assumed for the prefix's stacked rows)."""
+    from ..decode import CascadePlan, DecodePlan, cascade_bytes
+
+    make = _filled(fill, torch.Generator(device=device).manual_seed(seed))
     batch, prefix, suffix = item["batch"], item["prefix"], item["suffix"]
-    make = lambda *shape: torch.randn(*shape, generator=g, device=device, dtype=dtype)  # noqa: E731
-    q = make(batch, q_heads, 1, head_dim)
-    prefix_k, prefix_v = make(kv_heads, prefix, head_dim), make(kv_heads, prefix, head_dim)
-    k_cache, v_cache = make(batch, kv_heads, suffix, head_dim), make(batch, kv_heads, suffix, head_dim)
+    like = dict(dtype=dtype, device=device)
+    q = make(batch, q_heads, 1, head_dim, **like)
+    prefix_k, prefix_v = make(kv_heads, prefix, head_dim, **like), make(kv_heads, prefix, head_dim, **like)
+    k_cache, v_cache = make(batch, kv_heads, suffix, head_dim, **like), make(batch, kv_heads, suffix, head_dim, **like)
     lengths = torch.full((batch,), suffix, dtype=torch.int32, device=device)
     full_k, full_v = (torch.cat((p[None].expand(batch, -1, -1, -1), c), dim=2) for p, c in
                       ((prefix_k, k_cache), (prefix_v, v_cache)))
+    full_lengths = lengths + prefix
     counted = cascade_bytes(batch=batch, kv_heads=kv_heads, rows_per_kv_head=q_heads // kv_heads, prefix=prefix,
                             suffix=suffix, head_dim=head_dim, element_size=q.element_size())
-    calls = dict(plain=lambda: decode_attention(q, full_k, full_v, lengths + prefix),
-                 cascade=lambda: cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, lengths))
+    plain = DecodePlan(q, full_k, full_v, full_lengths)
+    cascade = CascadePlan(q, prefix_k, prefix_v, k_cache, v_cache, lengths)
+    return {"plain": (lambda: plain.run(q, full_k, full_v, full_lengths), counted["plain"], plain.launch_shape),
+            "cascade": (lambda: cascade.run(q, prefix_k, prefix_v, k_cache, v_cache, lengths), counted["cascade"],
+                        cascade.launch_shapes["prefix"])}
+
+
+def _timed_plans(item, plans, bench, graph, copy_gbps, extra=lambda name: {}) -> list[dict]:
+    """One row per plan: as called and from a graph, GB/s and their fractions of the copy bandwidth, the
+    splits launched, and how far the first two outputs are apart."""
     rows = []
     with torch.no_grad():
-        outs = {name: call() for name, call in calls.items()}
-        difference = (outs["plain"].float() - outs["cascade"].float()).abs().max().item()
-        for name, call in calls.items():
-            ms, low, high = bench(call)
-            rows.append(dict(item, method=f"{OURS}:{name}", ms=ms, ms_p20=low, ms_p80=high, bytes=counted[name],
-                             gbps=counted[name] / ms / 1e6, max_abs_difference=difference))
+        outs = [run().float() for run, _, _ in plans.values()]
+        difference = (outs[0] - outs[1]).abs().max().item()
+        for name, (run, bytes_, shape) in plans.items():
+            ms, low, high = bench(run)
+            row = dict(item, method=f"{OURS}:{name}", ms=ms, ms_p20=low, ms_p80=high, bytes=bytes_,
+                       gbps=bytes_ / ms / 1e6, num_splits=shape.num_splits, max_abs_difference=difference, **extra(name))
+            _timed_graph(row, run, bench, graph)
+            for key in ("gbps", "gbps_graph"):
+                if copy_gbps and key in row:
+                    row[key.replace("gbps", "copy_fraction")] = row[key] / copy_gbps
+            rows.append(row)
     return rows
+
+
+def measure_cascade(item, *, q_heads, kv_heads, head_dim, dtype, device, bench, graph=None, copy_gbps=None,
+                    seed=0) -> list[dict]:
+    """Two rows for one group, "flashlib:plain" and "flashlib:cascade" (:func:`cascade_plans`), as called and
+    from graphs; num_splits: the plain launch's, and the prefix pass's for the cascade."""
+    plans = cascade_plans(item, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, device=device,
+                          seed=seed)
+    return _timed_plans(item, plans, bench, graph, copy_gbps)
 
 
 def _run_in_budget(items, measure, budget_s, clock, describe) -> tuple[list, list]:
@@ -366,12 +455,19 @@ def _run_in_budget(items, measure, budget_s, clock, describe) -> tuple[list, lis
     return rows, skipped
 
 
-def run_cascade(items, bench, budget_s, log, clock=time.perf_counter, **shapes) -> tuple[list, list]:
+def _graph_note(row) -> str:
+    return f" ({row['ms_graph'] * 1e3:.0f} us from a graph)" if "ms_graph" in row else ""
+
+
+def run_cascade(items, bench, budget_s, log, clock=time.perf_counter, graph=None, copy_gbps=None,
+                **shapes) -> tuple[list, list]:
     """(rows, skipped): each group only if the longest so far would still end in budget_s."""
     def describe(item, found):
-        log(f"  cascade B={item['batch']} prefix={item['prefix']}: plain {found[0]['ms'] * 1e3:.0f} us, "
-            f"cascade {found[1]['ms'] * 1e3:.0f} us ({found[0]['ms'] / found[1]['ms']:.2f}x)")
-    return _run_in_budget(items, lambda item: measure_cascade(item, bench=bench, **shapes), budget_s, clock, describe)
+        log(f"  cascade B={item['batch']} prefix={item['prefix']}: plain {found[0]['ms'] * 1e3:.0f} us"
+            f"{_graph_note(found[0])}, cascade {found[1]['ms'] * 1e3:.0f} us{_graph_note(found[1])} "
+            f"({found[0]['ms'] / found[1]['ms']:.2f}x)")
+    return _run_in_budget(items, lambda item: measure_cascade(item, bench=bench, graph=graph, copy_gbps=copy_gbps,
+                                                              **shapes), budget_s, clock, describe)
 
 
 # ----- absorbed MLA: one latent cache read once, against a value cache of its own ------------------
@@ -385,101 +481,145 @@ def mla_items(batches=MLA_BATCHES, lengths=MLA_LENGTHS, page_size=MLA_PAGE_SIZE)
     return [dict(sweep="mla", batch=b, length=n, layout="paged", page_size=page_size) for n in lengths for b in batches]
 
 
-def mla_inputs(item, *, q_heads, width, dtype, device, seed=0):
+def mla_inputs(item, *, q_heads, width, dtype, device, seed=0, fill="randn"):
     """(q (B, Hq, 1, width), latent pages (num_pages, 1, page_size, width) scattered by a shuffled block
     table (B, pages per sequence) int32, lengths (B,) int32)."""
-    g = torch.Generator(device=device).manual_seed(seed)
+    make = _filled(fill, torch.Generator(device=device).manual_seed(seed))
     batch, length, page_size = item["batch"], item["length"], item["page_size"]
     per_seq = -(-length // page_size)
-    q = torch.randn(batch, q_heads, 1, width, generator=g, device=device, dtype=dtype)
-    pages = torch.randn(batch * per_seq, 1, page_size, width, generator=g, device=device, dtype=dtype)
+    q = make(batch, q_heads, 1, width, dtype=dtype, device=device)
+    pages = make(batch * per_seq, 1, page_size, width, dtype=dtype, device=device)
     order = torch.randperm(batch * per_seq, generator=torch.Generator().manual_seed(seed))
     table = order.reshape(batch, per_seq).to(device=device, dtype=torch.int32)
     return q, pages, table, torch.full((batch,), length, dtype=torch.int32, device=device)
 
 
-def measure_mla(item, *, dtype, device, bench, q_heads=MLA_Q_HEADS, width=MLA_WIDTH, head_dim_v=MLA_HEAD_DIM_V,
-                scale=MLA_SCALE, seed=0) -> list[dict]:
-    """Two rows for one step: "flashlib:mla", decoding with v_cache a view of the latent pages' first
-    head_dim_v columns (the value tile taken from the key tile, each row read once), and
-    "flashlib:mla-separate", the same attention with the values copied into pages of their own (the
-    general path: both read). Bytes by :func:`flashlib.decode.mla_bytes` (each cached row once per
-    kv head, q read and the output written once: the DRAM traffic when the query row blocks that
-    share a row, ceil(q_heads / BLOCK_Q) of them, meet it in L2), and how far the outputs are apart."""
-    from ..decode import check_decode_inputs, check_decode_values, mla_bytes
-    from ..kernels.decode import decode_forward, row_block, values_in_keys
-    from ..kvcache import prepare
+def mla_plans(item, *, dtype, device, q_heads=MLA_Q_HEADS, width=MLA_WIDTH, head_dim_v=MLA_HEAD_DIM_V,
+              scale=MLA_SCALE, seed=0, fill="randn") -> dict:
+    """{"mla": (run, bytes, shape), "mla-separate": ...}: DecodePlans with v_cache a view of the latent
+    pages' first head_dim_v columns (the value tile taken from the key tile, each row read once) and with
+    the values copied into pages of their own (the general path: both read). Bytes by
+    :func:`flashlib.decode.mla_bytes` (each cached row once per kv head, q read and the output written
+    once: the DRAM traffic when the query row blocks that share a row, side by side on the grid, meet it in L2)."""
+    from ..decode import DecodePlan, mla_bytes
+    from ..kernels.decode import values_in_keys
 
-    q, pages, table, lengths = mla_inputs(item, q_heads=q_heads, width=width, dtype=dtype, device=device, seed=seed)
+    q, pages, table, lengths = mla_inputs(item, q_heads=q_heads, width=width, dtype=dtype, device=device, seed=seed,
+                                          fill=fill)
     values = {"mla": pages[..., :head_dim_v], "mla-separate": pages[..., :head_dim_v].contiguous()}
     assert values_in_keys(pages, values["mla"]) and not values_in_keys(pages, values["mla-separate"])
     counted = mla_bytes(batch=item["batch"], tokens=item["length"], width=width, head_dim_v=head_dim_v,
                         q_heads=q_heads, element_size=q.element_size())
-    calls = {}
+    plans = {}
     for name, v in values.items():
-        args = check_decode_inputs(OURS, q, pages, v, lengths, block_table=table, num_splits=None, scale=scale)
-        check_decode_values(OURS, prepare(OURS, q, pages, v, lengths, block_table=table), args, pages.shape[0])
-        calls[name] = (lambda v=v, args=args: decode_forward(q, pages, v, lengths, options=args.options,
-                                                             block_table=table)[0])
-    rows = []
-    with torch.no_grad():
-        outs = {name: call() for name, call in calls.items()}
-        difference = (outs["mla"].float() - outs["mla-separate"].float()).abs().max().item()
-        for name, call in calls.items():
-            ms, low, high = bench(call)
-            bytes_ = counted["shared" if name == "mla" else "separate"]
-            rows.append(dict(item, method=f"{OURS}:{name}", q_heads=q_heads, width=width, head_dim_v=head_dim_v,
-                             ms=ms, ms_p20=low, ms_p80=high, bytes=bytes_, gbps=bytes_ / ms / 1e6,
-                             row_blocks=-(-q_heads // row_block(q_heads, head_dim_v)), max_abs_difference=difference))
-    return rows
+        plan = DecodePlan(q, pages, v, lengths, block_table=table, scale=scale)
+        plans[name] = (lambda plan=plan, v=v: plan.run(q, pages, v, lengths, table),
+                       counted["shared" if name == "mla" else "separate"], plan.launch_shape)
+    return plans
 
 
-def run_mla(items, bench, budget_s, log, clock=time.perf_counter, **shapes) -> tuple[list, list]:
+def measure_mla(item, *, dtype, device, bench, graph=None, copy_gbps=None, q_heads=MLA_Q_HEADS, width=MLA_WIDTH,
+                head_dim_v=MLA_HEAD_DIM_V, scale=MLA_SCALE, seed=0) -> list[dict]:
+    """Two rows for one step, "flashlib:mla" and "flashlib:mla-separate" (:func:`mla_plans`), as called and
+    from graphs, with the query row blocks each latent row is read by (side by side on the grid)."""
+    plans = mla_plans(item, dtype=dtype, device=device, q_heads=q_heads, width=width, head_dim_v=head_dim_v,
+                      scale=scale, seed=seed)
+    shape = plans["mla"][2]
+    extra = lambda name: dict(q_heads=q_heads, width=width, head_dim_v=head_dim_v,  # noqa: E731
+                              row_blocks=-(-q_heads // shape.block_q))
+    return _timed_plans(item, plans, bench, graph, copy_gbps, extra)
+
+
+def run_mla(items, bench, budget_s, log, clock=time.perf_counter, graph=None, copy_gbps=None,
+            **shapes) -> tuple[list, list]:
     """(rows, skipped): each step only if the longest so far would still end in budget_s; shapes: dtype,
     device (and measure_mla's head counts and widths, for a test's tiny ones)."""
     def describe(item, found):
         log(f"  mla B={item['batch']} L={item['length']}: shared {found[0]['ms'] * 1e3:.0f} us "
-            f"({found[0]['gbps']:.0f} GB/s), separate {found[1]['ms'] * 1e3:.0f} us ({found[1]['gbps']:.0f} GB/s)")
-    return _run_in_budget(items, lambda item: measure_mla(item, bench=bench, **shapes), budget_s, clock, describe)
+            f"({found[0]['gbps']:.0f} GB/s){_graph_note(found[0])}, separate {found[1]['ms'] * 1e3:.0f} us "
+            f"({found[1]['gbps']:.0f} GB/s)")
+    return _run_in_budget(items, lambda item: measure_mla(item, bench=bench, graph=graph, copy_gbps=copy_gbps,
+                                                          **shapes), budget_s, clock, describe)
 
 
 # ----- compiling ahead ------------------------------------------------------------------------
 
-def what_runs(p, *, q_heads, kv_heads, device) -> tuple:
+def what_runs(p, *, q_heads, kv_heads, device, head_dim=HEAD_DIM, dtype=torch.bfloat16) -> tuple:
     """(layout, page_size, num_splits, config) a grid point or sweep item launches with: what its
     kernels are compiled for (the shape beyond these only sets the grid)."""
-    from ..kernels.decode import DecodeConfig, choose_num_splits, row_block, sm_count
+    from ..kernels.decode import DecodeConfig, device_target, launch_shape
 
-    rows = q_heads // kv_heads  # one new token
     page_size = p.get("page_size", PAGE_SIZE)
-    keys = p["length"] if p["layout"] == "contiguous" else -(-p["length"] // page_size) * page_size
-    num_splits = p.get("num_splits") or choose_num_splits(p["batch"] * kv_heads * -(-rows // row_block(rows)), keys,
-                                                          sm_count(torch.device(device)))
+    paged = p["layout"] == "paged"
+    keys = -(-p["length"] // page_size) * page_size if paged else p["length"]
     config = DecodeConfig(p["block_k"], p["num_warps"], p["num_stages"]) if "block_k" in p else None
+    capability, sms = device_target(torch.device(device))
+    num_splits = p.get("num_splits") or launch_shape(p["batch"], kv_heads, q_heads // kv_heads, keys, head_dim, head_dim,
+                                                     dtype, paged=paged, capability=capability, sms=sms,
+                                                     config=config).num_splits
     return p["layout"], page_size, num_splits, config
 
 
-def compile_ahead(runs, *, q_heads, kv_heads, head_dim, dtype, device, threads=None, log=print) -> dict:
-    """Compile the kernels of every (layout, page_size, num_splits, config) in ``runs`` on many threads
-    before the first point (:mod:`flashlib.bench.ahead`: launches noted on small inputs that bind
-    alike, 4096 positions, then compiled; nothing runs), so that the budget goes to measuring."""
-    from ..kernels.decode import decode_forward
-    from ..options import Options
+def compile_ahead(runs, *, q_heads, kv_heads, head_dim, dtype, device, threads=None, log=print, groups=(),
+                  steps=()) -> dict:
+    """Compile the kernels of every (layout, page_size, num_splits, config) in ``runs``, of every cascade
+    group in ``groups`` and every MLA step in ``steps`` on many threads before the first point
+    (:mod:`flashlib.bench.ahead`: launches noted, then compiled; nothing runs): the points' on small inputs
+    that bind alike (4096 positions), the groups' and steps' plans at their own shapes in uninitialised
+    memory. The budget then goes to measuring."""
     from .ahead import compile_notes, recording
 
     start = time.perf_counter()
+    shapes = dict(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, device=device)
     with recording() as notes:
         for layout, page_size, num_splits, config in sorted(set(runs), key=str):
-            x = Inputs(dict(batch=1, length=4096, layout=layout), page_size=page_size, q_heads=q_heads,
-                       kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, device=device)
-            k, v, table = x.pages if x.pages is not None else (x.k, x.v, None)
-            decode_forward(x.q, k, v, x.lengths, options=Options(True, head_dim ** -0.5), block_table=table,
-                           num_splits=num_splits, config=config)
+            x = Inputs(dict(batch=1, length=4096, layout=layout), page_size=page_size, **shapes)
+            ours_call(x, num_splits=num_splits, config=config)()
+        for item in groups:
+            for run, *_ in cascade_plans(item, fill="empty", **shapes).values():
+                run()
+        for item in steps:
+            for run, *_ in mla_plans(item, dtype=dtype, device=device, fill="empty").values():
+                run()
     result = compile_notes(notes, threads)
     result.update(launches_noted=len(notes), record_seconds=round(time.perf_counter() - start - result["seconds"], 2))
     log(f"  compiled ahead: {result['kernels']} kernels ({result['failed']} failed) in {result['seconds']:.0f} s "
         f"on {result['threads']} threads")
     return result
+
+
+# ----- the launch model's shapes ------------------------------------------------------------------
+
+def launch_points(*, capability=(9, 0), sms=132, dtype=torch.bfloat16) -> list[dict]:
+    """Every launch of the benchmark's steps as a GPU of this capability and multiprocessor count shapes it
+    (default an H200's): the points (contiguous and paged), each cascade group's prefix pass and suffixes, and
+    each MLA step; {"name", "keys" (a sequence's capacity), "head_dim", "head_dim_v", "rows" (stacked query rows
+    of a sequence and kv head; the prefix pass's, every sequence's), "paged", "page_size", "v_from_k", "prefix"
+    (a merge that folds a prefix's splits), "shape": LaunchShape}
+    (flashlib.kernels.launches; tests/test_launch_model.py compiles each and holds its waves)."""
+    from ..kernels.decode import launch_shape
+
+    out = []
+
+    def add(name, batch, kv_heads, rows, keys, d, dv, paged=False, page_size=PAGE_SIZE, v_from_k=False, prefix=False):
+        shape = launch_shape(batch, kv_heads, rows, keys, d, dv, dtype, paged=paged, capability=capability, sms=sms)
+        out.append(dict(name=name, keys=keys, head_dim=d, head_dim_v=dv, rows=rows, paged=paged, page_size=page_size,
+                        v_from_k=v_from_k, prefix=prefix, shape=shape))
+    group = Q_HEADS // KV_HEADS
+    for p in plan():
+        keys = -(-p["length"] // PAGE_SIZE) * PAGE_SIZE
+        add(f"{p['layout']} B={p['batch']} L={p['length']}", p["batch"], KV_HEADS, group, keys, HEAD_DIM, HEAD_DIM,
+            paged=p["layout"] == "paged")
+    for item in cascade_items():
+        batch = item["batch"]
+        add(f"cascade prefix B={batch} P={item['prefix']}", 1, KV_HEADS, batch * group, item["prefix"], HEAD_DIM,
+            HEAD_DIM)
+        add(f"cascade suffixes B={batch} P={item['prefix']}", batch, KV_HEADS, group, item["suffix"], HEAD_DIM, HEAD_DIM,
+            prefix=True)
+    for item in mla_items():
+        add(f"mla B={item['batch']} L={item['length']}", item["batch"], 1, MLA_Q_HEADS, item["length"], MLA_WIDTH,
+            MLA_HEAD_DIM_V, paged=True, page_size=item["page_size"], v_from_k=True)
+    return out
 
 
 # ----- the run ------------------------------------------------------------------------------
@@ -492,6 +632,26 @@ def provenance(device) -> dict:
             "capability": list(torch.cuda.get_device_capability()) if gpu else None,
             "torch": torch.__version__, "triton": version("triton"), "cuda": torch.version.cuda,
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
+
+
+_CONFIG = {"new_tokens": 1,
+           "timing": "triton.testing.do_bench median ms (ms_p20, ms_p80: 20th and 80th percentiles), "
+                     "L2 flushed before each call; ms_graph: the same call replayed from a CUDA graph "
+                     "(flashlib's plan.run, the fastest SDPA backend, cascade and MLA plans); "
+                     "flashlib:call: decode_attention as a user calls it (plan and run every call)",
+           "bytes": "K and V read: 2 * batch * kv_heads * length * head_dim * element size",
+           "sdpa": "on the contiguous cache, enable_gqa=True or K/V expanded beforehand (row 'gqa'); "
+                   "paged points compare with SDPA on the contiguous cache (no gather timed)"}
+
+
+def _precompile(points, cascade, mla, log, **shapes) -> dict:
+    """compile_ahead for the points and sweep items, the cascade groups and MLA steps; its error, if any."""
+    try:
+        runs = [what_runs(p, q_heads=shapes["q_heads"], kv_heads=shapes["kv_heads"], device=shapes["device"],
+                          head_dim=shapes["head_dim"], dtype=shapes["dtype"]) for p in points]
+        return compile_ahead(runs, log=log, groups=cascade, steps=mla, **shapes)
+    except Exception as exc:  # the kernels then compile at their first launch
+        return {"error": error_text(exc)}
 
 
 def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, lengths=LENGTHS, layouts=LAYOUTS,
@@ -528,40 +688,31 @@ def run_decode_bench(budget_s: float = 45.0, *, device="cuda", batches=BATCHES, 
     mla = (mla_items() if sweeps else []) if mla is None else mla
     compiled = None
     if precompile if precompile is not None else torch.device(device).type == "cuda":
-        try:
-            runs = [what_runs(p, q_heads=q_heads, kv_heads=kv_heads, device=device) for p in grid + items]
-            compiled = compile_ahead(runs, log=log, **shapes)
-        except Exception as exc:  # the kernels then compile at their first launch
-            compiled = {"error": error_text(exc)}
+        compiled = _precompile(grid + items, cascade, mla, log, **shapes)
     sdpa_rows, lost, timeline = {}, [], []
     measure = lambda p: measure_point(p, make_inputs(p), sdpa_rows, bench, log, device, graph)  # noqa: E731
     rows, skipped = run_plan(grid, measure, budget_s - (time.perf_counter() - start), progress=progress,
                              timeline=timeline, lost=lost)
     sweep_rows, sweep_skipped, cascade_rows, cascade_skipped = [], [], [], []
-    if cascade and not lost:  # before the sweeps: never timed before, and a quarter of what is left at most
-        left = (budget_s - (time.perf_counter() - start)) / (4 if items else 1)
-        cascade_rows, cascade_skipped = run_cascade(cascade, bench, left, log, **shapes)
+    timing = dict(graph=graph, copy_gbps=ceilings.get("copy_gbps"))
+    if cascade and not lost:  # before the sweeps (compiled ahead): half of what is left if more follows
+        left = (budget_s - (time.perf_counter() - start)) / (2 if items or mla else 1)
+        cascade_rows, cascade_skipped = run_cascade(cascade, bench, left, log, **timing, **shapes)
     mla_rows, mla_skipped = [], []
-    if mla and not lost:  # then a third of what is left at most
-        left = (budget_s - (time.perf_counter() - start)) / (3 if items else 1)
-        mla_rows, mla_skipped = run_mla(mla, bench, left, log, dtype=dtype, device=device)
+    if mla and not lost:  # then two thirds of what is left if the sweeps follow
+        left = (budget_s - (time.perf_counter() - start)) * (2 / 3 if items else 1)
+        mla_rows, mla_skipped = run_mla(mla, bench, left, log, dtype=dtype, device=device, **timing)
     if items and not lost:
         left = budget_s - (time.perf_counter() - start)
         sweep_rows, sweep_skipped = run_sweeps(items, make_inputs, bench, left, log, graph=graph)
     return {"decode": {
         "provenance": info,
-        "config": {"q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim,
-                   "dtype": str(dtype).replace("torch.", ""), "new_tokens": 1, "page_size": page_size,
-                   "budget_s": budget_s,
-                   "timing": "triton.testing.do_bench median ms (ms_p20, ms_p80: 20th and 80th percentiles), "
-                             "L2 flushed before each call; ms_graph: the same call replayed from a CUDA graph "
-                             "(flashlib and the fastest SDPA backend)",
-                   "bytes": "K and V read: 2 * batch * kv_heads * length * head_dim * element size",
-                   "sdpa": "on the contiguous cache, enable_gqa=True or K/V expanded beforehand (row 'gqa'); "
-                           "paged points compare with SDPA on the contiguous cache (no gather timed)"},
+        "config": dict(_CONFIG, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
+                       dtype=str(dtype).replace("torch.", ""), budget_s=budget_s),
         "ceilings": ceilings, "precompile": compiled, "points": rows, "skipped": skipped, "timeline": timeline,
         "targets": targets(rows, ceilings.get("copy_gbps")), "sweeps": sweep_rows, "sweeps_skipped": sweep_skipped,
         "cascade": cascade_rows, "cascade_skipped": cascade_skipped, "mla": mla_rows, "mla_skipped": mla_skipped,
+        "serving_targets": serving_targets(rows, cascade_rows, mla_rows),
         "device_lost": {k: v for k, v in lost[0].items() if k != "pending"} if lost else None,
         "elapsed_s": round(time.perf_counter() - start, 1)}}
 
@@ -575,9 +726,15 @@ def format_targets(result: dict) -> str:
         wrong = "" if t["correct"] else " OUTPUT DIFFERS FROM SDPA'S"
         graphs = "" if t.get("speedup_graph") is None else (
             f"; from graphs {t['speedup_graph']:.2f}x, bandwidth {t['bandwidth_fraction_graph']:.0%}")
+        called = "" if t.get("speedup_call") is None else f"; decode_attention as called {t['speedup_call']:.2f}x"
         lines.append(f"  B={t['batch']} L={t['length']:6d} {t['layout']:10s}{wrong} {speedup} "
                      f"({'met' if t['speedup_met'] else 'not met'}); bandwidth {t['bandwidth_fraction']:.0%} "
-                     f"({'met' if t['bandwidth_met'] else 'not met'}){graphs}")
+                     f"({'met' if t['bandwidth_met'] else 'not met'}){graphs}{called}")
+    for t in result["decode"].get("serving_targets", []):
+        where = " ".join(f"{k}={t[k]}" for k in ("batch", "length", "prefix") if k in t)
+        graph = "" if t["ratio_graph"] is None else f", from graphs {t['ratio_graph']:.2f} ({'met' if t['met_graph'] else 'not met'})"
+        lines.append(f"  {t['target']} {where}: {t['ratio']:.2f} as called ({'met' if t['met'] else 'not met'}, "
+                     f"goal {t['goal']}){graph}")
     return "\n".join(lines)
 
 

@@ -107,12 +107,13 @@ def load_run(path: Path | str) -> dict:
     return run
 
 
-KINDS = ("cpu", "gpu", "cascade-cpu")
+KINDS = ("cpu", "gpu", "cascade-cpu", "calls-cpu")
 
 
 def load_runs(kind: str = "gpu", directory: Path | str | None = None) -> list[dict]:
     """Every recorded run of one kind, oldest first (:func:`load_run` each): "cpu" (dense against tiled),
-    "gpu" (the GPU check) or "cascade-cpu" (shared-prefix decoding, flashlib.bench.cascade)."""
+    "gpu" (the GPU check), "cascade-cpu" (shared-prefix decoding, flashlib.bench.cascade) or "calls-cpu"
+    (the host's time per call, flashlib.bench.calls)."""
     if kind not in KINDS:
         raise ValueError(f"records: argument 'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
     directory = Path(directory) if directory is not None else BENCH_DIR

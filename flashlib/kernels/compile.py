@@ -300,7 +300,8 @@ def first_mma_loop(cubin: bytes) -> dict:
     Returns {"body": instructions from the loop's head to its back branch, "short": the same
     when every forward branch that stays inside the body is taken (the fewest a trip can
     execute), "ops": opcode counts of the body, "skippable": opcode counts of what those
-    branches jump over}. ValueError if there is no such loop.
+    branches jump over, "loads": the body's global loads by opcode and modifiers (:func:`global_loads`)}.
+    ValueError if there is no such loop.
     """
     return _first_mma_loop(*_instructions(_disassemble(cubin)))
 
@@ -320,8 +321,23 @@ def _first_mma_loop(rows, labels) -> dict:
             if end is not None and a < end <= address:
                 skipped.update(r[0] for r in body if a < r[0] < end)
         return dict(body=len(body), short=len(body) - len(skipped), ops=_opcode_counts(body),
-                    skippable=_opcode_counts([r for r in body if r[0] in skipped]))
+                    skippable=_opcode_counts([r for r in body if r[0] in skipped]), loads=global_loads(body))
     raise ValueError("first_mma_loop: no loop with tensor-core instructions in this kernel")
+
+
+def global_loads(rows) -> dict:
+    """The global-memory loads among machine instructions, by opcode and modifiers: {"LDG.E.128": n,
+    "LDGSTS.E.BYPASS.128": n, "LDGSTS.E": n, ...}. A trailing number is the width in bits of what each
+    thread loads (none: 32); LDGSTS copies global to shared memory asynchronously (cp.async), LDG to
+    registers."""
+    import collections
+
+    found = collections.Counter()
+    for _, _, op, operands in rows:
+        if op in ("LDG", "LDGSTS"):
+            modifiers = operands.split()[0] if operands.startswith(".") else ""
+            found[op + modifiers] += 1
+    return dict(found)
 
 
 def exponentials_per_score(mma_loop: dict, rows: int, cols: int, warps: int) -> float:

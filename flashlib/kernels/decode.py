@@ -4,23 +4,30 @@ Decoding has a few query rows per sequence and a long cache. FlashAttention-2's 
 program per query block) would launch batch x kv_heads programs, 8 for one sequence of a model
 with 8 kv heads, on a GPU with 132 multiprocessors. So the cache is cut into chunks as well:
 
-    stage 1, ``_decode_split``   grid (num_splits, batch * kv_heads, row blocks): each program
+    stage 1, ``_decode_split``   grid (row blocks, num_splits, batch * kv_heads): each program
         streams its chunk of one sequence's cache past its query rows, keeping (m_i, l_i, acc)
         as ``_attn_fwd`` does, and writes a partial output and its log-sum-exp (float32);
     stage 2, ``_decode_merge``   grid (batch * kv_heads, row blocks): folds the splits'
         partials into the output with notebook 02's merge (each partial is a state whose
         max is its lse and whose denominator is 1), starting from the attention sinks' state
-        where there are sinks (a partial with no value).
+        where there are sinks (a partial with no value), and, for cascade decoding, from a shared
+        prefix's splits too (their rows every sequence's queries, stacked per kv head).
 
 Grouped-query attention: the q_heads // kv_heads query heads that share a kv head, and their
 new tokens, are stacked into the rows of one query block, (batch * kv_heads, group * new_tokens,
 head_dim), so every cached key and value is read once per kv head, not once per query head.
-Row r is the query of new token r % new_tokens.
+Row r is the query of new token r % new_tokens. The row blocks of one (sequence, split) are
+neighbours on grid axis 0, so that they run side by side and each cached row comes from DRAM once
+for all of them (absorbed MLA's 128 heads are two blocks of 64 rows; the second reads it from L2).
 
 Where a position's key lives is a compile-time function argument, ``KEY_ROWS``: returning, for
 each position of a tile, its block of the cache and its row in that block. ``_contiguous_rows``:
-block b (the sequence), row j; ``_paged_rows``: block table[b, j // PAGE_SIZE], row j % PAGE_SIZE.
-The rest of the kernel is the same for both caches.
+block b (the sequence), row j; ``_paged_rows``: block table[b, j // PAGE_SIZE], row j % PAGE_SIZE,
+PAGE_SIZE a compile-time constant (a division by a runtime integer costs a dozen instructions per key)
+and the row within a page an int32. The rest of the kernel is the same for both caches. A paged tile's
+loads wait on its page numbers, a load themselves: Triton's pipeliner shares a loop's stages between
+such levels of loads, so a paged cache takes two more stages than a contiguous one for as many tiles in
+flight (:func:`decode_config`).
 
 Values may have a head dim of their own (HEAD_DIM_V: MLA's). Absorbed MLA keeps one latent cache
 whose first HEAD_DIM_V columns are the values too; the launcher sees v_cache as a view of k_cache's
@@ -36,7 +43,7 @@ import torch
 from .._checks import check_grid
 from ..options import Options
 from ._mode import interpreting
-from .config import LOG2E, head_dim_pad, lse_natural
+from .config import LN2, LOG2E, head_dim_pad
 from .forward import _finish, _finite, _load_rows, _online_update, _scores, triton
 from .rules import _band, _batch_head, _key_range, _mod_scores, _sink_state, _stacked_head, _visible, row_chunks
 from .scorefn import score_args
@@ -45,36 +52,53 @@ import triton.language as tl  # noqa: E402  (after forward: it chose the interpr
 
 DECODE_FN = "decode_attention"
 MAX_BLOCK_Q = 64
-# The split rule (choose_num_splits): about two programs per streaming multiprocessor, each
-# reading at least MIN_KEYS_PER_SPLIT keys (shorter chunks spend more on their partial output
-# and its merge than they save), and never more than MAX_SPLITS partial outputs to merge.
+# The split rule (choose_num_splits): one wave of programs, PROGRAMS_PER_SM on each streaming
+# multiprocessor (what the decoding kernels' registers and shared memory let reside on an H200, 2 or
+# 3, MLA's 1 in whole waves: flashlib.kernels.launches, tests/test_launch_model.py), each reading at least MIN_KEYS_PER_SPLIT keys
+# (shorter chunks spend more on their partial output and its merge than they save), and never more
+# than MAX_SPLITS partial outputs to merge.
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 64
 PROGRAMS_PER_SM = 2
+_LN2 = tl.constexpr(LN2)
 
 
 # ----- stage 1: one chunk of the cache per program -----------------------------------------------
 
 @triton.jit
-def _contiguous_rows(Table, stride_table, off_b, offs_k, valid, PAGE_SIZE):
-    """Contiguous cache (batch, kv_heads, capacity, d): position j of sequence b is row j of block b."""
-    return tl.zeros_like(offs_k).to(tl.int64) + off_b, offs_k
+def _contiguous_rows(Table, stride_table, off_b, k0, offs_k, valid, PAGE_SIZE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Contiguous cache (batch, kv_heads, capacity, d): position j of sequence b is row j of block b
+    (int64: a row stride times a position can pass 2^31)."""
+    return tl.zeros_like(offs_k).to(tl.int64) + off_b, offs_k.to(tl.int64)
 
 
 @triton.jit
-def _paged_rows(Table, stride_table, off_b, offs_k, valid, PAGE_SIZE):
+def _paged_rows(Table, stride_table, off_b, k0, offs_k, valid, PAGE_SIZE: tl.constexpr, BLOCK_K: tl.constexpr):
     """Paged cache (num_pages, kv_heads, PAGE_SIZE, d): position j of sequence b is row j % PAGE_SIZE
-    of page Table[b, j // PAGE_SIZE]."""
+    of page Table[b, j // PAGE_SIZE] (the page int64: pages x their size can pass 2^31 elements; the
+    row int32, 17 fewer registers: a page holds fewer, checked on the host). A tile that lies in one page
+    (k0 a multiple of BLOCK_K, which divides PAGE_SIZE) reads one page number, and its rows share a base
+    address as a contiguous tile's do; else each key reads its own."""
+    if PAGE_SIZE % BLOCK_K == 0:
+        page = tl.load(Table + off_b.to(tl.int64) * stride_table + k0 // PAGE_SIZE).to(tl.int64)
+        return tl.zeros_like(offs_k).to(tl.int64) + page, (offs_k % PAGE_SIZE).to(tl.int32)
     page = tl.load(Table + off_b.to(tl.int64) * stride_table + offs_k // PAGE_SIZE, mask=valid, other=0)
-    return page.to(tl.int64), offs_k % PAGE_SIZE  # int64: pages x their size can pass 2^31 elements
+    return page.to(tl.int64), (offs_k % PAGE_SIZE).to(tl.int32)
 
 
 @triton.jit
 def _load_cache_rows(Ptr, stride_block, stride_row, blocks, rows, valid, offs_d, HEAD_DIM):
-    """A (BLOCK_K, HEAD_DIM_PAD) tile gathered row by row; invalid rows and the pad read as 0."""
-    rows = rows[:, None].to(tl.int64) * stride_row  # int64: a row stride times a row can pass 2^31
-    ptrs = Ptr + blocks[:, None] * stride_block + rows + offs_d[None, :]
+    """A (BLOCK_K, HEAD_DIM_PAD) tile gathered row by row (blocks, rows: KEY_ROWS's); invalid rows and
+    the pad read as 0."""
+    ptrs = Ptr + blocks[:, None] * stride_block + rows[:, None] * stride_row + offs_d[None, :]
     return tl.load(ptrs, mask=valid[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+
+
+@triton.jit
+def _query_rows(Q, q_rows, offs_r, offs_d, ROWS, HEAD_DIM):
+    """A (BLOCK_Q, HEAD_DIM_PAD) tile of queries at element offsets q_rows; rows past ROWS and the pad read as 0."""
+    mask = (offs_r[:, None] < ROWS) & (offs_d[None, :] < HEAD_DIM)
+    return tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
@@ -121,7 +145,8 @@ def _shared_scores(q_blk, q_own, v_tile, k_own, qk_scale, visible, INPUT_PRECISI
 def _decode_inner(m_i, l_i, acc, q_blk, q_own, K, V, Table, stride_table, off_b, stride_kb, stride_kn,
                   stride_vb, stride_vn, offs_r, offs_d, offs_dv, k_lo, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen,
                   start, causal, window_left, window_right, qk_scale, scale, heads, positions, ScoreData, HEAD_DIM,
-                  HEAD_DIM_V, PAGE_SIZE, BLOCK_K: tl.constexpr, KEY_ROWS: tl.constexpr, SCORE_MOD: tl.constexpr,
+                  HEAD_DIM_V, PAGE_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, KEY_ROWS: tl.constexpr,
+                  SCORE_MOD: tl.constexpr,
                   INPUT_PRECISION: tl.constexpr, V_FROM_K: tl.constexpr):
     """Fold every key/value tile of [k_lo, k_hi) into (m_i, l_i, acc); q_blk stays in registers. heads,
     positions (BLOCK_Q, 1): each row's query head and position in its sequence, for SCORE_MOD (a
@@ -132,7 +157,7 @@ def _decode_inner(m_i, l_i, acc, q_blk, q_own, K, V, Table, stride_table, off_b,
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         valid = offs_k < k_hi
-        blocks, rows = KEY_ROWS(Table, stride_table, off_b, offs_k, valid, PAGE_SIZE)
+        blocks, rows = KEY_ROWS(Table, stride_table, off_b, k0, offs_k, valid, PAGE_SIZE, BLOCK_K)
         if V_FROM_K:  # one read of each key row: its first HEAD_DIM_V columns are its value
             v_tile = _load_cache_rows(K, stride_kb, stride_kn, blocks, rows, valid, offs_dv, HEAD_DIM_V)
             k_own = _load_cache_rows(K + HEAD_DIM_V, stride_kb, stride_kn, blocks, rows, valid, offs_d,
@@ -155,12 +180,15 @@ def _decode_inner(m_i, l_i, acc, q_blk, q_own, K, V, Table, stride_table, off_b,
 @triton.jit
 def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table, qk_scale, scale, causal,
                   window_left, window_right,
-                  stride_qz, stride_qr, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                  stride_table, stride_pz, stride_pr, KV_HEADS, NUM_SPLITS, ROWS, NEW_TOKENS, HEAD_DIM, HEAD_DIM_V,
-                  PAGE_SIZE, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                  stride_qz, stride_qs, stride_qr, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                  stride_table, stride_pz, stride_pr, KV_HEADS, NUM_SPLITS, ROWS, SEQ_ROWS, NEW_TOKENS, HEAD_DIM,
+                  HEAD_DIM_V,
+                  PAGE_SIZE: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                   BLOCK_K: tl.constexpr, KEY_ROWS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                   SCORE_MOD: tl.constexpr = None, ScoreData=None, V_FROM_K: tl.constexpr = False):
-    """Q: (batch * kv_heads, ROWS, HEAD_DIM), a kv head's query heads and new tokens stacked;
+    """Q: (batch * kv_heads, ROWS, HEAD_DIM), a kv head's query heads and new tokens stacked (row r at
+    (r // SEQ_ROWS) * stride_qs + (r % SEQ_ROWS) * stride_qr: a shared prefix's rows are every sequence's
+    SEQ_ROWS, stride_qs apart; decoding's SEQ_ROWS = ROWS);
     K, V: caches (blocks, kv_heads, rows per block, HEAD_DIM and HEAD_DIM_V); Partial: (batch * kv_heads *
     NUM_SPLITS, ROWS, HEAD_DIM_V) float32, each split's normalised output; PartialML: (batch * kv_heads *
     NUM_SPLITS, ROWS, 2) float32, its rows' base-2 max m and denominator l. SeqLens, NewTokens, Starts:
@@ -168,9 +196,9 @@ def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table
     NEW_TOKENS, the rows' stride) and its first position (left padding before it is never seen).
     V_FROM_K: V is K's first HEAD_DIM_V columns (absorbed MLA's latent cache), read with the keys; then
     HEAD_DIM_PAD pads the key's own columns, HEAD_DIM - HEAD_DIM_V (the rope's), not HEAD_DIM."""
-    split = tl.program_id(0)
-    off_z = tl.program_id(1).to(tl.int64)  # batch * KV_HEADS + kv head; int64: offsets from it can pass 2^31
-    q0 = tl.program_id(2) * BLOCK_Q
+    q0 = tl.program_id(0) * BLOCK_Q  # fastest: the row blocks that read the same cached rows, together
+    split = tl.program_id(1)
+    off_z = tl.program_id(2).to(tl.int64)  # batch * KV_HEADS + kv head; int64: offsets from it can pass 2^31
     off_b, kv_head = _batch_head(off_z, KV_HEADS, 0)
     seqlen = tl.load(SeqLens + off_b)
     new_tokens = tl.load(NewTokens + off_b)
@@ -183,11 +211,12 @@ def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table
     offs_r = q0 + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+    q_rows = (offs_r // SEQ_ROWS).to(tl.int64) * stride_qs + (offs_r % SEQ_ROWS).to(tl.int64) * stride_qr
     if V_FROM_K:  # q = [q_blk | q_own], against the columns the values share and the key's own
-        q_blk = _load_rows(Q, stride_qr, offs_r, offs_dv, ROWS, HEAD_DIM_V)
-        q_own = _load_rows(Q + HEAD_DIM_V, stride_qr, offs_r, offs_d, ROWS, HEAD_DIM - HEAD_DIM_V)
+        q_blk = _query_rows(Q, q_rows, offs_r, offs_dv, ROWS, HEAD_DIM_V)
+        q_own = _query_rows(Q + HEAD_DIM_V, q_rows, offs_r, offs_d, ROWS, HEAD_DIM - HEAD_DIM_V)
     else:
-        q_blk = _load_rows(Q, stride_qr, offs_r, offs_d, ROWS, HEAD_DIM)
+        q_blk = _query_rows(Q, q_rows, offs_r, offs_d, ROWS, HEAD_DIM)
         q_own = q_blk  # not read
     # what a score function is told of each row: its query head and its position in the sequence
     heads = _stacked_head(kv_head, offs_r, ROWS, NEW_TOKENS)[:, None]
@@ -232,33 +261,49 @@ def _merge_partial(m_i, l_i, acc, m_s, l_s, out_s):
 
 
 @triton.jit
+def _fold_splits(m_i, l_i, acc, Partial, PartialML, stride_pz, stride_pr, part0, num_splits, row0, rows_per_part,
+                 offs_r, offs_d, ROWS, HEAD_DIM):
+    """Fold parts part0 .. part0 + num_splits - 1 of Partial (rows_per_part rows each, from row0 on: this
+    program's ROWS rows) into the running state."""
+    for split in range(0, num_splits):
+        part = part0 + split
+        stats = PartialML + (part * rows_per_part + row0 + offs_r) * 2
+        m_s = tl.load(stats, mask=offs_r < ROWS, other=float("-inf"))
+        l_s = tl.load(stats + 1, mask=offs_r < ROWS, other=0.0)
+        out_s = _load_rows(Partial + part * stride_pz + row0 * stride_pr, stride_pr, offs_r, offs_d, ROWS, HEAD_DIM)
+        m_i, l_i, acc = _merge_partial(m_i, l_i, acc, m_s, l_s, out_s)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _decode_merge(Partial, PartialML, Out, Lse, stride_pz, stride_pr, stride_oz, stride_or,
                   NUM_SPLITS, ROWS, HEAD_DIM, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
-                  Sinks=None, KV_HEADS=1, NEW_TOKENS=1):
+                  Sinks=None, KV_HEADS=1, NEW_TOKENS=1, Prefix=None, PrefixML=None, stride_xz=0, stride_xr=0,
+                  PREFIX_SPLITS=1, BATCH=1):
     """Out: (batch * kv_heads, ROWS, HEAD_DIM) in q's dtype, HEAD_DIM the values' (as Partial's);
-    Lse: (batch * kv_heads, ROWS) float32;
+    Lse: (batch * kv_heads, ROWS) float32, natural log;
     Sinks: (q_heads,) attention sinks or None (row r of kv head h belongs to query head
-    h * ROWS // NEW_TOKENS + r // NEW_TOKENS)."""
+    h * ROWS // NEW_TOKENS + r // NEW_TOKENS); Prefix, PrefixML: None, or a shared prefix's stage-1
+    results for cascade decoding, (kv_heads * PREFIX_SPLITS, BATCH * ROWS, HEAD_DIM) and their stats:
+    every sequence's rows of a kv head stacked, sequence b's from row b * ROWS."""
     off_z = tl.program_id(0).to(tl.int64)  # int64: offsets from it can pass 2^31
     offs_r = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    _, kv_head = _batch_head(off_z, KV_HEADS, 0)
+    off_b, kv_head = _batch_head(off_z, KV_HEADS, 0)
     heads = _stacked_head(kv_head, tl.minimum(offs_r, ROWS - 1), ROWS, NEW_TOKENS)
     m_i, l_i = _sink_state(Sinks, heads)  # (-inf, 0) without sinks
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
-    for split in range(0, NUM_SPLITS):
-        part = off_z * NUM_SPLITS + split
-        stats = PartialML + (part * ROWS + offs_r) * 2
-        m_s = tl.load(stats, mask=offs_r < ROWS, other=float("-inf"))
-        l_s = tl.load(stats + 1, mask=offs_r < ROWS, other=0.0)
-        out_s = _load_rows(Partial + part * stride_pz, stride_pr, offs_r, offs_d, ROWS, HEAD_DIM)
-        m_i, l_i, acc = _merge_partial(m_i, l_i, acc, m_s, l_s, out_s)
+    m_i, l_i, acc = _fold_splits(m_i, l_i, acc, Partial, PartialML, stride_pz, stride_pr, off_z * NUM_SPLITS,
+                                 NUM_SPLITS, 0, ROWS, offs_r, offs_d, ROWS, HEAD_DIM)
+    if Prefix is not None:
+        m_i, l_i, acc = _fold_splits(m_i, l_i, acc, Prefix, PrefixML, stride_xz, stride_xr, kv_head * PREFIX_SPLITS,
+                                     PREFIX_SPLITS, off_b * ROWS, BATCH * ROWS, offs_r, offs_d, ROWS, HEAD_DIM)
     out, lse = _finish(m_i, l_i, acc)
     Out += off_z * stride_oz
     o_mask = (offs_r[:, None] < ROWS) & (offs_d[None, :] < HEAD_DIM)
     rows = offs_r[:, None].to(tl.int64) * stride_or
     tl.store(Out + rows + offs_d[None, :], out.to(Out.dtype.element_ty), mask=o_mask)
-    tl.store(Lse + off_z * ROWS + offs_r, lse, mask=offs_r < ROWS)
+    tl.store(Lse + off_z * ROWS + offs_r, lse * _LN2, mask=offs_r < ROWS)  # base 2 until here
 
 
 # ----- the launcher ---------------------------------------------------------------------------
@@ -273,24 +318,30 @@ class DecodeConfig(NamedTuple):
 
 # absorbed MLA's widths (576 / 512), measured by tests/decode_compile.py (data/bench/LOG.md, 2026-12-02)
 WIDE_CONFIG = DecodeConfig(32, 8, 3)
+# Triton's pipeliner gives a load that waits on another load of the loop (a paged tile on its page
+# numbers) ceil((stages - 2) / 2) buffers where a load of its own gets stages - 1: two more stages give
+# a paged tile as many tiles in flight as a contiguous one (shared memory of the compiled kernels,
+# data/bench/LOG.md 2026-12-05)
+PAGED_EXTRA_STAGES = 2
 
 
-def decode_config(head_dim: int, dtype: torch.dtype, capability=None, head_dim_v: int | None = None) -> DecodeConfig:
+def decode_config(head_dim: int, dtype: torch.dtype, capability=None, head_dim_v: int | None = None,
+                  paged: bool = False) -> DecodeConfig:
     """The shipped tiles: about 32 KB of K and V per tile (memory-bound: bytes in flight are what
     count), three stages from sm_80 on (96 KB of shared memory at most), two on sm_75 (64 KB), with
-    8 warps there (4 spilled registers at head dim 64 with a soft-cap). Head dims past 256 (absorbed
-    MLA's 576 for q and k, head_dim_v 512): :data:`WIDE_CONFIG`, the accumulator alone (BLOCK_Q x 512
-    float32) needing eight warps."""
+    8 warps there (4 spilled registers at head dim 64 with a soft-cap); a paged cache
+    PAGED_EXTRA_STAGES more. Head dims past 256 (absorbed MLA's 576 for q and k, head_dim_v 512):
+    :data:`WIDE_CONFIG`, the accumulator alone (BLOCK_Q x 512 float32) needing eight warps."""
     if capability is None:  # the interpreter: tiles small enough that short test caches span several
         return DecodeConfig(32, 4, 1)
     if max(head_dim, head_dim_v or head_dim) > 256:
-        return WIDE_CONFIG
-    per_tile = 128 if head_dim_pad(head_dim) <= 64 else 64 if head_dim_pad(head_dim) <= 128 else 32
-    if dtype == torch.float32:
-        per_tile //= 2
-    if tuple(capability) < (8, 0):
-        return DecodeConfig(max(16, per_tile // 2), 8, 2)
-    return DecodeConfig(per_tile, 4, 3)
+        config = WIDE_CONFIG
+    else:
+        per_tile = 128 if head_dim_pad(head_dim) <= 64 else 64 if head_dim_pad(head_dim) <= 128 else 32
+        if dtype == torch.float32:
+            per_tile //= 2
+        config = DecodeConfig(max(16, per_tile // 2), 8, 2) if tuple(capability) < (8, 0) else DecodeConfig(per_tile, 4, 3)
+    return config._replace(num_stages=config.num_stages + PAGED_EXTRA_STAGES) if paged else config
 
 
 def choose_num_splits(programs: int, keys: int, sm_count: int | None) -> int:
@@ -299,40 +350,28 @@ def choose_num_splits(programs: int, keys: int, sm_count: int | None) -> int:
     programs: the programs one split launches (batch x kv_heads x query row blocks); keys: the
     longest span a query can see (the cache's capacity, or the window's); sm_count: the GPU's
     streaming multiprocessors, None for Triton's CPU interpreter (which runs programs one at a
-    time, so splitting gains nothing there: 1). On a GPU, enough splits for about
-    PROGRAMS_PER_SM programs per multiprocessor, no more than keys / MIN_KEYS_PER_SPLIT, at most
-    MAX_SPLITS:
+    time, so splitting gains nothing there: 1). On a GPU, as many splits as one wave of
+    PROGRAMS_PER_SM programs per multiprocessor holds (a second wave, partly filled, would take as long
+    as the first), no more than keys / MIN_KEYS_PER_SPLIT, at most MAX_SPLITS:
 
-        num_splits = clamp(min(ceil(2 * sm_count / programs), ceil(keys / 256)), 1, 64)
+        num_splits = clamp(min(floor(2 * sm_count / programs), ceil(keys / 256)), 1, 64)
 
     e.g. an H200 (132 multiprocessors), 8 kv heads, one query row block, 64k keys: batch 1
-    gives 33 splits (264 programs), batch 8 gives 5 (320 programs).
+    gives 33 splits (264 programs), batch 8 gives 4 (256 programs).
     """
     if sm_count is None or programs < 1:
         return 1
-    wanted = -(-PROGRAMS_PER_SM * sm_count // programs)
-    return max(1, min(wanted, -(-keys // MIN_KEYS_PER_SPLIT), MAX_SPLITS))
+    wave = PROGRAMS_PER_SM * sm_count // programs
+    return max(1, min(wave, -(-keys // MIN_KEYS_PER_SPLIT), MAX_SPLITS))
 
 
-def default_num_splits(q, k_cache, block_table=None, window_left: int = -1, head_dim_v: int = 0) -> int:
-    """What ``num_splits=None`` gives for these inputs (:func:`choose_num_splits`): the programs of
-    one split, batch x kv_heads x row blocks, and the longest span a query can see, the cache's
-    capacity (no lengths are read on the host) or the window's."""
-    batch, q_heads, new_tokens, _ = q.shape
-    kv_heads = k_cache.shape[1]
-    rows = q_heads // kv_heads * new_tokens
-    keys = k_cache.shape[2] * (block_table.shape[1] if block_table is not None else 1)
-    if window_left >= 0:
-        keys = min(keys, window_left + new_tokens)
-    programs = batch * kv_heads * -(-rows // row_block(rows, head_dim_v))
-    return choose_num_splits(programs, keys, sm_count(q.device))
-
-
-def row_block(rows: int, head_dim_v: int = 0) -> int:
-    """BLOCK_Q for ``rows`` stacked query rows: a power of two, >= 16 (tl.dot's minimum), <= 64, or <= 32
-    where the values are wider than 256 (absorbed MLA's 512: a 64 x 512 float32 accumulator spills on
-    sm_80 at any warp count, data/bench/LOG.md 2026-12-02)."""
-    most = MAX_BLOCK_Q if head_dim_v <= 256 else MAX_BLOCK_Q // 2
+def row_block(rows: int, head_dim_v: int = 0, capability=None) -> int:
+    """BLOCK_Q for ``rows`` stacked query rows: a power of two, >= 16 (tl.dot's minimum), <= 64. Where the
+    values are wider than 256 (absorbed MLA's 512): 64 on sm_90 (a warpgroup's wgmma rows: 250 registers
+    at 8 warps, no spill), 32 before it (a 64 x 512 float32 accumulator spills on sm_80 at any warp
+    count, data/bench/LOG.md 2026-12-02)."""
+    hopper = capability is not None and tuple(capability) >= (9, 0)
+    most = MAX_BLOCK_Q if head_dim_v <= 256 or hopper else MAX_BLOCK_Q // 2
     return min(most, max(16, 1 << max(rows - 1, 0).bit_length()))
 
 
@@ -347,6 +386,57 @@ def sm_count(device: torch.device):
     if index not in _SM_COUNTS:
         _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
     return _SM_COUNTS[index]
+
+
+def device_target(device: torch.device) -> tuple:
+    """(compute capability, multiprocessors) the launches are shaped for; (None, None) in the interpreter."""
+    if device.type != "cuda" or interpreting():
+        return None, None
+    return tuple(torch.cuda.get_device_capability(device)), sm_count(device)
+
+
+class LaunchShape(NamedTuple):
+    """What one batch layout launches (:func:`launch_shape`): stage 1's tiles, its query row block and
+    split count, both stages' grids and stage 2's warps."""
+
+    config: DecodeConfig
+    block_q: int
+    num_splits: int
+    split_grid: tuple   # (query row blocks, num_splits, batch x kv_heads)
+    merge_grid: tuple   # (batch x kv_heads, stage 2's query row blocks)
+    merge_warps: int
+    merge_block_q: int
+
+
+def launch_shape(batch: int, kv_heads: int, rows: int, keys: int, head_dim: int, head_dim_v: int, dtype, *,
+                 paged: bool, capability=None, sms=None, window_left: int = -1, new_tokens: int = 1,
+                 num_splits: int | None = None, config: DecodeConfig | None = None) -> LaunchShape:
+    """The launches of a layout: ``rows`` stacked query rows per (sequence, kv head), ``keys`` positions a
+    sequence can hold (its capacity), capability and sms the target's (None: the interpreter's);
+    num_splits None: :func:`choose_num_splits`, for the longest span a query can see."""
+    config = config or decode_config(head_dim, dtype, capability, head_dim_v=head_dim_v, paged=paged)
+    block_q = row_block(rows, head_dim_v, capability)
+    row_blocks = -(-rows // block_q)
+    if num_splits is None:
+        span = keys if window_left < 0 else min(keys, window_left + new_tokens)
+        num_splits = choose_num_splits(batch * kv_heads * row_blocks, span, sms)
+    num_splits = min(num_splits, max(1, -(-keys // config.block_k)))  # splits past the last tile are empty
+    merge_block_q = merge_block(rows, head_dim_v)
+    return LaunchShape(config, block_q, num_splits, (row_blocks, num_splits, batch * kv_heads),
+                       (batch * kv_heads, -(-rows // merge_block_q)), merge_warps(head_dim_v), merge_block_q)
+
+
+def default_num_splits(q, k_cache, block_table=None, window_left: int = -1, head_dim_v: int = 0) -> int:
+    """What ``num_splits=None`` gives for these inputs (:func:`launch_shape`): the programs of one split,
+    batch x kv_heads x row blocks, and the longest span a query can see, the cache's capacity (no lengths
+    are read on the host) or the window's."""
+    batch, q_heads, new_tokens, d = q.shape
+    kv_heads = k_cache.shape[1]
+    keys = k_cache.shape[2] * (block_table.shape[1] if block_table is not None else 1)
+    capability, sms = device_target(q.device)
+    return launch_shape(batch, kv_heads, q_heads // kv_heads * new_tokens, keys, d, head_dim_v or d, q.dtype,
+                        paged=block_table is not None, capability=capability, sms=sms, window_left=window_left,
+                        new_tokens=new_tokens).num_splits
 
 
 def values_in_keys(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -364,14 +454,6 @@ def _contiguous_last_dim(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _check_offsets(q_rows, k_cache, v_cache, block_table, num_splits, block_q):
-    """The grid's limits on a CUDA GPU (the kernels compute their element offsets in int64; batch x
-    kv_heads, on axis 1, is launched in runs that fit)."""
-    bz, rows, d = q_rows.shape
-    check_grid(DECODE_FN, (num_splits, 1, triton.cdiv(rows, block_q)), q_rows.device,
-               ("num_splits", "batch x kv_heads", "query row blocks (query heads per kv head x new tokens)"))
-
-
 class Sequences(NamedTuple):
     """Where each sequence of a decoding batch stands, (batch,) int32 contiguous each, as stage 1 reads it:
     its valid positions (its new tokens included), its new tokens (up to q's new_tokens, the rows'
@@ -381,11 +463,6 @@ class Sequences(NamedTuple):
     new_tokens: torch.Tensor
     starts: torch.Tensor
 
-    def __getitem__(self, index):
-        if isinstance(index, slice):  # a run of sequences: each tensor's slice
-            return Sequences(*(t[index] for t in self))
-        return tuple.__getitem__(self, index)
-
 
 def uniform_sequences(cache_seqlens, new_tokens: int) -> Sequences:
     """Every sequence with ``new_tokens`` new tokens and no left padding."""
@@ -393,38 +470,10 @@ def uniform_sequences(cache_seqlens, new_tokens: int) -> Sequences:
     return Sequences(lengths, torch.full_like(lengths, new_tokens), torch.zeros_like(lengths))
 
 
-def _launch_split(q_rows, k_cache, v_cache, sequences: Sequences, block_table, partial, partial_ml, options: Options,
-                  score, new_tokens, num_splits, block_q, cfg, input_precision):
-    """Stage 1 on q_rows (batch * kv_heads, rows, d); fills partial and partial_ml. Grid axis 1 holds
-    batch x kv_heads and CUDA takes at most 65,535 (rules.row_chunks): a larger batch is launched in
-    runs of whole sequences, on views of what the kernel indexes by sequence (its queries, lengths,
-    block table or contiguous cache, and partials). options: the call's (flashlib.options: its causal
-    rule, scale and window are read here); score: its score function compiled, or None."""
-    bz, rows, d = q_rows.shape
-    kv_heads, dv = k_cache.shape[1], v_cache.shape[-1]
-    paged = block_table is not None
-    left, right = options.window
-    shared = values_in_keys(k_cache, v_cache)
-    # V_FROM_K: HEAD_DIM_PAD pads the key's own columns, past the dv it shares with the values
-    pad = head_dim_pad(d - dv) if shared else head_dim_pad(d)
-    for run in row_chunks(bz, kv_heads):
-        seqs = slice(run.start // kv_heads, run.stop // kv_heads)
-        parts = slice(run.start * num_splits, run.stop * num_splits)
-        at = sequences[seqs]
-        table = block_table[seqs] if paged else at.seqlens  # not read by _contiguous_rows
-        k_run, v_run = (k_cache, v_cache) if paged else (k_cache[seqs], v_cache[seqs])
-        grid = (num_splits, run.stop - run.start, triton.cdiv(rows, block_q))
-        _decode_split[grid](q_rows[run], k_run, v_run, partial[parts], partial_ml[parts], *at, table,
-                            options.scale * LOG2E, options.scale, int(options.causal), left, right,
-                            q_rows.stride(0), q_rows.stride(1), k_cache.stride(0),
-                            k_cache.stride(1), stride_kn=k_cache.stride(2), stride_vb=v_cache.stride(0),
-                            stride_vh=v_cache.stride(1), stride_vn=v_cache.stride(2),
-                            stride_table=table.stride(0) if paged else 0, stride_pz=partial.stride(0),
-                            stride_pr=partial.stride(1), KV_HEADS=kv_heads, NUM_SPLITS=num_splits, ROWS=rows,
-                            NEW_TOKENS=new_tokens, HEAD_DIM=d, HEAD_DIM_V=dv, PAGE_SIZE=k_cache.shape[2],
-                            HEAD_DIM_PAD=pad, HEAD_DIM_V_PAD=head_dim_pad(dv), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
-                            KEY_ROWS=_paged_rows if paged else _contiguous_rows, INPUT_PRECISION=input_precision,
-                            num_warps=cfg.num_warps, num_stages=cfg.num_stages, V_FROM_K=shared, **score_args(score))
+def merge_block(rows: int, head_dim_v: int) -> int:
+    """Stage 2's BLOCK_Q: stage 1's rule without tensor cores to use (32 rows where the values are wider than
+    256: 64 x 512 float32 spills at 8 warps on sm_90 too)."""
+    return row_block(rows, head_dim_v)
 
 
 def merge_warps(head_dim_v: int) -> int:
@@ -433,24 +482,164 @@ def merge_warps(head_dim_v: int) -> int:
     return 4 if head_dim_v <= 256 else 8
 
 
-def _launch_merge(partial, partial_ml, out, lse, num_splits, block_q, options: Options, kv_heads=1, new_tokens=1):
-    """Stage 2; its grid's batch x kv_heads is on axis 0, which takes 2^31 - 1. The options' sinks
-    join as one more partial with no value."""
-    bz, rows, d = out.shape
-    sinks = options.sinks
-    with_sinks = {} if sinks is None else dict(Sinks=sinks.to(torch.float32).contiguous(), KV_HEADS=kv_heads,
-                                               NEW_TOKENS=new_tokens)
-    _decode_merge[(bz, triton.cdiv(rows, block_q))](
-        partial, partial_ml, out, lse, partial.stride(0), partial.stride(1), out.stride(0), out.stride(1),
-        num_splits, rows, d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=block_q, num_warps=merge_warps(d), num_stages=1,
-        **with_sinks)
+class DecodeLaunch:
+    """Both stages for one layout of inputs, prepared once: the launch shape, every argument that is not a
+    per-call tensor, the scratch buffers and the output. Calling it launches the kernels and does nothing
+    else (no allocation, no synchronisation, no value read on the host), so that a CUDA graph can
+    capture it; what it is given must have the layout (shapes, strides, dtypes) it was made for.
+
+    q (batch, q_heads, new_tokens, d); k_cache, v_cache contiguous (batch, kv_heads, capacity, d and dv) or
+    paged with block_table (last dims contiguous); options: the call's (flashlib.options: causal, scale,
+    window, sinks); score: its score function compiled (:func:`flashlib.kernels.function.kernel_score`:
+    soft-capping is one), told each new token's position in its sequence; new_tokens, starts (batch,)
+    int32: each sequence's new tokens and first position (default q's new_tokens, 0).
+
+    Cascade decoding: ``stacked`` makes a shared prefix's pass, stage 1 alone over one "sequence", the
+    prefix (k_cache (1, kv_heads, prefix_len, d)), whose query rows are every sequence's rows of a kv head
+    (read in place from q); ``prefix``: such a launch, whose splits this one's merge folds in.
+    """
+
+    def __init__(self, q, k_cache, v_cache, *, options: Options, score=None, block_table=None, num_splits=None,
+                 config: DecodeConfig | None = None, input_precision: str = "tf32", new_tokens=None, starts=None,
+                 stacked: bool = False, prefix: "DecodeLaunch | None" = None):
+        batch, q_heads, n, d = q.shape
+        kv_heads, dv = k_cache.shape[1], v_cache.shape[-1]
+        rows = q_heads // max(kv_heads, 1) * n
+        self.empty, self._merge = q.numel() == 0, not stacked
+        self.out = q.new_zeros(batch, q_heads, n, dv) if self.empty else q.new_empty(batch, q_heads, n, dv)
+        self.lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
+        if self.empty:  # no batch, heads or new tokens: zeros and -inf, no launch
+            return
+        if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or (block_table is not None and block_table.stride(-1) != 1):
+            raise ValueError(f"{DECODE_FN}: the caches' and the block table's last dims must be contiguous here")
+        paged = block_table is not None
+        if paged and k_cache.shape[2] * max(k_cache.stride(2), v_cache.stride(2)) >= 2 ** 31:
+            raise ValueError(f"{DECODE_FN}: a page of 'k_cache' spans {k_cache.shape[2]} x {k_cache.stride(2)} "
+                             "elements, past the kernels' int32 offsets within a page; use smaller pages")
+        keys = k_cache.shape[2] * (block_table.shape[1] if paged else 1)
+        options = options.window_within(keys + n)  # exact: a window as wide as the cache limits nothing
+        launches, self.rows = (1, batch * rows) if stacked else (batch, rows)  # sequences and rows launched
+        capability, sms = device_target(q.device)
+        self.shape = launch_shape(launches, kv_heads, self.rows, keys, d, dv, q.dtype, paged=paged, capability=capability,
+                                  sms=sms, window_left=options.window[0], new_tokens=n, num_splits=num_splits,
+                                  config=config)
+        splits, block_q, cfg = self.shape.num_splits, self.shape.block_q, self.shape.config
+        # q's rows as stage 1 reads them, (batch, kv_heads, rows, d) with rows = a kv head's query heads x new
+        # tokens; a q whose strides allow no such view is copied into a buffer of this launch's at every call
+        self._q_view = (batch * kv_heads, rows, d) if not stacked else (batch, kv_heads, rows, d)
+        view = _viewed(q, self._q_view)
+        self._q_copy = None if view is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        view = view if view is not None else self._q_copy.view(self._q_view)
+        q_strides = (view.stride(1), view.stride(0), view.stride(2)) if stacked else (view.stride(0), 0, view.stride(1))
+        self.partial = torch.empty(launches * kv_heads * splits, self.rows, dv, dtype=torch.float32, device=q.device)
+        self.partial_ml = torch.empty(launches * kv_heads * splits, self.rows, 2, dtype=torch.float32, device=q.device)
+        self._out_rows_shape = (batch * kv_heads, rows, dv)
+        self._out_rows, self._lse_rows = self.out.view(self._out_rows_shape), self.lse.view(batch * kv_heads, rows)
+        new_tokens = torch.full((launches,), n, dtype=torch.int32, device=q.device) if new_tokens is None else new_tokens
+        starts = torch.zeros(launches, dtype=torch.int32, device=q.device) if starts is None else starts
+        shared = values_in_keys(k_cache, v_cache)
+        left, right = options.window
+        self._split_args = (
+            options.scale * LOG2E, options.scale, int(options.causal), left, right, *q_strides, k_cache.stride(0),
+            k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            block_table.stride(0) if paged else 0, self.partial.stride(0), self.partial.stride(1), kv_heads, splits,
+            self.rows, rows, n, d, dv)
+        # V_FROM_K: HEAD_DIM_PAD pads the key's own columns, past the dv it shares with the values
+        self._split_kw = dict(
+            PAGE_SIZE=k_cache.shape[2] if paged else 1, HEAD_DIM_PAD=head_dim_pad(d - dv) if shared else head_dim_pad(d),
+            HEAD_DIM_V_PAD=head_dim_pad(dv), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
+            KEY_ROWS=_paged_rows if paged else _contiguous_rows, INPUT_PRECISION=input_precision,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, V_FROM_K=shared, **score_args(score))
+        self._runs = self._split_runs(launches, kv_heads, splits, new_tokens, starts)
+        for grid, *_ in self._runs:
+            check_grid(DECODE_FN, grid, q.device, ("query row blocks (query heads per kv head x new tokens)",
+                                                   "num_splits", "batch x kv_heads"))
+        extra = {} if options.sinks is None else dict(Sinks=options.sinks.to(torch.float32).contiguous())
+        if prefix is not None:
+            extra.update(Prefix=prefix.partial, PrefixML=prefix.partial_ml, stride_xz=prefix.partial.stride(0),
+                         stride_xr=prefix.partial.stride(1), PREFIX_SPLITS=prefix.shape.num_splits, BATCH=batch)
+        self._merge_args = (self.partial, self.partial_ml)
+        self._merge_tail = (self.partial.stride(0), self.partial.stride(1), self._out_rows.stride(0),
+                            self._out_rows.stride(1), splits, rows, dv)
+        self._merge_kw = dict(HEAD_DIM_PAD=head_dim_pad(dv), BLOCK_Q=self.shape.merge_block_q,
+                              num_warps=self.shape.merge_warps,
+                              num_stages=1, KV_HEADS=kv_heads, NEW_TOKENS=n, **extra)
+
+    def _split_runs(self, batch, kv_heads, splits, new_tokens, starts):
+        """Stage 1's launches: grid axis 2 holds batch x kv_heads and CUDA takes at most 65,535 there
+        (rules.row_chunks), so a larger batch is launched in runs of whole sequences, each on views of
+        what the kernel indexes by sequence (queries, lengths, block table or contiguous cache, partials)."""
+        runs = []
+        for run in row_chunks(batch * kv_heads, kv_heads):
+            seqs = slice(run.start // kv_heads, run.stop // kv_heads)
+            parts = slice(run.start * splits, run.stop * splits)
+            grid = (self.shape.split_grid[0], splits, run.stop - run.start)
+            runs.append((grid, run, seqs, self.partial[parts], self.partial_ml[parts], new_tokens[seqs], starts[seqs]))
+        return runs
+
+    def __call__(self, q, k_cache, v_cache, seqlens, block_table=None, out=None):
+        """Launch both stages (stage 1 alone for a prefix's pass) on tensors of the layout this was made
+        for; seqlens (batch,) int32 contiguous. Returns (out, lse): out (batch, q_heads, new_tokens, dv) in
+        q's dtype (``out``, or this launch's own buffer, which the next call overwrites) and lse (batch,
+        q_heads, new_tokens) float32, natural log (this launch's buffer); None for a prefix's pass."""
+        if self.empty:
+            return self.out, self.lse
+        if self._q_copy is not None:
+            q = self._q_copy.copy_(q)
+        table = seqlens if block_table is None else block_table  # not read by _contiguous_rows
+        if len(self._runs) == 1:
+            grid, _, _, partial, partial_ml, new_tokens, starts = self._runs[0]
+            _decode_split[grid](q, k_cache, v_cache, partial, partial_ml, seqlens, new_tokens, starts, table,
+                                *self._split_args, **self._split_kw)
+        else:
+            for grid, run, seqs, partial, partial_ml, new_tokens, starts in self._runs:
+                k_run, v_run = (k_cache, v_cache) if block_table is not None else (k_cache[seqs], v_cache[seqs])
+                _decode_split[grid](q.view(self._q_view)[run], k_run, v_run, partial, partial_ml, seqlens[seqs],
+                                    new_tokens, starts, table[seqs], *self._split_args, **self._split_kw)
+        if not self._merge:
+            return None
+        out_rows = self._out_rows if out is None else out.view(self._out_rows_shape)
+        _decode_merge[self.shape.merge_grid](*self._merge_args, out_rows, self._lse_rows, *self._merge_tail,
+                                             **self._merge_kw)
+        return (self.out if out is None else out), self.lse
+
+
+    def bound(self, q, k_cache, v_cache, seqlens, block_table=None, out=None) -> list:
+        """What a call launches on these tensors, as [(kernel, grid, args, kwargs)] (one run of sequences;
+        q of a layout that needs no copy): to inspect the launches, or to time them bare."""
+        grid, _, _, partial, partial_ml, new_tokens, starts = self._runs[0]
+        table = seqlens if block_table is None else block_table
+        split = (_decode_split, grid, (q, k_cache, v_cache, partial, partial_ml, seqlens, new_tokens, starts, table,
+                                       *self._split_args), self._split_kw)
+        out_rows = self._out_rows if out is None else out.view(self._out_rows_shape)
+        merge = (_decode_merge, self.shape.merge_grid, (*self._merge_args, out_rows, self._lse_rows, *self._merge_tail),
+                 self._merge_kw)
+        return [split, merge] if self._merge else [split]
+
+
+def _viewed(t: torch.Tensor, shape):
+    """t viewed as shape with its last dim contiguous, or None where its strides allow no such view."""
+    if t.stride(-1) != 1:
+        return None
+    try:
+        return t.view(shape)
+    except RuntimeError:
+        return None
+
+
+def as_kernels_read(k_cache, v_cache, sequences: Sequences, block_table):
+    """(k_cache, v_cache, sequences, block_table) as the kernels read them: the caches' last dims contiguous,
+    the lengths int32 and contiguous, the block table contiguous (views such as t[::2] copied)."""
+    k_cache, v_cache = _contiguous_last_dim(k_cache), _contiguous_last_dim(v_cache)
+    sequences = Sequences(*(t.to(torch.int32).contiguous() for t in sequences))
+    return k_cache, v_cache, sequences, None if block_table is None else block_table.contiguous()
 
 
 def decode_forward(q, k_cache, v_cache, cache_seqlens, *, options: Options, score=None, block_table=None,
                    num_splits: int | None = None, config: DecodeConfig | None = None, input_precision: str = "tf32",
                    sequences: Sequences | None = None):
     """Both stages, on inputs :func:`flashlib.decode_attention` has checked (nothing here reads the
-    lengths or the block table on the host, so the call can be captured in a CUDA graph).
+    lengths or the block table on the host): a :class:`DecodeLaunch` made and called once.
 
     Returns out (batch, q_heads, new_tokens, dv) in q's dtype (dv: v_cache's head dim; a v_cache that
     is a view of k_cache's first dv columns is read with the keys, :func:`values_in_keys`) and lse
@@ -461,37 +650,9 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, options: Options, scor
     input_precision: how a float32 ``tl.dot`` multiplies on a GPU ("tf32" or "ieee"); sequences: each
     sequence's new tokens and start where they differ (a mixed batch, left padding), else every
     sequence has q's new_tokens from position 0 (:func:`uniform_sequences` of cache_seqlens)."""
-    batch, q_heads, new_tokens, d = q.shape
-    kv_heads, dv = k_cache.shape[1], v_cache.shape[-1]
-    if q.numel() == 0:  # no batch, heads or new tokens
-        return (q.new_zeros(*q.shape[:-1], dv),
-                torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device))
-    rows = q_heads // kv_heads * new_tokens
-    # (B, Hq, Nnew, d) -> (B * Hkv, group * Nnew, d): the query heads of a kv head, stacked
-    q_rows = _contiguous_last_dim(q.reshape(batch * kv_heads, rows, d))
-    k_cache, v_cache = _contiguous_last_dim(k_cache), _contiguous_last_dim(v_cache)
-    # the lengths and the block table as the kernels read them: contiguous (views such as t[::2] copied)
-    if sequences is None:
-        sequences = uniform_sequences(cache_seqlens, new_tokens)
-    sequences = Sequences(*(t.to(torch.int32).contiguous() for t in sequences))
-    block_table = None if block_table is None else block_table.contiguous()
-    capability = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
-    cfg = config or decode_config(d, q.dtype, capability, head_dim_v=dv)
-    block_q = row_block(rows, dv)
-    if num_splits is None:
-        num_splits = default_num_splits(q, k_cache, block_table, options.window[0], dv)
-    # exact, and small enough for the kernels' integers: a window as wide as the cache limits nothing,
-    # and splits past the cache's last tile would be empty
-    keys = k_cache.shape[2] * (block_table.shape[1] if block_table is not None else 1)
-    options = options.window_within(keys + new_tokens)
-    num_splits = min(num_splits, max(1, triton.cdiv(keys, cfg.block_k)))
-    _check_offsets(q_rows, k_cache, v_cache, block_table, num_splits, block_q)
-    partial = torch.empty(batch * kv_heads * num_splits, rows, dv, dtype=torch.float32, device=q.device)
-    partial_ml = torch.empty(batch * kv_heads * num_splits, rows, 2, dtype=torch.float32, device=q.device)
-    _launch_split(q_rows, k_cache, v_cache, sequences, block_table, partial, partial_ml, options, score,
-                  new_tokens, num_splits, block_q, cfg, input_precision)
-    out = q_rows.new_empty(batch * kv_heads, rows, dv)
-    lse = torch.empty(batch * kv_heads, rows, dtype=torch.float32, device=q.device)
-    _launch_merge(partial, partial_ml, out, lse, num_splits, block_q, options, kv_heads, new_tokens)
-    # base 2 until here
-    return out.reshape(*q.shape[:-1], dv), lse_natural(lse).reshape(q.shape[:-1])
+    sequences = uniform_sequences(cache_seqlens, q.shape[2]) if sequences is None else sequences
+    k_cache, v_cache, sequences, block_table = as_kernels_read(k_cache, v_cache, sequences, block_table)
+    launch = DecodeLaunch(q, k_cache, v_cache, options=options, score=score, block_table=block_table,
+                          num_splits=num_splits, config=config, input_precision=input_precision,
+                          new_tokens=sequences.new_tokens, starts=sequences.starts)
+    return launch(q, k_cache, v_cache, sequences.seqlens, block_table)
