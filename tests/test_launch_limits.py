@@ -145,7 +145,7 @@ def test_decoding_launches_runs_of_whole_sequences(paged, monkeypatch):
     if paged:
         *caches, table = paged_cache(k_cache, v_cache, 16, generator=torch.Generator().manual_seed(2))
     out = decode_attention(q, *caches, lengths, block_table=table, num_splits=2)
-    assert sorted(grid[1] for name, grid in grids if name == "_decode_split") == [1, 3], grids
+    assert sorted(grid[2] for name, grid in grids if name == "_decode_split") == [1, 3], grids  # (row blocks, splits, rows)
     assert [grid[0] for name, grid in grids if name == "_decode_merge"] == [4], grids
     for b, n in enumerate(lengths.tolist()):
         want = dense_attention(q[b:b + 1].double(), k_cache[b:b + 1, :, :n].double(), v_cache[b:b + 1, :, :n].double(),
