@@ -120,6 +120,20 @@ def check_same_heads(fn: str, k, v) -> None:
 WINDOW_MAX = 2**62
 
 
+def check_chunk(fn: str, attention_chunk) -> int:
+    """Chunked local attention's chunk size C (a query sees the keys of its own chunk of C positions), 0
+    for none; None gives 0."""
+    if attention_chunk is None:
+        return 0
+    if not isinstance(attention_chunk, numbers.Integral) or isinstance(attention_chunk, bool):
+        raise TypeError(f"{fn}: argument 'attention_chunk' must be None or an int (keys per chunk), got "
+                        f"{attention_chunk!r}")
+    if attention_chunk < 0:
+        raise ValueError(f"{fn}: argument 'attention_chunk' is {attention_chunk}; it must be >= 1 key per chunk, "
+                         "or 0 for no chunks")
+    return min(int(attention_chunk), WINDOW_MAX)
+
+
 def check_window(fn: str, window) -> tuple[int, int]:
     """(left, right) of a sliding window, -1 for no limit on a side; None gives (-1, -1)."""
     if window is None:

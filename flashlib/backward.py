@@ -26,7 +26,8 @@ from .tiled import NEG_INF, _compute_dtype, _query_range, _skipped, _tile_visibl
 
 
 def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=False, scale=None,
-                   dlse=None, window=None, softcap=None, mask_mod=None, sinks=None, score_mod=None, captured=()):
+                   dlse=None, window=None, softcap=None, mask_mod=None, sinks=None, score_mod=None, captured=(),
+                   attention_chunk=None):
     """Gradients (dq, dk, dv) of tiled attention, recomputing P tile by tile from ``lse``; with
     ``sinks``, (dq, dk, dv, dsinks); with ``captured`` (tensors the score function reads), their
     gradients after those.
@@ -38,7 +39,7 @@ def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fa
         dout: gradient of the loss with respect to out.
         dlse: optional gradient with respect to lse; since d lse_i / d S_ij = P_ij, it
             enters as delta - dlse.
-        window, softcap, mask_mod, score_mod: as the forward (:func:`tiled_attention`); with a score
+        window, attention_chunk, softcap, mask_mod, score_mod: as the forward (:func:`tiled_attention`); with a score
             function (soft-capping is one) dS picks up its slope at each score, by autograd on the
             function of each tile (the chain rule through the tile), which also gives each tensor of
             ``captured`` its share.
@@ -51,7 +52,8 @@ def tiled_backward(q, k, v, out, lse, dout, *, block_q=64, block_k=64, causal=Fa
     """
     fn = "tiled_backward"
     options = check_options(fn, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod, value_dim=True)
+                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod, attention_chunk=attention_chunk,
+                            value_dim=True)
     blocks = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k)
     return backward_pass(q, k, v, out, lse, dout, options, blocks, dlse, captured)
 
@@ -96,7 +98,7 @@ def backward_pass(q, k, v, out, lse, dout, options: Options, blocks, dlse=None, 
             dk_j += (ds.transpose(-2, -1) @ q_blk) * scale
         dk[..., k0:k1, :], dv[..., k0:k1, :] = dk_j, dv_j
     grads = dq.reshape(q_shape), _group_sum(dk, kv_shape), _group_sum(dv, v_shape)
-    grads = grads if sinks is None else (*grads, dsinks)
+    grads = (*grads, *options.tensor_grads(dict(sinks=dsinks)))
     return (*grads, *(g.to(t.dtype) for g, t in zip(dcaptured, captured))) if captured else grads
 
 
@@ -141,7 +143,7 @@ class TiledAttentionFunction(torch.autograd.Function):
 
 def tiled_attention(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bool = False,
                     scale: float | None = None, loop: str = "query", window=None, softcap: float | None = None,
-                    mask_mod=None, sinks=None, score_mod=None, return_lse: bool = False):
+                    mask_mod=None, sinks=None, score_mod=None, return_lse: bool = False, attention_chunk=None):
     """Exact attention computed tile by tile with online softmax; differentiable.
 
     Args:
@@ -160,6 +162,9 @@ def tiled_attention(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bo
         window: (left, right): query i sees keys i + o - left .. i + o + right (o = seq_k -
             seq_q; -1: no limit on a side). Each query block visits only the key tiles its
             rows' windows reach, so the cost is O(seq_q * window), not O(seq_q * seq_k).
+        attention_chunk: C > 0: chunked local attention (Llama 4's chunked layers): query i, at
+            p = i + seq_k - seq_q, sees key j only when j // C == p // C; each query block visits
+            only the key tiles of its rows' chunks. 0 or None: no chunks.
         softcap: c > 0: scores become c * tanh(scale * q kᵀ / c), with their gradient.
         mask_mod: mask_mod(b, h, q_idx, kv_idx) -> bool tensor (see :mod:`flashlib.masks`), ANDed
             with causal and window; tiles where it is false everywhere are skipped.
@@ -177,7 +182,8 @@ def tiled_attention(q, k, v, *, block_q: int = 64, block_k: int = 64, causal: bo
     """
     fn = "tiled_attention"
     options = check_options(fn, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod, value_dim=True)
+                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod, attention_chunk=attention_chunk,
+                            value_dim=True)
     tiles = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k), check_loop(fn, loop)
     captured = []
     if score_mod is not None and torch.is_grad_enabled():  # what the function reads, found by tracing it

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from ._checks import batch_and_heads, check_mask_mod, check_window  # noqa: F401 (batch_and_heads: re-exported)
+from ._checks import batch_and_heads, check_chunk, check_mask_mod, check_window  # noqa: F401 (batch_and_heads: re-exported)
 from .options import check_options
 from .rules import Visibility
 
@@ -45,7 +45,7 @@ def causal_mask(seq_q: int, seq_k: int, device=None) -> torch.Tensor:
 
 
 def attention_mask(seq_q: int, seq_k: int, *, causal: bool = False, window=None, mask_mod=None,
-                   batch: int = 1, heads: int = 1, device=None) -> torch.Tensor:
+                   batch: int = 1, heads: int = 1, device=None, attention_chunk=None) -> torch.Tensor:
     """Boolean (batch, heads, seq_q, seq_k) mask, True where query i of head h in batch row b
     may attend to key j (see :class:`Visibility`); an expanded view, for inspection::
 
@@ -58,7 +58,8 @@ def attention_mask(seq_q: int, seq_k: int, *, causal: bool = False, window=None,
         0 0 0 1 1 1                                   1 1 1 1 1 1
     """
     fn = "attention_mask"
-    rule = Visibility(bool(causal), check_window(fn, window), check_mask_mod(fn, mask_mod, device, built_on=True))
+    rule = Visibility(bool(causal), check_window(fn, window), check_mask_mod(fn, mask_mod, device, built_on=True),
+                      check_chunk(fn, attention_chunk))
     b, h = head_indices(batch, heads, device)
     rows = torch.arange(seq_q, device=device)[:, None]
     cols = torch.arange(seq_k, device=device)[None, :]
@@ -78,7 +79,7 @@ def expand_kv(t: torch.Tensor, q_heads: int) -> torch.Tensor:
 
 def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
                     softcap: float | None = None, mask_mod=None, sinks=None, score_mod=None,
-                    return_scores: bool = False):
+                    return_scores: bool = False, attention_chunk=None):
     """softmax(q kᵀ · scale) v, materialising the full score matrix.
 
     Args:
@@ -92,6 +93,8 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         scale: multiplies the scores; defaults to 1/sqrt(head_dim).
         window: (left, right): query i sees keys i + o - left .. i + o + right, o = seq_k -
             seq_q; -1 for no limit on a side. ANDed with causal and mask_mod (:class:`Visibility`).
+        attention_chunk: C > 0: chunked local attention (Llama 4): query i, at p = i + o, sees
+            key j only when j // C == p // C, ANDed with the rest; 0 or None for no chunks.
         softcap: c > 0 caps the scores: s = c * tanh(scale * q kᵀ / c) (Gemma 2).
         mask_mod: mask_mod(b, h, q_idx, kv_idx) -> bool tensor, called once on index tensors.
         score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score (:mod:`flashlib.scores`), called
@@ -107,7 +110,8 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         out (..., seq_q, head_dim), or (out, S, P) if ``return_scores``.
     """
     options = check_options("dense_attention", q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod, value_dim=True)
+                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod, attention_chunk=attention_chunk,
+                            value_dim=True)
     rule, scoring, sinks, scale = options.visibility, options.scoring, options.sinks, options.scale
     heads = q.shape[-3] if q.ndim >= 3 else 1
     k, v = expand_kv(k, heads), expand_kv(v, heads)

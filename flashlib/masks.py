@@ -107,9 +107,9 @@ def document(ids: torch.Tensor):
 
 
 def create_block_mask(mask_mod, B, H, Q_LEN: int, KV_LEN: int, device=None, *, causal: bool = False, window=None,
-                      block_size: int = 16) -> BlockMask:
+                      block_size: int = 16, attention_chunk=None) -> BlockMask:
     """flex_attention's ``create_block_mask`` for flashlib: the block mask of ``mask_mod`` (ANDed
-    with ``causal`` and ``window``), built once and passed again as ``block_mask=`` to
+    with ``causal``, ``window`` and ``attention_chunk``), built once and passed again as ``block_mask=`` to
     :func:`flashlib.flash_attention` and :func:`flashlib.kernels.attention`, which then skip
     evaluating it per call. Built at ``block_size`` tiles, of which the kernels' tiles must be
     multiples (every shipped configuration's are multiples of 16). B, H: the batch and heads the
@@ -118,7 +118,7 @@ def create_block_mask(mask_mod, B, H, Q_LEN: int, KV_LEN: int, device=None, *, c
     if mask_mod is None:
         raise TypeError(f"{fn}: argument 'mask_mod' must be a mask function mask_mod(b, h, q_idx, kv_idx), got None")
     return block_mask(Q_LEN, KV_LEN, block_q=block_size, block_k=block_size, causal=causal, window=window,
-                      mask_mod=mask_mod, batch=B or 1, heads=H or 1, device=device)
+                      attention_chunk=attention_chunk, mask_mod=mask_mod, batch=B or 1, heads=H or 1, device=device)
 
 
 def as_text(mask: torch.Tensor) -> str:

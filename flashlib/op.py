@@ -81,6 +81,7 @@ def _forward(q, k, v, options: Options):
         return teaching.forward_pass(q, k, v, options, teaching.resolve_config(FN, q, None, v), FN)
     from .ladder.forward import forward_base2 as rung_forward
 
+    options.refuse_beyond(FN, f"the ladder's rung {forward!r}")  # it takes causal and scale alone
     out, lse2 = rung_forward(q, k, v, causal=options.causal, scale=options.scale, rung=forward)
     return out, lse2.double()  # one dtype for every path: the teaching kernels' float64
 
@@ -105,6 +106,7 @@ def _backward(q, k, v, out, lse2, dout, options: Options, dlse=None):
                                       dlse, FN)
     from .ladder.function import backward_pass_base2
 
+    options.refuse_beyond(FN, f"the ladder's backward {backward!r}")
     return backward_pass_base2(q, k, v, out, lse2, dout, causal=options.causal, scale=options.scale,
                                backward=backward, dlse=dlse)
 
@@ -197,7 +199,7 @@ def _eager(q, k, v, keywords: dict):
 
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
                     softcap: float | None = None, mask_mod=None, block_mask=None, sinks=None,
-                    score_mod=None, return_lse: bool = False):
+                    score_mod=None, return_lse: bool = False, attention_chunk=None):
     """Exact attention softmax(q kᵀ · scale) v, fused, differentiable (the lse too).
 
     Args:
@@ -223,6 +225,10 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         window: (left, right): with o = seq_k - seq_q, query i sees key j iff i + o - left <= j <=
             i + o + right; -1: no limit on a side (flash-attn's convention); ANDed with causal. Key
             tiles outside the window are never visited: the cost is O(seq * window).
+        attention_chunk: C > 0: chunked local attention (FA3's name; Llama 4's chunked layers):
+            query i, at p = i + seq_k - seq_q, sees key j only when j // C == p // C (a row with p < 0
+            sees nothing); ANDed with causal, window and mask_mod. Tiles outside the rows' chunks
+            are never visited. 0 or None: no chunks.
         softcap: c > 0: scores c * tanh(scale * q.k / c) (Gemma 2), the score function
             ``flashlib.scores.softcap(c)``; the lse is that of the capped scores.
         score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score, as flex_attention takes one,
@@ -233,7 +239,7 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
             lambda or a closure over tensors it indexes: :mod:`flashlib.masks`), ANDed with causal
             and window; tiles where it is false everywhere are skipped, the rest compile it.
         block_mask: that block mask built once (:func:`flashlib.masks.create_block_mask`); it
-            carries the mask function, causal and window, which the call may repeat, not change.
+            carries the mask function, causal, window and chunk, which the call may repeat, not change.
         sinks: attention sinks (GPT-OSS's), (heads,), learnable: one more score sinks[h] with no
             value in each row of head h; the lse includes it; its gradient is -sum over the head's
             rows of exp(sink - lse) * (rowsum(dout * out) - dlse). A row that sees no key outputs 0.
@@ -247,7 +253,7 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     every option but ``score_mod``, ``mask_mod`` and ``block_mask``: eager, a graph break (which fullgraph names).
     """
     keywords = dict(causal=causal, scale=scale, window=window, softcap=softcap, mask_mod=mask_mod,
-                    block_mask=block_mask, sinks=sinks, score_mod=score_mod)
+                    block_mask=block_mask, sinks=sinks, score_mod=score_mod, attention_chunk=attention_chunk)
     if mask_mod is not None or block_mask is not None or score_mod is not None:
         out, lse = _eager(q, k, v, keywords)
     else:
@@ -340,7 +346,8 @@ _varlen_op.register_autograd(_varlen_backward, setup_context=_varlen_setup_conte
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                            causal: bool = False, scale: float | None = None, window=None,
-                           softcap: float | None = None, sinks=None, score_mod=None, return_lse: bool = False):
+                           softcap: float | None = None, sinks=None, score_mod=None, return_lse: bool = False,
+                           attention_chunk=None):
     """Attention over packed sequences of different lengths (flash-attn's varlen layout,
     :mod:`flashlib.varlen`), fused, differentiable (the lse too).
 
@@ -355,7 +362,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
             where the kernels read them); other dtypes are refused.
         max_seqlen_q, max_seqlen_k: the longest sequences (they size the grid; programs past a
             sequence's end compute nothing, so padding costs no FLOPs).
-        causal, scale, window, softcap, sinks: as :func:`flash_attention`, aligned bottom-right
+        causal, scale, window, attention_chunk, softcap, sinks: as :func:`flash_attention`, aligned bottom-right
             within each sequence (sinks (heads,): one logit per query head, the same in every sequence).
         score_mod: as :func:`flash_attention`; b is the sequence's index in the batch and q_idx,
             kv_idx positions within the sequence (not rows of the packed tensors). It runs the
@@ -368,7 +375,8 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     implementation, so eager and compiled calls raise the same errors (one transfer from the
     device per call; none while a CUDA graph is captured).
     """
-    keywords = dict(causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks, score_mod=score_mod)
+    keywords = dict(causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks, score_mod=score_mod,
+                    attention_chunk=attention_chunk)
     if score_mod is not None:
         out, lse = _varlen_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, keywords)
         return (out, lse) if return_lse else out

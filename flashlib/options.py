@@ -3,13 +3,15 @@
 Every op checks its keyword arguments once (:func:`check_options`) into an :class:`Options`, and
 that object is what travels: to the references' tile loops, to the kernels' launchers, into the
 autograd Functions and, through :meth:`Options.op_numbers` and :attr:`Options.tensors`, into
-the custom ops' schemas. A new option is one field here (and its check); the rules it takes part
+the custom ops' schemas. A new option is one field here (and its check; a tensor option one row of
+:data:`TENSOR_OPTIONS` too); the rules it takes part
 in are asked through :attr:`Options.visibility` (which pairs attend, :mod:`flashlib.rules`) and
 :attr:`Options.scoring` (how a tile's scores are made), so no layer unpacks it by hand.
 
     causal      bool: the causal rule (bottom-right aligned)
     scale       float: the softmax scale, resolved (1/sqrt(head_dim) unless given)
     window      (left, right), -1 for no limit on a side
+    attention_chunk   int, 0 for none: query at p = i + seq_k - seq_q sees key j only if j // C == p // C
     softcap     float, 0.0 for none: the score function flashlib.scores.softcap(c)
     mask_mod    mask_mod(b, h, q_idx, kv_idx) -> bool, or None
     block_mask  the block mask built once from the mask (flashlib.masks.create_block_mask), or None
@@ -22,10 +24,24 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from ._checks import (batch_and_heads, check_attention_inputs, check_mask_mod, check_score_mod, check_sinks,
-                      check_softcap, check_window)
+from ._checks import (batch_and_heads, check_attention_inputs, check_chunk, check_mask_mod, check_score_mod,
+                      check_sinks, check_softcap, check_window)
 from .rules import BlockMask, Scoring, Visibility
 from .scores import softcap as softcap_score
+
+
+class TensorOption(NamedTuple):
+    """An option that is a tensor: its field, its shape (in words, for errors and the docs) and whether
+    autograd gives it a gradient (then an op takes it as an input and returns its gradient)."""
+
+    name: str
+    shape: str
+    gradient: bool
+
+
+# every tensor option, in the one order an op's inputs, a Function's saved tensors and the backward's
+# gradients list them
+TENSOR_OPTIONS = (TensorOption("sinks", "(heads,)", True),)
 
 
 class Options(NamedTuple):
@@ -39,13 +55,14 @@ class Options(NamedTuple):
     block_mask: BlockMask | None = None
     score_mod: Callable | None = None
     sinks: torch.Tensor | None = None
+    attention_chunk: int = 0
 
     # ----- the rules, asked ------------------------------------------------------------------
 
     @property
     def visibility(self) -> Visibility:
-        """Which (query, key) pairs may attend: the causal rule, the window and the mask function."""
-        return Visibility(self.causal, self.window, self.mask_mod)
+        """Which (query, key) pairs may attend: the causal rule, the window, the chunk and the mask function."""
+        return Visibility(self.causal, self.window, self.mask_mod, self.attention_chunk)
 
     @property
     def score_function(self) -> Callable | None:
@@ -59,38 +76,70 @@ class Options(NamedTuple):
 
     @property
     def masked(self) -> bool:
-        """A window or a mask function: the kernels take their mask path (MASK_MOD set)."""
-        return self.window != (-1, -1) or self.mask_mod is not None
+        """A window, a chunk or a mask function: the kernels take their mask path (MASK_MOD set)."""
+        return self.visibility.banded or self.mask_mod is not None
 
     @property
     def functions(self) -> bool:
         """A mask or score function: Python code, which no custom op's schema can carry."""
         return self.mask_mod is not None or self.score_mod is not None
 
+    def given(self) -> list[str]:
+        """The names of the options set to anything but their default (causal and scale always)."""
+        return ["causal", "scale"] + [name for name, default in zip(self._fields[2:], Options()[2:])
+                                      if (getattr(self, name) is not None if default is None
+                                          else getattr(self, name) != default)]  # a tensor is never compared
+
     @property
     def beyond_causal(self) -> bool:
         """Anything but the causal rule and the scale: what the ladder's fast rungs do not have."""
-        return self.masked or self.softcap != 0.0 or self.score_mod is not None or self.sinks is not None
+        return len(self.given()) > 2
+
+    def refuse_beyond(self, fn: str, path: str, implemented=("causal", "scale")) -> "Options":
+        """These options, if ``path`` implements each one set (``implemented``: their names); a
+        ValueError naming the others otherwise, so that no option is dropped on the way to a kernel."""
+        missing = [name for name in self.given() if name not in implemented]
+        if missing:
+            raise ValueError(f"{fn}: {path} does not implement {', '.join(map(repr, missing))}; it takes "
+                             f"{', '.join(implemented)}")
+        return self
 
     def window_within(self, keys: int) -> "Options":
-        """These options with each window side at most ``keys``: a side as wide as every key a query
-        could see limits nothing, so this changes no result (-1 stays -1), and the kernels' integers
-        (a side plus a position) stay small."""
-        return self._replace(window=tuple(min(side, keys) for side in self.window))
+        """These options with each window side and the chunk at most ``keys``: a side as wide as every
+        key a query could see limits nothing, nor does a chunk that holds every key (every position
+        p >= 0 is then in chunk 0), so this changes no result (-1 and 0 stay), and the kernels'
+        integers (a side plus a position) stay small."""
+        return self._replace(window=tuple(min(side, keys) for side in self.window),
+                             attention_chunk=min(self.attention_chunk, keys))
+
+    @property
+    def rule_numbers(self) -> tuple[int, int, int]:
+        """(window left, window right, chunk): the rule's run-time integers, the one tuple the kernels
+        are given (flashlib.kernels.rules, which bound each by the lengths)."""
+        return (*self.window, self.attention_chunk)
 
     # ----- what crosses a custom op's schema: numbers and tensors, each in one list --------------
+
+    @property
+    def held(self) -> list[TensorOption]:
+        """The rows of :data:`TENSOR_OPTIONS` whose tensor is set, in the table's order."""
+        return [row for row in TENSOR_OPTIONS if getattr(self, row.name) is not None]
 
     @property
     def tensors(self) -> list:
         """The tensors the options hold, in one order: the inputs an op or autograd Function takes for
         them (their gradients come back in the same order)."""
-        return [] if self.sinks is None else [self.sinks]
+        return [getattr(self, row.name) for row in self.held]
 
     def with_tensors(self, tensors) -> "Options":
         """These options holding ``tensors`` (as :attr:`tensors` lists them) instead: an op's or a
         Function's own inputs, so that autograd sees the tensors it differentiates."""
-        tensors = list(tensors)
-        return self._replace(sinks=tensors[0] if self.sinks is not None else None)
+        return self._replace(**{row.name: t for row, t in zip(self.held, list(tensors))})
+
+    def tensor_grads(self, grads: dict) -> list:
+        """The gradients of :attr:`tensors`, in their order, from {name: gradient} (None for one that takes
+        none, or that a path did not compute)."""
+        return [grads.get(row.name) if row.gradient else None for row in self.held]
 
     def op_numbers(self) -> list:
         """The numbers of the options as one list of floats (exact: flags and ints far below 2^53),
@@ -98,29 +147,25 @@ class Options(NamedTuple):
         if self.functions:
             raise ValueError("a mask or score function is Python code, not an argument of a custom op")
         return [float(self.causal), float(self.scale), *map(float, self.window), float(self.softcap),
-                float(self.sinks is not None)]
+                float(self.attention_chunk), *(float(getattr(self, row.name) is not None) for row in TENSOR_OPTIONS)]
 
     @classmethod
     def from_op(cls, numbers, tensors) -> "Options":
         """The options an op was given as (:meth:`op_numbers`, :attr:`tensors`)."""
-        causal, scale, left, right, softcap, has_sinks = numbers
-        options = cls(bool(causal), scale, (int(left), int(right)), softcap, sinks=torch.empty(0) if has_sinks else None)
+        causal, scale, left, right, softcap, chunk, *held = numbers
+        placeholders = {row.name: torch.empty(0) for row, flag in zip(TENSOR_OPTIONS, held) if flag}
+        options = cls(bool(causal), scale, (int(left), int(right)), softcap, attention_chunk=int(chunk), **placeholders)
         return options.with_tensors(tensors)
 
     def keywords(self) -> dict:
         """The keyword arguments that give these options again, to an op or a reference: causal and
         scale, and each other option that is set (so that an op without it, decoding's without
         mask functions say, is not handed it)."""
-        given = dict(causal=self.causal, scale=self.scale)
-        for name, default in zip(self._fields[2:], Options()[2:]):
-            value = getattr(self, name)
-            if value is not None if default is None else value != default:  # a tensor is never compared
-                given[name] = value
-        return given
+        return {name: getattr(self, name) for name in self.given()}
 
 
 def check_options(fn: str, q, k, v, *, causal: bool = False, scale=None, window=None, softcap=None, mask_mod=None,
-                  block_mask=None, sinks=None, score_mod=None, value_dim: bool = False) -> Options:
+                  block_mask=None, sinks=None, score_mod=None, attention_chunk=None, value_dim: bool = False) -> Options:
     """The options of a call on (..., heads, seq, head_dim) q, k, v, each checked once, with the
     inputs; a block mask's rule fills causal, window and mask_mod (the call may repeat them, not
     change them). value_dim: v may have a head dim of its own (the references, the teaching kernels). Errors name ``fn``
@@ -128,20 +173,21 @@ def check_options(fn: str, q, k, v, *, causal: bool = False, scale=None, window=
     scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True, value_dim=value_dim)
     heads = q.shape[-3] if q.ndim >= 3 else 1
     options = checked_options(fn, heads, q.device, causal=causal, scale=scale, window=window, softcap=softcap,
-                              mask_mod=mask_mod, sinks=sinks, score_mod=score_mod)
-    return options if block_mask is None else _with_block_mask(fn, options, block_mask, q, k, window, mask_mod)
+                              mask_mod=mask_mod, sinks=sinks, score_mod=score_mod, attention_chunk=attention_chunk)
+    return options if block_mask is None else _with_block_mask(fn, options, block_mask, q, k, window, mask_mod,
+                                                               attention_chunk)
 
 
 def checked_options(fn: str, heads: int, device, *, causal=False, scale: float, window=None, softcap=None,
-                    mask_mod=None, sinks=None, score_mod=None) -> Options:
+                    mask_mod=None, sinks=None, score_mod=None, attention_chunk=None) -> Options:
     """:func:`check_options` for a call whose inputs and scale are checked otherwise (packed
     sequences, decoding): the options alone, for ``heads`` query heads on ``device``."""
     return Options(bool(causal), float(scale), check_window(fn, window), check_softcap(fn, softcap),
                    check_mask_mod(fn, mask_mod, device), None, check_score_mod(fn, score_mod, softcap, device),
-                   check_sinks(fn, sinks, heads, device))
+                   check_sinks(fn, sinks, heads, device), check_chunk(fn, attention_chunk))
 
 
-def _with_block_mask(fn, options: Options, block_mask, q, k, window, mask_mod) -> Options:
+def _with_block_mask(fn, options: Options, block_mask, q, k, window, mask_mod, attention_chunk) -> Options:
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"{fn}: argument 'block_mask' must be a flashlib BlockMask (flashlib.masks.create_block_mask),"
                         f" got {type(block_mask).__name__}")
@@ -150,10 +196,12 @@ def _with_block_mask(fn, options: Options, block_mask, q, k, window, mask_mod) -
         check_mask_mod(fn, rule.mask_mod, q.device)
     given = dict(causal=options.causal and not rule.causal,
                  window=window is not None and options.window != rule.window,
-                 mask_mod=mask_mod is not None and mask_mod is not rule.mask_mod)
+                 mask_mod=mask_mod is not None and mask_mod is not rule.mask_mod,
+                 attention_chunk=attention_chunk is not None and options.attention_chunk != rule.chunk)
     for name, differs in given.items():
         if differs:
-            raise ValueError(f"{fn}: argument '{name}' differs from the block mask's ({getattr(rule, name)!r}); the "
+            ruled = getattr(rule, "chunk" if name == "attention_chunk" else name)
+            raise ValueError(f"{fn}: argument '{name}' differs from the block mask's ({ruled!r}); the "
                              f"block mask carries the mask: pass {name} to create_block_mask, not to this call")
     batch, heads = batch_and_heads(q.shape)
     seen = (block_mask.seq_q, block_mask.seq_k, *block_mask.kinds.shape[:2])
@@ -161,4 +209,5 @@ def _with_block_mask(fn, options: Options, block_mask, q, k, window, mask_mod) -
         raise ValueError(f"{fn}: argument 'block_mask' was built for (batch {seen[2]}, heads {seen[3]}, seq_q "
                          f"{seen[0]}, seq_k {seen[1]}) but the call has ({batch}, {heads}, {q.shape[-2]}, "
                          f"{k.shape[-2]}); build it for these shapes (batch and heads may be 1)")
-    return options._replace(causal=rule.causal, window=rule.window, mask_mod=rule.mask_mod, block_mask=block_mask)
+    return options._replace(causal=rule.causal, window=rule.window, mask_mod=rule.mask_mod, attention_chunk=rule.chunk,
+                            block_mask=block_mask)

@@ -25,17 +25,26 @@ class Visibility(NamedTuple):
 
         causal           j <= i + o
         window (l, r)    i + o - l <= j <= i + o + r      (-1: no limit on that side)
+        chunk C          j // C == (i + o) // C           (0: none; Llama 4's chunked local attention)
         mask_mod         mask_mod(b, h, i, j)             (b: batch, h: query head)
+
+    A query before the keys' start (i + o < 0) lies in no chunk: with a chunk it sees nothing.
     """
 
     causal: bool = False
     window: tuple[int, int] = (-1, -1)
     mask_mod: Callable | None = None
+    chunk: int = 0
 
     @property
     def everything(self) -> bool:
         """True when every pair may attend (nothing to mask, no tile to skip)."""
-        return not self.causal and self.window == (-1, -1) and self.mask_mod is None
+        return not self.causal and not self.banded and self.mask_mod is None
+
+    @property
+    def banded(self) -> bool:
+        """A window or a chunk: each query sees one run of keys, which the tile ranges find."""
+        return self.window != (-1, -1) or self.chunk > 0
 
     def pairs(self, q_idx, kv_idx, seq_q: int, seq_k: int, b=None, h=None):
         """Boolean visibility of index tensors broadcast together (q_idx (..., rows, 1), kv_idx
@@ -49,6 +58,9 @@ class Visibility(NamedTuple):
             rules.append(kv_idx >= diag - left)
         if right >= 0:
             rules.append(kv_idx <= diag + right)
+        if self.chunk > 0:  # floor division: a query at diag < 0 is in chunk -1, no key's
+            rules.append(torch.div(kv_idx, self.chunk, rounding_mode="floor")
+                         == torch.div(diag, self.chunk, rounding_mode="floor"))
         if self.mask_mod is not None:
             rules.append(mask_values(self.mask_mod, _call(self.mask_mod, b, h, q_idx, kv_idx, seq_q, seq_k)))
         visible = None
@@ -96,14 +108,19 @@ def key_range_end(q0, q1, seq_q, seq_k, rule: Visibility) -> int:
         k_end = min(k_end, q1 + offset)
     if rule.window[1] >= 0:  # ... and <= q1 - 1 + offset + right
         k_end = min(k_end, q1 + offset + rule.window[1])
+    if rule.chunk > 0:  # ... and those of its chunk (none for a row before the keys' start)
+        k_end = min(k_end, (q1 - 1 + offset) // rule.chunk * rule.chunk + rule.chunk)
     return max(k_end, 0)
 
 
 def key_range_start(q0, seq_q, seq_k, rule: Visibility, block_k: int) -> int:
-    """The first key tile that query rows from q0 on can see: the window's left edge (tiles
-    before it are skipped), rounded down to a tile boundary; 0 without a window."""
-    left = rule.window[0]
-    return 0 if left < 0 else max(q0 + seq_k - seq_q - left, 0) // block_k * block_k
+    """The first key tile that query rows from q0 on can see: the window's left edge and the first
+    row's chunk (tiles before them are skipped), rounded down to a tile boundary; 0 without either."""
+    diag, left = q0 + seq_k - seq_q, rule.window[0]
+    start = 0 if left < 0 else diag - left
+    if rule.chunk > 0:
+        start = max(start, max(diag, 0) // rule.chunk * rule.chunk)
+    return max(start, 0) // block_k * block_k
 
 
 def query_range(k0, k1, seq_q, seq_k, rule: Visibility, block_q: int = 1) -> tuple[int, int]:
@@ -118,6 +135,9 @@ def query_range(k0, k1, seq_q, seq_k, rule: Visibility, block_q: int = 1) -> tup
         q_start = max(q_start, k0 - offset - right)
     if left >= 0:  # query i sees key k1 - 1 when i + offset - left <= k1 - 1
         q_end = min(q_end, k1 + left - offset)
+    if rule.chunk > 0:  # the rows whose chunk is one of these keys' chunks
+        q_start = max(q_start, k0 // rule.chunk * rule.chunk - offset)
+        q_end = min(q_end, (k1 - 1) // rule.chunk * rule.chunk + rule.chunk - offset)
     return max(q_start, 0) // block_q * block_q, max(q_end, 0)
 
 

@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_block, check_loop, check_mask_mod, check_window
+from ._checks import check_block, check_chunk, check_loop, check_mask_mod, check_window
 from .dense import batch_and_heads, expand_kv, head_indices
 from .rules import (FULL, PARTIAL, SKIPPED, BlockMask, Scoring, Visibility, key_range_end, key_range_start,  # noqa: F401
                     query_range, tile_kinds)
@@ -174,17 +174,18 @@ def canonical(t: torch.Tensor) -> torch.Tensor:
 
 def tiled_forward(q, k, v, *, block_q=64, block_k=64, causal=False, scale=None, loop="query", window=None,
                   softcap=None, mask_mod=None, sinks=None, on_step: Callable | None = None, fn: str = "tiled_forward",
-                  score_mod=None):
+                  score_mod=None, attention_chunk=None):
     """The tiled forward pass without autograd: returns (out, lse).
 
     ``lse`` (..., seq_q) is the log-sum-exp of each score row, m_i + log(l_i): all the
     backward pass needs to recompute the probabilities. ``on_step`` is called after every
     computed tile with ((q0, q1), (k0, k1), s, m_i, l_i, acc), tensors (batch, heads, ...);
-    traces use it. window, softcap, mask_mod, sinks, score_mod and grouped k, v: as
+    traces use it. window, attention_chunk, softcap, mask_mod, sinks, score_mod and grouped k, v: as
     :func:`flashlib.tiled_attention`.
     """
     options = check_options(fn, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod, value_dim=True)
+                            mask_mod=mask_mod, sinks=sinks, score_mod=score_mod, attention_chunk=attention_chunk,
+                            value_dim=True)
     tiles = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k), check_loop(fn, loop)
     return forward_pass(q, k, v, options, tiles, on_step)
 
@@ -208,13 +209,15 @@ _CHUNK_PAIRS = 1 << 22
 
 
 def block_mask(seq_q: int, seq_k: int, *, block_q: int = 64, block_k: int = 64, causal: bool = False,
-               window=None, mask_mod=None, batch: int = 1, heads: int = 1, device=None) -> BlockMask:
+               window=None, mask_mod=None, batch: int = 1, heads: int = 1, device=None,
+               attention_chunk=None) -> BlockMask:
     """The tiles that a (block_q, block_k) tiling computes for this mask (:class:`BlockMask`).
 
     The mask (:class:`flashlib.rules.Visibility`) is evaluated on index tensors, a chunk of
     query blocks at a time, and reduced per tile: O(seq_q * seq_k) work, O(tiles) memory."""
     fn = "block_mask"
-    rule = Visibility(bool(causal), check_window(fn, window), check_mask_mod(fn, mask_mod, device, built_on=True))
+    rule = Visibility(bool(causal), check_window(fn, window), check_mask_mod(fn, mask_mod, device, built_on=True),
+                      check_chunk(fn, attention_chunk))
     block_q, block_k = check_block(fn, "block_q", block_q), check_block(fn, "block_k", block_k)
     b, h = head_indices(batch, heads, device)
     cols = torch.arange(seq_k, device=device)[None, :]
@@ -262,7 +265,8 @@ class TiledTrace:
 
 
 def trace_tiled_attention(q, k, v, *, block_q=2, block_k=2, causal=False, scale=None,
-                          loop="query", window=None, softcap=None, mask_mod=None, score_mod=None) -> TiledTrace:
+                          loop="query", window=None, softcap=None, mask_mod=None, score_mod=None,
+                          attention_chunk=None) -> TiledTrace:
     """Run the tiled forward and record every step (see :class:`TileStep`); the tiles it never
     computed (above the causal diagonal, outside the window, or skipped by the block mask) are
     listed in ``skipped``."""
@@ -275,7 +279,7 @@ def trace_tiled_attention(q, k, v, *, block_q=2, block_k=2, causal=False, scale=
     with torch.no_grad():
         out, _ = tiled_forward(q, k, v, block_q=block_q, block_k=block_k, causal=causal, scale=scale, loop=loop,
                                window=window, softcap=softcap, mask_mod=mask_mod, on_step=on_step, fn=fn,
-                               score_mod=score_mod)
+                               score_mod=score_mod, attention_chunk=attention_chunk)
     final = out.reshape(-1, *out.shape[-2:])[0].to(records[0][5].dtype if records else out.dtype)
     seq_q, seq_k = q.shape[-2], k.shape[-2]
     steps = []

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import (check_attention_inputs, check_cu_seqlens, check_max_seqlen, check_score_mod, check_softcap,
+from ._checks import (check_attention_inputs, check_chunk, check_cu_seqlens, check_max_seqlen, check_score_mod,
+                      check_softcap,
                       check_window)
 from .backward import tiled_attention
 
@@ -85,13 +86,14 @@ def sequence_score(score_mod, b: int):
 
 def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                      causal: bool = False, scale: float | None = None, window=None, softcap: float | None = None,
-                     sinks=None, score_mod=None, return_lse: bool = False):
+                     sinks=None, score_mod=None, return_lse: bool = False, attention_chunk=None):
     """:func:`flashlib.flash_attention_varlen` in plain PyTorch: tiled attention on each sequence
     in turn; differentiable. Returns out (total_q, q_heads, v's head_dim) and, with return_lse, the
     lse (q_heads, total_q) (float32, float64 for float64 inputs; -inf for rows that see no key)."""
     check_varlen_inputs(FN, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                         scale=scale, window=window, softcap=softcap)
     check_score_mod(FN, score_mod, softcap, q.device)  # here, not per sequence: before anything runs
+    check_chunk(FN, attention_chunk)
     outs, lses = [], []
     for (q0, q1), (k0, k1) in zip(sequences(cu_seqlens_q), sequences(cu_seqlens_k)):
         # (tokens, heads, d) -> (heads, tokens, d): one sequence, every head
@@ -99,6 +101,7 @@ def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
         told = None if score_mod is None else sequence_score(score_mod, len(outs))
         out, lse = tiled_attention(q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1), v[k0:k1].transpose(0, 1),
                                    causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks,
+                                   attention_chunk=attention_chunk,
                                    score_mod=told, return_lse=True)
         outs.append(out.transpose(0, 1))
         lses.append(lse)

@@ -30,7 +30,7 @@ import triton.language as tl  # noqa: E402
 
 from .forward import _load_rows  # noqa: E402
 from .rules import (_SKIPPED, _batch_head, _key_range, _mod_scores_slope, _mod_slope, _query_range,  # noqa: E402,F401
-                    _query_range_start, _tile_kind, _visible, _visible_mod, _visible_slope)
+                    _query_range_start, _tile_kind, _visible, _visible_slope)
 
 
 @triton.jit
@@ -71,7 +71,7 @@ def _lse_base2(Lse, offs_q, SEQ_Q):
 def _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d,
                          q_start, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
                          BLOCK_Q: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                         q_end=None, scale=1.0, window_left=-1, window_right=-1, off_b=0, off_h=0, MaskData=None,
+                         q_end=None, scale=1.0, rule=None, off_b=0, off_h=0, MaskData=None,
                          Tiles=None, ScoreData=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
                          offs_dv=None, HEAD_DIM_V=None):
     """Accumulate one key tile's dk, dv over the query blocks that can see it, [q_start, q_end)
@@ -96,9 +96,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, s
             s_t, slope_t = _mod_scores_slope(x_t, scale, qk_scale, off_b, off_h, offs_q[None, :], offs_k[:, None],
                                              ScoreData, SCORE_MOD)
             p_t = tl.math.exp2((s_t - lse[None, :]) - lse_lo[None, :])
-            visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL)
-            visible = _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right, off_b, off_h,
-                                   MaskData, kind, MASK_MOD)
+            visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL, rule, kind, off_b, off_h, MaskData, MASK_MOD)
             p_t = tl.where(tl.trans(visible), p_t, 0.0)
             slope_t = _visible_slope(slope_t, tl.trans(visible), SCORE_MOD)
             dv += tl.dot(p_t.to(do_blk.dtype), do_blk, input_precision=INPUT_PRECISION)
@@ -111,7 +109,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, s
 @triton.jit
 def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, ScoreData, qk_scale, scale,
                          stride_qh, stride_qm, stride_kn, stride_vn, stride_doh, stride_dom, stride_dkn, stride_dvn,
-                         stride_lh, k0, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V, window_left, window_right, off_b, off_h,
+                         stride_lh, k0, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V, rule, off_b, off_h,
                          stride_tb, stride_th, stride_tr,
                          HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                          BLOCK_K: tl.constexpr,
@@ -129,7 +127,7 @@ def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, Score
     v_tile = _load_rows(V, stride_vn, offs_k, offs_dv, SEQ_K, HEAD_DIM_V)
     dk = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_K, HEAD_DIM_V_PAD], dtype=tl.float32)
-    q_start, q_end = _query_range(k0, SEQ_Q, SEQ_K, window_left, window_right, BLOCK_Q, BLOCK_K, CAUSAL,
+    q_start, q_end = _query_range(k0, SEQ_Q, SEQ_K, rule, BLOCK_Q, BLOCK_K, CAUSAL,
                                   MASK_MOD is not None)
     for g in range(0, BLOCK_H):  # the query heads that share this kv head add to its dk, dv
         row = Tiles
@@ -139,7 +137,7 @@ def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, Score
                                       Lse + g * stride_lh, Delta + g * stride_lh, stride_qm, stride_dom, offs_k, offs_d,
                                       q_start, qk_scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, BLOCK_Q=BLOCK_Q,
                                       CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, q_end=q_end, scale=scale,
-                                      window_left=window_left, window_right=window_right, off_b=off_b, off_h=off_h + g,
+                                      rule=rule, off_b=off_b, off_h=off_h + g,
                                       MaskData=MaskData, Tiles=row, ScoreData=ScoreData, SCORE_MOD=SCORE_MOD,
                                       MASK_MOD=MASK_MOD, offs_dv=offs_dv, HEAD_DIM_V=HEAD_DIM_V)
     mask = (offs_k[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)
@@ -158,7 +156,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
                    HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                    BLOCK_K: tl.constexpr,
                    CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                   HEADS=1, window_left=-1, window_right=-1, MaskData=None,
+                   HEADS=1, rule=None, MaskData=None,
                    Tiles=None, stride_tb=0, stride_th=0, stride_tr=0, BLOCK_H: tl.constexpr = 1,
                    SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, ROW0=0, ScoreData=None):
     """One program per key tile of one kv head: the grid is (key tiles, B*H_kv); BLOCK_H = H / H_kv.
@@ -174,7 +172,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
                          Tiles, MaskData, ScoreData, qk_scale, scale, stride_qz, stride_qm=stride_qm, stride_kn=stride_kn,
                          stride_vn=stride_vn, stride_doh=stride_doz, stride_dom=stride_dom, stride_dkn=stride_dkn,
                          stride_dvn=stride_dvn, stride_lh=SEQ_Q, k0=k0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
-                         HEAD_DIM_V=HEAD_DIM_V, window_left=window_left, window_right=window_right, off_b=off_b,
+                         HEAD_DIM_V=HEAD_DIM_V, rule=rule, off_b=off_b,
                          off_h=off_h, stride_tb=stride_tb, stride_th=stride_th, stride_tr=stride_tr,
                          HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H, CAUSAL=CAUSAL,
                          INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
@@ -184,7 +182,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
 def _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end,
                        qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
                        BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                       k_start=0, scale=1.0, window_left=-1, window_right=-1, off_b=0, off_h=0, MaskData=None,
+                       k_start=0, scale=1.0, rule=None, off_b=0, off_h=0, MaskData=None,
                        Tiles=None, ScoreData=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
                        lse_lo=0.0, offs_dv=None, HEAD_DIM_V=None):
     """Accumulate one query block's dq over the key tiles it can see, [k_start, k_end); with a mask
@@ -204,9 +202,7 @@ def _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn
             s, slope = _mod_scores_slope(x, scale, qk_scale, off_b, off_h, offs_q[:, None], offs_k[None, :], ScoreData,
                                          SCORE_MOD)
             p = tl.math.exp2((s - lse[:, None]) - lse_lo[:, None])
-            visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL)
-            visible = _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right, off_b, off_h,
-                                   MaskData, kind, MASK_MOD)
+            visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL, rule, kind, off_b, off_h, MaskData, MASK_MOD)
             p = tl.where(visible, p, 0.0)
             slope = _visible_slope(slope, visible, SCORE_MOD)
             dp = tl.dot(do_blk, tl.trans(v_tile), input_precision=INPUT_PRECISION)
@@ -218,7 +214,7 @@ def _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn
 @triton.jit
 def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, Tiles, MaskData, ScoreData, qk_scale, scale,
                        stride_qm, stride_kn, stride_vn, stride_dom, stride_dqm, q0, SEQ_Q, SEQ_K, HEAD_DIM,
-                       HEAD_DIM_V, window_left, window_right, off_b, off_h,
+                       HEAD_DIM_V, rule, off_b, off_h,
                        HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                        BLOCK_K: tl.constexpr,
                        CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr,
@@ -235,12 +231,12 @@ def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, Tiles, MaskData, ScoreData, 
     lse, lse_lo = _lse_base2_split(Lse, offs_q, SEQ_Q)
     delta = tl.load(Delta + offs_q, mask=offs_q < SEQ_Q, other=0.0)
     dq = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
-    k_start, k_end = _key_range(q0, SEQ_Q, SEQ_K, window_left, window_right, BLOCK_Q, BLOCK_K, CAUSAL,
+    k_start, k_end = _key_range(q0, SEQ_Q, SEQ_K, rule, BLOCK_Q, BLOCK_K, CAUSAL,
                                 MASK_MOD is not None)
     dq = _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end, qk_scale,
                             SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
-                            INPUT_PRECISION=INPUT_PRECISION, k_start=k_start, scale=scale, window_left=window_left,
-                            window_right=window_right, off_b=off_b, off_h=off_h, MaskData=MaskData, Tiles=Tiles,
+                            INPUT_PRECISION=INPUT_PRECISION, k_start=k_start, scale=scale, rule=rule,
+                             off_b=off_b, off_h=off_h, MaskData=MaskData, Tiles=Tiles,
                             ScoreData=ScoreData, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, lse_lo=lse_lo,
                             offs_dv=offs_dv, HEAD_DIM_V=HEAD_DIM_V)
     mask = (offs_q[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
@@ -256,7 +252,7 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
                  HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                  BLOCK_K: tl.constexpr,
                  CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                 GROUP=1, HEADS=1, window_left=-1, window_right=-1, MaskData=None,
+                 GROUP=1, HEADS=1, rule=None, MaskData=None,
                  Tiles=None, stride_tb=0, stride_th=0, stride_tr=0,
                  SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, ROW0=0, ScoreData=None):
     """One program per query block of one head: the grid is (query blocks, B*H). ROW0: where Q's
@@ -271,6 +267,6 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
                        DQ + off_z * stride_dqz, Lse + off_z * SEQ_Q, Delta + off_z * SEQ_Q, Tiles, MaskData, ScoreData,
                        qk_scale, scale, stride_qm, stride_kn, stride_vn=stride_vn, stride_dom=stride_dom,
                        stride_dqm=stride_dqm, q0=q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
-                       HEAD_DIM_V=HEAD_DIM_V, window_left=window_left, window_right=window_right, off_b=off_b,
+                       HEAD_DIM_V=HEAD_DIM_V, rule=rule, off_b=off_b,
                        off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
                        INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)

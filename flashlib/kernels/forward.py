@@ -37,7 +37,7 @@ import triton.language as tl  # noqa: E402
 
 # which keys a query sees and soft-capping: the course's rules, written once (kernels/rules.py)
 from .rules import (_FULL, _PARTIAL, _SKIPPED, _batch_head, _key_range, _key_range_end,  # noqa: E402,F401
-                    _mod_scores, _no_mask, _sink_state, _tile_kind, _visible, _visible_mod)
+                    _mod_scores, _no_mask, _sink_state, _tile_kind, _visible)
 
 
 @triton.jit
@@ -108,7 +108,7 @@ def _finish(m_i, l_i, acc):
 def _attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end,
                     qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
                     BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                    k_start=0, scale=1.0, window_left=-1, window_right=-1, off_b=0, off_h=0, MaskData=None,
+                    k_start=0, scale=1.0, rule=None, off_b=0, off_h=0, MaskData=None,
                     Tiles=None, ScoreData=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
                     offs_dv=None, HEAD_DIM_V=None):
     """Fold every key/value tile of [k_start, k_end) into (m_i, l_i, acc); q_blk stays in registers.
@@ -124,9 +124,7 @@ def _attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, of
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_tile = _load_rows(K, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)
             v_tile = _load_rows(V, stride_vn, offs_k, offs_dv, SEQ_K, HEAD_DIM_V)
-            visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL)
-            visible = _visible_mod(visible, offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right, off_b, off_h,
-                                   MaskData, kind, MASK_MOD)
+            visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL, rule, kind, off_b, off_h, MaskData, MASK_MOD)
             s = _scores(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION, scale, off_b, off_h, offs_q[:, None],
                         offs_k[None, :], ScoreData, SCORE_MOD)
             m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION)
@@ -135,7 +133,7 @@ def _attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, of
 
 @triton.jit
 def _attn_fwd_block(Q, K, V, Out, Lse, Tiles, MaskData, qk_scale, scale, stride_qm, stride_kn, stride_vn, stride_om,
-                    q0, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V, window_left, window_right, off_b, off_h,
+                    q0, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V, rule, off_b, off_h,
                     HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                     BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                     SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, Sinks=None, ScoreData=None):
@@ -152,12 +150,12 @@ def _attn_fwd_block(Q, K, V, Out, Lse, Tiles, MaskData, qk_scale, scale, stride_
 
     m_i, l_i = _sink_state(Sinks, tl.zeros([BLOCK_Q], dtype=tl.int64) + off_h)  # (-inf, 0) without sinks
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_V_PAD], dtype=tl.float32)
-    k_start, k_end = _key_range(q0, SEQ_Q, SEQ_K, window_left, window_right, BLOCK_Q, BLOCK_K, CAUSAL,
+    k_start, k_end = _key_range(q0, SEQ_Q, SEQ_K, rule, BLOCK_Q, BLOCK_K, CAUSAL,
                                 MASK_MOD is not None)
     m_i, l_i, acc = _attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end, qk_scale,
                                     SEQ_Q, SEQ_K, HEAD_DIM=HEAD_DIM, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
                                     INPUT_PRECISION=INPUT_PRECISION, k_start=k_start, scale=scale,
-                                    window_left=window_left, window_right=window_right, off_b=off_b, off_h=off_h,
+                                    rule=rule, off_b=off_b, off_h=off_h,
                                     MaskData=MaskData, Tiles=Tiles, ScoreData=ScoreData, SCORE_MOD=SCORE_MOD,
                                     MASK_MOD=MASK_MOD, offs_dv=offs_dv, HEAD_DIM_V=HEAD_DIM_V)
 
@@ -174,7 +172,7 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
               SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V,
               HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
               CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-              GROUP=1, HEADS=1, scale=1.0, window_left=-1, window_right=-1, MaskData=None,
+              GROUP=1, HEADS=1, scale=1.0, rule=None, MaskData=None,
               Tiles=None, stride_tb=0, stride_th=0, stride_tr=0,
               SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, ROW0=0, Sinks=None, ScoreData=None):
     """Q: (B*H, seq, HEAD_DIM), Out: (B*H, seq, HEAD_DIM_V); K: (B*H_kv, seq, HEAD_DIM), V: (B*H_kv,
@@ -191,8 +189,8 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         Tiles += off_b * stride_tb + off_h * stride_th + q0 // BLOCK_Q * stride_tr
     _attn_fwd_block(Q + off_z * stride_qz, K + off_kv * stride_kz, V + off_kv * stride_vz, Out + off_z * stride_oz,
                     Lse + off_z * SEQ_Q, Tiles, MaskData, qk_scale, scale, stride_qm, stride_kn, stride_vn, stride_om,
-                    q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, window_left=window_left,
-                    window_right=window_right, off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
+                    q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, rule=rule,
+                     off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
                     HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K,
                     CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD,
                     Sinks=Sinks, ScoreData=ScoreData)

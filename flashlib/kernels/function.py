@@ -125,7 +125,7 @@ def kernel_mask(mask_mod, device="cpu"):
 
 def _kinds(options: Options, batch, heads, seq_q, seq_k, block_q, block_k, device):
     """The block mask's kinds for these tiles (flashlib.masks.block_mask), (B or 1, H or 1, query
-    blocks, key tiles); for a window alone, every tile partial: its key range skips the rest."""
+    blocks, key tiles); for a window or chunk alone, every tile partial: its key range skips the rest."""
     if options.mask_mod is None:
         shape = (1, 1, triton.cdiv(seq_q, block_q), triton.cdiv(seq_k, block_k))
         return torch.full(shape, PARTIAL, dtype=torch.uint8, device=device)
@@ -134,9 +134,9 @@ def _kinds(options: Options, batch, heads, seq_q, seq_k, block_q, block_k, devic
 
     def build():  # O(seq_q * seq_k) evaluations of the mask function: kept while it reads the same values
         return block_mask(seq_q, seq_k, block_q=block_q, block_k=block_k, causal=options.causal, window=options.window,
-                          mask_mod=options.mask_mod, batch=batch, heads=heads, device=device).kinds, ()
+                          attention_chunk=options.attention_chunk, mask_mod=options.mask_mod, batch=batch, heads=heads, device=device).kinds, ()
 
-    call = ("kinds", seq_q, seq_k, block_q, block_k, options.causal, options.window, batch, heads, torch.device(device))
+    call = ("kinds", seq_q, seq_k, block_q, block_k, options.causal, options.window, options.attention_chunk, batch, heads, torch.device(device))
     return KINDS.get(options.mask_mod, call, build)[0]
 
 
@@ -172,8 +172,7 @@ def variant_args(options: Options, *, group: int = 1, heads: int = 1, kinds=None
         args.update(Sinks=sinks)
     args.update(score_args(score))
     if options.masked:
-        left, right = options.window
-        args.update(window_left=left, window_right=right, MaskData=None if data is None else data.data, Tiles=kinds,
+        args.update(rule=options.rule_numbers, MaskData=None if data is None else data.data, Tiles=kinds,
                     stride_tb=kinds.stride(0) if kinds.shape[0] > 1 else 0,
                     stride_th=kinds.stride(1) if kinds.shape[1] > 1 else 0, stride_tr=kinds.stride(2),
                     MASK_MOD=_no_mask if data is None else data.jit)
@@ -373,17 +372,14 @@ def backward_pass(q, k, v, out, lse2, dout, options: Options, cfg: FlashConfig, 
     sinks = options.sinks
     if out.numel() == 0 or k.shape[-2] == 0:
         zeros = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        if sinks is None:
-            return zeros
-        delta = softmax_delta(out, dout, dlse)
-        return *zeros, sink_grad(sinks, lse_natural(lse2), delta)  # rows with no key still give the sink a share
+        dsinks = None if sinks is None else sink_grad(sinks, lse_natural(lse2), softmax_delta(out, dout, dlse))
+        return (*zeros, *options.tensor_grads(dict(sinks=dsinks)))  # rows with no key still give the sink a share
     seq_q = q.shape[-2]
     masks = _masks(options, q, k.shape[-2], cfg.bwd_block_q, cfg.bwd_block_k, backward=True, fn=fn)
     dq, dk, dv, dsinks = _launch_backward(flat(q), flat(k), flat(v), flat(out), lse2.reshape(-1, seq_q), flat(dout),
                                           None if dlse is None else dlse.reshape(-1, seq_q).float(), cfg, options,
                                           batch_and_heads(q.shape)[1], masks, fn)
-    grads = dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
-    return grads if sinks is None else (*grads, dsinks)
+    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), *options.tensor_grads(dict(sinks=dsinks))
 
 
 def save_lse(lse2):
@@ -451,7 +447,7 @@ def captured_inputs(options: Options, q, k, fn: str = FN) -> list:
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, window=None,
               softcap: float | None = None, mask_mod=None, block_mask=None, config: FlashConfig | None = None,
-              sinks=None, score_mod=None, return_lse: bool = False):
+              sinks=None, score_mod=None, return_lse: bool = False, attention_chunk=None):
     """Exact attention softmax(q kᵀ · scale) v with notebook 06's forward and notebook 07's
     backward kernels; differentiable (the lse too).
 
@@ -466,6 +462,8 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, wind
         scale: defaults to 1/sqrt(head_dim), q's head dim.
         window: (left, right), -1 for no limit on a side: query i sees keys i + o - left ..
             i + o + right (o = seq_k - seq_q); each query block visits only its window's key tiles.
+        attention_chunk: C > 0: query i, at p = i + o, sees key j only when j // C == p // C (chunked
+            local attention); each query block visits only its rows' chunks. 0 or None: none.
         softcap: c > 0: scores c * tanh(scale * q.k / c), the score function flashlib.scores.softcap(c).
         score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score (:mod:`flashlib.scores`), applied to
             each scaled score before the mask, compiled into the kernels with its derivative; the
@@ -489,7 +487,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, wind
     """
     options = check_options(FN, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
                             mask_mod=mask_mod, block_mask=block_mask, sinks=sinks, score_mod=score_mod,
-                            value_dim=True)
+                            attention_chunk=attention_chunk, value_dim=True)
     check_kernel_inputs(FN, q, v)
     cfg = resolve_config(FN, q, config, v)
     out, lse = AttentionFunction.apply(q, k, v, cfg, options, FN, *options.tensors, *captured_inputs(options, q, k))

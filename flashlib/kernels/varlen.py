@@ -11,8 +11,8 @@ and how long it is::
                                                          sequence's end does nothing: no FLOPs
                                                          on padding
 
-Grouped-query attention, score functions (soft-capping among them) and windows work as in the
-dense kernels (a window takes the mask path with no mask function: every tile of its key range is
+Grouped-query attention, score functions (soft-capping among them), windows and chunks work as in the
+dense kernels (a window or chunk takes the mask path with no mask function: every tile of its key range is
 partial); a score function is told positions within each sequence, never within the packed buffer.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _sequence(CuSeqlens, off_b):
 @triton.jit
 def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale,
                      stride_qm, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_om, stride_oh,
-                     TOTAL_Q, HEADS, GROUP, HEAD_DIM, HEAD_DIM_V, window_left, window_right,
+                     TOTAL_Q, HEADS, GROUP, HEAD_DIM, HEAD_DIM_V, rule,
                      HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                      BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                      MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr = None, Sinks=None, ScoreData=None, B0=0):
@@ -63,7 +63,7 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale,
                         V + k_start * stride_vn + off_kv * stride_vh, Out + q_start * stride_om + off_h * stride_oh,
                         Lse + off_h * TOTAL_Q + q_start, Tiles, None, qk_scale, scale, stride_qm, stride_kn,
                         stride_vn, stride_om, q0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V,
-                        window_left=window_left, window_right=window_right, off_b=off_b + B0, off_h=off_h,
+                        rule=rule, off_b=off_b + B0, off_h=off_h,
                         HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD,
                         MASK_MOD=MASK_MOD, Sinks=Sinks, ScoreData=ScoreData)
 
@@ -72,7 +72,7 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale,
 def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale,
                           stride_qm, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dom, stride_doh,
                           stride_dkn, stride_dkh, stride_dvn, stride_dvh,
-                          TOTAL_Q, KV_HEADS, HEAD_DIM, HEAD_DIM_V, window_left, window_right,
+                          TOTAL_Q, KV_HEADS, HEAD_DIM, HEAD_DIM_V, rule,
                           HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                           BLOCK_K: tl.constexpr,
                           BLOCK_H: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
@@ -95,7 +95,7 @@ def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlens
                              stride_qm=stride_qm, stride_kn=stride_kn, stride_vn=stride_vn, stride_doh=stride_doh,
                              stride_dom=stride_dom, stride_dkn=stride_dkn, stride_dvn=stride_dvn, stride_lh=TOTAL_Q,
                              k0=k0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V,
-                             window_left=window_left, window_right=window_right, off_b=off_b + B0, off_h=off_h,
+                             rule=rule, off_b=off_b + B0, off_h=off_h,
                              stride_tb=0, stride_th=0, stride_tr=0, HEAD_DIM_PAD=HEAD_DIM_PAD,
                              HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H,
                              CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
@@ -104,7 +104,7 @@ def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlens
 @triton.jit
 def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale,
                         stride_qm, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dom, stride_doh,
-                        stride_dqm, stride_dqh, TOTAL_Q, HEADS, GROUP, HEAD_DIM, HEAD_DIM_V, window_left, window_right,
+                        stride_dqm, stride_dqh, TOTAL_Q, HEADS, GROUP, HEAD_DIM, HEAD_DIM_V, rule,
                         HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                         BLOCK_K: tl.constexpr,
                         CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, MASK_MOD: tl.constexpr,
@@ -122,8 +122,7 @@ def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Til
                            DQ + q_start * stride_dqm + off_h * stride_dqh, Lse + off_h * TOTAL_Q + q_start,
                            Delta + off_h * TOTAL_Q + q_start, Tiles, None, ScoreData, qk_scale, scale, stride_qm,
                            stride_kn, stride_vn=stride_vn, stride_dom=stride_dom, stride_dqm=stride_dqm, q0=q0,
-                           SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, window_left=window_left,
-                           window_right=window_right, off_b=off_b + B0, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
+                           SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, rule=rule, off_b=off_b + B0, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
                            HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION,
                            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
 
@@ -136,12 +135,12 @@ def _strides(*tensors):
 
 
 def _variant_args(options: Options, tiles: int, device, score=None) -> tuple:
-    """(Tiles, window_left, window_right) and the keyword arguments of a launch. A window takes
-    the mask path with no mask function: its block mask row says "partial" for each of ``tiles``.
-    score: the call's score function compiled (:func:`flashlib.kernels.function.kernel_score`)."""
-    left, right = options.window
+    """(Tiles, rule) and the keyword arguments of a launch. A window or a chunk takes the mask path with
+    no mask function: its block mask row says "partial" for each of ``tiles``. rule: the rule's run-time
+    integers (Options.rule_numbers). score: the call's score function compiled
+    (:func:`flashlib.kernels.function.kernel_score`)."""
     tiles_row = torch.full((max(tiles, 1),), PARTIAL, dtype=torch.uint8, device=device) if options.masked else None
-    return (tiles_row, left, right), dict(MASK_MOD=_no_mask if options.masked else None, **score_args(score))
+    return (tiles_row, options.rule_numbers), dict(MASK_MOD=_no_mask if options.masked else None, **score_args(score))
 
 
 def _positions(cu_q, cu_k, heads: int):
@@ -174,7 +173,7 @@ def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, cfg, options: Options):
     lse = torch.empty(heads, total_q, dtype=torch.float64, device=q.device)  # float64: forward._finish says why
     score = kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k,
                          fn=VARLEN_FN, regions=_positions(cu_q, cu_k, heads))
-    (tiles, left, right), switches = _variant_args(options, triton.cdiv(max_k, cfg.block_k), q.device, score)
+    (tiles, rule), switches = _variant_args(options, triton.cdiv(max_k, cfg.block_k), q.device, score)
     if sinks is not None:
         switches.update(Sinks=sinks.detach().to(torch.float32).contiguous())
     for batch, cu_q_run, cu_k_run, b0 in _batches(cu_q, cu_k, heads):
@@ -182,7 +181,7 @@ def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, cfg, options: Options):
             switches.update(B0=b0)
         _attn_fwd_varlen[(triton.cdiv(max_q, cfg.block_q), batch * heads)](
             q, k, v, out, lse, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale, *_strides(q, k, v, out), total_q,
-            heads, heads // k.shape[1], d, window_left=left, window_right=right, HEAD_DIM_PAD=head_dim_pad(d),
+            heads, heads // k.shape[1], d, rule=rule, HEAD_DIM_PAD=head_dim_pad(d),
             **value_dim(d, dv), BLOCK_Q=cfg.block_q,
             BLOCK_K=cfg.block_k, CAUSAL=causal, INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **switches)
@@ -202,13 +201,13 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, cf
                   num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages)
     score = kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k,
                          fn=VARLEN_FN, regions=_positions(cu_q, cu_k, heads))
-    (tiles, left, right), switches = _variant_args(options, triton.cdiv(max_q, cfg.bwd_block_q), q.device, score)
+    (tiles, rule), switches = _variant_args(options, triton.cdiv(max_q, cfg.bwd_block_q), q.device, score)
     for batch, cu_q_run, cu_k_run, b0 in _batches(cu_q, cu_k, kv_heads):
         if score is not None:
             switches.update(B0=b0)
         _attn_bwd_dkdv_varlen[(triton.cdiv(max_k, cfg.bwd_block_k), batch * kv_heads)](
             q, k, v, dout, dk, dv_grad, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale,
-            *_strides(q, k, v, dout, dk, dv_grad), total_q, kv_heads, d, window_left=left, window_right=right,
+            *_strides(q, k, v, dout, dk, dv_grad), total_q, kv_heads, d, rule=rule,
             BLOCK_H=group, **common, **switches)
     tiles, *_ = _variant_args(options, triton.cdiv(max_k, cfg.bwd_block_k), q.device)[0]
     for batch, cu_q_run, cu_k_run, b0 in _batches(cu_q, cu_k, heads):
@@ -216,7 +215,7 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, cf
             switches.update(B0=b0)
         _attn_bwd_dq_varlen[(triton.cdiv(max_q, cfg.bwd_block_q), batch * heads)](
             q, k, v, dout, dq, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale,
-            *_strides(q, k, v, dout, dq), total_q, heads, group, d, window_left=left, window_right=right, **common,
+            *_strides(q, k, v, dout, dq), total_q, heads, group, d, rule=rule, **common,
             **switches)
     # the lse (heads, total_q) holds the sinks: the kernels are unchanged; the sinks' gradient from delta
     dsinks = None if sinks is None else sink_grad(sinks, lse_natural(lse), delta)
@@ -265,13 +264,14 @@ def varlen_backward_base2(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, m
 
 
 def check_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
-                 window=None, softcap=None, sinks=None, score_mod=None, read_values: bool = True) -> Options:
+                 window=None, softcap=None, sinks=None, score_mod=None, attention_chunk=None,
+                 read_values: bool = True) -> Options:
     """Everything a packed call's arguments say, checked once: its Options."""
     scale = check_varlen_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                                 scale=scale, window=window, softcap=softcap, read_values=read_values)
     check_kernel_inputs(fn, q, v)
     return checked_options(fn, q.shape[1], q.device, causal=causal, scale=scale, window=window, softcap=softcap,
-                           sinks=sinks, score_mod=score_mod)
+                           sinks=sinks, score_mod=score_mod, attention_chunk=attention_chunk)
 
 
 def varlen_score_grads(q, k, v, out, lse, dout, dlse, cu_q, cu_k, options: Options, captured):
@@ -316,6 +316,6 @@ class VarlenFunction(torch.autograd.Function):
         dout = dout.contiguous()
         dq, dk, dv, dsinks = varlen_backward_base2(q, k, v, out, column.squeeze(-1), dout, cu_q, cu_k, *ctx.lengths,
                                                    options, dlse=dlse)
-        dheld = [dsinks] if ctx.held else []
+        dheld = options.tensor_grads(dict(sinks=dsinks))
         dcaptured = varlen_score_grads(q, k, v, out, lse, dout, dlse, cu_q, cu_k, options, captured) if captured else []
         return dq, dk, dv, None, None, None, None, None, *dheld, *dcaptured
