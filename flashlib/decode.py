@@ -120,7 +120,7 @@ def _check_num_splits(fn, num_splits, name="num_splits"):
 
 
 def check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, *, block_table, num_splits, causal=True, scale=None,
-                        window=None, softcap=None, score_mod=None, sinks=None) -> DecodeArgs:
+                        window=None, softcap=None, score_mod=None, sinks=None, attention_chunk=None) -> DecodeArgs:
     """Everything about a call that its shapes, dtypes and options say (no values read); q (batch,
     q_heads, new_tokens, head_dim), a mixed batch's already spread (flashlib.kvcache)."""
     page_size, capacity = _check_caches(fn, q, k_cache, v_cache, block_table)
@@ -130,7 +130,8 @@ def check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, *, block_table, 
     if not isinstance(causal, bool):
         raise TypeError(f"{fn}: argument 'causal' must be True or False, got {causal!r}")
     options = checked_options(fn, q.shape[1], q.device, causal=causal, scale=resolve_scale(fn, scale, q.shape[-1]),
-                              window=window, softcap=softcap, score_mod=score_mod, sinks=sinks)
+                              window=window, softcap=softcap, score_mod=score_mod, sinks=sinks,
+                              attention_chunk=attention_chunk)
     return DecodeArgs(options, block_table is not None, page_size, capacity)
 
 
@@ -179,18 +180,18 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def split_bounds(seqlen: int, new_tokens: int, num_splits: int, *, window_left: int = -1,
+def split_bounds(seqlen: int, new_tokens: int, num_splits: int, *, rule: Visibility = Visibility(),
                  block: int = 1, start: int = 0) -> list[tuple[int, int]]:
     """[start, stop) of each of the ``num_splits`` chunks of one sequence's keys.
 
     The keys any of its queries can see, [first, seqlen) (first = the sequence's start, or where the
-    window of the first new token starts if later, rounded down to a multiple of ``block``), are cut into chunks of
+    first new token's keys start under ``rule`` (its window, its chunk) if later, rounded down to a multiple of ``block``), are cut into chunks of
     ceil(span / num_splits) keys rounded up to a multiple of ``block`` (the kernels' BLOCK_K, so
     that no tile straddles two chunks); trailing chunks may be empty (start == stop).
     """
     # the new tokens are the last queries of the cache: the forward's rule with seq_q = new_tokens,
-    # seq_k = seqlen, causal, window (left, 0); its first row's key range
-    first = max(key_range_start(0, new_tokens, seqlen, Visibility(True, (window_left, -1)), block),
+    # seq_k = seqlen; its first row's key range
+    first = max(key_range_start(0, new_tokens, seqlen, rule, block),
                 start // block * block)
     chunk = _cdiv(_cdiv(seqlen - first, num_splits), block) * block
     starts = [min(first + s * chunk, seqlen) for s in range(num_splits)]
@@ -297,7 +298,7 @@ def _partials(batch: Batch, args: DecodeArgs, num_splits: int):
         k, v = (_sequence(c, batch.block_table, b, seqlen, args.paged).to(work).repeat_interleave(group, dim=0)
                 for c in (batch.k_cache, batch.v_cache))
         parts = []
-        for lo, hi in split_bounds(seqlen, n, num_splits, window_left=args.options.window[0], start=start):
+        for lo, hi in split_bounds(seqlen, n, num_splits, rule=args.options.visibility, start=start):
             positions = torch.arange(lo, hi, device=q.device)
             out, lse = chunk_attention(q[b, :, :n].to(work), k[:, lo:hi], v[:, lo:hi], positions, seqlen - n,
                                        args.options, start=start, batch_row=b)
@@ -313,6 +314,7 @@ def _prepared(fn, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, o
     flashlib.kvcache, the rest checked, the values checked before anything is written."""
     contract = {name: options.pop(name) for name in KVCACHE_ARGUMENTS if name in options}
     causal, window = options.get("causal", True), options.get("window") or (-1, -1)
+    contract["attention_chunk"] = options.get("attention_chunk")
     batch = kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
                             window=window, **contract)
     args = check_decode_inputs(fn, batch.q, k_cache, v_cache, cache_seqlens, block_table=batch.block_table,
@@ -437,16 +439,16 @@ class DecodePlan:
     """
 
     def __init__(self, q, k_cache, v_cache, cache_seqlens, *, causal: bool = True, scale=None, softcap=None,
-                 window=None, block_table=None, num_splits=None, sinks=None, score_mod=None):
+                 window=None, block_table=None, num_splits=None, sinks=None, score_mod=None, attention_chunk=None):
         fn = PLAN_FN
         _check_inference(fn, q=q, k_cache=k_cache, v_cache=v_cache, sinks=sinks)
         _check_kernel_q(fn, q)
         args = check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table,
                                    num_splits=num_splits, causal=causal, scale=scale, window=window, softcap=softcap,
-                                   score_mod=score_mod, sinks=sinks)
+                                   score_mod=score_mod, sinks=sinks, attention_chunk=attention_chunk)
         _contiguous_layout(fn, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, block_table=block_table)
         batch = kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
-                                window=args.options.window).write()
+                                window=args.options.window, attention_chunk=args.options.attention_chunk).write()
         check_decode_values(fn, batch, args, k_cache.shape[0])
         self._build(fn, batch, args, num_splits, regions=None)
 
@@ -502,7 +504,8 @@ class DecodePlan:
 def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True, scale=None, softcap=None, window=None,
                      block_table=None, num_splits=None, sinks=None, score_mod=None, k_new=None, v_new=None,
                      rotary_cos=None, rotary_sin=None, rotary_interleaved: bool = False, cache_batch_idx=None,
-                     cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q=None, return_lse: bool = False):
+                     cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q=None, return_lse: bool = False,
+                     attention_chunk=None):
     """Attention of a few new tokens per sequence over a KV cache, with split-KV kernels: flash-attn's
     ``flash_attn_with_kvcache`` in flashlib's (batch, heads, seq, dim) layout.
 
@@ -525,6 +528,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
         causal: False: every new token sees all L keys (cross-attention, a prefix-LM's prompt, drafted
             tokens verified); the window applies either way, both sides: (left, right) as flash-attn's,
             L - n + i - left <= j <= L - n + i + right, -1 for no limit.
+        attention_chunk: C > 0: chunked local attention (Llama 4's chunked layers), either way too:
+            query i sees key j only when j // C == (L - n + i) // C. 0 or None: no chunks.
         scale, softcap, sinks: as :func:`flashlib.flash_attention` (scale 1/sqrt(head_dim) by default).
         num_splits: chunks per sequence, each read by its own program and merged by a second kernel;
             None chooses (:func:`flashlib.kernels.decode.choose_num_splits`; 1 in the interpreter).
@@ -553,24 +558,24 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
 
     batch, args = _prepared(FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
                             dict(causal=causal, scale=scale, softcap=softcap, window=window, sinks=sinks,
-                                 score_mod=score_mod, **contract))
+                                 score_mod=score_mod, attention_chunk=attention_chunk, **contract))
     k, v, seqs, table = as_kernels_read(batch.k_cache, batch.v_cache,
                                         Sequences(batch.seqlens, batch.new_tokens, batch.starts), batch.block_table)
     ready = batch._replace(k_cache=k, v_cache=v, block_table=table, seqlens=seqs.seqlens, new_tokens=seqs.new_tokens,
                            starts=seqs.starts)
     heads = batch.q.shape[1]
-    plan = DecodePlan._of(FN, ready, args, num_splits, regions=lambda: _positions(ready, heads, args.options.window[0]))
+    plan = DecodePlan._of(FN, ready, args, num_splits, regions=lambda: _positions(ready, heads, args.options.visibility))
     out, lse = plan._launch(ready.q, k, v, seqs.seqlens, table)
     return batch.unpack(out, lse) if return_lse else batch.unpack(out, lse)[0]
 
 
-def _positions(batch: Batch, heads: int, window_left: int) -> list[dict]:
+def _positions(batch: Batch, heads: int, rule: Visibility) -> list[dict]:
     """The (b, h, q_idx, kv_idx) ranges a score function is told for each sequence, as the reference tells
     it (:func:`decode_partials`: positions from the sequence's start, keys from the first its new tokens
     can see): for the check of the indices it reads, where the cache's capacity fails it."""
     where = zip(*(t.tolist() for t in (batch.seqlens, batch.new_tokens, batch.starts)))
     return [{"b": (b, b), "h": (0, heads - 1), "q_idx": (seqlen - n - start, seqlen - 1 - start),
-             "kv_idx": (split_bounds(seqlen, n, 1, window_left=window_left, start=start)[0][0] - start,
+             "kv_idx": (split_bounds(seqlen, n, 1, rule=rule, start=start)[0][0] - start,
                         seqlen - 1 - start)}
             for b, (seqlen, n, start) in enumerate(where)]
 

@@ -123,6 +123,18 @@ def key_range_start(q0, seq_q, seq_k, rule: Visibility, block_k: int) -> int:
     return max(start, 0) // block_k * block_k
 
 
+def key_span(rule: Visibility, keys: int, new_tokens: int) -> int:
+    """The most keys that the last ``new_tokens`` queries of a sequence of ``keys`` positions see together
+    (decoding's split count is chosen for it): all of them, or the reach of the window's left side or of
+    the chunks their positions lie in."""
+    span = keys
+    if rule.window[0] >= 0:
+        span = min(span, rule.window[0] + new_tokens)
+    if rule.chunk > 0:
+        span = min(span, rule.chunk + new_tokens)
+    return span
+
+
 def query_range(k0, k1, seq_q, seq_k, rule: Visibility, block_q: int = 1) -> tuple[int, int]:
     """[q_start, q_end): the query rows that can see some key of k0:k1, q_start rounded down to a
     block boundary; the other query blocks see none of these keys."""

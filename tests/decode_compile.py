@@ -63,6 +63,8 @@ def _signature(fn, dtype: str, constants: dict, runtime: dict):
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in ("qk_scale", "scale"):
             signature[name] = "fp32"
+        elif name == "rule":  # the rule's run-time integers (window left, right, chunk), one tuple
+            signature[name] = ("i32", "i32", "i32")
         else:
             signature[name] = "i32"
             if name.startswith("stride") or name in ("HEAD_DIM", "HEAD_DIM_V"):  # as the JIT sees multiples of 16

@@ -1,6 +1,6 @@
 """The course's rules, written once per language, agree: flashlib.rules (PyTorch) against
 flashlib.kernels.rules (Triton, run in the interpreter), element by element and tile by tile, for
-random lengths, tiles and windows (0, -1 and sides up to 2^31 - 1); soft-capping against float64
+random lengths, tiles, windows (0, -1 and sides up to 2^31 - 1) and chunks; soft-capping against float64
 for caps from 1e-3 to 1e7, forward and gradient."""
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ BIG = 2**31 - 1
 
 
 @triton.jit
-def _rule_kernel(Mask, KeyRange, QueryRange, SEQ_Q, SEQ_K, window_left, window_right,
+def _rule_kernel(Mask, KeyRange, QueryRange, SEQ_Q, SEQ_K, rule,
                  ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                  CAUSAL: tl.constexpr):
     """Program (i, j): query block i against key tile j; writes the tile's visibility, and once per
@@ -33,26 +33,26 @@ def _rule_kernel(Mask, KeyRange, QueryRange, SEQ_Q, SEQ_K, window_left, window_r
     bq, bk = tl.program_id(0), tl.program_id(1)
     q0, k0 = bq * BLOCK_Q, bk * BLOCK_K
     offs_q, offs_k = q0 + tl.arange(0, BLOCK_Q), k0 + tl.arange(0, BLOCK_K)
-    visible = kr._visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL)
-    visible = visible & kr._band(offs_q, offs_k, SEQ_Q, SEQ_K, window_left, window_right)
+    # the element test as a partial tile of the mask path asks it (a window or chunk alone: _no_mask)
+    visible = kr._visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL, rule, kr._PARTIAL, MASK_MOD=kr._no_mask)
     inside = (offs_q[:, None] < ROWS) & (offs_k[None, :] < COLS)
     tl.store(Mask + offs_q[:, None] * COLS + offs_k[None, :], visible.to(tl.int8), mask=inside)
     if bk == 0:
-        k_start, k_end = kr._key_range(q0, SEQ_Q, SEQ_K, window_left, window_right, BLOCK_Q, BLOCK_K, CAUSAL, True)
+        k_start, k_end = kr._key_range(q0, SEQ_Q, SEQ_K, rule, BLOCK_Q, BLOCK_K, CAUSAL, True)
         tl.store(KeyRange + bq * 2, k_start)
         tl.store(KeyRange + bq * 2 + 1, k_end)
     if bq == 0:
-        q_start, q_end = kr._query_range(k0, SEQ_Q, SEQ_K, window_left, window_right, BLOCK_Q, BLOCK_K, CAUSAL, True)
+        q_start, q_end = kr._query_range(k0, SEQ_Q, SEQ_K, rule, BLOCK_Q, BLOCK_K, CAUSAL, True)
         tl.store(QueryRange + bk * 2, q_start)
         tl.store(QueryRange + bk * 2 + 1, q_end)
 
 
-def _triton_rule(seq_q, seq_k, block_q, block_k, causal, window):
+def _triton_rule(seq_q, seq_k, block_q, block_k, causal, window, chunk=0):
     blocks, tiles = max(1, -(-seq_q // block_q)), max(1, -(-seq_k // block_k))
     mask = torch.zeros(max(seq_q, 1), max(seq_k, 1), dtype=torch.int8)
     key_range = torch.zeros(blocks, 2, dtype=torch.int32)
     query_range = torch.zeros(tiles, 2, dtype=torch.int32)
-    _rule_kernel[(blocks, tiles)](mask, key_range, query_range, seq_q, seq_k, window[0], window[1],
+    _rule_kernel[(blocks, tiles)](mask, key_range, query_range, seq_q, seq_k, (*window, chunk),
                                   ROWS=max(seq_q, 1), COLS=max(seq_k, 1), BLOCK_Q=block_q, BLOCK_K=block_k,
                                   CAUSAL=causal)
     return mask[:seq_q, :seq_k].bool(), key_range.tolist(), query_range.tolist()
@@ -68,12 +68,16 @@ def _windows():
     return st.tuples(side, side)
 
 
-@settings(max_examples=25, deadline=None)
+def _chunks():
+    return st.one_of(st.just(0), st.integers(1, 40), st.integers(2**20, BIG), st.just(BIG))
+
+
+@settings(max_examples=40, deadline=None)
 @given(seq_q=st.integers(1, 50), seq_k=st.integers(1, 50), block_q=st.sampled_from([1, 4, 16]),
-       block_k=st.sampled_from([2, 8, 16]), causal=st.booleans(), window=_windows())
-def test_the_triton_rule_is_the_pytorch_rule(seq_q, seq_k, block_q, block_k, causal, window):
-    rule = rules.Visibility(causal, window)
-    visible, key_range, query_range = _triton_rule(seq_q, seq_k, block_q, block_k, causal, window)
+       block_k=st.sampled_from([2, 8, 16]), causal=st.booleans(), window=_windows(), chunk=_chunks())
+def test_the_triton_rule_is_the_pytorch_rule(seq_q, seq_k, block_q, block_k, causal, window, chunk):
+    rule = rules.Visibility(causal, window, chunk=chunk)
+    visible, key_range, query_range = _triton_rule(seq_q, seq_k, block_q, block_k, causal, window, chunk)
     rows, cols = torch.arange(seq_q)[:, None], torch.arange(seq_k)[None, :]
     expected = rule.pairs(rows, cols, seq_q, seq_k)
     expected = torch.ones(seq_q, seq_k, dtype=torch.bool) if expected is None else expected.expand(seq_q, seq_k)

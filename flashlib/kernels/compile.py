@@ -141,6 +141,8 @@ def _with_defaults(fn, constexprs: dict, pointers=()) -> dict:
     for param in params:
         if param.name in OPTIONAL_POINTERS and param.name not in out and param.name not in pointers:
             out[param.name] = None  # what a launch without them passes: a compile-time None
+        if param.name == "rule" and param.default is None and "rule" not in out:
+            out["rule"] = None  # the dense kernels without a window or chunk: no rule tuple (kernels/rules.py)
         if param.is_constexpr and param.name not in out:
             if param.default is inspect.Parameter.empty:
                 raise ValueError(f"compile: {fn.__name__} needs the compile-time argument {param.name!r}")

@@ -42,10 +42,12 @@ import torch
 
 from .._checks import check_grid
 from ..options import Options
+from ..rules import key_span
 from ._mode import interpreting
 from .config import LN2, LOG2E, head_dim_pad
 from .forward import _finish, _finite, _load_rows, _online_update, _scores, triton
-from .rules import _band, _batch_head, _key_range, _mod_scores, _sink_state, _stacked_head, _visible, row_chunks
+from .rules import (_PARTIAL, _batch_head, _key_range, _key_split, _mod_scores, _no_mask, _sink_state, _stacked_head, _visible,
+                    row_chunks)
 from .scorefn import score_args
 
 import triton.language as tl  # noqa: E402  (after forward: it chose the interpreter mode)
@@ -102,32 +104,16 @@ def _query_rows(Q, q_rows, offs_r, offs_d, ROWS, HEAD_DIM):
 
 
 @triton.jit
-def _split_range(split, NUM_SPLITS, seqlen, new_tokens, start, window_left, BLOCK_K: tl.constexpr):
-    """[k_lo, k_hi) of this split: the keys any row can see, [first, seqlen), cut into NUM_SPLITS
-    chunks of whole tiles (flashlib.decode.split_bounds with block = BLOCK_K). The new tokens are the
-    last new_tokens queries of the cache, so the rule is the forward's with seq_q = new_tokens,
-    seq_k = seqlen: the first row's key range under the window's left side, and none before the
-    sequence's start (its left padding); the last row sits at seqlen - 1, so every split ends by seqlen."""
-    first, _ = _key_range(0, new_tokens, seqlen, window_left, -1, 1, BLOCK_K, False, True)
-    first = tl.maximum(first, start // BLOCK_K * BLOCK_K)
-    chunk = tl.cdiv(tl.cdiv(seqlen - first, NUM_SPLITS), BLOCK_K) * BLOCK_K
-    k_lo = tl.minimum(first + split * chunk, seqlen)
-    return k_lo, tl.minimum(k_lo + chunk, seqlen)
-
-
-@triton.jit
-def _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal, window_left,
-                    window_right):
+def _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal, rule):
     """(BLOCK_Q, BLOCK_K) pairs that exist and may attend: row r is the query of new token
     r % NEW_TOKENS (the rows' stride; this sequence has new_tokens of them, the rest are padding),
-    which sees the keys of this split by the forward's rule with seq_q = new_tokens and seq_k =
-    seqlen: up to its own position if causal (a runtime flag: decoding is bound by memory, not by
-    this test), inside its window, and from the sequence's start (its left padding) on."""
+    which sees the keys of this split by the forward's rule (kernels/rules.py's element test) with
+    seq_q = new_tokens and seq_k = seqlen (causal a runtime flag: decoding is bound by memory, not by
+    this test), and from the sequence's start (its left padding) on."""
     tok = offs_r % NEW_TOKENS  # (BLOCK_Q,) each row's new token
-    visible = tl.where(causal != 0, _visible(tok, offs_k, new_tokens, seqlen, True),
-                       _visible(tok, offs_k, new_tokens, seqlen, False))
-    visible = visible & _band(tok, offs_k, new_tokens, seqlen, window_left, window_right) & (offs_k[None, :] >= start)
-    return visible & (offs_r[:, None] < ROWS) & (offs_k[None, :] < k_hi)
+    visible = tl.where(causal != 0, _visible(tok, offs_k, new_tokens, seqlen, True, rule, _PARTIAL, MASK_MOD=_no_mask),
+                       _visible(tok, offs_k, new_tokens, seqlen, False, rule, _PARTIAL, MASK_MOD=_no_mask))
+    return visible & (offs_k[None, :] >= start) & (offs_r[:, None] < ROWS) & (offs_k[None, :] < k_hi)
 
 
 @triton.jit
@@ -144,7 +130,7 @@ def _shared_scores(q_blk, q_own, v_tile, k_own, qk_scale, visible, INPUT_PRECISI
 @triton.jit
 def _decode_inner(m_i, l_i, acc, q_blk, q_own, K, V, Table, stride_table, off_b, stride_kb, stride_kn,
                   stride_vb, stride_vn, offs_r, offs_d, offs_dv, k_lo, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen,
-                  start, causal, window_left, window_right, qk_scale, scale, heads, positions, ScoreData, HEAD_DIM,
+                  start, causal, rule, qk_scale, scale, heads, positions, ScoreData, HEAD_DIM,
                   HEAD_DIM_V, PAGE_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, KEY_ROWS: tl.constexpr,
                   SCORE_MOD: tl.constexpr,
                   INPUT_PRECISION: tl.constexpr, V_FROM_K: tl.constexpr):
@@ -162,15 +148,13 @@ def _decode_inner(m_i, l_i, acc, q_blk, q_own, K, V, Table, stride_table, off_b,
             v_tile = _load_cache_rows(K, stride_kb, stride_kn, blocks, rows, valid, offs_dv, HEAD_DIM_V)
             k_own = _load_cache_rows(K + HEAD_DIM_V, stride_kb, stride_kn, blocks, rows, valid, offs_d,
                                      HEAD_DIM - HEAD_DIM_V)
-            visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal,
-                                      window_left, window_right)
+            visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal, rule)
             s = _shared_scores(q_blk, q_own, v_tile, k_own, qk_scale, visible, INPUT_PRECISION, scale, off_b,
                                heads, positions, offs_k[None, :] - start, ScoreData, SCORE_MOD)
         else:
             k_tile = _load_cache_rows(K, stride_kb, stride_kn, blocks, rows, valid, offs_d, HEAD_DIM)
             v_tile = _load_cache_rows(V, stride_vb, stride_vn, blocks, rows, valid, offs_dv, HEAD_DIM_V)
-            visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal,
-                                      window_left, window_right)
+            visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal, rule)
             s = _scores(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION, scale, off_b, heads, positions,
                         offs_k[None, :] - start, ScoreData, SCORE_MOD)
         m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION)
@@ -178,8 +162,7 @@ def _decode_inner(m_i, l_i, acc, q_blk, q_own, K, V, Table, stride_table, off_b,
 
 
 @triton.jit
-def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table, qk_scale, scale, causal,
-                  window_left, window_right,
+def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table, qk_scale, scale, causal, rule,
                   stride_qz, stride_qs, stride_qr, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                   stride_table, stride_pz, stride_pr, KV_HEADS, NUM_SPLITS, ROWS, SEQ_ROWS, NEW_TOKENS, HEAD_DIM,
                   HEAD_DIM_V,
@@ -204,7 +187,11 @@ def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table
     new_tokens = tl.load(NewTokens + off_b)
     start = tl.load(Starts + off_b)
     offset = seqlen - new_tokens  # cache position of the first new token (< 0: rows before 0 see nothing)
-    k_lo, k_hi = _split_range(split, NUM_SPLITS, seqlen, new_tokens, start, window_left, BLOCK_K)
+    # the keys any row sees, [first, seqlen): the rule's key range with seq_q = new_tokens, seq_k = seqlen
+    # (its first row's start; the last row sits at seqlen - 1, so every run ends by seqlen), none before
+    # the sequence's start (its left padding); this program's split of it
+    first, _ = _key_range(0, new_tokens, seqlen, rule, 1, BLOCK_K, False, True)
+    k_lo, k_hi = _key_split(tl.maximum(first, start // BLOCK_K * BLOCK_K), seqlen, split, NUM_SPLITS, BLOCK_K)
     Q += off_z * stride_qz
     K += kv_head * stride_kh
     V += kv_head * stride_vh
@@ -229,7 +216,7 @@ def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table
                                   stride_kn, stride_vb, stride_vn, offs_r, offs_d=offs_d, offs_dv=offs_dv, k_lo=k_lo,
                                   k_hi=k_hi, ROWS=ROWS,
                                   NEW_TOKENS=NEW_TOKENS, new_tokens=new_tokens, seqlen=seqlen, start=start,
-                                  causal=causal, window_left=window_left, window_right=window_right, qk_scale=qk_scale,
+                                  causal=causal, rule=rule, qk_scale=qk_scale,
                                   scale=scale, heads=heads, positions=positions, ScoreData=ScoreData,
                                   HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, PAGE_SIZE=PAGE_SIZE, BLOCK_K=BLOCK_K,
                                   KEY_ROWS=KEY_ROWS, SCORE_MOD=SCORE_MOD, INPUT_PRECISION=INPUT_PRECISION,
@@ -409,34 +396,33 @@ class LaunchShape(NamedTuple):
 
 
 def launch_shape(batch: int, kv_heads: int, rows: int, keys: int, head_dim: int, head_dim_v: int, dtype, *,
-                 paged: bool, capability=None, sms=None, window_left: int = -1, new_tokens: int = 1,
+                 paged: bool, capability=None, sms=None, span: int | None = None,
                  num_splits: int | None = None, config: DecodeConfig | None = None) -> LaunchShape:
     """The launches of a layout: ``rows`` stacked query rows per (sequence, kv head), ``keys`` positions a
     sequence can hold (its capacity), capability and sms the target's (None: the interpreter's);
-    num_splits None: :func:`choose_num_splits`, for the longest span a query can see."""
+    num_splits None: :func:`choose_num_splits`, for ``span``, the most keys a sequence's queries see
+    together (flashlib.rules.key_span; None: all ``keys``)."""
     config = config or decode_config(head_dim, dtype, capability, head_dim_v=head_dim_v, paged=paged)
     block_q = row_block(rows, head_dim_v, capability)
     row_blocks = -(-rows // block_q)
     if num_splits is None:
-        span = keys if window_left < 0 else min(keys, window_left + new_tokens)
-        num_splits = choose_num_splits(batch * kv_heads * row_blocks, span, sms)
+        num_splits = choose_num_splits(batch * kv_heads * row_blocks, keys if span is None else min(span, keys), sms)
     num_splits = min(num_splits, max(1, -(-keys // config.block_k)))  # splits past the last tile are empty
     merge_block_q = merge_block(rows, head_dim_v)
     return LaunchShape(config, block_q, num_splits, (row_blocks, num_splits, batch * kv_heads),
                        (batch * kv_heads, -(-rows // merge_block_q)), merge_warps(head_dim_v), merge_block_q)
 
 
-def default_num_splits(q, k_cache, block_table=None, window_left: int = -1, head_dim_v: int = 0) -> int:
+def default_num_splits(q, k_cache, block_table=None, span: int | None = None, head_dim_v: int = 0) -> int:
     """What ``num_splits=None`` gives for these inputs (:func:`launch_shape`): the programs of one split,
-    batch x kv_heads x row blocks, and the longest span a query can see, the cache's capacity (no lengths
-    are read on the host) or the window's."""
+    batch x kv_heads x row blocks, and the most keys the queries see, the cache's capacity (no lengths
+    are read on the host) or ``span``."""
     batch, q_heads, new_tokens, d = q.shape
     kv_heads = k_cache.shape[1]
     keys = k_cache.shape[2] * (block_table.shape[1] if block_table is not None else 1)
     capability, sms = device_target(q.device)
     return launch_shape(batch, kv_heads, q_heads // kv_heads * new_tokens, keys, d, head_dim_v or d, q.dtype,
-                        paged=block_table is not None, capability=capability, sms=sms, window_left=window_left,
-                        new_tokens=new_tokens).num_splits
+                        paged=block_table is not None, capability=capability, sms=sms, span=span).num_splits
 
 
 def values_in_keys(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -521,7 +507,7 @@ class DecodeLaunch:
         launches, self.rows = (1, batch * rows) if stacked else (batch, rows)  # sequences and rows launched
         capability, sms = device_target(q.device)
         self.shape = launch_shape(launches, kv_heads, self.rows, keys, d, dv, q.dtype, paged=paged, capability=capability,
-                                  sms=sms, window_left=options.window[0], new_tokens=n, num_splits=num_splits,
+                                  sms=sms, span=key_span(options.visibility, keys, n), num_splits=num_splits,
                                   config=config)
         splits, block_q, cfg = self.shape.num_splits, self.shape.block_q, self.shape.config
         # q's rows as stage 1 reads them, (batch, kv_heads, rows, d) with rows = a kv head's query heads x new
@@ -538,9 +524,8 @@ class DecodeLaunch:
         new_tokens = torch.full((launches,), n, dtype=torch.int32, device=q.device) if new_tokens is None else new_tokens
         starts = torch.zeros(launches, dtype=torch.int32, device=q.device) if starts is None else starts
         shared = values_in_keys(k_cache, v_cache)
-        left, right = options.window
         self._split_args = (
-            options.scale * LOG2E, options.scale, int(options.causal), left, right, *q_strides, k_cache.stride(0),
+            options.scale * LOG2E, options.scale, int(options.causal), options.rule_numbers, *q_strides, k_cache.stride(0),
             k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             block_table.stride(0) if paged else 0, self.partial.stride(0), self.partial.stride(1), kv_heads, splits,
             self.rows, rows, n, d, dv)

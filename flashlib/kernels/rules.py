@@ -14,7 +14,7 @@ alignment) query i sees key j iff j < SEQ_K and all of these that apply hold::
 ``diag = i + o`` is the key on query i's diagonal. The rule reaches a kernel as the compile-time
 CAUSAL and MASK_MOD and one tuple of run-time integers, ``rule = (window left, window right, chunk)``
 (flashlib.options.Options.rule_numbers), and three helpers answer from it: :func:`_key_range` (the
-key tiles a query block visits; split-KV is a mode of it), :func:`_query_range` (the query blocks a
+key tiles a query block visits; :func:`_key_split` is its split-KV mode), :func:`_query_range` (the query blocks a
 key tile visits) and :func:`_visible` (the element test).
 """
 from __future__ import annotations
@@ -100,11 +100,9 @@ def _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, CAUSAL: tl.constexpr
 
 @triton.jit
 def _key_range(q0, SEQ_Q, SEQ_K, rule, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
-               MASKED: tl.constexpr, split=0, NUM_SPLITS=1):
+               MASKED: tl.constexpr):
     """[k_start, k_end): the keys rows q0 .. q0 + BLOCK_Q - 1 can see under the causal rule and, if MASKED,
-    the rule's run (window, chunk), k_start on a tile boundary; other tiles are skipped. Split-KV
-    (NUM_SPLITS > 1): split ``split`` of that range cut into NUM_SPLITS runs of whole tiles
-    (flashlib.decode.split_bounds), the last possibly empty."""
+    the rule's run (window, chunk), k_start on a tile boundary; other tiles are skipped."""
     k_start = 0
     k_end = _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
     if MASKED:  # the rows' runs are monotone in the row: the first row's start, the last row's end
@@ -113,11 +111,16 @@ def _key_range(q0, SEQ_Q, SEQ_K, rule, BLOCK_Q: tl.constexpr, BLOCK_K: tl.conste
         _, last = _run(diag + (BLOCK_Q - 1), SEQ_Q, SEQ_K, rule)
         k_start = tl.maximum(first, 0) // BLOCK_K * BLOCK_K
         k_end = tl.minimum(k_end, tl.maximum(last + 1, 0))
-    if NUM_SPLITS != 1:
-        run = tl.cdiv(tl.cdiv(tl.maximum(k_end - k_start, 0), NUM_SPLITS), BLOCK_K) * BLOCK_K
-        k_start = tl.minimum(k_start + split * run, k_end)
-        k_end = tl.minimum(k_start + run, k_end)
     return k_start, k_end
+
+
+@triton.jit
+def _key_split(k_start, k_end, split, NUM_SPLITS, BLOCK_K: tl.constexpr):
+    """The key range's split-KV mode: split ``split`` of [k_start, k_end) (k_start on a tile boundary) cut
+    into NUM_SPLITS runs of whole tiles (flashlib.decode.split_bounds), the last ones possibly empty."""
+    run = tl.cdiv(tl.cdiv(k_end - k_start, NUM_SPLITS), BLOCK_K) * BLOCK_K
+    lo = tl.minimum(k_start + split * run, k_end)
+    return lo, tl.minimum(lo + run, k_end)
 
 
 @triton.jit
@@ -138,7 +141,7 @@ def _query_range(k0, SEQ_Q, SEQ_K, rule, BLOCK_Q: tl.constexpr, BLOCK_K: tl.cons
     q_end = SEQ_Q
     if MASKED:  # query i sees keys i + o - left .. i + o + right, o = SEQ_K - SEQ_Q, within its chunk
         left, right, chunk = _sides(rule, SEQ_Q, SEQ_K)
-        first = tl.where(right >= 0, k0 - right, 0)  # the first diagonal that reaches the tile
+        first = tl.where(right >= 0, k0 - right, SEQ_K - SEQ_Q)  # the first diagonal that reaches the tile
         end = tl.where(left >= 0, k0 + BLOCK_K + left, SEQ_K + SEQ_Q)  # one past the last one
         size = tl.maximum(chunk, 1)
         first = tl.where(chunk > 0, tl.maximum(first, k0 // size * size), first)
