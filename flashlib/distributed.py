@@ -49,7 +49,7 @@ import torch.distributed as dist
 from . import merge_partials, tiled_backward, tiled_forward
 from ._autograd import save, saved
 from .options import Options, checked_options
-from .rules import sink_grad, softmax_delta
+from .rules import Visibility, sink_grad, softmax_delta
 from .scores import captured_tensors, trainable
 from .softmax import merge_sink
 
@@ -256,7 +256,8 @@ class RingComm:
 
 
 # What every rank must agree on, one int64 each in the one all_gather of a call.
-_AGREED = ("batch", "heads", "local_seq", "head_dim", "head_dim_v", "dtype", "causal", "layout", "scale")
+_AGREED = ("batch", "heads", "local_seq", "head_dim", "head_dim_v", "dtype", "causal", "layout", "scale",
+           "attention_chunk")
 # Floating dtypes by name: the same codes in every process of one PyTorch version.
 _FLOAT_DTYPES = tuple(sorted({d for d in vars(torch).values()
                               if isinstance(d, torch.dtype) and d.is_floating_point}, key=str))
@@ -270,9 +271,9 @@ def _bits_to_float(code: int) -> float:
     return struct.unpack("<d", struct.pack("<q", code))[0]
 
 
-def _encode(q, head_dim_v: int, causal: bool, layout: str, scale: float) -> list[int]:
+def _encode(q, head_dim_v: int, causal: bool, layout: str, scale: float, chunk: int) -> list[int]:
     return [*q.shape, head_dim_v, _FLOAT_DTYPES.index(q.dtype), int(causal), LAYOUTS.index(layout),
-            _float_to_bits(scale)]
+            _float_to_bits(scale), chunk]
 
 
 _DECODE = {"dtype": _FLOAT_DTYPES.__getitem__, "causal": bool, "layout": LAYOUTS.__getitem__,
@@ -283,15 +284,16 @@ _FIXES = {
     "causal": "every rank must pass the same causal",
     "layout": "every rank must pass the same layout, the one the sequence was sharded with",
     "scale": "every rank must pass the same scale (or None everywhere: 1/sqrt(head_dim))",
+    "attention_chunk": "every rank must pass the same attention_chunk",
 }
 _SHAPE_FIX = ("every rank must hold q, k, v of one shape (batch, heads, local_seq, head_dim; v head_dim_v); cut "
               "the sequence with shard(x, rank, world_size, layout=...) so that all hold one length")
 
 
-def _check_same_everywhere(q, head_dim_v: int, causal: bool, layout: str, scale: float, group) -> None:
+def _check_same_everywhere(q, head_dim_v: int, causal: bool, layout: str, scale: float, group, chunk: int = 0) -> None:
     """One small all_gather: mismatched ranks all raise the same error instead of hanging or
     silently computing garbage (a float16 rank reading a bfloat16 rank's bits)."""
-    local = torch.tensor(_encode(q, head_dim_v, causal, layout, scale), dtype=torch.int64, device=q.device)
+    local = torch.tensor(_encode(q, head_dim_v, causal, layout, scale, chunk), dtype=torch.int64, device=q.device)
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, local, group=group)
     rows = [t.tolist() for t in gathered]
@@ -321,47 +323,58 @@ def block_score(score_mod, q_positions: torch.Tensor, k_positions: torch.Tensor)
     return lambda score, b, h, q_idx, kv_idx: score_mod(score, b, h, q_positions[q_idx], k_positions[kv_idx])
 
 
-def local_forward(q, k, v, *, causal: bool, scale: float, score_mod=None):
+def block_mask_mod(chunk: int, q_positions: torch.Tensor, k_positions: torch.Tensor):
+    """Chunked attention on one block of the ring, as a mask function: local query row i sees local key j
+    when their global positions q_positions[i], k_positions[j] lie in one chunk of ``chunk``: the rule
+    of :class:`flashlib.rules.Visibility`, on one sequence (seq_q = seq_k), asked at global positions."""
+    rule = Visibility(chunk=chunk)
+    return lambda b, h, q_idx, kv_idx: rule.pairs(q_positions[q_idx], k_positions[kv_idx], 1, 1)
+
+
+def local_forward(q, k, v, *, causal: bool, scale: float, score_mod=None, mask_mod=None):
     """(out, lse) of one block: ``flash_attention``'s forward on a GPU, tiled otherwise."""
     if q.is_cuda:
-        return kernel_forward(q, k, v, causal=causal, scale=scale, score_mod=score_mod)
+        return kernel_forward(q, k, v, causal=causal, scale=scale, score_mod=score_mod, mask_mod=mask_mod)
     return tiled_forward(q, k, v, block_q=CPU_BLOCK, block_k=CPU_BLOCK, causal=causal, scale=scale,
-                         score_mod=score_mod)
+                         score_mod=score_mod, mask_mod=mask_mod)
 
 
-def local_backward(q, k, v, out, lse, dout, *, causal: bool, scale: float, score_mod=None, captured=()):
+def local_backward(q, k, v, out, lse, dout, *, causal: bool, scale: float, score_mod=None, captured=(),
+                   mask_mod=None):
     """(dq, dk, dv) of one block given the *final* out and lse of its query rows; with captured (the
     tensors score_mod reads that require grad), their gradients' shares from this block after those."""
     if q.is_cuda:
         return kernel_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=score_mod,
-                               captured=captured)
+                               captured=captured, mask_mod=mask_mod)
     return tiled_backward(q, k, v, out, lse, dout, block_q=CPU_BLOCK, block_k=CPU_BLOCK, causal=causal,
-                          scale=scale, score_mod=score_mod, captured=captured)
+                          scale=scale, score_mod=score_mod, captured=captured, mask_mod=mask_mod)
 
 
-def kernel_forward(q, k, v, *, causal: bool, scale: float, score_mod=None):
+def kernel_forward(q, k, v, *, causal: bool, scale: float, score_mod=None, mask_mod=None):
     """One block through ``flash_attention``'s forward kernel: (out, lse). The GPU path;
     on a CPU it runs in Triton's interpreter (slow: for tests)."""
     from .op import flash_attention_forward  # needs Triton: imported only when used
 
     # A zigzag block is half a shard: a strided view, made dense for the kernel.
     q, k, v = (t.contiguous() for t in (q, k, v))
-    return flash_attention_forward(q, k, v, causal=causal, scale=scale, score_mod=score_mod)
+    return flash_attention_forward(q, k, v, causal=causal, scale=scale, score_mod=score_mod, mask_mod=mask_mod)
 
 
-def kernel_backward(q, k, v, out, lse, dout, *, causal: bool, scale: float, score_mod=None, captured=()):
+def kernel_backward(q, k, v, out, lse, dout, *, causal: bool, scale: float, score_mod=None, captured=(),
+                    mask_mod=None):
     """One block through ``flash_attention``'s backward kernels: (dq, dk, dv), and with captured
     their gradients' shares (:func:`flashlib.kernels.function.score_grads`)."""
     from .op import flash_attention_backward
 
     q, k, v, out, lse, dout = (t.contiguous() for t in (q, k, v, out, lse, dout))
-    grads = flash_attention_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=score_mod)
+    grads = flash_attention_backward(q, k, v, out, lse, dout, causal=causal, scale=scale, score_mod=score_mod,
+                                     mask_mod=mask_mod)
     if not captured:
         return grads
     from .kernels.function import score_grads
 
-    return (*grads, *score_grads(q, k, v, out, lse, dout, None, Options(causal, scale, score_mod=score_mod),
-                                 captured))
+    return (*grads, *score_grads(q, k, v, out, lse, dout, None,
+                                 Options(causal, scale, mask_mod=mask_mod, score_mod=score_mod), captured))
 
 
 def _work_dtype(dtype):
@@ -383,13 +396,15 @@ class RingStep:
 
 def ring_forward(q, k, v, *, causal: bool = False, scale: float | None = None,
                  layout: str = "contiguous", group=None, comm: RingComm | None = None,
-                 block_forward: Callable = local_forward, on_step: Callable | None = None, score_mod=None):
+                 block_forward: Callable = local_forward, on_step: Callable | None = None, score_mod=None,
+                 attention_chunk: int = 0):
     """The ring's forward pass without autograd: returns this rank's (out, lse).
 
     q, k, v: this rank's shards, (batch, heads, local_seq, head_dim), v's head dim its own. ``comm`` (default a
     :class:`RingComm` on ``group``) and ``block_forward`` are what the loop uses to talk
     and to compute; ``on_step`` gets a :class:`RingStep` after every step. score_mod: told
-    global positions (:func:`block_score`).
+    global positions (:func:`block_score`); attention_chunk: chunks of global positions
+    (:func:`block_mask_mod`; a block whose positions share no chunk is skipped).
     """
     comm = comm if comm is not None else RingComm(group)
     rank, world = comm.rank, comm.world_size
@@ -403,10 +418,9 @@ def ring_forward(q, k, v, *, causal: bool = False, scale: float | None = None,
             next_k, next_v = comm.send_recv(k), comm.send_recv(v)
             comm.commit()
         origin = (rank - step) % world
-        block = ring_block(rank, origin, q.shape[-2], causal=causal, layout=layout)
+        block, told = _block(q, rank, origin, world, causal, layout, score_mod, attention_chunk)
         if block is not None:
             rows, cols = (..., block.q, slice(None)), (..., block.k, slice(None))
-            told = {} if score_mod is None else dict(score_mod=_told(score_mod, q, rank, origin, world, layout, block))
             out_b, lse_b = block_forward(q[rows], k[cols], v[cols], causal=block.causal, scale=scale, **told)
             out[rows], lse[..., block.q] = merge_partials(out[rows], lse[..., block.q],
                                                           out_b.to(work), lse_b.to(work))
@@ -418,18 +432,29 @@ def ring_forward(q, k, v, *, causal: bool = False, scale: float | None = None,
     return out.to(q.dtype), lse
 
 
-def _told(score_mod, q, rank: int, origin: int, world: int, layout: str, block: RingBlock):
-    """score_mod for the block of rank's queries and origin's keys: global positions (block_score)."""
+def _block(q, rank: int, origin: int, world: int, causal: bool, layout: str, score_mod, chunk: int):
+    """(the block of rank's queries and origin's keys, or None where the causal rule or the chunks hide
+    it whole; the keywords that tell its functions global positions: block_score, block_mask_mod)."""
+    block = ring_block(rank, origin, q.shape[-2], causal=causal, layout=layout)
+    if block is None or (score_mod is None and not chunk):
+        return block, {}
     total = q.shape[-2] * world
-    q_pos = positions(total, rank, world, layout=layout)[block.q].to(q.device)
-    k_pos = positions(total, origin, world, layout=layout)[block.k].to(q.device)
-    return block_score(score_mod, q_pos, k_pos)
+    q_pos = positions(total, rank, world, layout=layout)[block.q]
+    k_pos = positions(total, origin, world, layout=layout)[block.k]
+    told = {}
+    if chunk:
+        if not bool(torch.isin(q_pos // chunk, k_pos // chunk).any()):
+            return None, {}  # no query of the block shares a chunk with a key of it
+        told["mask_mod"] = block_mask_mod(chunk, q_pos.to(q.device), k_pos.to(q.device))
+    if score_mod is not None:
+        told["score_mod"] = block_score(score_mod, q_pos.to(q.device), k_pos.to(q.device))
+    return block, told
 
 
 def ring_backward(q, k, v, out, lse, dout, *, causal: bool = False, scale: float | None = None,
                   layout: str = "contiguous", group=None, comm: RingComm | None = None,
                   grad_comm: RingComm | None = None, block_backward: Callable = local_backward, score_mod=None,
-                  captured=()):
+                  captured=(), attention_chunk: int = 0):
     """This rank's (dq, dk, dv), with dK and dV travelling around the ring beside K and V; with
     captured (tensors score_mod reads that require grad), this rank's share of their gradients after.
 
@@ -452,12 +477,12 @@ def ring_backward(q, k, v, out, lse, dout, *, causal: bool = False, scale: float
             next_k, next_v = comm.send_recv(k), comm.send_recv(v)
             comm.commit()
         origin = (rank - step) % world
-        block = ring_block(rank, origin, q.shape[-2], causal=causal, layout=layout)
+        block, told = _block(q, rank, origin, world, causal, layout, score_mod, attention_chunk)
         grads = None
         if block is not None:
             rows, cols = (..., block.q, slice(None)), (..., block.k, slice(None))
-            told = {} if score_mod is None else dict(
-                score_mod=_told(score_mod, q, rank, origin, world, layout, block), captured=captured)
+            if score_mod is not None:
+                told["captured"] = captured
             grads = block_backward(q[rows], k[cols], v[cols], out[rows], lse[..., block.q],
                                    dout[rows], causal=block.causal, scale=scale, **told)
             for total, share in zip(dcaptured, grads[3:]):
@@ -493,7 +518,8 @@ class RingAttentionFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, options: Options, ring: dict, *tensors):
         held = len(options.tensors)
         options = options.with_tensors(tensors[:held])
-        keywords = dict(causal=options.causal, scale=options.scale, score_mod=options.score_function, **ring)
+        keywords = dict(causal=options.causal, scale=options.scale, score_mod=options.score_function,
+                        attention_chunk=options.attention_chunk, **ring)
         out, lse = ring_forward(q, k, v, **keywords)
         sinks = options.sinks
         if sinks is not None:  # merged once, after the ring, like one more partial with no value
@@ -545,7 +571,8 @@ def _check_shards(fn: str, q, k, v, causal, scale, layout) -> float:
 
 
 def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None, group=None,
-                   layout: str = "contiguous", sinks=None, score_mod=None, softcap=None) -> torch.Tensor:
+                   layout: str = "contiguous", sinks=None, score_mod=None, softcap=None,
+                   attention_chunk=None) -> torch.Tensor:
     """Exact attention over a sequence sharded across the ranks of ``group``; differentiable.
 
     Args:
@@ -570,6 +597,10 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             share of their gradient (replicated: they add up across ranks, as the sinks' do).
         softcap: soft-capping, the score function ``flashlib.scores.softcap(softcap)``, as in
             :func:`flashlib.flash_attention`. Every rank passes the same score_mod and softcap.
+        attention_chunk: C > 0: chunked local attention by global position, a query at i sees the
+            keys j with j // C == i // C (and j <= i if causal); a block whose positions share no
+            chunk is skipped, and the rest skip the tiles outside the chunks (the rule runs as a mask
+            function told global positions, :func:`block_mask_mod`).
 
     Returns this rank's shard (batch, heads, local_seq, head_dim_v) of
     ``dense_attention(gathered q, k, v)``, in the same layout. The local blocks run
@@ -583,7 +614,7 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     fn = "ring_attention"
     scale = _check_shards(fn, q, k, v, causal, scale, layout)
     options = checked_options(fn, q.shape[1], q.device, causal=causal, scale=scale, softcap=softcap, sinks=sinks,
-                              score_mod=score_mod)
+                              score_mod=score_mod, attention_chunk=attention_chunk)
     if group is None and not (dist.is_available() and dist.is_initialized()):
         raise ValueError(
             f"{fn}: argument 'group' is None and no default process group is initialised; call "
@@ -591,7 +622,7 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             "(flashlib.distributed.spawn does it for a ring of CPU processes)")
     score = options.score_function
     captured = trainable(captured_tensors(fn, score)) if score is not None and torch.is_grad_enabled() else []
-    _check_same_everywhere(q, v.shape[-1], causal, layout, scale, group)
+    _check_same_everywhere(q, v.shape[-1], causal, layout, scale, group, options.attention_chunk)
     return RingAttentionFunction.apply(q, k.contiguous(), v.contiguous(), options, dict(layout=layout, group=group),
                                        *options.tensors, *captured)
 

@@ -58,9 +58,8 @@ class Visibility(NamedTuple):
             rules.append(kv_idx >= diag - left)
         if right >= 0:
             rules.append(kv_idx <= diag + right)
-        if self.chunk > 0:  # floor division: a query at diag < 0 is in chunk -1, no key's
-            rules.append(torch.div(kv_idx, self.chunk, rounding_mode="floor")
-                         == torch.div(diag, self.chunk, rounding_mode="floor"))
+        if self.chunk > 0:  # // floors (tensors and ints): a query at diag < 0 is in chunk -1, no key's
+            rules.append(kv_idx // self.chunk == diag // self.chunk)
         if self.mask_mod is not None:
             rules.append(mask_values(self.mask_mod, _call(self.mask_mod, b, h, q_idx, kv_idx, seq_q, seq_k)))
         visible = None
