@@ -190,9 +190,8 @@ def split_bounds(seqlen: int, new_tokens: int, num_splits: int, *, rule: Visibil
     that no tile straddles two chunks); trailing chunks may be empty (start == stop).
     """
     # the new tokens are the last queries of the cache: the forward's rule with seq_q = new_tokens,
-    # seq_k = seqlen; its first row's key range
-    first = max(key_range_start(0, new_tokens, seqlen, rule, block),
-                start // block * block)
+    # seq_k = seqlen - start, positions from the sequence's start; its first row's key range
+    first = (key_range_start(0, new_tokens, seqlen - start, rule, 1) + start) // block * block
     chunk = _cdiv(_cdiv(seqlen - first, num_splits), block) * block
     starts = [min(first + s * chunk, seqlen) for s in range(num_splits)]
     return [(start, min(start + chunk, seqlen)) for start in starts]
@@ -259,8 +258,9 @@ def chunk_attention(q, k, v, positions, offset: int, options: Options, *, start:
         s = options.scoring.modded(s[None], offset - start, int(positions[0]) - start, batch_row)[0]
     new_tokens = q.shape[-2]
     rows = torch.arange(new_tokens, device=q.device)[:, None]  # (Nnew, 1); query i sits at offset + i
-    # the forward's rule with seq_q = Nnew, seq_k = offset + Nnew, from the sequence's start on
-    visible = options.visibility.pairs(rows, positions[None, :], new_tokens, offset + new_tokens)
+    # the forward's rule with seq_q = Nnew, seq_k = offset + Nnew - start: positions from the sequence's
+    # start (chunks begin there), keys before it never seen
+    visible = options.visibility.pairs(rows, positions[None, :] - start, new_tokens, offset + new_tokens - start)
     visible = positions[None, :] >= start if visible is None else visible & (positions[None, :] >= start)
     s = s.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # (H, Nnew); -inf for a row that sees no key of the chunk
@@ -529,7 +529,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
             tokens verified); the window applies either way, both sides: (left, right) as flash-attn's,
             L - n + i - left <= j <= L - n + i + right, -1 for no limit.
         attention_chunk: C > 0: chunked local attention (Llama 4's chunked layers), either way too:
-            query i sees key j only when j // C == (L - n + i) // C. 0 or None: no chunks.
+            query i sees key j only when j // C == (L - n + i) // C, positions counted from the sequence's
+            start (``cache_leftpad``), as transformers counts them. 0 or None: no chunks.
         scale, softcap, sinks: as :func:`flashlib.flash_attention` (scale 1/sqrt(head_dim) by default).
         num_splits: chunks per sequence, each read by its own program and merged by a second kernel;
             None chooses (:func:`flashlib.kernels.decode.choose_num_splits`; 1 in the interpreter).

@@ -46,9 +46,11 @@ IGNORED = ("use_cache", "output_router_logits", "output_hidden_states", "num_ite
 # flash-attn's packed layout: all four together, or none
 PACKED_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 # the pieces (transformers.masking_utils) of the mask functions this attention reproduces: causal,
-# bidirectional, a causal sliding window, packed sequences; anything else would be dropped
+# bidirectional, a causal sliding window, Llama 4's chunks, packed sequences; anything else would be dropped
 MASK_PARTS = frozenset({"causal_mask_function", "bidirectional_mask_function", "sliding_window_overlay",
-                        "and_masks", "packed_sequence_mask_function", "remap_positions_for_packed_sequence"})
+                        "chunked_overlay", "and_masks", "packed_sequence_mask_function",
+                        "remap_positions_for_packed_sequence"})
+CHUNKED = "chunked_attention"  # a layer type of transformers' configs: config.attention_chunk_size applies
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
@@ -58,6 +60,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     Returns (output (batch, seq_q, heads, d), None): no attention weights exist to return.
     What it accepts and refuses: :func:`register`."""
     options = _options(module, query, dropout, scaling, is_causal, sliding_window, softcap, s_aux)
+    options = options._replace(attention_chunk=_chunk(module))
     packed = _check_kwargs(kwargs)
     if options.causal and query.shape[2] > key.shape[2]:
         raise ValueError(f"{FN}: causal attention with {query.shape[2]} queries and {key.shape[2]} keys; the "
@@ -100,6 +103,21 @@ def _options(module, query, dropout, scaling, is_causal, sliding_window, softcap
     return checked_options(FN, query.shape[1], query.device, causal=bool(is_causal),
                            scale=resolve_scale(FN, scaling, query.shape[-1]), window=window, softcap=softcap,
                            sinks=s_aux)
+
+
+def _chunk(module) -> int:
+    """The chunk of a chunked layer (Llama 4's: config.layer_types[layer] == "chunked_attention"), 0 for
+    any other. transformers passes the chunk to no attention function: it builds the mask from
+    config.attention_chunk_size, which :func:`padding_mask` checks is the one its mask uses."""
+    config, layer = getattr(module, "config", None), getattr(module, "layer_idx", None)
+    types = getattr(config, "layer_types", None) or ()
+    if layer is None or not 0 <= layer < len(types) or types[layer] != CHUNKED:
+        return 0
+    chunk = getattr(config, "attention_chunk_size", None)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"{FN}: layer {layer} is a chunked-attention layer but config.attention_chunk_size is "
+                         f"{chunk!r}; expected an int >= 1")
+    return chunk
 
 
 def _check_kwargs(kwargs):
@@ -166,7 +184,7 @@ def _padded(query, key, value, valid, options):
     batch, heads, seq_q, d = query.shape
     key, value = key[:, :, :valid.shape[1]], value[:, :, :valid.shape[1]]
     lengths = valid.sum(dim=1, dtype=torch.int32)  # (batch,)
-    if options.causal or options.window != (-1, -1):
+    if options.causal or options.visibility.banded:
         _check_one_run(valid, lengths)
     valid_q = valid[:, -seq_q:] if options.causal else torch.ones(batch, seq_q, dtype=torch.bool, device=valid.device)
     if _decoding(query, key, value, options) and bool(valid_q.all()):
@@ -305,16 +323,36 @@ def register(name: str = NAME) -> str:
 def padding_mask(*args, mask_function=None, use_vmap: bool = False, **kwargs):
     """transformers' mask-function signature: the (batch, seq_k) mask of valid tokens, or None when
     nothing is padded (transformers' flash-attention mask); a mask function this attention cannot
-    reproduce from causal, sliding_window and the padding is refused."""
+    reproduce from causal, sliding_window, chunks (config.attention_chunk_size, :func:`_chunk`) and the
+    padding is refused."""
     from transformers.masking_utils import causal_mask_function, flash_attention_mask
 
     parts = _mask_parts(mask_function or causal_mask_function)
     if use_vmap or not parts <= MASK_PARTS:
         extra = sorted(parts - MASK_PARTS) or ["or_mask_function/and_mask_function"]
         raise ValueError(f"{FN}: the model's attention mask is built from {', '.join(extra)}, beyond the causal, "
-                         "sliding-window and padding masks this attention reproduces; use "
+                         "sliding-window, chunked and padding masks this attention reproduces; use "
                          "attn_implementation='eager', 'sdpa' or 'flex_attention'")
+    if "chunked_overlay" in parts:
+        _check_chunked(kwargs)
     return flash_attention_mask(*args, mask_function=mask_function or causal_mask_function, **kwargs)
+
+
+def _check_chunked(kwargs):
+    """A chunked layer's mask (Llama 4's) that the attention reproduces: chunked by the config's
+    attention_chunk_size (what the attention reads) over keys from position 0 on. A cache that keeps only
+    a layer's last keys (transformers' default for chunked layers) hands over keys from kv_offset on, and
+    the attention, told no positions, would count chunks from the wrong key."""
+    config, size, offset = kwargs.get("config"), kwargs.get("local_size"), kwargs.get("kv_offset") or 0
+    if size != getattr(config, "attention_chunk_size", None):
+        raise ValueError(f"{FN}: the model's mask is chunked by {size!r} but its config's attention_chunk_size, "
+                         f"which the attention reads, is {getattr(config, 'attention_chunk_size', None)!r}: use "
+                         "attn_implementation='eager'")
+    if offset:
+        raise ValueError(f"{FN}: a chunked layer's keys start at position {offset} (a cache that keeps only its "
+                         "last keys); chunks are counted from position 0, which the attention is not told: pass "
+                         "past_key_values=transformers.DynamicCache() (every key kept), or use "
+                         "attn_implementation='eager'")
 
 
 def _mask_parts(mask_function) -> set[str]:

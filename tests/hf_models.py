@@ -3,7 +3,8 @@ Config classes, and the token batches the tests feed them.
 
 Every model: hidden 64, 2 layers, 4 query heads over 2 key/value heads (grouped-query attention) of
 width 16, a vocabulary of 97 tokens, float32. Where an architecture has windows, layer 0 is windowed
-(4 keys) and layer 1 full, so that both kinds run and the window bites on a dozen tokens. Gemma 2's
+(4 keys) and layer 1 full, so that both kinds run and the window bites on a dozen tokens; Llama 4's
+layer 0 is chunked (chunks of 4 positions) and layer 1 full, without rope (its NoPE layers). Gemma 2's
 soft-cap (1.5) is near the size of its scores, and Gemma's query_pre_attn_scalar (24) makes its scale
 differ from 1/sqrt(head_dim); weights are drawn wider than the models' defaults (std 0.2), so that
 attention is far from uniform and every one of these options shows in the logits.
@@ -14,10 +15,11 @@ import functools
 
 import torch
 
-ARCHITECTURES = ("llama", "mistral", "qwen3", "gemma2", "gemma3", "gpt_oss")
+ARCHITECTURES = ("llama", "mistral", "qwen3", "gemma2", "gemma3", "gpt_oss", "llama4")
 VOCAB = 97
 PAD = 0
 WINDOW = 4
+CHUNK = 4  # Llama 4's chunked layer 0: attention_chunk_size, which transformers passes to no attention function
 
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
@@ -40,6 +42,10 @@ def _architectures():
         "gpt_oss": (tf.GptOssConfig, tf.GptOssForCausalLM,
                     dict(sliding_window=WINDOW, layer_types=BOTH, num_local_experts=4, num_experts_per_tok=2,
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+        "llama4": (tf.Llama4TextConfig, tf.Llama4ForCausalLM,
+                   dict(attention_chunk_size=CHUNK, layer_types=["chunked_attention", "full_attention"],
+                        no_rope_layers=[1, 0], num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=1,
+                        intermediate_size_mlp=96, use_qk_norm=False, attn_temperature_tuning=False)),
     }
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -105,9 +107,21 @@ def op_calls(monkeypatch):
 
 
 def greedy(model, impl, ids, mask=None, new_tokens=10):
+    """Llama 4 keeps every key (DynamicCache() without the config): its chunked layers' default cache keeps
+    only the last chunk's keys, which this attention refuses (test_a_chunked_layers_sliding_cache_is_refused)."""
+    from transformers import DynamicCache
+
     model.set_attn_implementation(impl)
+    cache = dict(past_key_values=DynamicCache()) if model.config.model_type == "llama4_text" else {}
     return model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                          do_sample=False, pad_token_id=PAD)
+                          do_sample=False, pad_token_id=PAD, **cache)
+
+
+def test_a_chunked_layers_sliding_cache_is_refused():
+    model = build("llama4")
+    model.set_attn_implementation(NAME)
+    with pytest.raises(ValueError, match="keys start at position .*DynamicCache"):
+        model.generate(tokens(1, 8, seed=4), max_new_tokens=4, do_sample=False, pad_token_id=PAD)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -157,9 +171,21 @@ def test_packed_sequences_equal_eager(arch):
     assert_logits_equal(logits(model, NAME, ids, position_ids=positions, use_cache=False, **flash_kwargs), want)
 
 
+class _Unchunked:
+    """A layer whose config says no layer is chunked: what an attention that ignored the chunk would see."""
+
+    def __init__(self, module, size):
+        self.module, self.layer_idx, self.is_causal = module, module.layer_idx, module.is_causal
+        self.config = SimpleNamespace(layer_types=module.config.layer_types if size else [], attention_chunk_size=size)
+
+
 def dropping(keyword, replace=None):
-    """flashlib's attention with one keyword dropped (or replaced by replace(value))."""
+    """flashlib's attention with one keyword dropped (or replaced by replace(value)); "chunk": the layer's
+    chunk (config.attention_chunk_size, which transformers passes to no attention function)."""
     def attention(module, query, key, value, attention_mask, **kwargs):
+        if keyword == "chunk":
+            size = 0 if replace is None else replace(module.config.attention_chunk_size)
+            return hf.attention_forward(_Unchunked(module, size), query, key, value, attention_mask, **kwargs)
         if replace is None:
             kwargs.pop(keyword)
         else:
@@ -177,6 +203,8 @@ def dropping(keyword, replace=None):
     ("gemma2", "scaling", None),
     ("gemma3", "sliding_window", None),
     ("gpt_oss", "s_aux", None),
+    ("llama4", "chunk", None),
+    ("llama4", "chunk", lambda c: c + 1),  # chunks one position longer than transformers' mask's
 ])
 def test_each_option_changes_the_logits(arch, keyword, replace):
     """The equality tests can fail: each option, dropped or misread, moves the logits 1000x past the tolerance."""
@@ -255,9 +283,13 @@ def test_mask_functions_it_cannot_reproduce_are_refused():
     for fine in (causal_mask_function, sliding_window_causal_mask_function(WINDOW)):
         assert torch.equal(hf.padding_mask(mask_function=fine, **sizes), mask)
     image_tokens = or_masks(causal_mask_function, lambda b, h, q, k: q >= 0)
-    for refused, named in ((image_tokens, "or_masks"), (chunked_causal_mask_function(3, torch.zeros(1)),
-                                                                   "chunked_overlay")):
-        with pytest.raises(ValueError, match=f"built from {named}"):
-            hf.padding_mask(mask_function=refused, **sizes)
+    with pytest.raises(ValueError, match="built from or_masks"):
+        hf.padding_mask(mask_function=image_tokens, **sizes)
+    # Llama 4's chunks: the attention reads config.attention_chunk_size, so the mask's chunk must be it
+    chunked = chunked_causal_mask_function(3, torch.zeros(1, dtype=torch.long))
+    config = SimpleNamespace(attention_chunk_size=3)
+    assert torch.equal(hf.padding_mask(mask_function=chunked, local_size=3, config=config, **sizes), mask)
+    with pytest.raises(ValueError, match="chunked by 3 but its config's attention_chunk_size.* is None"):
+        hf.padding_mask(mask_function=chunked, local_size=3, config=SimpleNamespace(), **sizes)
     with pytest.raises(ValueError, match="or_mask_function/and_mask_function"):
         hf.padding_mask(mask_function=and_masks(causal_mask_function), use_vmap=True, **sizes)
