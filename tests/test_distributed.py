@@ -24,19 +24,24 @@ from flashlib import merge_partials
 WORLD_SIZES = (2, 3, 4)
 LAYOUTS = ("contiguous", "zigzag")
 CHUNK = 3                  # tokens per zigzag chunk: the sequence is 2 * world_size * CHUNK long
+RING_CHUNK = 4             # attention_chunk of the chunked rings: not a multiple of a shard's length
 BATCH, HEADS, DIM = 2, 2, 8
 LIMIT = 120.0              # seconds for one spawned ring before it counts as hung
 
 
 # ----- independent references ----------------------------------------------------------
 
-def dense_reference(q, k, v, dout, causal):
-    """Float64 softmax(q kᵀ / sqrt(d)) v over the whole sequence, gradients by autograd."""
+def dense_reference(q, k, v, dout, causal, chunk=0):
+    """Float64 softmax(q kᵀ / sqrt(d)) v over the whole sequence, gradients by autograd; chunk > 0:
+    position i sees j only when i // chunk == j // chunk (chunked local attention)."""
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, N, N)
+    n = q.shape[-2]
     if causal:
-        n = q.shape[-2]
         s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    if chunk:
+        ids = torch.arange(n) // chunk
+        s = s.masked_fill(ids[:, None] != ids[None, :], float("-inf"))
     out = torch.softmax(s, dim=-1) @ v
     out.backward(dout)
     return out.detach(), q.grad, k.grad, v.grad
@@ -108,6 +113,11 @@ def ring_worker(rank, world_size, q, k, v, dout):
             results[layout, causal] = dict(out=out.detach(), grads=[p.grad for p in parts],
                                            **_recorded_ring(*(p.detach() for p in parts), local_dout,
                                                             causal, layout))
+    for layout in LAYOUTS:  # chunks of 4 positions across shards of 3 (zigzag: 2 x 3)
+        parts = [fd.shard(t, rank, world_size, layout=layout).requires_grad_() for t in (q, k, v)]
+        out = fd.ring_attention(*parts, causal=True, layout=layout, attention_chunk=RING_CHUNK)
+        out.backward(fd.shard(dout, rank, world_size, layout=layout))
+        results["chunk", layout] = dict(out=out.detach(), grads=[p.grad for p in parts])
     results["subgroup"] = _subgroup_ring(rank, world_size, q, k, v)
     results["half"] = _half_ring(rank, world_size, q, k, v, dout)
     if world_size == 2:
@@ -121,7 +131,11 @@ def _kernel_ring(rank, world_size, q, k, v, dout):
     config = dict(causal=True, layout="zigzag")
     out, lse = fd.ring_forward(*parts[:3], **config, block_forward=fd.kernel_forward)
     grads = fd.ring_backward(*parts[:3], out, lse, parts[3], **config, block_backward=fd.kernel_backward)
-    return out, grads
+    # chunked: the kernels' mask path, the rule told global positions (fd.block_mask_mod)
+    chunked = dict(config, attention_chunk=RING_CHUNK + 1)
+    out_c, lse_c = fd.ring_forward(*parts[:3], **chunked, block_forward=fd.kernel_forward)
+    grads_c = fd.ring_backward(*parts[:3], out_c, lse_c, parts[3], **chunked, block_backward=fd.kernel_backward)
+    return out, grads, out_c, grads_c
 
 
 def _half_ring(rank, world_size, q, k, v, dout):
@@ -165,6 +179,7 @@ MISMATCHES = {
     "local_seq": "local_seq 6 (shape (1, 2, 6, 8)) but rank 0 has 4 (shape (1, 2, 4, 8))",
     "head_dim": "head_dim 9 (shape (1, 2, 4, 9)) but rank 0 has 8 (shape (1, 2, 4, 8))",
     "head_dim_v": "head_dim_v 5 but rank 0 has 8",
+    "attention_chunk": "attention_chunk 3 but rank 0 has 0",
     "two ranks": "causal True but rank 0 has False (ranks [1, 2] all differ from rank 0)",
 }
 
@@ -179,7 +194,8 @@ def mismatch_call(case, odd):
     v = q[..., :5] if odd and case == "head_dim_v" else q
     return fd.ring_attention(q, q, v, scale=math.nextafter(SCALE, 1) if odd and case == "scale" else None,
                              causal=odd and case in ("causal", "two ranks"),
-                             layout="zigzag" if odd and case == "layout" else "contiguous")
+                             layout="zigzag" if odd and case == "layout" else "contiguous",
+                             attention_chunk=3 if odd and case == "attention_chunk" else None)
 
 
 def mismatch_worker(rank, world_size):
@@ -347,11 +363,31 @@ def test_ring_with_the_kernel_blocks():
     """What a GPU runs per block (flash_attention's forward and backward), in float32."""
     q, k, v, dout = full_inputs(2)
     expected = dense_reference(q, k, v, dout, True)
-    outs, grads = zip(*[r["kernel"] for r in ring_run(2)])
+    outs, grads, chunked_outs, chunked_grads = zip(*[r["kernel"] for r in ring_run(2)])
     torch.testing.assert_close(fd.unshard(list(outs), layout="zigzag").double(), expected[0], rtol=0, atol=1e-5)
     for i in range(3):
         grad = fd.unshard([g[i] for g in grads], layout="zigzag").double()
         torch.testing.assert_close(grad, expected[1 + i], rtol=0, atol=1e-4)
+    expected = dense_reference(q, k, v, dout, True, chunk=RING_CHUNK + 1)
+    out = fd.unshard(list(chunked_outs), layout="zigzag").double()
+    torch.testing.assert_close(out, expected[0], rtol=0, atol=1e-5)
+    for i in range(3):
+        grad = fd.unshard([g[i] for g in chunked_grads], layout="zigzag").double()
+        torch.testing.assert_close(grad, expected[1 + i], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_chunked_ring_matches_dense(world_size, layout):
+    """attention_chunk by global position, forward and backward, whatever the shards' boundaries."""
+    q, k, v, dout = full_inputs(world_size)
+    expected = dense_reference(q, k, v, dout, True, chunk=RING_CHUNK)
+    ranks = ring_run(world_size)
+    out = fd.unshard([r["chunk", layout]["out"] for r in ranks], layout=layout)
+    torch.testing.assert_close(out, expected[0], rtol=0, atol=1e-12)
+    for i, name in enumerate("qkv"):
+        grad = fd.unshard([r["chunk", layout]["grads"][i] for r in ranks], layout=layout)
+        torch.testing.assert_close(grad, expected[1 + i], rtol=0, atol=1e-12, msg=f"d{name}")
 
 
 def test_ring_with_a_head_dim_of_vs_own():
@@ -368,7 +404,7 @@ def test_ring_with_a_head_dim_of_vs_own():
                 grad = fd.unshard([r[layout, causal][1][i] for r in ranks], layout=layout)
                 torch.testing.assert_close(grad, expected[1 + i], rtol=0, atol=1e-12, msg=f"d{name}")
     expected = dense_reference(q, k, v, dout, True)
-    outs, grads = zip(*[r["kernel"] for r in ranks])
+    outs, grads, *_ = zip(*[r["kernel"] for r in ranks])
     torch.testing.assert_close(fd.unshard(list(outs), layout="zigzag").double(), expected[0], rtol=0, atol=1e-5)
     for i in range(3):
         grad = fd.unshard([g[i] for g in grads], layout="zigzag").double()
