@@ -113,10 +113,11 @@ class Options(NamedTuple):
                              attention_chunk=min(self.attention_chunk, keys))
 
     @property
-    def rule_numbers(self) -> tuple[int, int, int]:
-        """(window left, window right, chunk): the rule's run-time integers, the one tuple the kernels
-        are given (flashlib.kernels.rules, which bound each by the lengths)."""
-        return (*self.window, self.attention_chunk)
+    def rule_numbers(self) -> tuple:
+        """(window left, window right, chunk): the one tuple of the rule the kernels are given
+        (flashlib.kernels.rules, which bound each by the lengths); the chunk None without chunks, which
+        Triton binds as a compile-time None, so that the kernels without chunks compile as before."""
+        return (*self.window, self.attention_chunk or None)
 
     # ----- what crosses a custom op's schema: numbers and tensors, each in one list --------------
 

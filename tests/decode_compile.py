@@ -63,8 +63,9 @@ def _signature(fn, dtype: str, constants: dict, runtime: dict):
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in ("qk_scale", "scale"):
             signature[name] = "fp32"
-        elif name == "rule":  # the rule's run-time integers (window left, right, chunk), one tuple
-            signature[name] = ("i32", "i32", "i32")
+        elif name == "rule":  # (window left, right, chunk): no chunk, a compile-time None, as a launch binds it
+            signature[name] = ("i32", "i32", "constexpr")
+            constants[(i, 2)] = None
         else:
             signature[name] = "i32"
             if name.startswith("stride") or name in ("HEAD_DIM", "HEAD_DIM_V"):  # as the JIT sees multiples of 16

@@ -184,7 +184,7 @@ def test_reference_modules_import_only_reference_modules():
 
 # every option of flashlib.options.Options (and the op's old spellings of the window)
 VARIANT_OPTIONS = {"causal", "scale", "window", "window_left", "window_right", "softcap", "mask_mod", "block_mask",
-                   "score_mod", "sinks"}
+                   "score_mod", "sinks", "attention_chunk"}
 
 
 def launchers_and_autograd_functions():
@@ -212,6 +212,20 @@ def test_no_launcher_or_autograd_function_names_an_individual_option():
     named = [(where, sorted(set(params) & VARIANT_OPTIONS)) for where, params in found
              if set(params) & VARIANT_OPTIONS]
     assert named == []
+
+
+def test_the_kernels_take_the_rule_as_one_tuple():
+    """Which keys a query sees reaches the kernels as one tuple (kernels/rules.py): no kernel function takes a
+    window side or a chunk but the two helpers that bound them, and the public teaching op, which takes them
+    as its keywords (ladder/autotune's `w` is a warp count)."""
+    taking = []
+    for path in sorted((ROOT / "flashlib" / "kernels").glob("*.py")) + sorted((ROOT / "flashlib" / "ladder").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                params = {a.arg for a in node.args.args + node.args.kwonlyargs}
+                if any("window" in p or "chunk" in p for p in params) or "w" in params:
+                    taking.append(f"{path.stem}.{node.name}")
+    assert sorted(taking) == ["autotune._config", "function.attention", "rules._chunk_of", "rules._side"]
 
 
 def facts() -> str:

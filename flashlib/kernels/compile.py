@@ -163,8 +163,9 @@ def _signature(fn, dtype: str, constexprs: dict, float32=()):
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in ("qk_scale", "scale"):
             signature[name] = "fp32"
-        elif name == "rule":  # the rule's run-time integers, one tuple (kernels/rules.py)
-            signature[name] = ("i32", "i32", "i32")
+        elif name == "rule":  # (window left, right, chunk): no chunk, a compile-time None (kernels/rules.py)
+            signature[name] = ("i32", "i32", "constexpr")
+            constexprs[(i, 2)] = None
         else:
             signature[name] = "i32"
             if name.startswith("stride") or name in ("HEAD_DIM", "HEAD_DIM_V"):

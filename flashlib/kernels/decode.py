@@ -108,14 +108,15 @@ def _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, 
     """(BLOCK_Q, BLOCK_K) pairs that exist and may attend: row r is the query of new token
     r % NEW_TOKENS (the rows' stride; this sequence has new_tokens of them, the rest are padding),
     which sees the keys of this split by the forward's rule (kernels/rules.py's element test) with
-    seq_q = new_tokens and seq_k = seqlen - start, positions counted from the sequence's start (its
-    left padding, never seen; chunks start there), causal a runtime flag (decoding is bound by memory,
-    not by this test)."""
+    seq_q = new_tokens and seq_k = seqlen: up to its own position if causal (a runtime flag: decoding
+    is bound by memory, not by this test), inside its window and its chunk (counted from the
+    sequence's start), and from the sequence's start (its left padding) on."""
     tok = offs_r % NEW_TOKENS  # (BLOCK_Q,) each row's new token
-    keys, length = offs_k - start, seqlen - start
-    visible = tl.where(causal != 0, _visible(tok, keys, new_tokens, length, True, rule, _PARTIAL, MASK_MOD=_no_mask),
-                       _visible(tok, keys, new_tokens, length, False, rule, _PARTIAL, MASK_MOD=_no_mask))
-    return visible & (offs_k[None, :] >= start) & (offs_r[:, None] < ROWS) & (offs_k[None, :] < k_hi)
+    visible = tl.where(causal != 0, _visible(tok, offs_k, new_tokens, seqlen, True),
+                       _visible(tok, offs_k, new_tokens, seqlen, False))
+    ruled = _visible(tok, offs_k, new_tokens, seqlen, False, rule, _PARTIAL, MASK_MOD=_no_mask, origin=start)
+    visible = visible & ruled & (offs_k[None, :] >= start)
+    return visible & (offs_r[:, None] < ROWS) & (offs_k[None, :] < k_hi)
 
 
 @triton.jit
@@ -189,11 +190,11 @@ def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table
     new_tokens = tl.load(NewTokens + off_b)
     start = tl.load(Starts + off_b)
     offset = seqlen - new_tokens  # cache position of the first new token (< 0: rows before 0 see nothing)
-    # the keys any row sees, [first, seqlen): the rule's key range with seq_q = new_tokens, seq_k = seqlen -
-    # start, from the sequence's start (its left padding) on (its first row's start; the last row sits at
-    # seqlen - 1, so every run ends by seqlen), on a tile boundary; this program's split of it
-    first, _ = _key_range(0, new_tokens, seqlen - start, rule, 1, 1, False, True)
-    k_lo, k_hi = _key_split((first + start) // BLOCK_K * BLOCK_K, seqlen, split, NUM_SPLITS, BLOCK_K)
+    # the keys any row sees, [first, seqlen): the rule's key range with seq_q = new_tokens, seq_k = seqlen (its
+    # first row's start, chunks counted from the sequence's start; the last row sits at seqlen - 1, so every
+    # run ends by seqlen), none before the sequence's start (its left padding); this program's split of it
+    first, _ = _key_range(0, new_tokens, seqlen, rule, 1, BLOCK_K, False, True, start)
+    k_lo, k_hi = _key_split(tl.maximum(first, start // BLOCK_K * BLOCK_K), seqlen, split, NUM_SPLITS, BLOCK_K)
     Q += off_z * stride_qz
     K += kv_head * stride_kh
     V += kv_head * stride_vh

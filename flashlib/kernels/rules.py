@@ -12,8 +12,9 @@ alignment) query i sees key j iff j < SEQ_K and all of these that apply hold::
     mask function    MASK_MOD(b, h, i, j, data)         (in the tiles a block mask calls partial)
 
 ``diag = i + o`` is the key on query i's diagonal. The rule reaches a kernel as the compile-time
-CAUSAL and MASK_MOD and one tuple of run-time integers, ``rule = (window left, window right, chunk)``
-(flashlib.options.Options.rule_numbers), and three helpers answer from it: :func:`_key_range` (the
+CAUSAL and MASK_MOD and one tuple, ``rule = (window left, window right, chunk)``, run-time integers
+but for a chunk of None (no chunks: a compile-time None, and its code is compiled out), from
+flashlib.options.Options.rule_numbers; three helpers answer from it: :func:`_key_range` (the
 key tiles a query block visits; :func:`_key_split` is its split-KV mode), :func:`_query_range` (the query blocks a
 key tile visits) and :func:`_visible` (the element test).
 """
@@ -42,50 +43,49 @@ def _side(w, SEQ_Q, SEQ_K):
 
 
 @triton.jit
-def _sides(rule, SEQ_Q, SEQ_K):
-    """(left, right, chunk) of the rule tuple as the helpers use them: each window side by :func:`_side`,
-    the chunk at most SEQ_Q + SEQ_K (every position the call has then lies in chunk 0 or before it, as
-    with a larger chunk: exact), so that no sum of a position and one of them overflows int32."""
-    return _side(rule[0], SEQ_Q, SEQ_K), _side(rule[1], SEQ_Q, SEQ_K), tl.minimum(rule[2], SEQ_Q + SEQ_K)
+def _band(offs_q, offs_k, SEQ_Q, SEQ_K, rule):
+    """(BLOCK_Q, BLOCK_K): the window's band, i + o - left <= j <= i + o + right."""
+    left, right = _side(rule[0], SEQ_Q, SEQ_K), _side(rule[1], SEQ_Q, SEQ_K)
+    diag = offs_q[:, None] + (SEQ_K - SEQ_Q)  # the key on query i's diagonal
+    keys = offs_k[None, :]
+    return ((left < 0) | (keys >= diag - left)) & ((right < 0) | (keys <= diag + right))
 
 
 @triton.jit
-def _run(diag, SEQ_Q, SEQ_K, rule):
-    """[first, last] of the keys the rule's run-time part lets a query at diagonal ``diag`` (its key, i + o)
-    see (any shape): the window's band cut to the chunk of diag; empty (last < first) for a chunk
-    and diag < 0, which lies in no chunk."""
-    left, right, chunk = _sides(rule, SEQ_Q, SEQ_K)
-    first = tl.where(left >= 0, diag - left, 0)
-    last = tl.where(right >= 0, diag + right, SEQ_K)
-    size = tl.maximum(chunk, 1)  # chunk <= 0 (none, or past every key): never divides
-    own = tl.maximum(diag, 0) // size * size  # diag's chunk starts here (diag >= 0: // is floor)
-    first = tl.where(chunk > 0, tl.maximum(first, own), first)
-    last = tl.where(chunk > 0, tl.where(diag < 0, -1, tl.minimum(last, own + (size - 1))), last)
-    return first, last
+def _chunk_of(rel, chunk, SEQ_Q, SEQ_K):
+    """(the first position of the chunk of each relative position rel >= 0, the chunk's size): the chunk at
+    most SEQ_Q + SEQ_K (every position of the call then lies in chunk 0, as with a larger one: exact),
+    so that no position plus it overflows int32; rel >= 0, so Triton's // is the floor."""
+    size = tl.minimum(chunk, SEQ_Q + SEQ_K)
+    return tl.maximum(rel, 0) // size * size, size
 
 
 @triton.jit
 def _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL: tl.constexpr, rule=None, kind=_FULL, off_b=0, off_h=0,
-             MaskData=None, MASK_MOD: tl.constexpr = None):
+             MaskData=None, MASK_MOD: tl.constexpr = None, origin=0):
     """The element test: (BLOCK_Q, BLOCK_K) mask of the (query, key) pairs that exist and may attend: the
-    causal rule, and in a _PARTIAL tile (MASK_MOD set) the rule's run-time part (:func:`_run`: window
-    and chunk) and MASK_MOD(b, h, q_idx, kv_idx, data) (a _FULL tile needs neither)."""
+    causal rule, and in a _PARTIAL tile (MASK_MOD set) the window's band, the chunk (rule[2], None for
+    none: compiled out; chunks counted from position ``origin``, a sequence's start) and
+    MASK_MOD(b, h, q_idx, kv_idx, data). A _FULL tile needs none of them."""
     mask = (offs_q[:, None] < SEQ_Q) & (offs_k[None, :] < SEQ_K)
     if CAUSAL:
         # bottom-right diagonal: query i sees key j when j <= i + SEQ_K - SEQ_Q
         mask = mask & (offs_k[None, :] <= offs_q[:, None] + (SEQ_K - SEQ_Q))
     if MASK_MOD is not None:
         if kind == _PARTIAL:
-            first, last = _run(offs_q + (SEQ_K - SEQ_Q), SEQ_Q, SEQ_K, rule)
-            keys = offs_k[None, :]
-            mask = mask & (keys >= first[:, None]) & (keys <= last[:, None])
+            mask = mask & _band(offs_q, offs_k, SEQ_Q, SEQ_K, rule)
+            if rule[2] is not None:  # a query at diag (rel = diag - origin < 0: in no chunk) sees its chunk
+                rel = offs_q + (SEQ_K - SEQ_Q) - origin
+                first, size = _chunk_of(rel, rule[2], SEQ_Q, SEQ_K)
+                keys = offs_k[None, :] - origin
+                mask = mask & (rel >= 0)[:, None] & (keys >= first[:, None]) & (keys < (first + size)[:, None])
             mask = mask & MASK_MOD(off_b, off_h, offs_q[:, None], offs_k[None, :], MaskData)
     return mask
 
 
 @triton.jit
 def _no_mask(b, h, q_idx, kv_idx, data):
-    """The mask function of a window or chunk alone: every pair the rule's run leaves visible."""
+    """The mask function of a window or chunk alone: every pair the rule's band and chunk leave visible."""
     return True
 
 
@@ -100,27 +100,24 @@ def _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, CAUSAL: tl.constexpr
 
 @triton.jit
 def _key_range(q0, SEQ_Q, SEQ_K, rule, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
-               MASKED: tl.constexpr):
+               MASKED: tl.constexpr, origin=0):
     """[k_start, k_end): the keys rows q0 .. q0 + BLOCK_Q - 1 can see under the causal rule and, if MASKED,
-    the rule's run (window, chunk), k_start on a tile boundary; other tiles are skipped."""
+    the window (-1: no limit on a side) and the chunks (counted from ``origin``), k_start on a tile
+    boundary; other tiles are skipped."""
     k_start = 0
     k_end = _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
-    if MASKED:  # the rows' runs are monotone in the row: the first row's start, the last row's end
+    if MASKED:
+        left, right = _side(rule[0], SEQ_Q, SEQ_K), _side(rule[1], SEQ_Q, SEQ_K)
         diag = q0 + (SEQ_K - SEQ_Q)  # the key on the first row's diagonal
-        first, _ = _run(diag, SEQ_Q, SEQ_K, rule)
-        _, last = _run(diag + (BLOCK_Q - 1), SEQ_Q, SEQ_K, rule)
-        k_start = tl.maximum(first, 0) // BLOCK_K * BLOCK_K
-        k_end = tl.minimum(k_end, tl.maximum(last + 1, 0))
+        k_start = tl.where(left >= 0, tl.maximum(diag - left, 0) // BLOCK_K * BLOCK_K, 0)
+        k_end = tl.where(right >= 0, tl.minimum(k_end, tl.maximum(diag + BLOCK_Q + right, 0)), k_end)
+        if rule[2] is not None:  # from the first row's chunk to the end of the last row's
+            first, size = _chunk_of(diag - origin, rule[2], SEQ_Q, SEQ_K)
+            k_start = tl.maximum(k_start, (first + origin) // BLOCK_K * BLOCK_K)
+            last = diag + (BLOCK_Q - 1) - origin
+            own, _ = _chunk_of(last, rule[2], SEQ_Q, SEQ_K)
+            k_end = tl.minimum(k_end, tl.where(last >= 0, own + size + origin, 0))
     return k_start, k_end
-
-
-@triton.jit
-def _key_split(k_start, k_end, split, NUM_SPLITS, BLOCK_K: tl.constexpr):
-    """The key range's split-KV mode: split ``split`` of [k_start, k_end) (k_start on a tile boundary) cut
-    into NUM_SPLITS runs of whole tiles (flashlib.decode.split_bounds), the last ones possibly empty."""
-    run = tl.cdiv(tl.cdiv(k_end - k_start, NUM_SPLITS), BLOCK_K) * BLOCK_K
-    lo = tl.minimum(k_start + split * run, k_end)
-    return lo, tl.minimum(lo + run, k_end)
 
 
 @triton.jit
@@ -136,19 +133,30 @@ def _query_range_start(k0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, CAUSAL: tl.const
 def _query_range(k0, SEQ_Q, SEQ_K, rule, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
                  MASKED: tl.constexpr):
     """[q_start, q_end): the query rows that see some key of k0 .. k0 + BLOCK_K - 1 under the causal
-    rule and, if MASKED, the rule's run (window, chunk); q_start on a block boundary."""
+    rule and, if MASKED, the window and the chunks; q_start on a block boundary."""
     q_start = _query_range_start(k0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
     q_end = SEQ_Q
-    if MASKED:  # query i sees keys i + o - left .. i + o + right, o = SEQ_K - SEQ_Q, within its chunk
-        left, right, chunk = _sides(rule, SEQ_Q, SEQ_K)
-        first = tl.where(right >= 0, k0 - right, SEQ_K - SEQ_Q)  # the first diagonal that reaches the tile
-        end = tl.where(left >= 0, k0 + BLOCK_K + left, SEQ_K + SEQ_Q)  # one past the last one
-        size = tl.maximum(chunk, 1)
-        first = tl.where(chunk > 0, tl.maximum(first, k0 // size * size), first)
-        end = tl.where(chunk > 0, tl.minimum(end, (k0 + BLOCK_K - 1) // size * size + size), end)
-        q_start = tl.maximum(q_start, tl.maximum(first - (SEQ_K - SEQ_Q), 0) // BLOCK_Q * BLOCK_Q)
-        q_end = tl.minimum(q_end, tl.maximum(end - (SEQ_K - SEQ_Q), 0))
+    if MASKED:  # query i sees keys i + o - left .. i + o + right, o = SEQ_K - SEQ_Q
+        left, right = _side(rule[0], SEQ_Q, SEQ_K), _side(rule[1], SEQ_Q, SEQ_K)
+        first = tl.maximum(k0 - (SEQ_K - SEQ_Q) - right, 0) // BLOCK_Q * BLOCK_Q
+        q_start = tl.where(right >= 0, tl.maximum(q_start, first), q_start)
+        last = k0 + BLOCK_K - (SEQ_K - SEQ_Q) + left  # one past the last row whose window reaches the tile
+        q_end = tl.where(left >= 0, tl.minimum(q_end, tl.maximum(last, 0)), q_end)
+        if rule[2] is not None:  # the rows whose chunk is the first key's, through the last key's
+            own, size = _chunk_of(k0, rule[2], SEQ_Q, SEQ_K)
+            q_start = tl.maximum(q_start, tl.maximum(own - (SEQ_K - SEQ_Q), 0) // BLOCK_Q * BLOCK_Q)
+            own, _ = _chunk_of(k0 + (BLOCK_K - 1), rule[2], SEQ_Q, SEQ_K)
+            q_end = tl.minimum(q_end, tl.maximum(own + size - (SEQ_K - SEQ_Q), 0))
     return q_start, q_end
+
+
+@triton.jit
+def _key_split(k_start, k_end, split, NUM_SPLITS, BLOCK_K: tl.constexpr):
+    """The key range's split-KV mode: split ``split`` of [k_start, k_end) (k_start on a tile boundary) cut
+    into NUM_SPLITS runs of whole tiles (flashlib.decode.split_bounds), the last ones possibly empty."""
+    run = tl.cdiv(tl.cdiv(k_end - k_start, NUM_SPLITS), BLOCK_K) * BLOCK_K
+    lo = tl.minimum(k_start + split * run, k_end)
+    return lo, tl.minimum(lo + run, k_end)
 
 
 @triton.jit

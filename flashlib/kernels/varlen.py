@@ -263,15 +263,14 @@ def varlen_backward_base2(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, m
                             cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cfg, options)
 
 
-def check_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
-                 window=None, softcap=None, sinks=None, score_mod=None, attention_chunk=None,
-                 read_values: bool = True) -> Options:
-    """Everything a packed call's arguments say, checked once: its Options."""
-    scale = check_varlen_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
-                                scale=scale, window=window, softcap=softcap, read_values=read_values)
+def check_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, read_values: bool = True,
+                 **options) -> Options:
+    """Everything a packed call's arguments say, checked once: its Options (options: the call's keywords)."""
+    scale = check_varlen_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                causal=options.get("causal", False), scale=options.pop("scale", None),
+                                read_values=read_values)
     check_kernel_inputs(fn, q, v)
-    return checked_options(fn, q.shape[1], q.device, causal=causal, scale=scale, window=window, softcap=softcap,
-                           sinks=sinks, score_mod=score_mod, attention_chunk=attention_chunk)
+    return checked_options(fn, q.shape[1], q.device, scale=scale, **options)
 
 
 def varlen_score_grads(q, k, v, out, lse, dout, dlse, cu_q, cu_k, options: Options, captured):
