@@ -23,16 +23,18 @@ _POINTERS = {"Partial": "*fp32", "PartialML": "*fp32", "Lse": "*fp32", "SeqLens"
 
 def spec(kernel: str, capability, dtype: str, head_dim: int, *, paged: bool = False, softcap: bool = False,
          rows: int = 4, sinks: bool = False, head_dim_v: int | None = None, v_from_k: bool = False,
-         config=None, page_size: int = 16, prefix: bool = False, sass: bool = False):
+         config=None, page_size: int = 16, prefix: bool = False, sass: bool = False, chunk: bool = False):
     """kernel "split" (stage 1) or "merge" (stage 2); rows: stacked query rows (group x new tokens);
     sinks: the merge with attention sinks; head_dim_v: the values' (head_dim by default; the merge's
     width); v_from_k: the values read with the keys (absorbed MLA's view of the latent cache);
     config: stage 1's (block_k, num_warps, num_stages) in place of decode_config's; page_size: a paged
     cache's (a compile-time constant); prefix: the merge folding a shared prefix's splits (cascade);
-    sass: also report the loads of stage 1's key loop from the machine code (:func:`key_loop_loads`)."""
+    sass: also report the loads of stage 1's key loop from the machine code (:func:`key_loop_loads`); chunk:
+    stage 1 with attention_chunk (the rule tuple's third integer given, as a launch binds it)."""
     return dict(kernel=kernel, capability=list(capability), dtype=dtype, head_dim=head_dim, paged=paged,
                 softcap=softcap, rows=rows, sinks=sinks, head_dim_v=head_dim_v or head_dim, v_from_k=v_from_k,
-                config=None if config is None else list(config), page_size=page_size, prefix=prefix, sass=sass)
+                config=None if config is None else list(config), page_size=page_size, prefix=prefix, sass=sass,
+                **(dict(chunk=True) if chunk else {}))
 
 
 def compile_decode(specs, *, triton_path: str | None = None, launch: bool = False, timeout: float = 600) -> dict:
@@ -102,6 +104,8 @@ def _kernel(s):
     if score is None or score.data is None:
         constants["ScoreData"] = None  # what a launch without them passes: a compile-time None
     runtime = {} if score is None or score.data is None else dict(ScoreData=score.data)
+    if s.get("chunk"):
+        runtime["rule"] = (-1, -1, 8192)  # a chunk: three run-time integers
     return decode._decode_split, constants, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), runtime
 
 

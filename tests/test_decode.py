@@ -92,11 +92,20 @@ def test_partials_cover_the_visible_keys_once_and_merge_to_the_whole():
 
 
 @given(seqlen=st.integers(0, 300), new_tokens=st.integers(0, 4), num_splits=st.integers(1, 40),
-       window_left=st.integers(-1, 50), block=st.sampled_from([1, 16, 32]))
-def test_split_bounds_cut_the_visible_span_into_whole_tiles(seqlen, new_tokens, num_splits, window_left, block):
-    new_tokens = min(new_tokens, seqlen)
-    bounds = decode.split_bounds(seqlen, new_tokens, num_splits, window_left=window_left, block=block)
-    first = 0 if window_left < 0 else max(seqlen - new_tokens - window_left, 0) // block * block
+       window_left=st.integers(-1, 50), block=st.sampled_from([1, 16, 32]), chunk=st.sampled_from([0, 1, 7, 64]),
+       start=st.integers(0, 20))
+def test_split_bounds_cut_the_visible_span_into_whole_tiles(seqlen, new_tokens, num_splits, window_left, block, chunk,
+                                                            start):
+    """The first key any new token sees: its window's left edge, its chunk's start (chunks counted from the
+    sequence's start), the sequence's start; rounded down to a tile."""
+    new_tokens, start = min(new_tokens, seqlen), min(start, seqlen)
+    rule = flashlib.rules.Visibility(True, (window_left, -1), chunk=chunk)
+    bounds = decode.split_bounds(seqlen, new_tokens, num_splits, rule=rule, block=block, start=start)
+    position = seqlen - new_tokens  # the first new token's
+    first = max(start, 0 if window_left < 0 else position - window_left)
+    if chunk and position >= start:
+        first = max(first, start + (position - start) // chunk * chunk)
+    first = first // block * block
     assert len(bounds) == num_splits and bounds[0][0] == first and bounds[-1][1] == seqlen
     assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))  # contiguous, disjoint, in order
     assert all(start % block == 0 or start == seqlen for start, _ in bounds)
@@ -279,7 +288,9 @@ SPECS = [spec("split", (9, 0), "bfloat16", 128), spec("split", (9, 0), "bfloat16
          spec("split", (8, 0), "float32", 128), spec("split", (9, 0), "bfloat16", 256, paged=True, rows=16),
          spec("merge", (9, 0), "bfloat16", 128), spec("merge", (8, 0), "float16", 64, rows=8, sinks=True),
          # Colab's T4 (sm_75) in float16: notebook 10's decoding there
-         spec("split", (7, 5), "float16", 64, paged=True, softcap=True, rows=8), spec("merge", (7, 5), "float16", 64)]
+         spec("split", (7, 5), "float16", 64, paged=True, softcap=True, rows=8), spec("merge", (7, 5), "float16", 64),
+         # Llama 4's chunked layers: the rule tuple's chunk given, paged
+         spec("split", (9, 0), "bfloat16", 128, paged=True, chunk=True)]
 
 
 def _compile_and_launch(specs, triton_path=None):

@@ -249,11 +249,20 @@ VARIANT_SPECS = [
     variant_spec("mla-varlen-gqa", (9, 0), "bfloat16", 192, causal=True, group=2, varlen=True, head_dim_v=128),
     variant_spec("mla-window-softcap", (8, 0), "float16", 192, causal=True, window=(128, 0), softcap=30.0,
                  head_dim_v=128),
+    # Llama 4's chunked layers: the chunk, one run-time integer more in the rule's tuple, with a window and a
+    # mask function, and packed
+    variant_spec("chunk-window", (9, 0), "bfloat16", 128, causal=True, group=4, window=(256, 0), chunk=8192),
+    variant_spec("chunk-document", (8, 0), "float16", 64, causal=True, mask="document", chunk=1024),
+    variant_spec("varlen-chunk", (9, 0), "bfloat16", 128, causal=True, group=2, varlen=True, chunk=8192),
 ]
 # a bias table read by distance inside a window's tiles spills on sm_80 (forward 616 bytes of stores
 # with Triton 3.7.1, 192 with 3.6.0; dK/dV 84), and T5's two reads per score (its bucket, then the bias)
 # in the sm_90 forward (112 bytes with 3.7.1, 132 with 3.6.0): known, to be fixed (data/bench/LOG.md)
 VARIANT_SPILLS = {"bias-window", "t5"}
+# the dK/dV kernel of a window or a chunk with grouped heads at head dim 128 on sm_90 spills 36 bytes (28 packed;
+# a window without soft-capping spills as much, which no spec had compiled before), and a chunk beside the
+# document mask 12 on sm_80 (194 registers without the chunk): the forward and dQ kernels do not (LOG.md)
+VARIANT_SPILLS |= {"chunk-window", "chunk-document", "varlen-chunk"}
 # the kernels a spec launches, by the name compile.expected_tensor_core_op knows them
 VARIANT_KERNELS = {False: {"_attn_fwd": "forward", "_attn_bwd_dkdv": "bwd_dkdv", "_attn_bwd_dq": "bwd_dq"},
                    True: {"_attn_fwd_varlen": "forward", "_attn_bwd_dkdv_varlen": "bwd_dkdv",

@@ -23,16 +23,17 @@ SCORES = ("alibi", "bias", "t5")
 
 
 def spec(name: str, capability, dtype: str, head_dim: int, *, causal=False, group=1, window=None, softcap=None,
-         mask=None, varlen=False, sass=False, score=None, head_dim_v=None):
+         mask=None, varlen=False, sass=False, score=None, head_dim_v=None, chunk=None):
     """One forward and backward launch: ``group`` query heads per kv head, a window (left, right),
     a soft-cap, a mask (one of MASKS: masks.document, masks.prefix_lm, masks.causal as a plain def, or
     masks.sliding_window(1), whose number, given at launch, is an integer equal to 1), a score function
     (one of SCORES: flashlib.scores.alibi, relative_bias or t5_relative_bias) and ``varlen``
     for packed sequences; sass: also read each kernel's first tensor-core loop from its machine
-    code (flashlib.kernels.compile.first_mma_loop); head_dim_v: v's head dim where it is its own (MLA's)."""
+    code (flashlib.kernels.compile.first_mma_loop); head_dim_v: v's head dim where it is its own (MLA's); chunk:
+    attention_chunk."""
     return dict(name=name, capability=list(capability), dtype=dtype, head_dim=head_dim, causal=causal, group=group,
                 window=window, softcap=softcap, mask=mask, varlen=varlen, sass=sass, score=score,
-                head_dim_v=head_dim_v)
+                head_dim_v=head_dim_v, chunk=chunk)
 
 
 def compile_variants(specs, *, triton_path: str | None = None, timeout: float = 600) -> list[dict]:
@@ -103,7 +104,7 @@ def _launch(s):
     dv = s.get("head_dim_v") or d
     options = checked_options("compile", heads, "cpu", causal=s["causal"], scale=0.1, window=s["window"],
                               softcap=s["softcap"], mask_mod=_mask(s["mask"], seq),
-                              score_mod=_score(s.get("score"), heads, seq))
+                              score_mod=_score(s.get("score"), heads, seq), attention_chunk=s.get("chunk"))
     if s["varlen"]:
         cu = torch.tensor([0, 200, 512], dtype=torch.int32)
         q, out, dout = (torch.zeros(seq, heads, dim, dtype=dtype) for dim in (d, dv, dv))
