@@ -283,6 +283,10 @@ def register(name: str = NAME) -> str:
     - ``softcap=c`` (Gemma 2): scores c * tanh(s / c), flashlib's ``softcap``;
     - ``s_aux`` (GPT-OSS's learned attention sinks, shape (heads,)): flashlib's ``sinks``, one logit per
       query head added to the softmax's denominator, with its gradient;
+    - Llama 4's chunked layers (``config.layer_types[layer] == "chunked_attention"``): flashlib's
+      ``attention_chunk=config.attention_chunk_size``, which transformers passes to no attention function; the
+      mask function checks it is the chunk its mask uses, and refuses a cache that keeps only a chunked
+      layer's last keys (transformers' default for them: pass ``past_key_values=DynamicCache()``);
     - ``dropout=0`` (a nonzero dropout is refused; training without attention dropout works);
     - ``position_ids``: positions that restart mark packed sequences without a padding mask (as eager
       reads them without a cache), and ``cu_seq_lens_q/k`` with ``max_length_q/k`` (flash-attn's packed
@@ -304,9 +308,9 @@ def register(name: str = NAME) -> str:
     ``output_attentions=True`` (no probabilities exist to return); any other keyword; ``sliding_window``
     without ``is_causal``; ``s_aux`` of another shape than (heads,); a 4-D mask; padding between valid
     tokens with causal or windowed attention; causal attention with more queries than keys; and, when
-    the mask is made, mask functions beyond causal, bidirectional, a causal sliding window and packed
+    the mask is made, mask functions beyond causal, bidirectional, a causal sliding window, chunks and packed
     sequences (a model's ``or_mask_function``/``and_mask_function``, e.g. image tokens or Gemma 3's
-    bidirectional windows; chunked attention; block-wise masks), which a flash-style mask would drop.
+    bidirectional windows; block-wise masks), which a flash-style mask would drop.
     Not seen, as by transformers' own flash attention: a static cache called without any attention mask.
     """
     if "flash" in name:
