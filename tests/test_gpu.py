@@ -245,7 +245,7 @@ def test_the_peak_of_a_training_step_counts_its_gradients():
 
 @pytest.mark.parametrize("paged", [False, True])
 def test_decoding_against_its_reference_in_bfloat16(paged):
-    """Split-KV decoding compiled for the GPU: GQA, ragged cache lengths, a window, soft-capping,
+    """Split-KV decoding compiled for the GPU: GQA, ragged cache lengths, a window, soft-capping, chunks,
     a few new tokens, contiguous or paged (shuffled block table), within bfloat16's rounding of
     the float32 reference; every split count gives the same output up to rounding."""
     from flashlib import decode_attention, decode_reference
@@ -257,7 +257,7 @@ def test_decoding_against_its_reference_in_bfloat16(paged):
     k, v = (torch.randn(batch, kv_heads, capacity, dim, device=DEVICE, generator=g).to(torch.bfloat16)
             for _ in range(2))
     seqlens = torch.tensor([3000, 1234, 7], device=DEVICE, dtype=torch.int32)
-    options = dict(window=(1000, 0), softcap=30.0)
+    options = dict(window=(1000, 0), softcap=30.0, attention_chunk=700)
     table = None
     if paged:
         k, v, table = paged_cache(k, v, 64, spare_pages=5, generator=torch.Generator().manual_seed(1))
@@ -303,6 +303,8 @@ def _document_ids(seq, device):
 @pytest.mark.parametrize("kv_heads,options", [  # options combined: each case compiles kernels of its own
     (2, dict(causal=True, window=(100, 0), softcap=20.0)),
     (1, dict(window=(37, 250), mask_doc=True)),
+    (2, dict(causal=True, attention_chunk=300)),  # Llama 4's chunks, across tiles
+    (1, dict(attention_chunk=256, window=(100, 40), mask_doc=True)),
 ])
 def test_variants_compiled_match_float64(kv_heads, options):
     """Grouped-query heads, windows, soft-capping and mask functions compiled for this GPU
