@@ -34,15 +34,15 @@ from .rules import (_SKIPPED, _batch_head, _key_range, _mod_scores_slope, _mod_s
 
 
 @triton.jit
-def _attn_bwd_preprocess(Out, DO, Delta, stride_oz, stride_om, stride_doz, stride_dom, SEQ_Q, HEAD_DIM,
-                         HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr):
+def _attn_bwd_preprocess(Out, DO, Delta, stride_o, stride_do, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD: tl.constexpr,
+                         BLOCK_Q: tl.constexpr):
     """delta = rowsum(dO * O): the term softmax's Jacobian needs, from (seq, d) tensors only; launched
-    with v's head dim (O's and dO's)."""
+    with v's head dim (O's and dO's), their strides (head, row)."""
     off_z = tl.program_id(1).to(tl.int64)
     offs_q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    o = _load_rows(Out + off_z * stride_oz, stride_om, offs_q, offs_d, SEQ_Q, HEAD_DIM)
-    do = _load_rows(DO + off_z * stride_doz, stride_dom, offs_q, offs_d, SEQ_Q, HEAD_DIM)
+    o = _load_rows(Out + off_z * stride_o[0], stride_o[1], offs_q, offs_d, SEQ_Q, HEAD_DIM)
+    do = _load_rows(DO + off_z * stride_do[0], stride_do[1], offs_q, offs_d, SEQ_Q, HEAD_DIM)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(Delta + off_z * SEQ_Q + offs_q, delta, mask=offs_q < SEQ_Q)
 
@@ -109,8 +109,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, s
 @triton.jit
 def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, ScoreData, qk_scale, scale,
                          stride_qh, stride_qm, stride_kn, stride_vn, stride_doh, stride_dom, stride_dkn, stride_dvn,
-                         stride_lh, k0, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V, rule, off_b, off_h,
-                         stride_tb, stride_th, stride_tr,
+                         stride_lh, k0, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V, rule, off_b, off_h, stride_t,
                          HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                          BLOCK_K: tl.constexpr,
                          BLOCK_H: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
@@ -132,7 +131,7 @@ def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, Score
     for g in range(0, BLOCK_H):  # the query heads that share this kv head add to its dk, dv
         row = Tiles
         if MASK_MOD is not None:  # the block mask's row of this key tile for query head off_h + g
-            row += off_b * stride_tb + (off_h + g) * stride_th + k0 // BLOCK_K * stride_tr
+            row += off_b * stride_t[0] + (off_h + g) * stride_t[1] + k0 // BLOCK_K * stride_t[2]
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q + g * stride_qh, DO + g * stride_doh,
                                       Lse + g * stride_lh, Delta + g * stride_lh, stride_qm, stride_dom, offs_k, offs_d,
                                       q_start, qk_scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, BLOCK_Q=BLOCK_Q,
@@ -149,31 +148,30 @@ def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, Score
 
 
 @triton.jit
-def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
-                   stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
-                   stride_doz, stride_dom, stride_dkz, stride_dkn, stride_dvz, stride_dvn,
-                   SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V,
+def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale, stride_q, stride_k, stride_v, stride_do, stride_dk,
+                   stride_dv, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V,
                    HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                    BLOCK_K: tl.constexpr,
                    CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                    HEADS=1, rule=None, MaskData=None,
-                   Tiles=None, stride_tb=0, stride_th=0, stride_tr=0, BLOCK_H: tl.constexpr = 1,
+                   Tiles=None, stride_t=None, BLOCK_H: tl.constexpr = 1,
                    SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, ROW0=0, ScoreData=None):
-    """One program per key tile of one kv head: the grid is (key tiles, B*H_kv); BLOCK_H = H / H_kv.
-    Tiles: the block mask's kinds by key tile, (B or 1, H or 1, key tiles, query blocks). ROW0: where
+    """One program per key tile of one kv head: the grid is (key tiles, B*H_kv); BLOCK_H = H / H_kv; each
+    tensor's strides one tuple, (head, row). Tiles: the block mask's kinds by key tile, (B or 1, H or 1, key
+    tiles, query blocks), stride_t its (batch, head, row) strides. ROW0: where
     K's rows start among all B*H_kv, on a batch boundary (a launch takes at most 65,535 rows:
     rules.row_chunks)."""
     k0 = tl.program_id(0) * BLOCK_K  # the grid replaces the reference's loop over key tiles
     off_z = tl.program_id(1).to(tl.int64)  # batch * kv head
     off_q = off_z * BLOCK_H  # its group's first query head, batch * HEADS + head
     off_b, off_h = _batch_head(off_q, HEADS, ROW0 * BLOCK_H)  # what mask and score functions are told
-    _attn_bwd_dkdv_block(Q + off_q * stride_qz, K + off_z * stride_kz, V + off_z * stride_vz, DO + off_q * stride_doz,
-                         DK + off_z * stride_dkz, DV + off_z * stride_dvz, Lse + off_q * SEQ_Q, Delta + off_q * SEQ_Q,
-                         Tiles, MaskData, ScoreData, qk_scale, scale, stride_qz, stride_qm=stride_qm, stride_kn=stride_kn,
-                         stride_vn=stride_vn, stride_doh=stride_doz, stride_dom=stride_dom, stride_dkn=stride_dkn,
-                         stride_dvn=stride_dvn, stride_lh=SEQ_Q, k0=k0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
-                         HEAD_DIM_V=HEAD_DIM_V, rule=rule, off_b=off_b,
-                         off_h=off_h, stride_tb=stride_tb, stride_th=stride_th, stride_tr=stride_tr,
+    _attn_bwd_dkdv_block(Q + off_q * stride_q[0], K + off_z * stride_k[0], V + off_z * stride_v[0],
+                         DO + off_q * stride_do[0], DK + off_z * stride_dk[0], DV + off_z * stride_dv[0],
+                         Lse + off_q * SEQ_Q, Delta + off_q * SEQ_Q, Tiles, MaskData, ScoreData, qk_scale, scale,
+                         stride_q[0], stride_qm=stride_q[1], stride_kn=stride_k[1], stride_vn=stride_v[1],
+                         stride_doh=stride_do[0], stride_dom=stride_do[1], stride_dkn=stride_dk[1],
+                         stride_dvn=stride_dv[1], stride_lh=SEQ_Q, k0=k0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
+                         HEAD_DIM_V=HEAD_DIM_V, rule=rule, off_b=off_b, off_h=off_h, stride_t=stride_t,
                          HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H, CAUSAL=CAUSAL,
                          INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
 
@@ -245,28 +243,27 @@ def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, Tiles, MaskData, ScoreData, 
 
 
 @triton.jit
-def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
-                 stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
-                 stride_doz, stride_dom, stride_dqz, stride_dqm,
+def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale, stride_q, stride_k, stride_v, stride_do, stride_dq,
                  SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V,
                  HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                  BLOCK_K: tl.constexpr,
                  CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                  GROUP=1, HEADS=1, rule=None, MaskData=None,
-                 Tiles=None, stride_tb=0, stride_th=0, stride_tr=0,
+                 Tiles=None, stride_t=None,
                  SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, ROW0=0, ScoreData=None):
-    """One program per query block of one head: the grid is (query blocks, B*H). ROW0: where Q's
-    rows start among all B*H, on a batch boundary (a launch takes at most 65,535 rows: rules.row_chunks)."""
+    """One program per query block of one head: the grid is (query blocks, B*H); each tensor's strides
+    one tuple, (head, row), stride_t the block mask's (batch, head, row). ROW0: where Q's rows start among
+    all B*H, on a batch boundary (a launch takes at most 65,535 rows: rules.row_chunks)."""
     q0 = tl.program_id(0) * BLOCK_Q
     off_z = tl.program_id(1).to(tl.int64)
     off_kv = off_z // GROUP  # grouped-query attention: query head h reads kv head h // GROUP
     off_b, off_h = _batch_head(off_z, HEADS, ROW0)  # what mask and score functions are told
     if MASK_MOD is not None:  # the block mask's row of this block
-        Tiles += off_b * stride_tb + off_h * stride_th + q0 // BLOCK_Q * stride_tr
-    _attn_bwd_dq_block(Q + off_z * stride_qz, K + off_kv * stride_kz, V + off_kv * stride_vz, DO + off_z * stride_doz,
-                       DQ + off_z * stride_dqz, Lse + off_z * SEQ_Q, Delta + off_z * SEQ_Q, Tiles, MaskData, ScoreData,
-                       qk_scale, scale, stride_qm, stride_kn, stride_vn=stride_vn, stride_dom=stride_dom,
-                       stride_dqm=stride_dqm, q0=q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
+        Tiles += off_b * stride_t[0] + off_h * stride_t[1] + q0 // BLOCK_Q * stride_t[2]
+    _attn_bwd_dq_block(Q + off_z * stride_q[0], K + off_kv * stride_k[0], V + off_kv * stride_v[0],
+                       DO + off_z * stride_do[0], DQ + off_z * stride_dq[0], Lse + off_z * SEQ_Q, Delta + off_z * SEQ_Q,
+                       Tiles, MaskData, ScoreData, qk_scale, scale, stride_q[1], stride_k[1], stride_vn=stride_v[1],
+                       stride_dom=stride_do[1], stride_dqm=stride_dq[1], q0=q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
                        HEAD_DIM_V=HEAD_DIM_V, rule=rule, off_b=off_b,
                        off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
                        INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)

@@ -128,6 +128,9 @@ def compile_kernels(specs, *, triton_path: str | None = None, keep_ptx: bool = F
 # Pointer arguments a launch passes only for an option (attention sinks, a score function's data), compiled as None unless a
 # spec gives them; a pointer given is float32.
 OPTIONAL_POINTERS = ("Sinks", "ScoreData")  # ScoreData: a score function's tensors, a tuple
+# the teaching kernels take each tensor's strides as one tuple, (head or token, row or head), and the block
+# mask's as (batch, head, row); the ladder's kernels take them one by one
+STRIDE_TUPLES = {**{f"stride_{t}": 2 for t in ("q", "k", "v", "o", "do", "dk", "dv", "dq")}, "stride_t": 3}
 
 
 def _with_defaults(fn, constexprs: dict, pointers=()) -> dict:
@@ -141,8 +144,8 @@ def _with_defaults(fn, constexprs: dict, pointers=()) -> dict:
     for param in params:
         if param.name in OPTIONAL_POINTERS and param.name not in out and param.name not in pointers:
             out[param.name] = None  # what a launch without them passes: a compile-time None
-        if param.name == "rule" and param.default is None and "rule" not in out:
-            out["rule"] = None  # the dense kernels without a window or chunk: no rule tuple (kernels/rules.py)
+        if param.name in ("rule", "stride_t") and param.default is None and param.name not in out:
+            out[param.name] = None  # the dense kernels without a window, chunk or block mask: no such tuple
         if param.is_constexpr and param.name not in out:
             if param.default is inspect.Parameter.empty:
                 raise ValueError(f"compile: {fn.__name__} needs the compile-time argument {param.name!r}")
@@ -166,6 +169,10 @@ def _signature(fn, dtype: str, constexprs: dict, float32=()):
         elif name == "rule":  # (window left, right, chunk): no chunk, a compile-time None (kernels/rules.py)
             signature[name] = ("i32", "i32", "constexpr")
             constexprs[(i, 2)] = None
+        elif name in STRIDE_TUPLES:  # a tensor's strides, one tuple: each a multiple of 16, as the JIT sees them
+            signature[name] = ("i32",) * STRIDE_TUPLES[name]
+            for j in range(STRIDE_TUPLES[name]):
+                attrs[(i, j)] = [["tt.divisibility", 16]]
         else:
             signature[name] = "i32"
             if name.startswith("stride") or name in ("HEAD_DIM", "HEAD_DIM_V"):

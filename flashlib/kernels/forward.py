@@ -167,17 +167,16 @@ def _attn_fwd_block(Q, K, V, Out, Lse, Tiles, MaskData, qk_scale, scale, stride_
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
-              stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn, stride_oz, stride_om,
-              SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V,
+def _attn_fwd(Q, K, V, Out, Lse, qk_scale, stride_q, stride_k, stride_v, stride_o, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V,
               HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
               CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
               GROUP=1, HEADS=1, scale=1.0, rule=None, MaskData=None,
-              Tiles=None, stride_tb=0, stride_th=0, stride_tr=0,
+              Tiles=None, stride_t=None,
               SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, ROW0=0, Sinks=None, ScoreData=None):
     """Q: (B*H, seq, HEAD_DIM), Out: (B*H, seq, HEAD_DIM_V); K: (B*H_kv, seq, HEAD_DIM), V: (B*H_kv,
-    seq, HEAD_DIM_V), H = GROUP * H_kv; last dims contiguous; HEAD_DIM_V None: HEAD_DIM. Lse: (B*H, SEQ_Q) float32. Tiles: the block mask's kinds (B or 1, H or 1, query
-    blocks, key tiles), strides 0 where broadcast; MaskData: what MASK_MOD reads (or None); Sinks:
+    seq, HEAD_DIM_V), H = GROUP * H_kv; last dims contiguous; HEAD_DIM_V None: HEAD_DIM; their strides one
+    tuple each, (head, row). Lse: (B*H, SEQ_Q) float32. Tiles: the block mask's kinds (B or 1, H or 1, query
+    blocks, key tiles), stride_t its (batch, head, row) strides, 0 where broadcast; MaskData: what MASK_MOD reads (or None); Sinks:
     (H,) attention sinks (or None); scale, ScoreData: the natural scale and what SCORE_MOD reads.
     ROW0: where Q's rows start among all B*H, on a batch boundary (a launch takes at most 65,535
     rows: rules.row_chunks)."""
@@ -186,9 +185,10 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     off_kv = off_z // GROUP  # grouped-query attention: query head h reads kv head h // GROUP
     off_b, off_h = _batch_head(off_z, HEADS, ROW0)  # what mask and score functions are told
     if MASK_MOD is not None:  # the block mask's row of this block
-        Tiles += off_b * stride_tb + off_h * stride_th + q0 // BLOCK_Q * stride_tr
-    _attn_fwd_block(Q + off_z * stride_qz, K + off_kv * stride_kz, V + off_kv * stride_vz, Out + off_z * stride_oz,
-                    Lse + off_z * SEQ_Q, Tiles, MaskData, qk_scale, scale, stride_qm, stride_kn, stride_vn, stride_om,
+        Tiles += off_b * stride_t[0] + off_h * stride_t[1] + q0 // BLOCK_Q * stride_t[2]
+    _attn_fwd_block(Q + off_z * stride_q[0], K + off_kv * stride_k[0], V + off_kv * stride_v[0],
+                    Out + off_z * stride_o[0], Lse + off_z * SEQ_Q, Tiles, MaskData, qk_scale, scale, stride_q[1],
+                    stride_k[1], stride_v[1], stride_o[1],
                     q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, rule=rule,
                      off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
                     HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K,

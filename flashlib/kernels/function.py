@@ -173,8 +173,8 @@ def variant_args(options: Options, *, group: int = 1, heads: int = 1, kinds=None
     args.update(score_args(score))
     if options.masked:
         args.update(rule=options.rule_numbers, MaskData=None if data is None else data.data, Tiles=kinds,
-                    stride_tb=kinds.stride(0) if kinds.shape[0] > 1 else 0,
-                    stride_th=kinds.stride(1) if kinds.shape[1] > 1 else 0, stride_tr=kinds.stride(2),
+                    stride_t=(kinds.stride(0) if kinds.shape[0] > 1 else 0, kinds.stride(1) if kinds.shape[1] > 1 else 0,
+                              kinds.stride(2)),
                     MASK_MOD=_no_mask if data is None else data.jit)
     return args
 
@@ -213,9 +213,8 @@ def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None, fn=FN):
     for rows in row_chunks(bh, heads if _tells_head(options, sinks, score) else group):
         kv = slice(rows.start // group, rows.stop // group)
         _attn_fwd[(triton.cdiv(seq_q, cfg.block_q), rows.stop - rows.start)](
-            q[rows], k[kv], v[kv], out[rows], lse[rows], scale * LOG2E,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            out.stride(0), out.stride(1), seq_q, k.shape[1], d, ROW0=rows.start, **switches)
+            q[rows], k[kv], v[kv], out[rows], lse[rows], scale * LOG2E, *_strides(q, k, v, out), seq_q, k.shape[1], d,
+            ROW0=rows.start, **switches)
     return out, lse
 
 
@@ -228,8 +227,8 @@ def preprocess(out, dout, dlse, cfg, heads_first: bool = False):
     delta = torch.empty(bh, seq_q, dtype=torch.float32, device=out.device)
     for rows in row_chunks(bh):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
         _attn_bwd_preprocess[(triton.cdiv(seq_q, cfg.bwd_block_q), rows.stop - rows.start)](
-            out[rows], dout[rows], delta[rows], out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), seq_q,
-            d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=cfg.bwd_block_q)
+            out[rows], dout[rows], delta[rows], *_strides(out, dout), seq_q, d, HEAD_DIM_PAD=head_dim_pad(d),
+            BLOCK_Q=cfg.bwd_block_q)
     if dlse is not None:
         delta -= dlse  # d lse_i / d s_ij = p_ij: a gradient of lse enters where delta does
     return delta
@@ -259,39 +258,23 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cfg, options=DEFAULT, heads=
     # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where masked
     for kv in row_chunks(k.shape[0], heads // group if told else 1):
         rows = slice(kv.start * group, kv.stop * group)  # the query heads that read these kv heads
-        _attn_bwd_dkdv[(triton.cdiv(seq_k, cfg.bwd_block_k), kv.stop - kv.start)](q[rows], k[kv], v[kv], dout[rows],
-                                                                                  dk[kv], dv[kv], lse[rows],
-                                                                                  delta[rows], scale * LOG2E, scale,
-                                                                                  q.stride(0), q.stride(1), k.stride(0),
-                                                                                  k.stride(1), stride_vz=v.stride(0),
-                                                                                  stride_vn=v.stride(1),
-                                                                                  stride_doz=dout.stride(0),
-                                                                                  stride_dom=dout.stride(1),
-                                                                                  stride_dkz=dk.stride(0),
-                                                                                  stride_dkn=dk.stride(1),
-                                                                                  stride_dvz=dv.stride(0),
-                                                                                  stride_dvn=dv.stride(1), SEQ_Q=seq_q,
-                                                                                  SEQ_K=seq_k, HEAD_DIM=d,
-                                                                                  ROW0=kv.start, **common, **by_key)
+        _attn_bwd_dkdv[(triton.cdiv(seq_k, cfg.bwd_block_k), kv.stop - kv.start)](
+            q[rows], k[kv], v[kv], dout[rows], dk[kv], dv[kv], lse[rows], delta[rows], scale * LOG2E, scale,
+            *_strides(q, k, v, dout, dk, dv), SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=d, ROW0=kv.start, **common, **by_key)
     by_query = variant_args(options, group=group, heads=heads, kinds=by_query, data=data, score=score)
     for rows in row_chunks(bh, heads if told else group):
         kv = slice(rows.start // group, rows.stop // group)
-        _attn_bwd_dq[(triton.cdiv(seq_q, cfg.bwd_block_q), rows.stop - rows.start)](q[rows], k[kv], v[kv], dout[rows],
-                                                                                    dq[rows], lse[rows], delta[rows],
-                                                                                    scale * LOG2E, scale, q.stride(0),
-                                                                                    q.stride(1), k.stride(0),
-                                                                                    k.stride(1), v.stride(0),
-                                                                                    stride_vn=v.stride(1),
-                                                                                    stride_doz=dout.stride(0),
-                                                                                    stride_dom=dout.stride(1),
-                                                                                    stride_dqz=dq.stride(0),
-                                                                                    stride_dqm=dq.stride(1),
-                                                                                    SEQ_Q=seq_q, SEQ_K=seq_k,
-                                                                                    HEAD_DIM=d, ROW0=rows.start,
-                                                                                    **common, **by_query)
+        _attn_bwd_dq[(triton.cdiv(seq_q, cfg.bwd_block_q), rows.stop - rows.start)](
+            q[rows], k[kv], v[kv], dout[rows], dq[rows], lse[rows], delta[rows], scale * LOG2E, scale,
+            *_strides(q, k, v, dout, dq), SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=d, ROW0=rows.start, **common, **by_query)
     dsinks = None if sinks is None else sink_grad(sinks, lse_natural(lse).reshape(-1, heads, seq_q),
                                                   delta.reshape(-1, heads, seq_q))
     return dq, dk, dv, dsinks
+
+
+def _strides(*tensors) -> list[tuple[int, int]]:
+    """Each (rows of heads, seq, d) tensor's strides as the kernels take them: one tuple, (head, row)."""
+    return [(t.stride(0), t.stride(1)) for t in tensors]
 
 
 def _block_h(args: dict) -> dict:

@@ -43,15 +43,21 @@ def _sequence(CuSeqlens, off_b):
 
 
 @triton.jit
-def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale,
-                     stride_qm, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_om, stride_oh,
-                     TOTAL_Q, HEADS, GROUP, HEAD_DIM, HEAD_DIM_V, rule,
+def _at(Ptr, stride, token, head):
+    """Ptr's element of this token and head; stride: the tensor's (token, head) strides."""
+    return Ptr + token * stride[0] + head * stride[1]
+
+
+@triton.jit
+def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale, stride_q, stride_k, stride_v,
+                     stride_o, TOTAL_Q, HEADS, GROUP, HEAD_DIM, HEAD_DIM_V, rule,
                      HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                      BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                      MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr = None, Sinks=None, ScoreData=None, B0=0):
     """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS);
-    Sinks: (HEADS,) attention sinks or None. B0: the launch's first sequence in the batch (a score
-    function is told b = B0 + the sequence's index in this launch)."""
+    each tensor's strides one tuple, (token, head). Sinks: (HEADS,) attention sinks or None. B0: the
+    launch's first sequence in the batch (a score function is told b = B0 + the sequence's index in this
+    launch)."""
     q0 = tl.program_id(0) * BLOCK_Q
     off_z = tl.program_id(1).to(tl.int64)  # int64: heads x total tokens (the lse offset) can pass 2^31
     off_b, off_h = _batch_head(off_z, HEADS, 0)
@@ -59,26 +65,26 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale,
     if q0 < seq_q:  # a block past its sequence's end computes nothing
         k_start, seq_k = _sequence(CuSeqlensK, off_b)
         off_kv = off_h // GROUP  # grouped-query attention: query head h reads kv head h // GROUP
-        _attn_fwd_block(Q + q_start * stride_qm + off_h * stride_qh, K + k_start * stride_kn + off_kv * stride_kh,
-                        V + k_start * stride_vn + off_kv * stride_vh, Out + q_start * stride_om + off_h * stride_oh,
-                        Lse + off_h * TOTAL_Q + q_start, Tiles, None, qk_scale, scale, stride_qm, stride_kn,
-                        stride_vn, stride_om, q0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V,
-                        rule=rule, off_b=off_b + B0, off_h=off_h,
-                        HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD,
-                        MASK_MOD=MASK_MOD, Sinks=Sinks, ScoreData=ScoreData)
+        _attn_fwd_block(_at(Q, stride_q, q_start, off_h), _at(K, stride_k, k_start, off_kv),
+                        _at(V, stride_v, k_start, off_kv), _at(Out, stride_o, q_start, off_h),
+                        Lse + off_h * TOTAL_Q + q_start, Tiles, None, qk_scale, scale, stride_q[0], stride_k[0],
+                        stride_v[0], stride_o[0], q0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM,
+                        HEAD_DIM_V=HEAD_DIM_V, rule=rule, off_b=off_b + B0, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
+                        HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
+                        INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, Sinks=Sinks,
+                        ScoreData=ScoreData)
 
 
 @triton.jit
 def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale,
-                          stride_qm, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dom, stride_doh,
-                          stride_dkn, stride_dkh, stride_dvn, stride_dvh,
+                          stride_q, stride_k, stride_v, stride_do, stride_dk, stride_dv,
                           TOTAL_Q, KV_HEADS, HEAD_DIM, HEAD_DIM_V, rule,
                           HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                           BLOCK_K: tl.constexpr,
                           BLOCK_H: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                           MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr = None, ScoreData=None, B0=0):
     """One key tile of one sequence and kv head: the grid is (ceil(max_seqlen_k / BLOCK_K), batch * KV_HEADS);
-    BLOCK_H: the query heads of a kv head."""
+    BLOCK_H: the query heads of a kv head; each tensor's strides one tuple, (token, head)."""
     k0 = tl.program_id(0) * BLOCK_K
     off_z = tl.program_id(1).to(tl.int64)  # int64: heads x total tokens (the lse offset) can pass 2^31
     off_b, off_kv = _batch_head(off_z, KV_HEADS, 0)
@@ -86,30 +92,28 @@ def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlens
     if k0 < seq_k:  # a tile past its sequence's end computes nothing
         q_start, seq_q = _sequence(CuSeqlensQ, off_b)
         off_h = off_kv * BLOCK_H  # the first query head of its group
-        _attn_bwd_dkdv_block(Q + q_start * stride_qm + off_h * stride_qh, K + k_start * stride_kn + off_kv * stride_kh,
-                             V + k_start * stride_vn + off_kv * stride_vh,
-                             DO + q_start * stride_dom + off_h * stride_doh,
-                             DK + k_start * stride_dkn + off_kv * stride_dkh,
-                             DV + k_start * stride_dvn + off_kv * stride_dvh, Lse + off_h * TOTAL_Q + q_start,
-                             Delta + off_h * TOTAL_Q + q_start, Tiles, None, ScoreData, qk_scale, scale, stride_qh,
-                             stride_qm=stride_qm, stride_kn=stride_kn, stride_vn=stride_vn, stride_doh=stride_doh,
-                             stride_dom=stride_dom, stride_dkn=stride_dkn, stride_dvn=stride_dvn, stride_lh=TOTAL_Q,
-                             k0=k0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V,
-                             rule=rule, off_b=off_b + B0, off_h=off_h,
-                             stride_tb=0, stride_th=0, stride_tr=0, HEAD_DIM_PAD=HEAD_DIM_PAD,
-                             HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H,
-                             CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
+        _attn_bwd_dkdv_block(_at(Q, stride_q, q_start, off_h), _at(K, stride_k, k_start, off_kv),
+                             _at(V, stride_v, k_start, off_kv), _at(DO, stride_do, q_start, off_h),
+                             _at(DK, stride_dk, k_start, off_kv), _at(DV, stride_dv, k_start, off_kv),
+                             Lse + off_h * TOTAL_Q + q_start, Delta + off_h * TOTAL_Q + q_start, Tiles, None, ScoreData,
+                             qk_scale, scale, stride_q[1], stride_qm=stride_q[0], stride_kn=stride_k[0],
+                             stride_vn=stride_v[0], stride_doh=stride_do[1], stride_dom=stride_do[0],
+                             stride_dkn=stride_dk[0], stride_dvn=stride_dv[0], stride_lh=TOTAL_Q, k0=k0, SEQ_Q=seq_q,
+                             SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, rule=rule, off_b=off_b + B0,
+                             off_h=off_h, stride_t=(0, 0, 0), HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD,
+                             BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H, CAUSAL=CAUSAL,
+                             INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
 
 
 @triton.jit
 def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale,
-                        stride_qm, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_dom, stride_doh,
-                        stride_dqm, stride_dqh, TOTAL_Q, HEADS, GROUP, HEAD_DIM, HEAD_DIM_V, rule,
-                        HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                        stride_q, stride_k, stride_v, stride_do, stride_dq, TOTAL_Q, HEADS, GROUP, HEAD_DIM, HEAD_DIM_V,
+                        rule, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                         BLOCK_K: tl.constexpr,
                         CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, MASK_MOD: tl.constexpr,
                         SCORE_MOD: tl.constexpr = None, ScoreData=None, B0=0):
-    """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS)."""
+    """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS);
+    each tensor's strides one tuple, (token, head)."""
     q0 = tl.program_id(0) * BLOCK_Q
     off_z = tl.program_id(1).to(tl.int64)  # int64: heads x total tokens (the lse offset) can pass 2^31
     off_b, off_h = _batch_head(off_z, HEADS, 0)
@@ -117,21 +121,22 @@ def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Til
     if q0 < seq_q:
         k_start, seq_k = _sequence(CuSeqlensK, off_b)
         off_kv = off_h // GROUP
-        _attn_bwd_dq_block(Q + q_start * stride_qm + off_h * stride_qh, K + k_start * stride_kn + off_kv * stride_kh,
-                           V + k_start * stride_vn + off_kv * stride_vh, DO + q_start * stride_dom + off_h * stride_doh,
-                           DQ + q_start * stride_dqm + off_h * stride_dqh, Lse + off_h * TOTAL_Q + q_start,
-                           Delta + off_h * TOTAL_Q + q_start, Tiles, None, ScoreData, qk_scale, scale, stride_qm,
-                           stride_kn, stride_vn=stride_vn, stride_dom=stride_dom, stride_dqm=stride_dqm, q0=q0,
-                           SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, rule=rule, off_b=off_b + B0, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
-                           HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION,
+        _attn_bwd_dq_block(_at(Q, stride_q, q_start, off_h), _at(K, stride_k, k_start, off_kv),
+                           _at(V, stride_v, k_start, off_kv), _at(DO, stride_do, q_start, off_h),
+                           _at(DQ, stride_dq, q_start, off_h), Lse + off_h * TOTAL_Q + q_start,
+                           Delta + off_h * TOTAL_Q + q_start, Tiles, None, ScoreData, qk_scale, scale, stride_q[0],
+                           stride_k[0], stride_vn=stride_v[0], stride_dom=stride_do[0], stride_dqm=stride_dq[0], q0=q0,
+                           SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, rule=rule,
+                           off_b=off_b + B0, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD,
+                           BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION,
                            SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
 
 
 # ----- launchers ------------------------------------------------------------------------------
 
 def _strides(*tensors):
-    """(token stride, head stride) of each packed (tokens, heads, d) tensor, flattened."""
-    return [s for t in tensors for s in (t.stride(0), t.stride(1))]
+    """Each packed (tokens, heads, d) tensor's strides as the kernels take them: one tuple, (token, head)."""
+    return [(t.stride(0), t.stride(1)) for t in tensors]
 
 
 def _variant_args(options: Options, tiles: int, device, score=None) -> tuple:

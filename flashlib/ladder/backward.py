@@ -366,7 +366,7 @@ def _preprocess(chosen: Backward, out, dout, dlse):
     delta = torch.empty(bh, seq_q, dtype=torch.float32, device=out.device)
     for rows in row_chunks(bh):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
         kernel_function(chosen.kernels["preprocess"])[(triton.cdiv(seq_q, 64), rows.stop - rows.start)](
-            out[rows], dout[rows], delta[rows], out.stride(0), out.stride(1), dout.stride(0), dout.stride(1), seq_q, d,
+            out[rows], dout[rows], delta[rows], out.stride()[:2], dout.stride()[:2], seq_q, d,
             HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=64)
     if dlse is not None:
         delta -= dlse
@@ -423,8 +423,11 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
     dk, dv = empty_rows(k), empty_rows(v)  # stored with int32 row offsets, as are dq's
     options = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), CAUSAL=causal,
                    INPUT_PRECISION=cfg.input_precision if cfg else "tf32", TMA=descriptors, BULK_DQ=False)
-    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-               dout.stride(0), dout.stride(1))
+    teaching = chosen.kernels.get("dq", "").startswith("kernels.")
+
+    def strides(*tensors):  # (head, row) each: a tuple a tensor for the teaching kernels, else one by one
+        return tuple(t.stride()[:2] for t in tensors) if teaching else tuple(s for t in tensors for s in t.stride()[:2])
+
     bucket = seq_bucket(seq_q, seq_k)
     if "fused" in chosen.tiles:
         # float32 atomics start from zero, in a buffer that holds dQ either way: (B*H, seq_pad, d)
@@ -434,18 +437,15 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
         seq_pad = triton.cdiv(seq_q, 16) * 16
         dq = torch.zeros(bh, seq_pad, d, dtype=torch.float32, device=q.device)
         options["BULK_DQ"] = q.device.type == "cuda" and tma_eligible(dq)  # follows from q's; checked
-        args = (q, k, v, dout, dk, dv, dq, lse, delta * scale, scale * LOG2E, scale, *strides,
-                dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dq.stride(0), dq.stride(1), seq_pad,
-                seq_q, seq_k)
+        args = (q, k, v, dout, dk, dv, dq, lse, delta * scale, scale * LOG2E, scale,
+                *strides(q, k, v, dout, dk, dv, dq), seq_pad, seq_q, seq_k)
         transposed = _launch(chosen, "fused", args, seq_k, options, cfg, bucket)
         return _dq_from(dq, q, transposed), dk, dv
     dq = empty_rows(q)
-    _launch(chosen, "dkdv", (q, k, v, dout, dk, dv, lse, delta, scale * LOG2E, scale, *strides,
-                             dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), seq_q, seq_k),
-            seq_k, dict(options), cfg, bucket)
-    _launch(chosen, "dq", (q, k, v, dout, dq, lse, delta, scale * LOG2E, scale, *strides,
-                           dq.stride(0), dq.stride(1), seq_q, seq_k),
-            seq_q, dict(options), cfg, bucket)
+    _launch(chosen, "dkdv", (q, k, v, dout, dk, dv, lse, delta, scale * LOG2E, scale, *strides(q, k, v, dout, dk, dv),
+                             seq_q, seq_k), seq_k, dict(options), cfg, bucket)
+    _launch(chosen, "dq", (q, k, v, dout, dq, lse, delta, scale * LOG2E, scale, *strides(q, k, v, dout, dq), seq_q,
+                           seq_k), seq_q, dict(options), cfg, bucket)
     return dq, dk, dv
 
 

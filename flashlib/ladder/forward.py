@@ -317,13 +317,13 @@ def _launch(kernel, switches, tuner_variant, tiles, q, k, v, out, lse, options: 
     the call's (flashlib.options; a rung has the causal rule and the scale only)."""
     causal, scale = options.causal, options.scale
     bh, seq_q, d = q.shape
-    rest = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            out.stride(0), out.stride(1), seq_q, k.shape[1])
+    strides = [t.stride()[:2] for t in (q, k, v, out)]  # (head, row) each
     head_dim = dict(HEAD_DIM_PAD=head_dim_pad(d))
-    if kernel is _attn_fwd:
-        rest += (d,)  # the teaching kernel takes HEAD_DIM at run time
+    if kernel is _attn_fwd:  # the teaching kernel takes a tuple a tensor, and HEAD_DIM at run time
+        rest = (*strides, seq_q, k.shape[1], d)
         head_dim.update(HEAD_DIM_V=None, HEAD_DIM_V_PAD=head_dim["HEAD_DIM_PAD"])  # v's head dim is q's
     else:
+        rest = (*(s for pair in strides for s in pair), seq_q, k.shape[1])
         head_dim["HEAD_DIM"] = d
     for rows in row_chunks(bh):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
         args, n = (q[rows], k[rows], v[rows], out[rows], lse[rows], scale * LOG2E, *rest), rows.stop - rows.start
