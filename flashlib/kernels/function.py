@@ -27,7 +27,7 @@ from .forward import _attn_fwd
 from .maskfn import compile_mask, symbol_bounds
 from .scorefn import check_indices, compile_score, score_args, score_bounds, score_tensors
 from .tracememo import TraceMemo, contents_guard
-from .rules import _no_mask
+from .rules import _no_mask, row_chunks
 
 
 FN = "flashlib.kernels.attention"
@@ -114,15 +114,6 @@ def kernel_score(options: Options, device, *, batch=None, heads=None, seq_q=None
     return score
 
 
-# ----- mask functions, compiled into the kernels ------------------------------------------------
-
-def kernel_mask(mask_mod, device="cpu"):
-    """The ``@triton.jit`` function the kernels call as MASK_MOD(b, h, q_idx, kv_idx, data) for a
-    mask function as it reads its data now (:mod:`flashlib.kernels.maskfn`); the same source gives
-    the same function, so the same compiled kernels."""
-    return compile_mask(FN, mask_mod, device).jit
-
-
 def _kinds(options: Options, batch, heads, seq_q, seq_k, block_q, block_k, device):
     """The block mask's kinds for these tiles (flashlib.masks.block_mask), (B or 1, H or 1, query
     blocks, key tiles); for a window or chunk alone, every tile partial: its key range skips the rest."""
@@ -191,8 +182,6 @@ def _tells_head(options: Options, sinks=None, score=None) -> bool:
 def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None, fn=FN):
     """q: (B*H, seq_q, d), k: (B*H_kv, seq_k, d), v: (B*H_kv, seq_k, dv). Returns out (B*H, seq_q, dv) and
     lse2 (B*H, seq_q) float64, in base 2. heads: H (query heads per batch row); masks: (kinds, data) for the mask path."""
-    from .rules import row_chunks
-
     bh, seq_q, d = q.shape
     dv = v.shape[-1]
     group = bh // k.shape[0]
@@ -221,8 +210,6 @@ def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None, fn=FN):
 def preprocess(out, dout, dlse, cfg, heads_first: bool = False):
     """delta = rowsum(dO * O) - dlse, (rows of heads, seq) float32: out and dout (B*H, seq_q, dv), or
     with heads_first their (H, total_q, d) views of a packed layout."""
-    from .rules import row_chunks
-
     bh, seq_q, d = out.shape
     delta = torch.empty(bh, seq_q, dtype=torch.float32, device=out.device)
     for rows in row_chunks(bh):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
@@ -239,8 +226,6 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cfg, options=DEFAULT, heads=
     natural lse) (B*H, seq_q); dlse may be None. Returns dq, dk, dv
     and dsinks (None without sinks). masks: (kinds by query block, kinds by key tile, data) for the
     mask path. The lse holds the sinks, so the three kernels are the same with and without them."""
-    from .rules import row_chunks
-
     bh, seq_q, d = q.shape
     seq_k, d_v = k.shape[1], v.shape[-1]
     causal, scale, sinks = options.causal, options.scale, options.sinks
@@ -273,7 +258,8 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cfg, options=DEFAULT, heads=
 
 
 def _strides(*tensors) -> list[tuple[int, int]]:
-    """Each (rows of heads, seq, d) tensor's strides as the kernels take them: one tuple, (head, row)."""
+    """Each tensor's first two strides as the kernels take them, one tuple: (head, row) of a (rows of heads,
+    seq, d) tensor, (token, head) of a packed (tokens, heads, d) one."""
     return [(t.stride(0), t.stride(1)) for t in tensors]
 
 
@@ -306,16 +292,10 @@ def _sinks32(sinks):
     return None if sinks is None else sinks.detach().to(torch.float32).contiguous()
 
 
-def forward(q, k, v, **options):
-    """The teaching forward without autograd: (out, lse), lse (..., seq_q) float32 (natural log),
-    -inf for rows that see no key. Same arguments and conventions as :func:`attention`."""
-    out, lse2 = forward_base2(q, k, v, **options)
-    return out, lse_natural(lse2)
-
-
 def forward_base2(q, k, v, *, config=None, fn=FN, **keywords):
-    """:func:`forward` with the lse in base 2, as the kernels keep it for the backward: float64
-    (:func:`flashlib.kernels.forward._finish` says why). keywords: the options of :func:`attention`."""
+    """The teaching forward without autograd: (out, lse2), the lse in base 2 as the kernels keep it for the
+    backward, float64 (:func:`flashlib.kernels.forward._finish` says why), -inf for rows that see no key.
+    keywords: the options of :func:`attention`."""
     options = check_options(fn, q, k, v, value_dim=True, **keywords)
     check_kernel_inputs(fn, q, v)
     return forward_pass(q, k, v, options, resolve_config(fn, q, config, v), fn)
@@ -336,16 +316,9 @@ def forward_pass(q, k, v, options: Options, cfg: FlashConfig, fn: str = FN):
     return out.reshape(*q.shape[:-1], v.shape[-1]), lse.reshape(q.shape[:-1])
 
 
-def backward(q, k, v, out, lse, dout, **options):
-    """(dq, dk, dv) from the forward's out and lse (natural log), recomputing P tile by tile (no
-    autograd); with ``sinks`` (the forward's), (dq, dk, dv, dsinks). dlse: an optional gradient with
-    respect to lse (..., seq_q). Same options as :func:`attention`. The lse is converted to base 2
-    here (an ulp from the forward's own): :func:`backward_base2` takes the forward's as it was."""
-    return backward_base2(q, k, v, out, lse_base2(lse), dout, **options)
-
-
 def backward_base2(q, k, v, out, lse2, dout, *, config=None, dlse=None, **keywords):
-    """:func:`backward` from the forward's base-2 lse, :func:`forward_base2`'s."""
+    """(dq, dk, dv) from the forward's out and base-2 lse (:func:`forward_base2`'s), recomputing P tile by tile
+    (no autograd); with ``sinks``, (dq, dk, dv, dsinks). dlse: an optional gradient of the natural lse."""
     options = check_options(FN, q, k, v, value_dim=True, **keywords)
     return backward_pass(q, k, v, out, lse2, dout, options, resolve_config(FN, q, config, v), dlse)
 

@@ -21,13 +21,14 @@ import torch
 
 from .._autograd import save, saved
 from ..rules import PARTIAL, sink_grad, softmax_delta
-from ..varlen import check_varlen_inputs
+from ..varlen import check_varlen_inputs, sequence_score, sequences
 from .backward import _attn_bwd_dkdv_block, _attn_bwd_dq_block
 from .config import LOG2E, head_dim_pad, lse_natural, value_dim
 from .forward import _attn_fwd_block, triton
 from .rules import _batch_head, _no_mask, row_chunks
 from ..options import Options, checked_options
-from .function import DEFAULT, check_kernel_inputs, kernel_score, preprocess, resolve_config
+from .function import (DEFAULT, _strides, check_kernel_inputs, kernel_score, preprocess, resolve_config, save_lse,
+                       score_grads)
 from .scorefn import score_args
 
 import triton.language as tl  # noqa: E402  (after the kernels: they chose the interpreter mode)
@@ -134,11 +135,6 @@ def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Til
 
 # ----- launchers ------------------------------------------------------------------------------
 
-def _strides(*tensors):
-    """Each packed (tokens, heads, d) tensor's strides as the kernels take them: one tuple, (token, head)."""
-    return [(t.stride(0), t.stride(1)) for t in tensors]
-
-
 def _variant_args(options: Options, tiles: int, device, score=None) -> tuple:
     """(Tiles, rule) and the keyword arguments of a launch. A window or a chunk takes the mask path with
     no mask function: its block mask row says "partial" for each of ``tiles``. rule: the rule's run-time
@@ -159,21 +155,22 @@ def _positions(cu_q, cu_k, heads: int):
     return regions
 
 
-def _batches(cu_seqlens_q, cu_seqlens_k, heads):
-    """(sequences, their cumulative lengths, the first's index) of each launch: grid axis 1 holds
-    batch x heads rows and CUDA takes at most 65,535 (rules.row_chunks), so a larger batch is
-    launched in runs of whole sequences. The kernels read absolute token offsets, so a run is just
-    its slice of the lengths."""
-    batch = cu_seqlens_q.shape[0] - 1
-    for rows in row_chunks(batch * heads, heads):
+def _launch(kernel, blocks, heads, cu_q, cu_k, before, after, score, **switches):
+    """kernel on grid (blocks, sequences x heads) with the lengths between its arguments before and after: grid
+    axis 1 holds batch x heads rows and CUDA takes at most 65,535 (rules.row_chunks), so a larger batch is
+    launched in runs of whole sequences. The kernels read absolute token offsets, so a run is just its slice
+    of the lengths; a score function is told the run's first sequence, B0."""
+    for rows in row_chunks((cu_q.shape[0] - 1) * heads, heads):
         b0, b1 = rows.start // heads, rows.stop // heads
-        yield b1 - b0, cu_seqlens_q[b0:b1 + 1], cu_seqlens_k[b0:b1 + 1], b0
+        if score is not None:
+            switches.update(B0=b0)
+        kernel[(blocks, (b1 - b0) * heads)](*before, cu_q[b0:b1 + 1], cu_k[b0:b1 + 1], *after, **switches)
 
 
 def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, cfg, options: Options):
     total_q, heads, d = q.shape
     dv = v.shape[-1]
-    causal, scale, sinks = options.causal, options.scale, options.sinks
+    scale, sinks = options.scale, options.sinks
     out = q.new_empty(total_q, heads, dv)  # (total_q, heads, dv)
     lse = torch.empty(heads, total_q, dtype=torch.float64, device=q.device)  # float64: forward._finish says why
     score = kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k,
@@ -181,53 +178,41 @@ def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, cfg, options: Options):
     (tiles, rule), switches = _variant_args(options, triton.cdiv(max_k, cfg.block_k), q.device, score)
     if sinks is not None:
         switches.update(Sinks=sinks.detach().to(torch.float32).contiguous())
-    for batch, cu_q_run, cu_k_run, b0 in _batches(cu_q, cu_k, heads):
-        if score is not None:
-            switches.update(B0=b0)
-        _attn_fwd_varlen[(triton.cdiv(max_q, cfg.block_q), batch * heads)](
-            q, k, v, out, lse, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale, *_strides(q, k, v, out), total_q,
-            heads, heads // k.shape[1], d, rule=rule, HEAD_DIM_PAD=head_dim_pad(d),
-            **value_dim(d, dv), BLOCK_Q=cfg.block_q,
-            BLOCK_K=cfg.block_k, CAUSAL=causal, INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps,
+    _launch(_attn_fwd_varlen, triton.cdiv(max_q, cfg.block_q), heads, cu_q, cu_k, (q, k, v, out, lse),
+            (tiles, scale * LOG2E, scale, *_strides(q, k, v, out), total_q, heads, heads // k.shape[1], d), score,
+            rule=rule, HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, dv), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k,
+            CAUSAL=options.causal, INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **switches)
     return out, lse
 
 
 def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, cfg, options: Options):
     total_q, heads, d = q.shape
-    dv = v.shape[-1]
-    causal, scale, sinks = options.causal, options.scale, options.sinks
+    scale, sinks = options.scale, options.sinks
     kv_heads, group = k.shape[1], heads // k.shape[1]
     # delta = rowsum(dO * O) in lse's (heads, total_q) layout: the dense preprocess on (heads, tokens, d) views
     delta = preprocess(out.transpose(0, 1), dout.transpose(0, 1), dlse, cfg)
-    dq, dk, dv_grad = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    common = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, dv), BLOCK_Q=cfg.bwd_block_q,
-                  BLOCK_K=cfg.bwd_block_k, CAUSAL=causal, INPUT_PRECISION=cfg.input_precision,
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    common = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, v.shape[-1]), BLOCK_Q=cfg.bwd_block_q,
+                  BLOCK_K=cfg.bwd_block_k, CAUSAL=options.causal, INPUT_PRECISION=cfg.input_precision,
                   num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages)
     score = kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k,
                          fn=VARLEN_FN, regions=_positions(cu_q, cu_k, heads))
     (tiles, rule), switches = _variant_args(options, triton.cdiv(max_q, cfg.bwd_block_q), q.device, score)
-    for batch, cu_q_run, cu_k_run, b0 in _batches(cu_q, cu_k, kv_heads):
-        if score is not None:
-            switches.update(B0=b0)
-        _attn_bwd_dkdv_varlen[(triton.cdiv(max_k, cfg.bwd_block_k), batch * kv_heads)](
-            q, k, v, dout, dk, dv_grad, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale,
-            *_strides(q, k, v, dout, dk, dv_grad), total_q, kv_heads, d, rule=rule,
-            BLOCK_H=group, **common, **switches)
-    tiles, *_ = _variant_args(options, triton.cdiv(max_k, cfg.bwd_block_k), q.device)[0]
-    for batch, cu_q_run, cu_k_run, b0 in _batches(cu_q, cu_k, heads):
-        if score is not None:
-            switches.update(B0=b0)
-        _attn_bwd_dq_varlen[(triton.cdiv(max_q, cfg.bwd_block_q), batch * heads)](
-            q, k, v, dout, dq, lse, delta, cu_q_run, cu_k_run, tiles, scale * LOG2E, scale,
-            *_strides(q, k, v, dout, dq), total_q, heads, group, d, rule=rule, **common,
+    _launch(_attn_bwd_dkdv_varlen, triton.cdiv(max_k, cfg.bwd_block_k), kv_heads, cu_q, cu_k,
+            (q, k, v, dout, dk, dv, lse, delta), (tiles, scale * LOG2E, scale, *_strides(q, k, v, dout, dk, dv),
+                                                  total_q, kv_heads, d), score, rule=rule, BLOCK_H=group, **common,
             **switches)
+    tiles, *_ = _variant_args(options, triton.cdiv(max_k, cfg.bwd_block_k), q.device)[0]
+    _launch(_attn_bwd_dq_varlen, triton.cdiv(max_q, cfg.bwd_block_q), heads, cu_q, cu_k,
+            (q, k, v, dout, dq, lse, delta), (tiles, scale * LOG2E, scale, *_strides(q, k, v, dout, dq), total_q, heads,
+                                              group, d), score, rule=rule, **common, **switches)
     # the lse (heads, total_q) holds the sinks: the kernels are unchanged; the sinks' gradient from delta
     dsinks = None if sinks is None else sink_grad(sinks, lse_natural(lse), delta)
-    return dq, dk, dv_grad, dsinks
+    return dq, dk, dv, dsinks
 
 
-def _contiguous_last_dim(t):
+def _last_dim_contiguous(t):
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
@@ -243,7 +228,7 @@ def varlen_forward_base2(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
         return q.new_zeros(out_shape), torch.full(rows, float("-inf"), dtype=torch.float64, device=q.device)
     if max_seqlen_k == 0 and sinks is not None:  # no keys anywhere: out = 0, the lse of every row its sink
         return q.new_zeros(out_shape), (sinks.detach().double() * LOG2E)[:, None].expand(rows).clone()
-    q, k, v = (_contiguous_last_dim(t) for t in (q, k, v))
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     # the cumulative lengths as the kernels read them: contiguous (a view such as t[::2] is copied)
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     return _launch_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cfg, options)
@@ -262,7 +247,7 @@ def varlen_backward_base2(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, m
             delta = softmax_delta(out.transpose(0, 1), dout.transpose(0, 1), dlse)
             dsinks = sink_grad(sinks, lse_natural(lse), delta)
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsinks
-    q, k, v, out, dout = (_contiguous_last_dim(t) for t in (q, k, v, out, dout))
+    q, k, v, out, dout = (_last_dim_contiguous(t) for t in (q, k, v, out, dout))
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     return _launch_backward(q, k, v, out, lse.contiguous(), dout, None if dlse is None else dlse.float(),
                             cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cfg, options)
@@ -281,9 +266,6 @@ def check_inputs(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 def varlen_score_grads(q, k, v, out, lse, dout, dlse, cu_q, cu_k, options: Options, captured):
     """The gradients of the tensors the score function captures, sequence by sequence in order
     (:func:`flashlib.kernels.function.score_grads` on each: positions within the sequence, b its index)."""
-    from ..varlen import sequence_score, sequences
-    from .function import score_grads
-
     grads = [torch.zeros_like(t) for t in captured]
     for b, ((q0, q1), (k0, k1)) in enumerate(zip(sequences(cu_q), sequences(cu_k))):
         if q1 == q0 or k1 == k0:
@@ -303,8 +285,6 @@ class VarlenFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, options: Options, *tensors):
-        from .function import save_lse
-
         held = len(options.tensors)
         options = options.with_tensors(tensors[:held])
         out, lse2 = varlen_forward_base2(q, k, v, cu_q, cu_k, max_q, max_k, options)

@@ -365,7 +365,7 @@ def forward_base2(q, k, v, *, causal: bool = False, scale: float | None = None, 
     """The forward of one rung: returns (out, lse2), out like q, lse2 (..., seq_q) float32, the lse
     in base 2 as the backward reads it (:mod:`flashlib.kernels.config`).
 
-    Same contract as :func:`flashlib.kernels.function.forward` (bottom-right causal diagonal,
+    Same contract as :func:`flashlib.kernels.function.forward_base2` (bottom-right causal diagonal,
     zeros and lse = -inf for rows that see no key). ``config`` fixes the tiles; by default
     rung "teaching" uses :func:`default_config` and the other rungs autotune on a GPU for
     16-bit inputs, keeping one choice per sequence bucket (:func:`seq_bucket`); float32
