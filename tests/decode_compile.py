@@ -84,7 +84,7 @@ def _kernel(s):
     d, dv = s["head_dim"], s.get("head_dim_v") or s["head_dim"]
     block_q = decode.row_block(s["rows"], dv, tuple(s["capability"]))
     if s["kernel"] == "merge":  # its HEAD_DIM is the output's, the values' head dim
-        block_q = decode.merge_block(s["rows"], dv)
+        block_q = decode.row_block(s["rows"], dv)  # stage 2: no capability, no tensor cores
         sinks = {} if s.get("sinks") else dict(Sinks=None)  # a launch without sinks passes None
         prefix = {} if s.get("prefix") else dict(Prefix=None, PrefixML=None)
         return (decode._decode_merge, dict(HEAD_DIM_PAD=head_dim_pad(dv), BLOCK_Q=block_q, **sinks, **prefix),

@@ -6,12 +6,10 @@ with 8 kv heads, on a GPU with 132 multiprocessors. So the cache is cut into chu
 
     stage 1, ``_decode_split``   grid (row blocks, num_splits, batch * kv_heads): each program
         streams its chunk of one sequence's cache past its query rows, keeping (m_i, l_i, acc)
-        as ``_attn_fwd`` does, and writes a partial output and its log-sum-exp (float32);
-    stage 2, ``_decode_merge``   grid (batch * kv_heads, row blocks): folds the splits'
-        partials into the output with notebook 02's merge (each partial is a state whose
-        max is its lse and whose denominator is 1), starting from the attention sinks' state
-        where there are sinks (a partial with no value), and, for cascade decoding, from a shared
-        prefix's splits too (their rows every sequence's queries, stacked per kv head).
+        as ``_attn_fwd`` does, and writes its normalised partial output, m_i and l_i (float32);
+    stage 2, ``_decode_merge``   grid (batch * kv_heads, row blocks): folds the splits' states
+        into the output with notebook 02's merge, from the attention sinks' state where there are
+        sinks (a partial with no value), and, for cascade decoding, a shared prefix's splits too.
 
 Grouped-query attention: the q_heads // kv_heads query heads that share a kv head, and their
 new tokens, are stacked into the rows of one query block, (batch * kv_heads, group * new_tokens,
@@ -20,14 +18,11 @@ Row r is the query of new token r % new_tokens. The row blocks of one (sequence,
 neighbours on grid axis 0, so that they run side by side and each cached row comes from DRAM once
 for all of them (absorbed MLA's 128 heads are two blocks of 64 rows; the second reads it from L2).
 
-Where a position's key lives is a compile-time function argument, ``KEY_ROWS``: returning, for
-each position of a tile, its block of the cache and its row in that block. ``_contiguous_rows``:
-block b (the sequence), row j; ``_paged_rows``: block table[b, j // PAGE_SIZE], row j % PAGE_SIZE,
-PAGE_SIZE a compile-time constant (a division by a runtime integer costs a dozen instructions per key)
-and the row within a page an int32. The rest of the kernel is the same for both caches. A paged tile's
-loads wait on its page numbers, a load themselves: Triton's pipeliner shares a loop's stages between
-such levels of loads, so a paged cache takes two more stages than a contiguous one for as many tiles in
-flight (:func:`decode_config`).
+Where a position's key lives is a compile-time function argument, ``KEY_ROWS``, returning each position's
+block of the cache and row in it: ``_contiguous_rows``: block b (the sequence), row j; ``_paged_rows``: page
+table[b, j // PAGE_SIZE], row j % PAGE_SIZE (PAGE_SIZE a compile-time constant: a division by a runtime
+integer costs a dozen instructions per key). The rest of the kernel is the same for both caches; a paged
+one takes more pipeline stages for as many tiles in flight (:data:`PAGED_EXTRA_STAGES`).
 
 Values may have a head dim of their own (HEAD_DIM_V: MLA's). Absorbed MLA keeps one latent cache
 whose first HEAD_DIM_V columns are the values too; the launcher sees v_cache as a view of k_cache's
@@ -36,6 +31,7 @@ two pieces: [value columns | the key's own], q split the same way and the two do
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -131,19 +127,50 @@ def _shared_scores(q_blk, q_own, v_tile, k_own, qk_scale, visible, INPUT_PRECISI
 
 
 @triton.jit
-def _decode_inner(m_i, l_i, acc, q_blk, q_own, K, V, Table, stride_table, off_b, stride_kb, stride_kn,
-                  stride_vb, stride_vn, offs_r, offs_d, offs_dv, k_lo, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen,
-                  start, causal, rule, qk_scale, scale, heads, positions, ScoreData, HEAD_DIM,
-                  HEAD_DIM_V, PAGE_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, KEY_ROWS: tl.constexpr,
-                  SCORE_MOD: tl.constexpr,
-                  INPUT_PRECISION: tl.constexpr, V_FROM_K: tl.constexpr):
-    """Fold every key/value tile of [k_lo, k_hi) into (m_i, l_i, acc); q_blk stays in registers. heads,
-    positions (BLOCK_Q, 1): each row's query head and position in its sequence, for SCORE_MOD (a
-    key's position in its sequence is its cache position less the sequence's start). V_FROM_K: the
-    values are the keys' first HEAD_DIM_V columns (absorbed MLA), so each key row is read once, as
-    two pieces, the shared columns (the value tile, against q_blk) and the key's own (offs_d, from
-    column HEAD_DIM_V, against q_own); else K (offs_d) and V (offs_dv) are read apart, q_own unused."""
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table, qk_scale, scale, causal, rule,
+                  stride_qz, stride_qs, stride_qr, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                  stride_table, stride_pz, stride_pr, KV_HEADS, NUM_SPLITS, ROWS, SEQ_ROWS, NEW_TOKENS, HEAD_DIM,
+                  HEAD_DIM_V, PAGE_SIZE: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+                  BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, KEY_ROWS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                  SCORE_MOD: tl.constexpr = None, ScoreData=None, V_FROM_K: tl.constexpr = False):
+    """Q: (batch * kv_heads, ROWS, HEAD_DIM), a kv head's query heads x new tokens, row r at (r // SEQ_ROWS) *
+    stride_qs + (r % SEQ_ROWS) * stride_qr (a shared prefix: every sequence's SEQ_ROWS rows; else SEQ_ROWS = ROWS);
+    K, V: caches (blocks, kv_heads, rows per block, HEAD_DIM and HEAD_DIM_V); Partial, PartialML: (batch * kv_heads
+    * NUM_SPLITS, ROWS, HEAD_DIM_V and 2) float32, each split's normalised output and its rows' base-2 max and sum;
+    SeqLens, NewTokens, Starts: (batch,) int32, each sequence's length (new tokens included), new tokens (<= the
+    rows' stride NEW_TOKENS) and first position (left padding before it is never seen). V_FROM_K: V is K's first
+    HEAD_DIM_V columns (absorbed MLA), read with the keys; HEAD_DIM_PAD then pads the rest, HEAD_DIM - HEAD_DIM_V."""
+    split = tl.program_id(1)
+    off_z = tl.program_id(2).to(tl.int64)  # batch * KV_HEADS + kv head; int64: offsets from it can pass 2^31
+    off_b, kv_head = _batch_head(off_z, KV_HEADS, 0)
+    seqlen = tl.load(SeqLens + off_b)
+    new_tokens = tl.load(NewTokens + off_b)
+    start = tl.load(Starts + off_b)
+    offset = seqlen - new_tokens  # cache position of the first new token (< 0: rows before 0 see nothing)
+    # the keys any row sees, [first, seqlen): the rule's key range for seq_q = new_tokens, seq_k = seqlen (chunks
+    # counted from the sequence's start), none before that start (its left padding); this program's split of it
+    first, _ = _key_range(0, new_tokens, seqlen, rule, 1, BLOCK_K, False, True, start)
+    k_lo, k_hi = _key_split(tl.maximum(first, start // BLOCK_K * BLOCK_K), seqlen, split, NUM_SPLITS, BLOCK_K)
+    Q += off_z * stride_qz
+    K += kv_head * stride_kh
+    V += kv_head * stride_vh
+    offs_r = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)  # fastest: row blocks reading the same cached rows
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+    q_rows = (offs_r // SEQ_ROWS).to(tl.int64) * stride_qs + (offs_r % SEQ_ROWS).to(tl.int64) * stride_qr
+    if V_FROM_K:  # q = [q_blk | q_own], against the columns the values share and the key's own
+        q_blk = _query_rows(Q, q_rows, offs_r, offs_dv, ROWS, HEAD_DIM_V)
+        q_own = _query_rows(Q + HEAD_DIM_V, q_rows, offs_r, offs_d, ROWS, HEAD_DIM - HEAD_DIM_V)
+    else:
+        q_blk = _query_rows(Q, q_rows, offs_r, offs_d, ROWS, HEAD_DIM)
+        q_own = q_blk  # not read
+    # what a score function is told of each row: its query head and its position in the sequence
+    heads = _stacked_head(kv_head, offs_r, ROWS, NEW_TOKENS)[:, None]
+    positions = (offset - start + offs_r % NEW_TOKENS)[:, None]
+    m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM_V_PAD], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):  # q_blk stays in registers; a key's position: its cache position - start
         offs_k = k0 + tl.arange(0, BLOCK_K)
         valid = offs_k < k_hi
         blocks, rows = KEY_ROWS(Table, stride_table, off_b, k0, offs_k, valid, PAGE_SIZE, BLOCK_K)
@@ -161,77 +188,12 @@ def _decode_inner(m_i, l_i, acc, q_blk, q_own, K, V, Table, stride_table, off_b,
             s = _scores(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION, scale, off_b, heads, positions,
                         offs_k[None, :] - start, ScoreData, SCORE_MOD)
         m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION)
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table, qk_scale, scale, causal, rule,
-                  stride_qz, stride_qs, stride_qr, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                  stride_table, stride_pz, stride_pr, KV_HEADS, NUM_SPLITS, ROWS, SEQ_ROWS, NEW_TOKENS, HEAD_DIM,
-                  HEAD_DIM_V,
-                  PAGE_SIZE: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
-                  BLOCK_K: tl.constexpr, KEY_ROWS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                  SCORE_MOD: tl.constexpr = None, ScoreData=None, V_FROM_K: tl.constexpr = False):
-    """Q: (batch * kv_heads, ROWS, HEAD_DIM), a kv head's query heads and new tokens stacked (row r at
-    (r // SEQ_ROWS) * stride_qs + (r % SEQ_ROWS) * stride_qr: a shared prefix's rows are every sequence's
-    SEQ_ROWS, stride_qs apart; decoding's SEQ_ROWS = ROWS);
-    K, V: caches (blocks, kv_heads, rows per block, HEAD_DIM and HEAD_DIM_V); Partial: (batch * kv_heads *
-    NUM_SPLITS, ROWS, HEAD_DIM_V) float32, each split's normalised output; PartialML: (batch * kv_heads *
-    NUM_SPLITS, ROWS, 2) float32, its rows' base-2 max m and denominator l. SeqLens, NewTokens, Starts:
-    (batch,) int32, each sequence's valid positions (its new tokens included), its new tokens (at most
-    NEW_TOKENS, the rows' stride) and its first position (left padding before it is never seen).
-    V_FROM_K: V is K's first HEAD_DIM_V columns (absorbed MLA's latent cache), read with the keys; then
-    HEAD_DIM_PAD pads the key's own columns, HEAD_DIM - HEAD_DIM_V (the rope's), not HEAD_DIM."""
-    q0 = tl.program_id(0) * BLOCK_Q  # fastest: the row blocks that read the same cached rows, together
-    split = tl.program_id(1)
-    off_z = tl.program_id(2).to(tl.int64)  # batch * KV_HEADS + kv head; int64: offsets from it can pass 2^31
-    off_b, kv_head = _batch_head(off_z, KV_HEADS, 0)
-    seqlen = tl.load(SeqLens + off_b)
-    new_tokens = tl.load(NewTokens + off_b)
-    start = tl.load(Starts + off_b)
-    offset = seqlen - new_tokens  # cache position of the first new token (< 0: rows before 0 see nothing)
-    # the keys any row sees, [first, seqlen): the rule's key range with seq_q = new_tokens, seq_k = seqlen (its
-    # first row's start, chunks counted from the sequence's start; the last row sits at seqlen - 1, so every
-    # run ends by seqlen), none before the sequence's start (its left padding); this program's split of it
-    first, _ = _key_range(0, new_tokens, seqlen, rule, 1, BLOCK_K, False, True, start)
-    k_lo, k_hi = _key_split(tl.maximum(first, start // BLOCK_K * BLOCK_K), seqlen, split, NUM_SPLITS, BLOCK_K)
-    Q += off_z * stride_qz
-    K += kv_head * stride_kh
-    V += kv_head * stride_vh
-    offs_r = q0 + tl.arange(0, BLOCK_Q)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
-    q_rows = (offs_r // SEQ_ROWS).to(tl.int64) * stride_qs + (offs_r % SEQ_ROWS).to(tl.int64) * stride_qr
-    if V_FROM_K:  # q = [q_blk | q_own], against the columns the values share and the key's own
-        q_blk = _query_rows(Q, q_rows, offs_r, offs_dv, ROWS, HEAD_DIM_V)
-        q_own = _query_rows(Q + HEAD_DIM_V, q_rows, offs_r, offs_d, ROWS, HEAD_DIM - HEAD_DIM_V)
-    else:
-        q_blk = _query_rows(Q, q_rows, offs_r, offs_d, ROWS, HEAD_DIM)
-        q_own = q_blk  # not read
-    # what a score function is told of each row: its query head and its position in the sequence
-    heads = _stacked_head(kv_head, offs_r, ROWS, NEW_TOKENS)[:, None]
-    positions = (offset - start + offs_r % NEW_TOKENS)[:, None]
-
-    m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_Q, HEAD_DIM_V_PAD], dtype=tl.float32)
-    m_i, l_i, acc = _decode_inner(m_i, l_i, acc, q_blk, q_own, K, V, Table, stride_table, off_b, stride_kb,
-                                  stride_kn, stride_vb, stride_vn, offs_r, offs_d=offs_d, offs_dv=offs_dv, k_lo=k_lo,
-                                  k_hi=k_hi, ROWS=ROWS,
-                                  NEW_TOKENS=NEW_TOKENS, new_tokens=new_tokens, seqlen=seqlen, start=start,
-                                  causal=causal, rule=rule, qk_scale=qk_scale,
-                                  scale=scale, heads=heads, positions=positions, ScoreData=ScoreData,
-                                  HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, PAGE_SIZE=PAGE_SIZE, BLOCK_K=BLOCK_K,
-                                  KEY_ROWS=KEY_ROWS, SCORE_MOD=SCORE_MOD, INPUT_PRECISION=INPUT_PRECISION,
-                                  V_FROM_K=V_FROM_K)
-
     out, _ = _finish(m_i, l_i, acc)  # an empty chunk: out = 0, m = -inf, l = 0, a weight of 0 in the merge
     part = off_z * NUM_SPLITS + split
     o_mask = (offs_r[:, None] < ROWS) & (offs_dv[None, :] < HEAD_DIM_V)
     rows = offs_r[:, None].to(tl.int64) * stride_pr
     tl.store(Partial + part * stride_pz + rows + offs_dv[None, :], out, mask=o_mask)
-    # the split's state as notebook 02 merges two: its max and denominator, not their lse, whose ulp
-    # at scores near 72 (base 2) is 8e-6, an error every split's weight would carry into the merge
+    # the state as notebook 02 merges it, m and l, not their lse: its ulp near 72 (base 2), 8e-6, would skew each weight
     stats = PartialML + (part * ROWS + offs_r) * 2
     tl.store(stats, m_i, mask=offs_r < ROWS)
     tl.store(stats + 1, l_i, mask=offs_r < ROWS)
@@ -365,24 +327,22 @@ def row_block(rows: int, head_dim_v: int = 0, capability=None) -> int:
     return min(most, max(16, 1 << max(rows - 1, 0).bit_length()))
 
 
-_SM_COUNTS: dict = {}
-
-
 def sm_count(device: torch.device):
     """Streaming multiprocessors of a CUDA device (cached); None for the interpreter's CPU tensors."""
     if device.type != "cuda" or interpreting():
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNTS:
-        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNTS[index]
+    return _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def device_target(device: torch.device) -> tuple:
     """(compute capability, multiprocessors) the launches are shaped for; (None, None) in the interpreter."""
-    if device.type != "cuda" or interpreting():
-        return None, None
-    return tuple(torch.cuda.get_device_capability(device)), sm_count(device)
+    sms = sm_count(device)
+    return (None, None) if sms is None else (tuple(torch.cuda.get_device_capability(device)), sms)
 
 
 class LaunchShape(NamedTuple):
@@ -411,7 +371,8 @@ def launch_shape(batch: int, kv_heads: int, rows: int, keys: int, head_dim: int,
     if num_splits is None:
         num_splits = choose_num_splits(batch * kv_heads * row_blocks, keys if span is None else min(span, keys), sms)
     num_splits = min(num_splits, max(1, -(-keys // config.block_k)))  # splits past the last tile are empty
-    merge_block_q = merge_block(rows, head_dim_v)
+    # stage 2's: stage 1's rule with no tensor cores to use (64 x 512 float32 spills at 8 warps on sm_90 too)
+    merge_block_q = row_block(rows, head_dim_v)
     return LaunchShape(config, block_q, num_splits, (row_blocks, num_splits, batch * kv_heads),
                        (batch * kv_heads, -(-rows // merge_block_q)), merge_warps(head_dim_v), merge_block_q)
 
@@ -439,10 +400,6 @@ def values_in_keys(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
             and k_cache.stride(-1) == 1)
 
 
-def _contiguous_last_dim(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 class Sequences(NamedTuple):
     """Where each sequence of a decoding batch stands, (batch,) int32 contiguous each, as stage 1 reads it:
     its valid positions (its new tokens included), its new tokens (up to q's new_tokens, the rows'
@@ -451,18 +408,6 @@ class Sequences(NamedTuple):
     seqlens: torch.Tensor
     new_tokens: torch.Tensor
     starts: torch.Tensor
-
-
-def uniform_sequences(cache_seqlens, new_tokens: int) -> Sequences:
-    """Every sequence with ``new_tokens`` new tokens and no left padding."""
-    lengths = cache_seqlens.to(torch.int32).contiguous()
-    return Sequences(lengths, torch.full_like(lengths, new_tokens), torch.zeros_like(lengths))
-
-
-def merge_block(rows: int, head_dim_v: int) -> int:
-    """Stage 2's BLOCK_Q: stage 1's rule without tensor cores to use (32 rows where the values are wider than
-    256: 64 x 512 float32 spills at 8 warps on sm_90 too)."""
-    return row_block(rows, head_dim_v)
 
 
 def merge_warps(head_dim_v: int) -> int:
@@ -499,8 +444,6 @@ class DecodeLaunch:
         self.lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
         if self.empty:  # no batch, heads or new tokens: zeros and -inf, no launch
             return
-        if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or (block_table is not None and block_table.stride(-1) != 1):
-            raise ValueError(f"{DECODE_FN}: the caches' and the block table's last dims must be contiguous here")
         paged = block_table is not None
         if paged and k_cache.shape[2] * max(k_cache.stride(2), v_cache.stride(2)) >= 2 ** 31:
             raise ValueError(f"{DECODE_FN}: a page of 'k_cache' spans {k_cache.shape[2]} x {k_cache.stride(2)} "
@@ -516,9 +459,8 @@ class DecodeLaunch:
         # q's rows as stage 1 reads them, (batch, kv_heads, rows, d) with rows = a kv head's query heads x new
         # tokens; a q whose strides allow no such view is copied into a buffer of this launch's at every call
         self._q_view = (batch * kv_heads, rows, d) if not stacked else (batch, kv_heads, rows, d)
-        view = _viewed(q, self._q_view)
-        self._q_copy = None if view is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        view = view if view is not None else self._q_copy.view(self._q_view)
+        self._q_copy = None if _viewed(q, self._q_view) else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        view = (q if self._q_copy is None else self._q_copy).view(self._q_view)
         q_strides = (view.stride(1), view.stride(0), view.stride(2)) if stacked else (view.stride(0), 0, view.stride(1))
         self.partial = torch.empty(launches * kv_heads * splits, self.rows, dv, dtype=torch.float32, device=q.device)
         self.partial_ml = torch.empty(launches * kv_heads * splits, self.rows, 2, dtype=torch.float32, device=q.device)
@@ -546,12 +488,10 @@ class DecodeLaunch:
         if prefix is not None:
             extra.update(Prefix=prefix.partial, PrefixML=prefix.partial_ml, stride_xz=prefix.partial.stride(0),
                          stride_xr=prefix.partial.stride(1), PREFIX_SPLITS=prefix.shape.num_splits, BATCH=batch)
-        self._merge_args = (self.partial, self.partial_ml)
         self._merge_tail = (self.partial.stride(0), self.partial.stride(1), self._out_rows.stride(0),
                             self._out_rows.stride(1), splits, rows, dv)
         self._merge_kw = dict(HEAD_DIM_PAD=head_dim_pad(dv), BLOCK_Q=self.shape.merge_block_q,
-                              num_warps=self.shape.merge_warps,
-                              num_stages=1, KV_HEADS=kv_heads, NEW_TOKENS=n, **extra)
+                              num_warps=self.shape.merge_warps, num_stages=1, KV_HEADS=kv_heads, NEW_TOKENS=n, **extra)
 
     def _split_runs(self, batch, kv_heads, splits, new_tokens, starts):
         """Stage 1's launches: grid axis 2 holds batch x kv_heads and CUDA takes at most 65,535 there
@@ -574,51 +514,42 @@ class DecodeLaunch:
             return self.out, self.lse
         if self._q_copy is not None:
             q = self._q_copy.copy_(q)
-        table = seqlens if block_table is None else block_table  # not read by _contiguous_rows
-        if len(self._runs) == 1:
-            grid, _, _, partial, partial_ml, new_tokens, starts = self._runs[0]
-            _decode_split[grid](q, k_cache, v_cache, partial, partial_ml, seqlens, new_tokens, starts, table,
-                                *self._split_args, **self._split_kw)
-        else:
-            for grid, run, seqs, partial, partial_ml, new_tokens, starts in self._runs:
-                k_run, v_run = (k_cache, v_cache) if block_table is not None else (k_cache[seqs], v_cache[seqs])
-                _decode_split[grid](q.view(self._q_view)[run], k_run, v_run, partial, partial_ml, seqlens[seqs],
-                                    new_tokens, starts, table[seqs], *self._split_args, **self._split_kw)
-        if not self._merge:
-            return None
-        out_rows = self._out_rows if out is None else out.view(self._out_rows_shape)
-        _decode_merge[self.shape.merge_grid](*self._merge_args, out_rows, self._lse_rows, *self._merge_tail,
-                                             **self._merge_kw)
-        return (self.out if out is None else out), self.lse
-
+        for kernel, grid, args, kwargs in self.bound(q, k_cache, v_cache, seqlens, block_table, out):
+            kernel[grid](*args, **kwargs)
+        return ((self.out if out is None else out), self.lse) if self._merge else None
 
     def bound(self, q, k_cache, v_cache, seqlens, block_table=None, out=None) -> list:
-        """What a call launches on these tensors, as [(kernel, grid, args, kwargs)] (one run of sequences;
-        q of a layout that needs no copy): to inspect the launches, or to time them bare."""
-        grid, _, _, partial, partial_ml, new_tokens, starts = self._runs[0]
-        table = seqlens if block_table is None else block_table
-        split = (_decode_split, grid, (q, k_cache, v_cache, partial, partial_ml, seqlens, new_tokens, starts, table,
-                                       *self._split_args), self._split_kw)
-        out_rows = self._out_rows if out is None else out.view(self._out_rows_shape)
-        merge = (_decode_merge, self.shape.merge_grid, (*self._merge_args, out_rows, self._lse_rows, *self._merge_tail),
-                 self._merge_kw)
-        return [split, merge] if self._merge else [split]
+        """What a call launches on these tensors (q of a layout that needs no copy), as [(kernel, grid, args,
+        kwargs)]: stage 1 per run of sequences, then the merge; to inspect the launches, or to time them bare."""
+        table = seqlens if block_table is None else block_table  # not read by _contiguous_rows
+        launches = []
+        for grid, run, seqs, partial, partial_ml, new_tokens, starts in self._runs:
+            q_run, k_run, v_run, lens, table_run = q, k_cache, v_cache, seqlens, table
+            if len(self._runs) > 1:  # views of what the kernel indexes by sequence
+                q_run, lens, table_run = q.view(self._q_view)[run], seqlens[seqs], table[seqs]
+                if block_table is None:
+                    k_run, v_run = k_cache[seqs], v_cache[seqs]
+            launches.append((_decode_split, grid, (q_run, k_run, v_run, partial, partial_ml, lens, new_tokens, starts,
+                                                   table_run, *self._split_args), self._split_kw))
+        if self._merge:
+            out_rows = self._out_rows if out is None else out.view(self._out_rows_shape)
+            launches.append((_decode_merge, self.shape.merge_grid, (self.partial, self.partial_ml, out_rows,
+                                                                    self._lse_rows, *self._merge_tail), self._merge_kw))
+        return launches
 
 
-def _viewed(t: torch.Tensor, shape):
-    """t viewed as shape with its last dim contiguous, or None where its strides allow no such view."""
-    if t.stride(-1) != 1:
-        return None
+def _viewed(t: torch.Tensor, shape) -> bool:
+    """Whether t views as shape with its last dim contiguous."""
     try:
-        return t.view(shape)
+        return t.stride(-1) == 1 and t.view(shape) is not None
     except RuntimeError:
-        return None
+        return False
 
 
 def as_kernels_read(k_cache, v_cache, sequences: Sequences, block_table):
     """(k_cache, v_cache, sequences, block_table) as the kernels read them: the caches' last dims contiguous,
     the lengths int32 and contiguous, the block table contiguous (views such as t[::2] copied)."""
-    k_cache, v_cache = _contiguous_last_dim(k_cache), _contiguous_last_dim(v_cache)
+    k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (k_cache, v_cache))
     sequences = Sequences(*(t.to(torch.int32).contiguous() for t in sequences))
     return k_cache, v_cache, sequences, None if block_table is None else block_table.contiguous()
 
@@ -627,18 +558,13 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, options: Options, scor
                    num_splits: int | None = None, config: DecodeConfig | None = None, input_precision: str = "tf32",
                    sequences: Sequences | None = None):
     """Both stages, on inputs :func:`flashlib.decode_attention` has checked (nothing here reads the
-    lengths or the block table on the host): a :class:`DecodeLaunch` made and called once.
-
-    Returns out (batch, q_heads, new_tokens, dv) in q's dtype (dv: v_cache's head dim; a v_cache that
-    is a view of k_cache's first dv columns is read with the keys, :func:`values_in_keys`) and lse
-    (batch, q_heads, new_tokens) float32. options: the call's (flashlib.options: causal, scale, window, sinks; the sinks merged as
-    one more partial with no value); score: its score function compiled
-    (:func:`flashlib.kernels.function.kernel_score`: soft-capping is one), told each new token's
-    position in its sequence; config: stage 1's tiles (default :func:`decode_config`);
-    input_precision: how a float32 ``tl.dot`` multiplies on a GPU ("tf32" or "ieee"); sequences: each
-    sequence's new tokens and start where they differ (a mixed batch, left padding), else every
-    sequence has q's new_tokens from position 0 (:func:`uniform_sequences` of cache_seqlens)."""
-    sequences = uniform_sequences(cache_seqlens, q.shape[2]) if sequences is None else sequences
+    lengths or the block table on the host): a :class:`DecodeLaunch` made and called once; returns (out, lse)
+    as it does. config: stage 1's tiles (default :func:`decode_config`); input_precision: how a float32
+    ``tl.dot`` multiplies on a GPU ("tf32" or "ieee"); sequences: each sequence's new tokens and start where
+    they differ (a mixed batch, left padding), else every sequence has q's new_tokens from position 0."""
+    if sequences is None:
+        lengths = cache_seqlens
+        sequences = Sequences(lengths, torch.full_like(lengths, q.shape[2]), torch.zeros_like(lengths))
     k_cache, v_cache, sequences, block_table = as_kernels_read(k_cache, v_cache, sequences, block_table)
     launch = DecodeLaunch(q, k_cache, v_cache, options=options, score=score, block_table=block_table,
                           num_splits=num_splits, config=config, input_precision=input_precision,
