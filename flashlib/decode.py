@@ -60,11 +60,12 @@ def _check_tensor(fn, name, t, ndim):
         raise ValueError(f"{fn}: argument '{name}' must have {ndim} dims, got shape {tuple(t.shape)}")
 
 
-def _check_int32(fn, name, t, shape, device, what):
-    """An index tensor the kernels read: int32, any strides (decode_forward makes it contiguous)."""
+def _check_int32(fn, name, t, ndim, batch, device, what):
+    """An index tensor the kernels read, a row per sequence: int32, any strides (decode_forward makes it contiguous)."""
+    _check_tensor(fn, name, t, ndim)
     check_index_tensor(fn, name, t, device, what=what)
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{fn}: argument '{name}' has shape {tuple(t.shape)}; expected {shape}")
+    if t.shape[0] != batch:
+        raise ValueError(f"{fn}: argument '{name}' has shape {tuple(t.shape)}; expected {(batch, *t.shape[1:])}")
 
 
 def _check_caches(fn, q, k_cache, v_cache, block_table):
@@ -101,8 +102,7 @@ def _check_caches(fn, q, k_cache, v_cache, block_table):
                              "a contiguous cache is (batch, kv_heads, capacity, head_dim) (pass "
                              "'block_table' for a paged cache)")
         return block_len, block_len
-    _check_tensor(fn, "block_table", block_table, 2)
-    _check_int32(fn, "block_table", block_table, (batch, block_table.shape[1]), q.device, "page numbers")
+    _check_int32(fn, "block_table", block_table, 2, batch, q.device, "page numbers")
     if blocks < 1 or block_len < 1:
         raise ValueError(f"{fn}: argument 'k_cache' has shape {tuple(k_cache.shape)}; a paged cache is "
                          "(num_pages >= 1, kv_heads, page_size >= 1, head_dim)")
@@ -110,13 +110,10 @@ def _check_caches(fn, q, k_cache, v_cache, block_table):
 
 
 def _check_num_splits(fn, num_splits, name="num_splits"):
-    if num_splits is None:
-        return None
-    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral)):
         raise TypeError(f"{fn}: argument '{name}' must be None or an int >= 1, got {num_splits!r}")
-    if num_splits < 1:
+    if num_splits is not None and num_splits < 1:
         raise ValueError(f"{fn}: argument '{name}' is {num_splits}; it must be >= 1 (or None to choose)")
-    return int(num_splits)
 
 
 def check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, *, block_table, num_splits, causal=True, scale=None,
@@ -124,8 +121,7 @@ def check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, *, block_table, 
     """Everything about a call that its shapes, dtypes and options say (no values read); q (batch,
     q_heads, new_tokens, head_dim), a mixed batch's already spread (flashlib.kvcache)."""
     page_size, capacity = _check_caches(fn, q, k_cache, v_cache, block_table)
-    _check_tensor(fn, "cache_seqlens", cache_seqlens, 1)
-    _check_int32(fn, "cache_seqlens", cache_seqlens, (q.shape[0],), q.device, "lengths")
+    _check_int32(fn, "cache_seqlens", cache_seqlens, 1, q.shape[0], q.device, "lengths")
     _check_num_splits(fn, num_splits)
     if not isinstance(causal, bool):
         raise TypeError(f"{fn}: argument 'causal' must be True or False, got {causal!r}")
@@ -165,13 +161,15 @@ def check_decode_values(fn, batch: Batch, args: DecodeArgs, num_pages: int, tabl
                      f"must lie in 0..{num_pages - 1}")
 
 
-def _check_inference(fn, **tensors):
+def _check_kernel_call(fn, **tensors):
+    """A call on the kernels: no tensor requires grad (decoding is inference only); q as :func:`_check_kernel_q`."""
     if torch.is_grad_enabled():
         for name, t in tensors.items():
             if t is not None and t.requires_grad:
                 raise ValueError(f"{fn}: argument '{name}' requires grad, but decoding is inference only "
                                  "(there is no backward); call it under torch.no_grad() or "
                                  f"torch.inference_mode(), or pass {name}.detach()")
+    _check_kernel_q(fn, tensors["q"])
 
 
 # ----- the pieces the reference and the kernels share -------------------------------------
@@ -184,10 +182,10 @@ def split_bounds(seqlen: int, new_tokens: int, num_splits: int, *, rule: Visibil
                  block: int = 1, start: int = 0) -> list[tuple[int, int]]:
     """[start, stop) of each of the ``num_splits`` chunks of one sequence's keys.
 
-    The keys any of its queries can see, [first, seqlen) (first = the sequence's start, or where the
-    first new token's keys start under ``rule`` (its window, its chunk) if later, rounded down to a multiple of ``block``), are cut into chunks of
-    ceil(span / num_splits) keys rounded up to a multiple of ``block`` (the kernels' BLOCK_K, so
-    that no tile straddles two chunks); trailing chunks may be empty (start == stop).
+    The keys any of its queries can see, [first, seqlen) (first: the sequence's start, or where the first
+    new token's keys start under ``rule``, its window or chunk, if later; rounded down to a multiple of
+    ``block``), are cut into chunks of ceil(span / num_splits) keys rounded up to a multiple of ``block``
+    (the kernels' BLOCK_K: no tile straddles two chunks); trailing chunks may be empty (start == stop).
     """
     # the new tokens are the last queries of the cache: the forward's rule with seq_q = new_tokens,
     # seq_k = seqlen - start, positions from the sequence's start; its first row's key range
@@ -268,13 +266,6 @@ def chunk_attention(q, k, v, positions, offset: int, options: Options, *, start:
     return torch.exp(s - shift[..., None]) @ v, lse
 
 
-def _sequence(cache, block_table, b: int, length: int, paged: bool):
-    """Sequence b's first ``length`` cached positions, (kv_heads, length, d)."""
-    if paged:
-        return gather_cache(cache, block_table[b:b + 1], length)[0]
-    return cache[b, :, :length]
-
-
 def decode_partials(q, k_cache, v_cache, cache_seqlens, *, num_splits: int = 1, block_table=None, **options):
     """Each sequence's partial results, one per chunk of :func:`split_bounds`, in plain PyTorch.
 
@@ -294,9 +285,9 @@ def _partials(batch: Batch, args: DecodeArgs, num_splits: int):
     result = []
     where = zip(*(t.tolist() for t in (batch.seqlens, batch.new_tokens, batch.starts)))
     for b, (seqlen, n, start) in enumerate(where):
-        # (kv_heads, seqlen, d) -> (q_heads, seqlen, d): query head h reads kv head h // group
-        k, v = (_sequence(c, batch.block_table, b, seqlen, args.paged).to(work).repeat_interleave(group, dim=0)
-                for c in (batch.k_cache, batch.v_cache))
+        # its cached (kv_heads, seqlen, d) -> (q_heads, seqlen, d): query head h reads kv head h // group
+        k, v = ((gather_cache(c, batch.block_table[b:b + 1], seqlen)[0] if args.paged else c[b, :, :seqlen])
+                .to(work).repeat_interleave(group, dim=0) for c in (batch.k_cache, batch.v_cache))
         parts = []
         for lo, hi in split_bounds(seqlen, n, num_splits, rule=args.options.visibility, start=start):
             positions = torch.arange(lo, hi, device=q.device)
@@ -337,19 +328,17 @@ def decode_reference(q, k_cache, v_cache, cache_seqlens, *, num_splits: int = 1,
     (flash-attn's packed (q_heads, total_q) with cu_seqlens_q). Takes every argument of
     :func:`decode_attention`, its KV-cache contract's too."""
     batch, args = _prepared(REFERENCE_FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, options)
-    outs, lses = [], []
+    merged = []
     for parts in _partials(batch, args, num_splits or 1):
         _, _, out, lse = parts[0]
         for _, _, part_out, part_lse in parts[1:]:
             out, lse = merge_partials(out, lse, part_out, part_lse)
-        out, lse = merge_sink(out, lse, args.options.sinks)
-        outs.append(out)
-        lses.append(lse)
-    if not outs:  # batch 0
+        merged.append(merge_sink(out, lse, args.options.sinks))
+    if not merged:  # batch 0
         out = batch.q.new_zeros(*batch.q.shape[:-1], batch.v_cache.shape[-1])
         lse = batch.q.new_zeros(batch.q.shape[:-1], dtype=torch.float32)
-    else:
-        out, lse = torch.stack(outs).to(q.dtype), torch.stack(lses)  # (B, Hq, Nnew, d), (B, Hq, Nnew)
+    else:  # (B, Hq, Nnew, d), (B, Hq, Nnew)
+        out, lse = torch.stack([o for o, _ in merged]).to(q.dtype), torch.stack([lse for _, lse in merged])
     out, lse = batch.unpack(out, lse)
     return (out, lse) if return_lse else out
 
@@ -382,9 +371,6 @@ def _check_kernel_q(fn, q):
 
 # ----- plan once, run many ---------------------------------------------------------------------------
 
-PLAN_FN = "DecodePlan"
-
-
 def _layout(t):
     """What a plan's launches fix of a tensor: its shape, strides, dtype and device (and that it needs no grad)."""
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
@@ -397,22 +383,50 @@ def _describe(layout) -> str:
     return f"shape {tuple(shape)}, strides {stride}, {dtype} on {device}" + (", requiring grad" if grad else "")
 
 
-def _refuse(fn, names, got, want):
-    """The ValueError of a run given tensors of another layout than its plan's: the first that differs, named."""
-    name, g, w = next((n, g, w) for n, g, w in zip(names, got, want) if g != w)
-    raise ValueError(f"{fn}.run: argument '{name}' has {_describe(g)}, but the plan was made for {_describe(w)}; "
-                     f"make a {fn} for this layout (its launches carry the shapes and strides it was made with)")
-
-
-def _contiguous_layout(fn, **tensors):
-    """What a plan reads in place: the caches' and block table's last dims, the lengths, contiguous."""
-    for name, t in tensors.items():
+def _planned(fn, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, prefix: dict, **options):
+    """A plan's checks of its example call, on a cache already written and read in place: (its Batch, its
+    DecodeArgs); prefix: a cascade's shared prefix_k and prefix_v, checked alike."""
+    _check_kernel_call(fn, q=q, **prefix, k_cache=k_cache, v_cache=v_cache, sinks=options.get("sinks"))
+    args = check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table, num_splits=num_splits,
+                               **options)
+    for name, t in dict(prefix, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
+                        block_table=block_table).items():
         if t is not None and t.stride(-1) != 1:
             raise ValueError(f"{fn}: argument '{name}' has strides {t.stride()}; a plan reads it in place, so its "
                              f"last dim must be contiguous: pass {name}.contiguous()")
+    batch = kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=args.options.causal,
+                            window=args.options.window, attention_chunk=args.options.attention_chunk).write()
+    check_decode_values(fn, batch, args, k_cache.shape[0])
+    return batch, args
 
 
-class DecodePlan:
+class _Plan:
+    """What both plans share: made for a call already checked (:meth:`_of`), and a run's tensors held to
+    the layouts the plan was made for (``NAMES``, ``_layouts``)."""
+
+    NAMES: tuple = ()
+
+    @classmethod
+    def _of(cls, fn, *args, **kwargs):
+        """The plan of a call that names itself ``fn`` (decode_attention, cascade_attention)."""
+        plan = cls.__new__(cls)
+        plan._build(fn, *args, **kwargs)
+        return plan
+
+    def _check_run(self, tensors, out):
+        """The ValueError of a run given tensors (or an ``out``) of another layout than the plan's: the first named."""
+        got, want, names = tuple(map(_layout, tensors)), self._layouts, self.NAMES
+        if out is not None:
+            got, want, names = (*got, _layout(out)), (*want, _layout(self.out)), (*names, "out")
+        if got != want:
+            name, g, w = next((n, g, w) for n, g, w in zip(names, got, want) if g != w)
+            fn = type(self).__name__
+            raise ValueError(f"{fn}.run: argument '{name}' has {_describe(g)}, but the plan was made for "
+                             f"{_describe(w)}; make a {fn} for this layout (its launches carry the shapes and "
+                             "strides it was made with)")
+
+
+class DecodePlan(_Plan):
     """:func:`decode_attention` for one batch layout, planned once; :meth:`run` only launches.
 
     A model's decoding step calls attention once per layer, and every step has the same layout. What
@@ -438,26 +452,14 @@ class DecodePlan:
     copy it, or pass ``out``, to keep it; the lse (natural log) to ``plan.lse``.
     """
 
+    NAMES = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
+
     def __init__(self, q, k_cache, v_cache, cache_seqlens, *, causal: bool = True, scale=None, softcap=None,
                  window=None, block_table=None, num_splits=None, sinks=None, score_mod=None, attention_chunk=None):
-        fn = PLAN_FN
-        _check_inference(fn, q=q, k_cache=k_cache, v_cache=v_cache, sinks=sinks)
-        _check_kernel_q(fn, q)
-        args = check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table,
-                                   num_splits=num_splits, causal=causal, scale=scale, window=window, softcap=softcap,
-                                   score_mod=score_mod, sinks=sinks, attention_chunk=attention_chunk)
-        _contiguous_layout(fn, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, block_table=block_table)
-        batch = kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
-                                window=args.options.window, attention_chunk=args.options.attention_chunk).write()
-        check_decode_values(fn, batch, args, k_cache.shape[0])
-        self._build(fn, batch, args, num_splits, regions=None)
-
-    @classmethod
-    def _of(cls, fn, batch: Batch, args: DecodeArgs, num_splits, regions):
-        """The plan of a call already checked and prepared (:func:`decode_attention`'s)."""
-        plan = cls.__new__(cls)
-        plan._build(fn, batch, args, num_splits, regions)
-        return plan
+        batch, args = _planned("DecodePlan", q, k_cache, v_cache, cache_seqlens, block_table, num_splits, {},
+                               causal=causal, scale=scale, window=window, softcap=softcap, score_mod=score_mod,
+                               sinks=sinks, attention_chunk=attention_chunk)
+        self._build("DecodePlan", batch, args, num_splits, regions=None)
 
     def _build(self, fn, batch: Batch, args: DecodeArgs, num_splits, regions):
         from .kernels.decode import DecodeLaunch
@@ -481,11 +483,7 @@ class DecodePlan:
 
     def run(self, q, k_cache, v_cache, cache_seqlens, block_table=None, *, out=None, return_lse: bool = False):
         """Launch both kernels on this step's tensors (the plan's layout, any values); see the class."""
-        got = (_layout(q), _layout(k_cache), _layout(v_cache), _layout(cache_seqlens), _layout(block_table))
-        if got != self._layouts:
-            _refuse(PLAN_FN, ("q", "k_cache", "v_cache", "cache_seqlens", "block_table"), got, self._layouts)
-        if out is not None and _layout(out) != _layout(self.out):
-            _refuse(PLAN_FN, ("out",), (_layout(out),), (_layout(self.out),))
+        self._check_run((q, k_cache, v_cache, cache_seqlens, block_table), out)
         out, lse = self._launch(q, k_cache, v_cache, cache_seqlens, block_table, out)
         return (out, lse) if return_lse else out
 
@@ -499,7 +497,8 @@ class DecodePlan:
         one synchronisation, once per step rather than per layer."""
         batch = Batch(None, None, None, block_table, cache_seqlens, None, self._starts, None, None)
         pages = self._layouts[1][0][0]  # k_cache's pages (or sequences)
-        check_decode_values(PLAN_FN, batch, self.args, pages)
+        check_decode_values("DecodePlan", batch, self.args, pages)
+
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True, scale=None, softcap=None, window=None,
                      block_table=None, num_splits=None, sinks=None, score_mod=None, k_new=None, v_new=None,
@@ -550,32 +549,28 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
     device in Triton's CPU interpreter. :func:`decode_reference` computes the same in PyTorch, any dtype. A
     v_cache that is a view of k_cache's first columns (:func:`mla_decode_attention`) is read with the keys.
     """
-    contract = dict(k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-                    rotary_interleaved=rotary_interleaved, cache_batch_idx=cache_batch_idx,
-                    cache_leftpad=cache_leftpad, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
-    _check_inference(FN, q=q, k_cache=k_cache, v_cache=v_cache, sinks=sinks, k_new=k_new, v_new=v_new)
-    _check_kernel_q(FN, q)
+    _check_kernel_call(FN, q=q, k_cache=k_cache, v_cache=v_cache, sinks=sinks, k_new=k_new, v_new=v_new)
     from .kernels.decode import Sequences, as_kernels_read
 
-    batch, args = _prepared(FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
-                            dict(causal=causal, scale=scale, softcap=softcap, window=window, sinks=sinks,
-                                 score_mod=score_mod, attention_chunk=attention_chunk, **contract))
+    batch, args = _prepared(FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, dict(
+        causal=causal, scale=scale, softcap=softcap, window=window, sinks=sinks, score_mod=score_mod,
+        attention_chunk=attention_chunk, k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+        rotary_interleaved=rotary_interleaved, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+        cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q))
     k, v, seqs, table = as_kernels_read(batch.k_cache, batch.v_cache,
                                         Sequences(batch.seqlens, batch.new_tokens, batch.starts), batch.block_table)
-    ready = batch._replace(k_cache=k, v_cache=v, block_table=table, seqlens=seqs.seqlens, new_tokens=seqs.new_tokens,
-                           starts=seqs.starts)
-    heads = batch.q.shape[1]
-    plan = DecodePlan._of(FN, ready, args, num_splits, regions=lambda: _positions(ready, heads, args.options.visibility))
-    out, lse = plan._launch(ready.q, k, v, seqs.seqlens, table)
-    return batch.unpack(out, lse) if return_lse else batch.unpack(out, lse)[0]
+    ready = batch._replace(k_cache=k, v_cache=v, block_table=table, **seqs._asdict())
+    plan = DecodePlan._of(FN, ready, args, num_splits, regions=lambda: _positions(ready, args.options.visibility))
+    out, lse = batch.unpack(*plan._launch(ready.q, k, v, seqs.seqlens, table))
+    return (out, lse) if return_lse else out
 
 
-def _positions(batch: Batch, heads: int, rule: Visibility) -> list[dict]:
+def _positions(batch: Batch, rule: Visibility) -> list[dict]:
     """The (b, h, q_idx, kv_idx) ranges a score function is told for each sequence, as the reference tells
     it (:func:`decode_partials`: positions from the sequence's start, keys from the first its new tokens
     can see): for the check of the indices it reads, where the cache's capacity fails it."""
     where = zip(*(t.tolist() for t in (batch.seqlens, batch.new_tokens, batch.starts)))
-    return [{"b": (b, b), "h": (0, heads - 1), "q_idx": (seqlen - n - start, seqlen - 1 - start),
+    return [{"b": (b, b), "h": (0, batch.q.shape[1] - 1), "q_idx": (seqlen - n - start, seqlen - 1 - start),
              "kv_idx": (split_bounds(seqlen, n, 1, rule=rule, start=start)[0][0] - start,
                         seqlen - 1 - start)}
             for b, (seqlen, n, start) in enumerate(where)]
@@ -668,7 +663,11 @@ def _unstack(t, batch: int, q_heads: int, n: int):
     return t.reshape(kv_heads, batch, q_heads // kv_heads, n, *tail).transpose(0, 1).reshape(batch, q_heads, n, *tail)
 
 
-def _check_prefix(fn, q, prefix_k, prefix_v, k_cache, cache_seqlens):
+def _check_cascade(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table, prefix_splits):
+    _check_caches(fn, q, k_cache, v_cache, block_table)
+    if v_cache.shape[-1] != q.shape[-1]:
+        raise ValueError(f"{fn}: argument 'v_cache' has head_dim {v_cache.shape[-1]} but 'q' has {q.shape[-1]}; "
+                         "cascade decoding takes one head dim for q, k and v")
     for name, t in (("prefix_k", prefix_k), ("prefix_v", prefix_v)):
         _check_tensor(fn, name, t, 3)
         if t.dtype != q.dtype or t.device != q.device:
@@ -679,15 +678,7 @@ def _check_prefix(fn, q, prefix_k, prefix_v, k_cache, cache_seqlens):
     if isinstance(cache_seqlens, torch.Tensor) and (cache_seqlens.long() < q.shape[2]).any():
         raise ValueError(f"{fn}: argument 'cache_seqlens' is below the {q.shape[2]} new tokens for a sequence; the new "
                          "tokens follow the prefix, so each sequence's own cache holds them all")
-
-
-def _check_cascade(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table):
-    _check_tensor(fn, "q", q, 4)
-    _check_caches(fn, q, k_cache, v_cache, block_table)
-    if v_cache.shape[-1] != q.shape[-1]:
-        raise ValueError(f"{fn}: argument 'v_cache' has head_dim {v_cache.shape[-1]} but 'q' has {q.shape[-1]}; "
-                         "cascade decoding takes one head dim for q, k and v")
-    _check_prefix(fn, q, prefix_k, prefix_v, k_cache, cache_seqlens)
+    _check_num_splits(fn, prefix_splits, "prefix_splits")
 
 
 def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None,
@@ -729,11 +720,10 @@ def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *,
                                softcap=softcap, block_table=block_table, num_splits=num_splits,
                                prefix_splits=prefix_splits, sinks=sinks)
         return plan.run(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table, return_lse=return_lse)
-    _check_cascade(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table)
-    _check_num_splits(fn, prefix_splits, "prefix_splits")
+    _check_cascade(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table, prefix_splits)
     from .tiled import tiled_forward
 
-    batch, q_heads, n, d = q.shape
+    batch, q_heads, n, _ = q.shape
     stacked = _stack_queries(q, k_cache.shape[1])
     common = dict(scale=scale, softcap=softcap)
     rows, keys = stacked.shape[2], prefix_k.shape[1]
@@ -748,7 +738,7 @@ def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *,
     return (out.to(q.dtype), lse.float() if work != torch.float64 else lse) if return_lse else out.to(q.dtype)
 
 
-class CascadePlan:
+class CascadePlan(_Plan):
     """:func:`cascade_attention` on the kernels for one layout, planned once (as :class:`DecodePlan`);
     :meth:`run` launches three kernels and nothing else:
 
@@ -766,30 +756,14 @@ class CascadePlan:
 
     def __init__(self, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None,
                  block_table=None, num_splits=None, prefix_splits=None, sinks=None):
-        self._build("CascadePlan", q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, scale, softcap, block_table,
-                    num_splits, prefix_splits, sinks)
+        self._build("CascadePlan", q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap,
+                    block_table=block_table, num_splits=num_splits, prefix_splits=prefix_splits, sinks=sinks)
 
-    @classmethod
-    def _of(cls, fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *, scale, softcap, block_table,
-            num_splits, prefix_splits, sinks):
-        plan = cls.__new__(cls)
-        plan._build(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, scale, softcap, block_table,
-                    num_splits, prefix_splits, sinks)
-        return plan
-
-    def _build(self, fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, scale, softcap, block_table,
+    def _build(self, fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *, scale, softcap, block_table,
                num_splits, prefix_splits, sinks):
-        _check_cascade(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table)
-        _check_inference(fn, q=q, prefix_k=prefix_k, prefix_v=prefix_v, k_cache=k_cache, v_cache=v_cache,
-                         sinks=sinks)
-        _check_kernel_q(fn, q)
-        args = check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table,
-                                   num_splits=num_splits, scale=scale, softcap=softcap, sinks=sinks)
-        _check_num_splits(fn, prefix_splits, "prefix_splits")
-        _contiguous_layout(fn, prefix_k=prefix_k, prefix_v=prefix_v, k_cache=k_cache, v_cache=v_cache,
-                           cache_seqlens=cache_seqlens, block_table=block_table)
-        check_decode_values(fn, kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table),
-                            args, k_cache.shape[0])
+        _check_cascade(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table, prefix_splits)
+        _, args = _planned(fn, q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
+                           dict(prefix_k=prefix_k, prefix_v=prefix_v), scale=scale, softcap=softcap, sinks=sinks)
         from .kernels.decode import DecodeLaunch
         from .kernels.function import kernel_score
 
@@ -811,11 +785,7 @@ class CascadePlan:
     def run(self, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table=None, *, out=None,
             return_lse: bool = False):
         """Launch the three kernels on this step's tensors (the plan's layout, any values); see the class."""
-        got = tuple(map(_layout, (q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table)))
-        if got != self._layouts:
-            _refuse("CascadePlan", self.NAMES, got, self._layouts)
-        if out is not None and _layout(out) != _layout(self.out):
-            _refuse("CascadePlan", ("out",), (_layout(out),), (_layout(self.out),))
+        self._check_run((q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table), out)
         self._prefix(q, prefix_k, prefix_v, self._prefix_len)
         out, lse = self._suffix(q, k_cache, v_cache, cache_seqlens, block_table, out)
         return (out, lse) if return_lse else out
