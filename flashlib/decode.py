@@ -1,10 +1,9 @@
 """Decoding with a KV cache: a few new queries against a long cache, cut into chunks and merged.
 
-A model that generates text runs one step per new token. The keys and values of earlier
-positions never change, so they are kept in a **KV cache** and each step computes q, k, v for
-its new tokens only, appends k and v to the cache and attends over all of it. Per step, the
-work is a few query rows against L cached keys: the cache is read once, and each byte of it
-takes part in only a few multiply-adds, so decoding is bound by memory bandwidth.
+A model that generates text runs one step per new token. The keys and values of earlier positions never
+change, so they are kept in a **KV cache**: each step computes q, k, v for its new tokens only, appends k and
+v to the cache and attends over all of it, a few query rows against L cached keys. The cache is read once and
+each byte of it takes part in only a few multiply-adds, so decoding is bound by memory bandwidth.
 
 Conventions (flash-attn's ``flash_attn_with_kvcache``, vLLM's paged cache):
 
@@ -19,10 +18,9 @@ Conventions (flash-attn's ``flash_attn_with_kvcache``, vLLM's paged cache):
     GQA            q_heads a multiple of kv_heads; query head h reads kv head h // (q_heads // kv_heads)
 
 Split-KV (Flash-Decoding): each sequence's visible keys are cut into ``num_splits`` chunks
-(:func:`split_bounds`); each chunk gives a partial output and its log-sum-exp, and notebook 02's
-:func:`flashlib.merge_partials` combines them. :func:`decode_reference` does this in plain PyTorch
-(a loop over chunks); :func:`decode_attention` runs the two Triton kernels of
-:mod:`flashlib.kernels.decode` (compiled on a GPU, interpreted on a CPU), imported on first use.
+(:func:`split_bounds`), each giving a partial output and its log-sum-exp, which notebook 02's
+:func:`flashlib.merge_partials` combines: :func:`decode_reference` in plain PyTorch (a loop over chunks),
+:func:`decode_attention` with the two Triton kernels of :mod:`flashlib.kernels.decode` (imported on first use).
 """
 from __future__ import annotations
 
@@ -61,7 +59,7 @@ def _check_tensor(fn, name, t, ndim):
 
 
 def _check_int32(fn, name, t, ndim, batch, device, what):
-    """An index tensor the kernels read, a row per sequence: int32, any strides (decode_forward makes it contiguous)."""
+    """An index tensor the kernels read, a row per sequence: int32, any strides (the kernels read a contiguous copy)."""
     _check_tensor(fn, name, t, ndim)
     check_index_tensor(fn, name, t, device, what=what)
     if t.shape[0] != batch:
@@ -118,8 +116,7 @@ def _check_num_splits(fn, num_splits, name="num_splits"):
 
 def check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, *, block_table, num_splits, causal=True, scale=None,
                         window=None, softcap=None, score_mod=None, sinks=None, attention_chunk=None) -> DecodeArgs:
-    """Everything about a call that its shapes, dtypes and options say (no values read); q (batch,
-    q_heads, new_tokens, head_dim), a mixed batch's already spread (flashlib.kvcache)."""
+    """Everything its shapes, dtypes and options say of a call (no values read); a mixed batch's q already spread."""
     page_size, capacity = _check_caches(fn, q, k_cache, v_cache, block_table)
     _check_int32(fn, "cache_seqlens", cache_seqlens, 1, q.shape[0], q.device, "lengths")
     _check_num_splits(fn, num_splits)
@@ -196,39 +193,30 @@ def split_bounds(seqlen: int, new_tokens: int, num_splits: int, *, rule: Visibil
 
 
 def gather_cache(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """A paged cache's first ``length`` positions of every sequence, laid out contiguously:
-    (num_pages, kv_heads, page_size, d) with block_table (batch, max_pages) -> (batch, kv_heads, length, d).
-    Reads only the pages those positions use."""
-    page_size = cache.shape[2]
-    n_pages = _cdiv(length, page_size)
-    pages = cache[block_table[:, :n_pages].long()]  # (B, n_pages, Hkv, page_size, d)
-    batch, _, kv_heads, _, d = pages.shape
-    return pages.transpose(1, 2).reshape(batch, kv_heads, n_pages * page_size, d)[:, :, :length]
+    """A paged cache's first ``length`` positions of every sequence, contiguous, reading only their pages:
+    (num_pages, kv_heads, page_size, d) with block_table (batch, max_pages) -> (batch, kv_heads, length, d)."""
+    pages = cache[block_table[:, :_cdiv(length, cache.shape[2])].long()]  # (B, n_pages, Hkv, page_size, d)
+    return pages.transpose(1, 2).flatten(2, 3)[:, :, :length]
 
 
 def paged_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, page_size: int, *, spare_pages: int = 0,
                 generator: torch.Generator | None = None):
     """A contiguous cache (batch, kv_heads, capacity, d) copied into pages scattered at random (v_cache's
-    d may differ from k_cache's).
-
-    Returns (k_pages, v_pages, block_table): pages (num_pages, kv_heads, page_size, d) with
-    num_pages = batch * ceil(capacity / page_size) + spare_pages (spare pages hold zeros and
-    belong to no sequence), and block_table (batch, ceil(capacity / page_size)) int32. The
-    positions past capacity in a sequence's last page are zeros."""
+    d may differ from k_cache's). Returns (k_pages, v_pages, block_table): pages (num_pages, kv_heads,
+    page_size, d), num_pages = batch * ceil(capacity / page_size) + spare_pages (spare pages hold zeros and
+    belong to no sequence; so do the positions past capacity), and block_table (batch, ceil(capacity /
+    page_size)) int32."""
     batch, kv_heads, capacity, _ = k_cache.shape
     per_seq = _cdiv(capacity, page_size)
     num_pages = batch * per_seq + spare_pages
     order = torch.randperm(num_pages, generator=generator)[: batch * per_seq].to(k_cache.device)
     block_table = order.reshape(batch, per_seq).to(torch.int32)
     out = []
-    for cache in (k_cache, v_cache):
-        d = cache.shape[-1]  # v's may differ (MLA)
-        padded = torch.zeros(batch, kv_heads, per_seq * page_size, d, dtype=cache.dtype, device=cache.device)
-        padded[:, :, :capacity] = cache
-        pages = torch.zeros(num_pages, kv_heads, page_size, d, dtype=cache.dtype, device=cache.device)
-        # (B, Hkv, per_seq, P, d) -> (B * per_seq, Hkv, P, d), in block-table order
-        pages[order] = padded.reshape(batch, kv_heads, per_seq, page_size, d).transpose(1, 2).reshape(
-            batch * per_seq, kv_heads, page_size, d)
+    for cache in (k_cache, v_cache):  # v's head dim may differ (MLA)
+        padded = torch.nn.functional.pad(cache, (0, 0, 0, per_seq * page_size - capacity))
+        pages = cache.new_zeros(num_pages, kv_heads, page_size, cache.shape[-1])
+        # (B, Hkv, per_seq * P, d) -> (B * per_seq, Hkv, P, d), in block-table order
+        pages[order] = padded.unflatten(2, (per_seq, page_size)).transpose(1, 2).flatten(0, 1)
         out.append(pages)
     return out[0], out[1], block_table
 
@@ -244,12 +232,11 @@ def kv_cache_bytes(*, layers: int, batch: int, kv_heads: int, tokens: int, head_
 def chunk_attention(q, k, v, positions, offset: int, options: Options, *, start: int = 0, batch_row: int = 0):
     """Attention of one sequence's new queries over one chunk of its keys: (out, lse).
 
-    q (heads, new_tokens, d); k, v (heads, chunk, d) with their cache positions ``positions``
-    (chunk,), consecutive; query i sits at position offset + i; the sequence starts at ``start``
-    (keys before it are not seen). out is normalised over the chunk alone and lse (heads,
-    new_tokens) is its log-sum-exp, -inf (with out = 0) where a row sees none of it. options: the
-    call's (causal, scale, window, score function: told batch_row, the head and the positions
-    counted from the sequence's start).
+    q (heads, new_tokens, d); k, v (heads, chunk, d) at the consecutive cache positions ``positions``
+    (chunk,); query i sits at position offset + i; the sequence starts at ``start`` (no key before it is
+    seen). out is normalised over the chunk alone, lse (heads, new_tokens) its log-sum-exp, -inf (out 0)
+    where a row sees none of it. options: the call's (a score function is told batch_row, the head and the
+    positions counted from the sequence's start).
     """
     s = (q @ k.transpose(-2, -1)) * options.scale  # (H, Nnew, chunk)
     if options.score_function is not None and s.numel():
@@ -269,11 +256,10 @@ def chunk_attention(q, k, v, positions, offset: int, options: Options, *, start:
 def decode_partials(q, k_cache, v_cache, cache_seqlens, *, num_splits: int = 1, block_table=None, **options):
     """Each sequence's partial results, one per chunk of :func:`split_bounds`, in plain PyTorch.
 
-    Returns a list over the batch of lists over the splits of (start, stop, out, lse): out
-    (q_heads, new_tokens, d) is attention over keys [start, stop) alone, lse (q_heads, new_tokens)
-    its log-sum-exp (a mixed batch's padding rows, past a sequence's own new tokens, see nothing).
-    Computed in float64 for float64 inputs, else in float32. options: those of
-    :func:`decode_attention` (its KV-cache arguments too: the new keys are written first)."""
+    Returns a list over the batch of lists over the splits of (start, stop, out, lse): out (q_heads,
+    new_tokens, d) is attention over keys [start, stop) alone, lse (q_heads, new_tokens) its log-sum-exp
+    (a mixed batch's padding rows, past a sequence's own new tokens, see nothing). In float64 for float64
+    inputs, else float32. options: :func:`decode_attention`'s (its KV-cache contract's too)."""
     batch, args = _prepared(REFERENCE_FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, options)
     return _partials(batch, args, num_splits or 1)
 
@@ -304,10 +290,9 @@ def _prepared(fn, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, o
     """(the call's Batch after its append, its DecodeArgs): the KV-cache arguments read by
     flashlib.kvcache, the rest checked, the values checked before anything is written."""
     contract = {name: options.pop(name) for name in KVCACHE_ARGUMENTS if name in options}
-    causal, window = options.get("causal", True), options.get("window") or (-1, -1)
-    contract["attention_chunk"] = options.get("attention_chunk")
-    batch = kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
-                            window=window, **contract)
+    batch = kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table, **contract,
+                            causal=options.get("causal", True), window=options.get("window") or (-1, -1),
+                            attention_chunk=options.get("attention_chunk"))
     args = check_decode_inputs(fn, batch.q, k_cache, v_cache, cache_seqlens, block_table=batch.block_table,
                                num_splits=num_splits, **options)
     table_name = "cache_batch_idx" if contract.get("cache_batch_idx") is not None else "block_table"
@@ -321,12 +306,11 @@ KVCACHE_ARGUMENTS = ("k_new", "v_new", "rotary_cos", "rotary_sin", "rotary_inter
 
 def decode_reference(q, k_cache, v_cache, cache_seqlens, *, num_splits: int = 1, block_table=None,
                      return_lse: bool = False, **options):
-    """:func:`decode_attention` in plain PyTorch: the chunks of :func:`decode_partials` folded
-    with notebook 02's :func:`flashlib.merge_partials`, and the attention sinks, if any, with
-    :func:`flashlib.softmax.merge_sink` (a partial with no value). Any device and dtype; the result
-    in q's dtype (computed in float64 for float64, else float32); lse (batch, q_heads, new_tokens)
-    (flash-attn's packed (q_heads, total_q) with cu_seqlens_q). Takes every argument of
-    :func:`decode_attention`, its KV-cache contract's too."""
+    """:func:`decode_attention` in plain PyTorch, every argument of it: the chunks of :func:`decode_partials`
+    folded with notebook 02's :func:`flashlib.merge_partials`, and the attention sinks, if any, with
+    :func:`flashlib.softmax.merge_sink` (a partial with no value). Any device and dtype; the result in q's
+    dtype (computed in float64 for float64, else float32); lse (batch, q_heads, new_tokens) (packed:
+    (q_heads, total_q))."""
     batch, args = _prepared(REFERENCE_FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, options)
     merged = []
     for parts in _partials(batch, args, num_splits or 1):
@@ -349,9 +333,8 @@ MAX_HEAD_DIM = 576  # the decoding kernels' widest q and k: absorbed MLA's laten
 
 
 def _check_kernel_q(fn, q):
-    """The fused kernels' checks of q (dtype, device) with decoding's own head-dim limit: the split kernel
-    takes absorbed MLA's 576 (one query row block's tile, never a whole sequence's); says how to get
-    Triton where it is missing."""
+    """The fused kernels' checks of q (dtype, device, Triton there) with decoding's own head-dim limit: the
+    split kernel takes absorbed MLA's 576 (one query row block's tile, never a whole sequence's)."""
     from .kernels._mode import require_triton
 
     require_triton()
@@ -550,25 +533,23 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
     v_cache that is a view of k_cache's first columns (:func:`mla_decode_attention`) is read with the keys.
     """
     _check_kernel_call(FN, q=q, k_cache=k_cache, v_cache=v_cache, sinks=sinks, k_new=k_new, v_new=v_new)
-    from .kernels.decode import Sequences, as_kernels_read
+    from .kernels.decode import as_kernels_read
 
     batch, args = _prepared(FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, dict(
         causal=causal, scale=scale, softcap=softcap, window=window, sinks=sinks, score_mod=score_mod,
         attention_chunk=attention_chunk, k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
         rotary_interleaved=rotary_interleaved, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
         cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q))
-    k, v, seqs, table = as_kernels_read(batch.k_cache, batch.v_cache,
-                                        Sequences(batch.seqlens, batch.new_tokens, batch.starts), batch.block_table)
-    ready = batch._replace(k_cache=k, v_cache=v, block_table=table, **seqs._asdict())
+    ready = as_kernels_read(batch)
     plan = DecodePlan._of(FN, ready, args, num_splits, regions=lambda: _positions(ready, args.options.visibility))
-    out, lse = batch.unpack(*plan._launch(ready.q, k, v, seqs.seqlens, table))
+    out, lse = batch.unpack(*plan._launch(ready.q, ready.k_cache, ready.v_cache, ready.seqlens, ready.block_table))
     return (out, lse) if return_lse else out
 
 
 def _positions(batch: Batch, rule: Visibility) -> list[dict]:
-    """The (b, h, q_idx, kv_idx) ranges a score function is told for each sequence, as the reference tells
-    it (:func:`decode_partials`: positions from the sequence's start, keys from the first its new tokens
-    can see): for the check of the indices it reads, where the cache's capacity fails it."""
+    """The (b, h, q_idx, kv_idx) ranges a score function is told for each sequence, as by the reference
+    (positions from the sequence's start, keys from the first its new tokens see): for the check of the
+    indices it reads, where the cache's capacity fails it."""
     where = zip(*(t.tolist() for t in (batch.seqlens, batch.new_tokens, batch.starts)))
     return [{"b": (b, b), "h": (0, batch.q.shape[1] - 1), "q_idx": (seqlen - n - start, seqlen - 1 - start),
              "kv_idx": (split_bounds(seqlen, n, 1, rule=rule, start=start)[0][0] - start,
@@ -724,13 +705,11 @@ def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *,
     from .tiled import tiled_forward
 
     batch, q_heads, n, _ = q.shape
-    stacked = _stack_queries(q, k_cache.shape[1])
-    common = dict(scale=scale, softcap=softcap)
-    rows, keys = stacked.shape[2], prefix_k.shape[1]
-    out_p, lse_p = tiled_forward(stacked, prefix_k[None], prefix_v[None], block_q=max(rows, 1),
-                                 block_k=max(keys, 1), **common)  # one tile: a matmul and a softmax
+    stacked = _stack_queries(q, k_cache.shape[1])  # the prefix's pass in one tile: a matmul and a softmax
+    out_p, lse_p = tiled_forward(stacked, prefix_k[None], prefix_v[None], block_q=max(stacked.shape[2], 1),
+                                 block_k=max(prefix_k.shape[1], 1), scale=scale, softcap=softcap)
     out_s, lse_s = decode_reference(q, k_cache, v_cache, cache_seqlens, block_table=block_table,
-                                    num_splits=num_splits or 1, return_lse=True, **common)
+                                    num_splits=num_splits or 1, return_lse=True, scale=scale, softcap=softcap)
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     out_p, lse_p = _unstack(out_p, batch, q_heads, n).to(work), _unstack(lse_p[..., None], batch, q_heads, n)[..., 0]
     out, lse = merge_partials(out_p, lse_p.to(work), out_s.to(work), lse_s.to(work))

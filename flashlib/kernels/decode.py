@@ -11,12 +11,11 @@ with 8 kv heads, on a GPU with 132 multiprocessors. So the cache is cut into chu
         into the output with notebook 02's merge, from the attention sinks' state where there are
         sinks (a partial with no value), and, for cascade decoding, a shared prefix's splits too.
 
-Grouped-query attention: the q_heads // kv_heads query heads that share a kv head, and their
-new tokens, are stacked into the rows of one query block, (batch * kv_heads, group * new_tokens,
-head_dim), so every cached key and value is read once per kv head, not once per query head.
-Row r is the query of new token r % new_tokens. The row blocks of one (sequence, split) are
-neighbours on grid axis 0, so that they run side by side and each cached row comes from DRAM once
-for all of them (absorbed MLA's 128 heads are two blocks of 64 rows; the second reads it from L2).
+Grouped-query attention: the query heads that share a kv head, and their new tokens, are stacked into the
+rows of one query block (row r: new token r % new_tokens), so every cached key and value is read once per
+kv head, not once per query head. The row blocks of one (sequence, split) are neighbours on grid axis 0:
+they run side by side and each cached row comes from DRAM once for all of them (absorbed MLA's 128 heads
+are two blocks of 64 rows; the second reads it from L2).
 
 Where a position's key lives is a compile-time function argument, ``KEY_ROWS``, returning each position's
 block of the cache and row in it: ``_contiguous_rows``: block b (the sequence), row j; ``_paged_rows``: page
@@ -24,10 +23,9 @@ table[b, j // PAGE_SIZE], row j % PAGE_SIZE (PAGE_SIZE a compile-time constant: 
 integer costs a dozen instructions per key). The rest of the kernel is the same for both caches; a paged
 one takes more pipeline stages for as many tiles in flight (:data:`PAGED_EXTRA_STAGES`).
 
-Values may have a head dim of their own (HEAD_DIM_V: MLA's). Absorbed MLA keeps one latent cache
-whose first HEAD_DIM_V columns are the values too; the launcher sees v_cache as a view of k_cache's
-leading columns (:func:`values_in_keys`) and passes V_FROM_K, so each cached row is loaded once, in
-two pieces: [value columns | the key's own], q split the same way and the two dots summed.
+Values may have a head dim of their own (HEAD_DIM_V: MLA's). Absorbed MLA's values are its latent cache's
+first HEAD_DIM_V columns: the launcher sees v_cache as a view of k_cache's (:func:`values_in_keys`) and
+passes V_FROM_K, so each cached row is loaded once, in two pieces, [value columns | the key's own].
 """
 from __future__ import annotations
 
@@ -101,12 +99,10 @@ def _query_rows(Q, q_rows, offs_r, offs_d, ROWS, HEAD_DIM):
 
 @triton.jit
 def _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal, rule):
-    """(BLOCK_Q, BLOCK_K) pairs that exist and may attend: row r is the query of new token
-    r % NEW_TOKENS (the rows' stride; this sequence has new_tokens of them, the rest are padding),
-    which sees the keys of this split by the forward's rule (kernels/rules.py's element test) with
-    seq_q = new_tokens and seq_k = seqlen: up to its own position if causal (a runtime flag: decoding
-    is bound by memory, not by this test), inside its window and its chunk (counted from the
-    sequence's start), and from the sequence's start (its left padding) on."""
+    """(BLOCK_Q, BLOCK_K) pairs that exist and may attend: row r is the query of new token r % NEW_TOKENS
+    (the rows' stride; the sequence has new_tokens, the rest are padding), seeing this split's keys by the
+    forward's rule (kernels/rules.py) with seq_q = new_tokens, seq_k = seqlen, chunks counted from the
+    sequence's start and no key before it; causal a runtime flag (decoding is bound by memory, not this test)."""
     tok = offs_r % NEW_TOKENS  # (BLOCK_Q,) each row's new token
     visible = tl.where(causal != 0, _visible(tok, offs_k, new_tokens, seqlen, True),
                        _visible(tok, offs_k, new_tokens, seqlen, False))
@@ -232,12 +228,11 @@ def _decode_merge(Partial, PartialML, Out, Lse, stride_pz, stride_pr, stride_oz,
                   NUM_SPLITS, ROWS, HEAD_DIM, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                   Sinks=None, KV_HEADS=1, NEW_TOKENS=1, Prefix=None, PrefixML=None, stride_xz=0, stride_xr=0,
                   PREFIX_SPLITS=1, BATCH=1):
-    """Out: (batch * kv_heads, ROWS, HEAD_DIM) in q's dtype, HEAD_DIM the values' (as Partial's);
-    Lse: (batch * kv_heads, ROWS) float32, natural log;
-    Sinks: (q_heads,) attention sinks or None (row r of kv head h belongs to query head
-    h * ROWS // NEW_TOKENS + r // NEW_TOKENS); Prefix, PrefixML: None, or a shared prefix's stage-1
-    results for cascade decoding, (kv_heads * PREFIX_SPLITS, BATCH * ROWS, HEAD_DIM) and their stats:
-    every sequence's rows of a kv head stacked, sequence b's from row b * ROWS."""
+    """Out, Lse: (batch * kv_heads, ROWS, HEAD_DIM) in q's dtype, HEAD_DIM the values' (as Partial's), and
+    (batch * kv_heads, ROWS) float32, natural log; Sinks: (q_heads,) or None (row r of kv head h belongs to
+    query head h * ROWS // NEW_TOKENS + r // NEW_TOKENS); Prefix, PrefixML: None, or a shared prefix's stage-1
+    results for cascade decoding, (kv_heads * PREFIX_SPLITS, BATCH * ROWS, HEAD_DIM) and their stats: every
+    sequence's rows of a kv head stacked, sequence b's from row b * ROWS."""
     off_z = tl.program_id(0).to(tl.int64)  # int64: offsets from it can pass 2^31
     offs_r = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -390,24 +385,13 @@ def default_num_splits(q, k_cache, block_table=None, span: int | None = None, he
 
 
 def values_in_keys(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether v_cache is a view of k_cache's leading columns (absorbed MLA: ``v_cache =
-    kv_cache[..., :512]`` of a 576-wide latent cache): one storage, one start, the same strides and
-    leading sizes, a last dim no wider. Then stage 1 reads each cached row once (V_FROM_K): the
-    value tile is the key tile's first columns."""
+    """Whether v_cache is a view of k_cache's leading columns (absorbed MLA's ``kv_cache[..., :512]`` of a
+    576-wide latent cache): one storage and start, the same strides and leading sizes, a last dim no wider.
+    Then stage 1 reads each cached row once (V_FROM_K), the value tile the key tile's first columns."""
     same_storage = v_cache.untyped_storage().data_ptr() == k_cache.untyped_storage().data_ptr()
     return (same_storage and v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride()
             and v_cache.shape[:-1] == k_cache.shape[:-1] and v_cache.shape[-1] <= k_cache.shape[-1]
             and k_cache.stride(-1) == 1)
-
-
-class Sequences(NamedTuple):
-    """Where each sequence of a decoding batch stands, (batch,) int32 contiguous each, as stage 1 reads it:
-    its valid positions (its new tokens included), its new tokens (up to q's new_tokens, the rows'
-    stride: fewer in a mixed batch) and its first position (keys before it, left padding, are not seen)."""
-
-    seqlens: torch.Tensor
-    new_tokens: torch.Tensor
-    starts: torch.Tensor
 
 
 def merge_warps(head_dim_v: int) -> int:
@@ -417,25 +401,23 @@ def merge_warps(head_dim_v: int) -> int:
 
 
 class DecodeLaunch:
-    """Both stages for one layout of inputs, prepared once: the launch shape, every argument that is not a
-    per-call tensor, the scratch buffers and the output. Calling it launches the kernels and does nothing
-    else (no allocation, no synchronisation, no value read on the host), so that a CUDA graph can
-    capture it; what it is given must have the layout (shapes, strides, dtypes) it was made for.
+    """Both stages for one layout of inputs, prepared once (the launch shape, every argument but the per-call
+    tensors, the scratch buffers, the output): a call launches the kernels and nothing else (no allocation,
+    no synchronisation, no value read on the host: a CUDA graph can capture it), on tensors of that layout.
 
-    q (batch, q_heads, new_tokens, d); k_cache, v_cache contiguous (batch, kv_heads, capacity, d and dv) or
-    paged with block_table (last dims contiguous); options: the call's (flashlib.options: causal, scale,
-    window, sinks); score: its score function compiled (:func:`flashlib.kernels.function.kernel_score`:
-    soft-capping is one), told each new token's position in its sequence; new_tokens, starts (batch,)
-    int32: each sequence's new tokens and first position (default q's new_tokens, 0).
-
-    Cascade decoding: ``stacked`` makes a shared prefix's pass, stage 1 alone over one "sequence", the
-    prefix (k_cache (1, kv_heads, prefix_len, d)), whose query rows are every sequence's rows of a kv head
-    (read in place from q); ``prefix``: such a launch, whose splits this one's merge folds in.
+    q (batch, q_heads, new_tokens, d); k_cache, v_cache (batch, kv_heads, capacity, d and dv), or paged with
+    block_table, last dims contiguous; options: the call's (flashlib.options); score: its score function
+    compiled (:func:`flashlib.kernels.function.kernel_score`: soft-capping is one), told each new token's
+    position in its sequence; config: stage 1's tiles (default :func:`decode_config`); new_tokens, starts
+    (batch,) int32: each sequence's new tokens and first position (default q's new_tokens, 0). Cascade
+    decoding: ``stacked`` makes a shared prefix's pass, stage 1 alone over the prefix (k_cache (1, kv_heads,
+    prefix_len, d)), its query rows every sequence's rows of a kv head (read in place from q); ``prefix``:
+    such a launch, whose splits this one's merge folds in.
     """
 
     def __init__(self, q, k_cache, v_cache, *, options: Options, score=None, block_table=None, num_splits=None,
-                 config: DecodeConfig | None = None, input_precision: str = "tf32", new_tokens=None, starts=None,
-                 stacked: bool = False, prefix: "DecodeLaunch | None" = None):
+                 config: DecodeConfig | None = None, new_tokens=None, starts=None, stacked: bool = False,
+                 prefix: "DecodeLaunch | None" = None):
         batch, q_heads, n, d = q.shape
         kv_heads, dv = k_cache.shape[1], v_cache.shape[-1]
         rows = q_heads // max(kv_heads, 1) * n
@@ -478,12 +460,11 @@ class DecodeLaunch:
         self._split_kw = dict(
             PAGE_SIZE=k_cache.shape[2] if paged else 1, HEAD_DIM_PAD=head_dim_pad(d - dv) if shared else head_dim_pad(d),
             HEAD_DIM_V_PAD=head_dim_pad(dv), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
-            KEY_ROWS=_paged_rows if paged else _contiguous_rows, INPUT_PRECISION=input_precision,
+            KEY_ROWS=_paged_rows if paged else _contiguous_rows, INPUT_PRECISION="tf32",
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, V_FROM_K=shared, **score_args(score))
         self._runs = self._split_runs(launches, kv_heads, splits, new_tokens, starts)
-        for grid, *_ in self._runs:
-            check_grid(DECODE_FN, grid, q.device, ("query row blocks (query heads per kv head x new tokens)",
-                                                   "num_splits", "batch x kv_heads"))
+        check_grid(DECODE_FN, self._runs[0][0], q.device, ("query row blocks (query heads per kv head x new tokens)",
+                                                           "num_splits", "batch x kv_heads"))  # the largest run
         extra = {} if options.sinks is None else dict(Sinks=options.sinks.to(torch.float32).contiguous())
         if prefix is not None:
             extra.update(Prefix=prefix.partial, PrefixML=prefix.partial_ml, stride_xz=prefix.partial.stride(0),
@@ -546,27 +527,11 @@ def _viewed(t: torch.Tensor, shape) -> bool:
         return False
 
 
-def as_kernels_read(k_cache, v_cache, sequences: Sequences, block_table):
-    """(k_cache, v_cache, sequences, block_table) as the kernels read them: the caches' last dims contiguous,
-    the lengths int32 and contiguous, the block table contiguous (views such as t[::2] copied)."""
-    k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (k_cache, v_cache))
-    sequences = Sequences(*(t.to(torch.int32).contiguous() for t in sequences))
-    return k_cache, v_cache, sequences, None if block_table is None else block_table.contiguous()
-
-
-def decode_forward(q, k_cache, v_cache, cache_seqlens, *, options: Options, score=None, block_table=None,
-                   num_splits: int | None = None, config: DecodeConfig | None = None, input_precision: str = "tf32",
-                   sequences: Sequences | None = None):
-    """Both stages, on inputs :func:`flashlib.decode_attention` has checked (nothing here reads the
-    lengths or the block table on the host): a :class:`DecodeLaunch` made and called once; returns (out, lse)
-    as it does. config: stage 1's tiles (default :func:`decode_config`); input_precision: how a float32
-    ``tl.dot`` multiplies on a GPU ("tf32" or "ieee"); sequences: each sequence's new tokens and start where
-    they differ (a mixed batch, left padding), else every sequence has q's new_tokens from position 0."""
-    if sequences is None:
-        lengths = cache_seqlens
-        sequences = Sequences(lengths, torch.full_like(lengths, q.shape[2]), torch.zeros_like(lengths))
-    k_cache, v_cache, sequences, block_table = as_kernels_read(k_cache, v_cache, sequences, block_table)
-    launch = DecodeLaunch(q, k_cache, v_cache, options=options, score=score, block_table=block_table,
-                          num_splits=num_splits, config=config, input_precision=input_precision,
-                          new_tokens=sequences.new_tokens, starts=sequences.starts)
-    return launch(q, k_cache, v_cache, sequences.seqlens, block_table)
+def as_kernels_read(batch):
+    """A call's tensors (:class:`flashlib.kvcache.Batch`) as stage 1 reads them: the caches' last dims
+    contiguous; each sequence's length (new tokens included), new tokens (up to q's, the rows' stride) and
+    first position (left padding before it) int32 and contiguous; the block table contiguous (t[::2] copied)."""
+    k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (batch.k_cache, batch.v_cache))
+    table = None if batch.block_table is None else batch.block_table.contiguous()
+    return batch._replace(k_cache=k_cache, v_cache=v_cache, block_table=table, **{
+        name: getattr(batch, name).to(torch.int32).contiguous() for name in ("seqlens", "new_tokens", "starts")})
