@@ -11,10 +11,8 @@ Conventions (flash-attn's ``flash_attn_with_kvcache``, vLLM's paged cache):
     k/v cache      (batch, kv_heads, capacity, head_dim)    contiguous: a slot per position
                    (num_pages, kv_heads, page_size, head_dim) with block_table (batch, max_pages)
                    int32: position j of sequence b lives in page block_table[b, j // page_size]
-    cache_seqlens  (batch,) int32: valid positions of each sequence, its new tokens included
-                   (before the call when it appends them: k_new, flashlib.kvcache); with
-                   o = cache_seqlens[b] - new_tokens, query i sits at position o + i and
-                   sees key j iff j <= o + i (and j >= o + i - left with window=(left, right))
+    cache_seqlens  (batch,) int32: valid positions of each sequence, its new tokens included; query i
+                   sits at position cache_seqlens[b] - new_tokens + i (:func:`decode_attention`)
     GQA            q_heads a multiple of kv_heads; query head h reads kv head h // (q_heads // kv_heads)
 
 Split-KV (Flash-Decoding): each sequence's visible keys are cut into ``num_splits`` chunks
@@ -80,9 +78,8 @@ def _check_caches(fn, q, k_cache, v_cache, block_table):
     if not q.is_floating_point():
         raise TypeError(f"{fn}: argument 'q' has dtype {q.dtype}; expected a floating-point dtype")
     if k_cache.shape[:-1] != v_cache.shape[:-1] or v_cache.shape[-1] < 1:
-        raise ValueError(f"{fn}: arguments 'k_cache' {tuple(k_cache.shape)} and 'v_cache' "
-                         f"{tuple(v_cache.shape)} must have the same shape but for the head dim (v's may differ, "
-                         "as MLA's, and is >= 1)")
+        raise ValueError(f"{fn}: arguments 'k_cache' {tuple(k_cache.shape)} and 'v_cache' {tuple(v_cache.shape)} "
+                         "must have the same shape but for the head dim (v's may differ, as MLA's, and is >= 1)")
     batch, q_heads, _, head_dim = q.shape
     blocks, kv_heads, block_len, cache_dim = k_cache.shape
     if cache_dim != head_dim or head_dim < 1:
@@ -96,9 +93,9 @@ def _check_caches(fn, q, k_cache, v_cache, block_table):
                          "heads must be a multiple of the key/value heads (grouped-query attention)")
     if block_table is None:
         if blocks != batch:
-            raise ValueError(f"{fn}: argument 'k_cache' holds {blocks} sequences but 'q' has batch {batch}; "
-                             "a contiguous cache is (batch, kv_heads, capacity, head_dim) (pass "
-                             "'block_table' for a paged cache)")
+            raise ValueError(f"{fn}: argument 'k_cache' holds {blocks} sequences but 'q' has batch {batch}; a "
+                             "contiguous cache is (batch, kv_heads, capacity, head_dim) (pass 'block_table' for a "
+                             "paged cache)")
         return block_len, block_len
     _check_int32(fn, "block_table", block_table, 2, batch, q.device, "page numbers")
     if blocks < 1 or block_len < 1:
@@ -152,10 +149,9 @@ def check_decode_values(fn, batch: Batch, args: DecodeArgs, num_pages: int, tabl
         raise ValueError(f"{fn}: argument 'cache_leftpad' is {wrong[0][1]} for sequence {wrong[0][0]}, outside its "
                          f"{values[wrong[0][0]]} valid positions; a sequence starts at 0 .. its length")
     b, j = (int(x) for x in bad_pages.nonzero()[0])
-    raise ValueError(f"{fn}: argument '{table_name}' sends page {j} of sequence {b} to "
-                     f"{int(block_table[b, j])}, outside the cache's {num_pages} "
-                     f"{'rows' if table_name == 'cache_batch_idx' else 'pages'}; entries for what a sequence uses "
-                     f"must lie in 0..{num_pages - 1}")
+    raise ValueError(f"{fn}: argument '{table_name}' sends page {j} of sequence {b} to {int(block_table[b, j])}, "
+                     f"outside the cache's {num_pages} {'rows' if table_name == 'cache_batch_idx' else 'pages'}; "
+                     f"entries for what a sequence uses must lie in 0..{num_pages - 1}")
 
 
 def _check_kernel_call(fn, **tensors):
@@ -201,11 +197,10 @@ def gather_cache(cache: torch.Tensor, block_table: torch.Tensor, length: int) ->
 
 def paged_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, page_size: int, *, spare_pages: int = 0,
                 generator: torch.Generator | None = None):
-    """A contiguous cache (batch, kv_heads, capacity, d) copied into pages scattered at random (v_cache's
-    d may differ from k_cache's). Returns (k_pages, v_pages, block_table): pages (num_pages, kv_heads,
-    page_size, d), num_pages = batch * ceil(capacity / page_size) + spare_pages (spare pages hold zeros and
-    belong to no sequence; so do the positions past capacity), and block_table (batch, ceil(capacity /
-    page_size)) int32."""
+    """A contiguous cache (batch, kv_heads, capacity, d) copied into pages scattered at random (v_cache's d may differ
+    from k_cache's). Returns (k_pages, v_pages, block_table): pages (num_pages, kv_heads, page_size, d), num_pages =
+    batch * ceil(capacity / page_size) + spare_pages (spare pages hold zeros and belong to no sequence; so do the
+    positions past capacity), and block_table (batch, ceil(capacity / page_size)) int32."""
     batch, kv_heads, capacity, _ = k_cache.shape
     per_seq = _cdiv(capacity, page_size)
     num_pages = batch * per_seq + spare_pages
@@ -232,11 +227,10 @@ def kv_cache_bytes(*, layers: int, batch: int, kv_heads: int, tokens: int, head_
 def chunk_attention(q, k, v, positions, offset: int, options: Options, *, start: int = 0, batch_row: int = 0):
     """Attention of one sequence's new queries over one chunk of its keys: (out, lse).
 
-    q (heads, new_tokens, d); k, v (heads, chunk, d) at the consecutive cache positions ``positions``
-    (chunk,); query i sits at position offset + i; the sequence starts at ``start`` (no key before it is
-    seen). out is normalised over the chunk alone, lse (heads, new_tokens) its log-sum-exp, -inf (out 0)
-    where a row sees none of it. options: the call's (a score function is told batch_row, the head and the
-    positions counted from the sequence's start).
+    q (heads, new_tokens, d); k, v (heads, chunk, d) at the consecutive cache positions ``positions`` (chunk,); query
+    i sits at position offset + i; the sequence starts at ``start`` (no key before it is seen). out is normalised over
+    the chunk alone, lse (heads, new_tokens) its log-sum-exp, -inf (out 0) where a row sees none of it. options: the
+    call's (a score function is told batch_row, the head and the positions counted from the sequence's start).
     """
     s = (q @ k.transpose(-2, -1)) * options.scale  # (H, Nnew, chunk)
     if options.score_function is not None and s.numel():
@@ -306,11 +300,10 @@ KVCACHE_ARGUMENTS = ("k_new", "v_new", "rotary_cos", "rotary_sin", "rotary_inter
 
 def decode_reference(q, k_cache, v_cache, cache_seqlens, *, num_splits: int = 1, block_table=None,
                      return_lse: bool = False, **options):
-    """:func:`decode_attention` in plain PyTorch, every argument of it: the chunks of :func:`decode_partials`
-    folded with notebook 02's :func:`flashlib.merge_partials`, and the attention sinks, if any, with
-    :func:`flashlib.softmax.merge_sink` (a partial with no value). Any device and dtype; the result in q's
-    dtype (computed in float64 for float64, else float32); lse (batch, q_heads, new_tokens) (packed:
-    (q_heads, total_q))."""
+    """:func:`decode_attention` in plain PyTorch, every argument of it: the chunks of :func:`decode_partials` folded
+    with notebook 02's :func:`flashlib.merge_partials`, and the attention sinks, if any, with
+    :func:`flashlib.softmax.merge_sink` (a partial with no value). Any device and dtype; the result in q's dtype
+    (computed in float64 for float64, else float32); lse (batch, q_heads, new_tokens) (packed: (q_heads, total_q))."""
     batch, args = _prepared(REFERENCE_FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, options)
     merged = []
     for parts in _partials(batch, args, num_splits or 1):
@@ -387,8 +380,6 @@ class _Plan:
     """What both plans share: made for a call already checked (:meth:`_of`), and a run's tensors held to
     the layouts the plan was made for (``NAMES``, ``_layouts``)."""
 
-    NAMES: tuple = ()
-
     @classmethod
     def _of(cls, fn, *args, **kwargs):
         """The plan of a call that names itself ``fn`` (decode_attention, cascade_attention)."""
@@ -398,11 +389,10 @@ class _Plan:
 
     def _check_run(self, tensors, out):
         """The ValueError of a run given tensors (or an ``out``) of another layout than the plan's: the first named."""
-        got, want, names = tuple(map(_layout, tensors)), self._layouts, self.NAMES
-        if out is not None:
-            got, want, names = (*got, _layout(out)), (*want, _layout(self.out)), (*names, "out")
+        got = tuple(map(_layout, (*tensors, out)))
+        want = (*self._layouts, None if out is None else _layout(self.out))
         if got != want:
-            name, g, w = next((n, g, w) for n, g, w in zip(names, got, want) if g != w)
+            name, g, w = next((n, g, w) for n, g, w in zip((*self.NAMES, "out"), got, want) if g != w)
             fn = type(self).__name__
             raise ValueError(f"{fn}.run: argument '{name}' has {_describe(g)}, but the plan was made for "
                              f"{_describe(w)}; make a {fn} for this layout (its launches carry the shapes and "
@@ -412,27 +402,25 @@ class _Plan:
 class DecodePlan(_Plan):
     """:func:`decode_attention` for one batch layout, planned once; :meth:`run` only launches.
 
-    A model's decoding step calls attention once per layer, and every step has the same layout. What
-    depends on the layout alone is done here, once: the checks, the score function's trace, the split
-    count, both kernels' grids and arguments, the scratch buffers and the output. :meth:`run` launches
-    the two kernels and nothing else: no allocation, no synchronisation with the GPU, no value read on the
-    host, so that a CUDA graph can capture it (FlashInfer's ``plan``/``run``, vLLM's metadata builders)::
+    A decoding step calls attention once per layer, every step with the same layout. What depends on the
+    layout alone is done here, once: the checks, the score function's trace, the split count, the kernels'
+    grids and arguments, the scratch buffers and the output. :meth:`run` launches the two kernels and nothing
+    else (no allocation, no synchronisation, no value read on the host: a CUDA graph can capture it;
+    FlashInfer's ``plan``/``run``, vLLM's metadata builders)::
 
         plan = DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table=table)   # once per layout
         for layer in range(layers):                                                  # every step
             out = plan.run(q_of[layer], k_of[layer], v_of[layer], cache_seqlens, table)
 
-    Args: :func:`decode_attention`'s for a cache that is already written (no append, rotation, pooled rows,
-    left padding or packed q: :func:`decode_attention` takes those, a plan made and run per call). The
-    example call's values are checked here (lengths within the capacity, pages in range); :meth:`check`
-    checks a later step's (one synchronisation), :meth:`run` only layouts, as flash-attn's kernels trust
-    theirs. A tensor a score function reads by position must cover the cache's capacity (a plan serves
-    every length up to it); the numbers it captures are the plan's, its tensors are read at every run.
+    Args: :func:`decode_attention`'s for a cache already written (no append, rotation, pooled rows, left
+    padding or packed q). The example call's values are checked here (lengths within the capacity, pages in
+    range), a later step's by :meth:`check` (one synchronisation), not by :meth:`run`. A tensor a score
+    function reads by position must cover the cache's capacity (a plan serves every length up to it); the
+    numbers it captures are the plan's, its tensors are read at every run.
 
-    ``run(q, k_cache, v_cache, cache_seqlens, block_table=None, *, out=None, return_lse=False)``: tensors of
-    the plan's layout (shapes, strides, dtypes, devices), any values. The output goes to ``out`` or to the
-    plan's own buffer, ``plan.out``, which the next run overwrites (a CUDA graph's output does the same):
-    copy it, or pass ``out``, to keep it; the lse (natural log) to ``plan.lse``.
+    :meth:`run` takes tensors of the plan's layout (shapes, strides, dtypes, devices), any values. The output
+    goes to ``out`` or to ``plan.out``, which the next run overwrites (copy it, or pass ``out``, to keep it);
+    the lse (natural log) to ``plan.lse``.
     """
 
     NAMES = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
@@ -460,8 +448,7 @@ class DecodePlan(_Plan):
 
     @property
     def launch_shape(self):
-        """Both kernels' tiles, split count and grids (:class:`flashlib.kernels.decode.LaunchShape`); None
-        for an empty batch."""
+        """Both kernels' tiles, split count and grids (:class:`flashlib.kernels.decode.LaunchShape`); None if empty."""
         return getattr(self._launch, "shape", None)
 
     def run(self, q, k_cache, v_cache, cache_seqlens, block_table=None, *, out=None, return_lse: bool = False):
@@ -471,8 +458,7 @@ class DecodePlan(_Plan):
         return (out, lse) if return_lse else out
 
     def bound(self, q, k_cache, v_cache, cache_seqlens, block_table=None) -> list:
-        """What :meth:`run` launches on these tensors, [(kernel, grid, args, kwargs)]: to inspect the
-        launches or time them bare (flashlib.bench.calls)."""
+        """What :meth:`run` launches on these tensors, [(kernel, grid, args, kwargs)]: to inspect or time them bare."""
         return self._launch.bound(q, k_cache, v_cache, cache_seqlens, block_table)
 
     def check(self, cache_seqlens, block_table=None):
@@ -493,10 +479,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
 
     Args:
         q: (batch, q_heads, new_tokens, head_dim); with ``cu_seqlens_q`` packed, (total_q, q_heads, head_dim).
-        k_cache, v_cache: (batch, kv_heads, capacity, head_dim); with ``block_table`` a paged cache
-            (num_pages, kv_heads, page_size, head_dim), vLLM's; with ``cache_batch_idx`` a pool of
-            rows. Query head h reads kv head h // (q_heads // kv_heads) (grouped-query attention);
-            v_cache's head dim (and v_new's) may differ from k_cache's (MLA's).
+        k_cache, v_cache: (batch, kv_heads, capacity, head_dim); with ``block_table`` a paged cache (num_pages,
+            kv_heads, page_size, head_dim), vLLM's; with ``cache_batch_idx`` a pool of rows. Query head h reads
+            kv head h // (q_heads // kv_heads); v_cache's head dim (and v_new's) may differ (MLA's).
         cache_seqlens: (batch,) int32, each sequence's valid positions, its new tokens included (before
             the call when ``k_new`` brings them: flash-attn's convention). With L the positions after
             the call and n the new tokens, query i sees the keys j <= L - n + i (causal)::
@@ -507,30 +492,26 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
                 query 2 (position 5)                            1 1 1 1 1 1
 
             With L < n the first n - L rows see no key and give zeros (lse -inf), as flash-attn's.
-        causal: False: every new token sees all L keys (cross-attention, a prefix-LM's prompt, drafted
-            tokens verified); the window applies either way, both sides: (left, right) as flash-attn's,
-            L - n + i - left <= j <= L - n + i + right, -1 for no limit.
-        attention_chunk: C > 0: chunked local attention (Llama 4's chunked layers), either way too:
-            query i sees key j only when j // C == (L - n + i) // C, positions counted from the sequence's
-            start (``cache_leftpad``), as transformers counts them. 0 or None: no chunks.
+        causal: False: every new token sees all L keys (cross-attention, a prefix-LM's prompt, drafted tokens
+            verified). window (left, right), either way: L - n + i - left <= j <= L - n + i + right, -1: no limit.
+        attention_chunk: C > 0 (0 or None: none): chunked local attention (Llama 4's), either way too: query i
+            sees key j only when j // C == (L - n + i) // C, positions from the sequence's start (``cache_leftpad``).
         scale, softcap, sinks: as :func:`flashlib.flash_attention` (scale 1/sqrt(head_dim) by default).
         num_splits: chunks per sequence, each read by its own program and merged by a second kernel;
             None chooses (:func:`flashlib.kernels.decode.choose_num_splits`; 1 in the interpreter).
-        score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score (:mod:`flashlib.scores`), on the
-            scaled scores before the mask; q_idx and kv_idx are positions in the sequence (L - n + i,
-            not i), counted from its start (``cache_leftpad``), as in the prefill. flash-attn's
-            ``alibi_slopes`` is the score function ``s - slope[b, h] * |q_idx - kv_idx|``.
-        k_new, v_new, rotary_cos, rotary_sin, rotary_interleaved, cache_batch_idx, cache_leftpad,
-            cu_seqlens_q, max_seqlen_q: the rest of flash-attn's contract, as :mod:`flashlib.kvcache`
-            says: new keys and values appended in place (rotated), pooled caches, left padding, and
-            a mixed batch (a prefill chunk beside one-token steps) in one launch, packed like q.
+        score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score (:mod:`flashlib.scores`) on the scaled
+            scores before the mask; q_idx and kv_idx: positions in the sequence (L - n + i, not i) from its
+            start, as in the prefill (flash-attn's ``alibi_slopes``: ``s - slope[b, h] * |q_idx - kv_idx|``).
+        k_new, v_new, rotary_cos, rotary_sin, rotary_interleaved, cache_batch_idx, cache_leftpad, cu_seqlens_q,
+            max_seqlen_q: the rest of flash-attn's contract (:mod:`flashlib.kvcache`): new keys and values appended
+            in place (rotated), pooled caches, left padding, a mixed batch (prefill chunks beside steps) packed like q.
         return_lse: also return the lse, (batch, q_heads, new_tokens) float32 ((q_heads, total_q)
             packed), -inf for rows that see no key.
 
-    Returns the output in q's layout and dtype, v_cache's head dim wide. Inference only (an input that
-    requires grad is an error). float16, bfloat16 (sm_80 on) and float32, head_dim 1..576; without a CUDA
-    device in Triton's CPU interpreter. :func:`decode_reference` computes the same in PyTorch, any dtype. A
-    v_cache that is a view of k_cache's first columns (:func:`mla_decode_attention`) is read with the keys.
+    Returns the output in q's layout and dtype, v_cache's head dim wide. Inference only. float16, bfloat16
+    (sm_80 on) and float32, head_dim 1..576; without a CUDA device in Triton's CPU interpreter;
+    :func:`decode_reference` in PyTorch, any dtype. A v_cache that is a view of k_cache's first columns
+    (:func:`mla_decode_attention`) is read with the keys.
     """
     _check_kernel_call(FN, q=q, k_cache=k_cache, v_cache=v_cache, sinks=sinks, k_new=k_new, v_new=v_new)
     from .kernels.decode import as_kernels_read
@@ -547,13 +528,11 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
 
 
 def _positions(batch: Batch, rule: Visibility) -> list[dict]:
-    """The (b, h, q_idx, kv_idx) ranges a score function is told for each sequence, as by the reference
-    (positions from the sequence's start, keys from the first its new tokens see): for the check of the
-    indices it reads, where the cache's capacity fails it."""
+    """The (b, h, q_idx, kv_idx) ranges the reference tells a score function for each sequence: to check the
+    indices it reads where the cache's capacity fails it."""
     where = zip(*(t.tolist() for t in (batch.seqlens, batch.new_tokens, batch.starts)))
     return [{"b": (b, b), "h": (0, batch.q.shape[1] - 1), "q_idx": (seqlen - n - start, seqlen - 1 - start),
-             "kv_idx": (split_bounds(seqlen, n, 1, rule=rule, start=start)[0][0] - start,
-                        seqlen - 1 - start)}
+             "kv_idx": (split_bounds(seqlen, n, 1, rule=rule, start=start)[0][0] - start, seqlen - 1 - start)}
             for b, (seqlen, n, start) in enumerate(where)]
 
 
@@ -564,10 +543,10 @@ def mla_decode_attention(q, kv_cache, cache_seqlens, *, head_dim_v: int = 512, b
     """DeepSeek-V2/V3's multi-head latent attention decoding, absorbed: one latent cache holds the keys,
     and the values are its first ``head_dim_v`` columns, read once (with the keys).
 
-    Each cached position keeps c_kv, its latent (512 wide in DeepSeek-V3), and k_rope, its rotated key
-    part (64), shared by all query heads. The up-projections are absorbed: query head h's score is
-    [q_nope W_UK_h, q_rope] . [c_kv, k_rope], its output (softmax . c_kv) W_UV_h, so the attention
-    itself is MQA over one "kv head" of width 576 whose values are the keys' first 512 columns::
+    Each cached position keeps c_kv, its latent (512 wide in DeepSeek-V3), and k_rope, its rotated key part
+    (64), shared by all query heads. With the up-projections absorbed, query head h's score is [q_nope W_UK_h,
+    q_rope] . [c_kv, k_rope] and its output (softmax . c_kv) W_UV_h: MQA over one "kv head" of width 576
+    whose values are the keys' first 512 columns::
 
         kv_cache row   | c_kv (latent)  0 .. head_dim_v - 1     | k_rope  head_dim_v .. width - 1 |
         key            |<------------------------ all width columns -------------------------->|
@@ -581,18 +560,16 @@ def mla_decode_attention(q, kv_cache, cache_seqlens, *, head_dim_v: int = 512, b
             with ``block_table`` paged, (num_pages, kv_heads, page_size, width).
         cache_seqlens, block_table: as :func:`decode_attention`.
         head_dim_v: the latent's width, the values' head dim (512), at most width.
-        scale: the softmax scale, 1/sqrt(width) by default; DeepSeek's is that of its un-absorbed
-            head dim (1/sqrt(128 + 64), times its YaRN mscale squared): pass it.
-        kv_new: (batch, kv_heads, n_new, width) new latent rows to append in place (flash-attn's k_new,
-            the values the same rows' first columns); rotate k_rope yourself (flash-attn's rotary
-            tables would rotate the first columns, the latent's).
+        scale: 1/sqrt(width) by default; DeepSeek's is its un-absorbed head dim's (1/sqrt(128 + 64), times its
+            YaRN mscale squared): pass it.
+        kv_new: (batch, kv_heads, n_new, width) new latent rows to append in place (flash-attn's k_new, the
+            values their first columns); rotate k_rope yourself (the rotary tables would rotate the latent).
         reference: compute with :func:`decode_reference` (PyTorch, any dtype) instead of the kernels.
         options: the rest of :func:`decode_attention`'s (causal, window, softcap, sinks, num_splits,
             cache_leftpad, cache_batch_idx, cu_seqlens_q, return_lse, ...).
 
-    Returns out (batch, q_heads, new_tokens, head_dim_v) (and the lse with ``return_lse``). The kernel
-    sees v_cache = kv_cache[..., :head_dim_v], a view of the key cache's leading columns
-    (:func:`flashlib.kernels.decode.values_in_keys`), and reads each row once.
+    Returns out (batch, q_heads, new_tokens, head_dim_v) (and the lse with ``return_lse``); the kernel sees
+    v_cache = kv_cache[..., :head_dim_v], a view of the keys' leading columns, and reads each row once.
     """
     fn = "mla_decode_attention"
     _check_tensor(fn, "kv_cache", kv_cache, 4)
@@ -612,8 +589,7 @@ def mla_decode_attention(q, kv_cache, cache_seqlens, *, head_dim_v: int = 512, b
         _check_tensor(fn, "kv_new", kv_new, 4 if options.get("cu_seqlens_q") is None else 3)
         options.update(k_new=kv_new, v_new=kv_new[..., :head_dim_v])
     run = decode_reference if reference else decode_attention
-    return run(q, kv_cache, kv_cache[..., :head_dim_v], cache_seqlens, block_table=block_table, scale=scale,
-               **options)
+    return run(q, kv_cache, kv_cache[..., :head_dim_v], cache_seqlens, block_table=block_table, scale=scale, **options)
 
 
 def mla_bytes(*, batch: int, tokens: int, width: int = 576, head_dim_v: int = 512, kv_heads: int = 1,
@@ -667,12 +643,12 @@ def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *,
                       reference: bool = False):
     """Decoding for a group of sequences that share a prefix (a system prompt), the prefix read once.
 
-    FlashInfer's cascade attention: every sequence's keys are the shared prefix (positions 0 ..
-    P - 1) and then its own suffix. The prefix is attended by all the group's new queries at once,
-    stacked as the rows of query blocks per kv head (a prefill's shape: its keys are read once per
-    block of rows, not once per sequence), its keys split across programs as decoding splits a cache;
-    each suffix by split-KV decoding; one merge folds both sets of splits with notebook 02's merge
-    (:class:`CascadePlan`: three launches); sinks, if any, join as one more partial::
+    FlashInfer's cascade attention: every sequence's keys are the shared prefix (positions 0 .. P - 1), then
+    its own suffix. The prefix is attended by all the group's new queries at once, stacked as the rows of
+    query blocks per kv head (a prefill's shape: its keys are read once per block of rows, not once per
+    sequence), its keys split across programs as decoding splits a cache; each suffix by split-KV decoding;
+    one merge folds both sets of splits with notebook 02's merge (:class:`CascadePlan`: three launches) and
+    the sinks, if any, as one more partial::
 
         out = e^(lse_p - lse) out_prefix + e^(lse_s - lse) out_suffix,  lse = log(e^lse_p + e^lse_s)
 
@@ -681,19 +657,16 @@ def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *,
         prefix_k, prefix_v: (kv_heads, prefix_len, head_dim), the shared prefix's keys and values;
             every new token sees all of it (it precedes them).
         k_cache, v_cache, cache_seqlens, block_table, num_splits: each sequence's own suffix as
-            :func:`decode_attention` takes a cache (contiguous or paged); suffix position j is
-            sequence position prefix_len + j; cache_seqlens >= new_tokens (the new tokens follow
-            the prefix).
-        prefix_splits: chunks of the prefix's keys, each read by its own programs (None chooses, as
-            num_splits; 1 in the interpreter).
+            :func:`decode_attention` takes a cache; suffix position j is sequence position prefix_len + j;
+            cache_seqlens >= new_tokens (the new tokens follow the prefix).
+        prefix_splits: chunks of the prefix's keys, each read by its own programs (None chooses, as num_splits).
         scale, softcap, sinks, return_lse: as :func:`decode_attention`. A score function of the
             positions is not taken (the prefix's rows would each need their sequence's offset).
         reference: compute in PyTorch (:func:`flashlib.tiled_forward` over the prefix,
             :func:`decode_reference` over the suffixes), any dtype and device.
 
-    Equal to decoding over the concatenated cache (prefix, then suffix) up to rounding; reads the
-    prefix ceil(batch * q_heads / kv_heads * new_tokens / BLOCK_Q) times instead of batch times
-    (:func:`cascade_bytes`).
+    Equal to decoding over the concatenated cache (prefix, then suffix) up to rounding; reads the prefix
+    ceil(batch * q_heads / kv_heads * new_tokens / BLOCK_Q) times instead of batch times (:func:`cascade_bytes`).
     """
     fn = "cascade_attention"
     if not reference:
@@ -727,8 +700,7 @@ class CascadePlan(_Plan):
         the suffixes' pass  stage 1 over each sequence's own cache
         the merge           each sequence's splits and the prefix's, and the sinks, folded into one output
 
-    ``run(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table=None, *, out=None,
-    return_lse=False)``: tensors of the plan's layout, any values; ``out``/``plan.out`` as :class:`DecodePlan`'s.
+    :meth:`run` takes tensors of the plan's layout, any values; ``out``/``plan.out`` as :class:`DecodePlan`'s.
     """
 
     NAMES = ("q", "prefix_k", "prefix_v", "k_cache", "v_cache", "cache_seqlens", "block_table")
@@ -777,10 +749,9 @@ class CascadePlan(_Plan):
 
 def cascade_bytes(*, batch: int, kv_heads: int, rows_per_kv_head: int, prefix: int, suffix: int, head_dim: int,
                   element_size: int = 2, block_q: int = 64) -> dict:
-    """Bytes of keys and values one decoding step reads (notebook 10's model: each cached vector once
-    per program that needs it), plain and cascaded, for a group of ``batch`` sequences that share
-    ``prefix`` positions and hold ``suffix`` of their own; rows_per_kv_head: the query rows that read
-    one kv head per sequence (q_heads / kv_heads x new tokens)."""
+    """Bytes of keys and values one decoding step reads (notebook 10's model: each cached vector once per program
+    that needs it), plain and cascaded, for ``batch`` sequences that share ``prefix`` positions and hold ``suffix``
+    of their own; rows_per_kv_head: the query rows that read one kv head per sequence (q_heads / kv_heads x n)."""
     per_position = 2 * kv_heads * head_dim * element_size  # a key and a value, every kv head
     plain = batch * (prefix + suffix) * per_position
     prefix_reads = -(-batch * rows_per_kv_head // block_q)  # query blocks of the stacked rows

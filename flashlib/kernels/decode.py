@@ -1,27 +1,25 @@
 """Split-KV decoding (Flash-Decoding) in two kernels, in the words of notebook 06's forward.
 
-Decoding has a few query rows per sequence and a long cache. FlashAttention-2's schedule (one
-program per query block) would launch batch x kv_heads programs, 8 for one sequence of a model
-with 8 kv heads, on a GPU with 132 multiprocessors. So the cache is cut into chunks as well:
+Decoding has a few query rows per sequence and a long cache. FlashAttention-2's schedule (one program per
+query block) would launch batch x kv_heads programs, 8 for one sequence of a model with 8 kv heads, on a GPU
+with 132 multiprocessors. So the cache is cut into chunks as well:
 
-    stage 1, ``_decode_split``   grid (row blocks, num_splits, batch * kv_heads): each program
-        streams its chunk of one sequence's cache past its query rows, keeping (m_i, l_i, acc)
-        as ``_attn_fwd`` does, and writes its normalised partial output, m_i and l_i (float32);
-    stage 2, ``_decode_merge``   grid (batch * kv_heads, row blocks): folds the splits' states
-        into the output with notebook 02's merge, from the attention sinks' state where there are
-        sinks (a partial with no value), and, for cascade decoding, a shared prefix's splits too.
+    stage 1, ``_decode_split``   grid (row blocks, num_splits, batch * kv_heads): each program streams its
+        chunk of one sequence's cache past its query rows, keeping (m_i, l_i, acc) as ``_attn_fwd`` does,
+        and writes its normalised partial output, m_i and l_i (float32);
+    stage 2, ``_decode_merge``   grid (batch * kv_heads, row blocks): folds the splits' states into the
+        output with notebook 02's merge, from the attention sinks' state where there are sinks (a partial
+        with no value), and, for cascade decoding, a shared prefix's splits too.
 
 Grouped-query attention: the query heads that share a kv head, and their new tokens, are stacked into the
-rows of one query block (row r: new token r % new_tokens), so every cached key and value is read once per
-kv head, not once per query head. The row blocks of one (sequence, split) are neighbours on grid axis 0:
-they run side by side and each cached row comes from DRAM once for all of them (absorbed MLA's 128 heads
-are two blocks of 64 rows; the second reads it from L2).
+rows of one query block (row r: new token r % new_tokens), so every cached key and value is read once per kv
+head. The row blocks of one (sequence, split) are neighbours on grid axis 0: they run side by side, each cached
+row coming from DRAM once for all of them (absorbed MLA's 128 heads: two blocks of 64, the second reads L2).
 
-Where a position's key lives is a compile-time function argument, ``KEY_ROWS``, returning each position's
-block of the cache and row in it: ``_contiguous_rows``: block b (the sequence), row j; ``_paged_rows``: page
-table[b, j // PAGE_SIZE], row j % PAGE_SIZE (PAGE_SIZE a compile-time constant: a division by a runtime
-integer costs a dozen instructions per key). The rest of the kernel is the same for both caches; a paged
-one takes more pipeline stages for as many tiles in flight (:data:`PAGED_EXTRA_STAGES`).
+Where a position's key lives is a compile-time function argument, ``KEY_ROWS``: ``_contiguous_rows`` (block b,
+the sequence; row j) or ``_paged_rows`` (page table[b, j // PAGE_SIZE], row j % PAGE_SIZE; PAGE_SIZE a
+compile-time constant, as a division by a runtime integer costs a dozen instructions per key). The rest of
+the kernel is the same for both caches.
 
 Values may have a head dim of their own (HEAD_DIM_V: MLA's). Absorbed MLA's values are its latent cache's
 first HEAD_DIM_V columns: the launcher sees v_cache as a view of k_cache's (:func:`values_in_keys`) and
@@ -29,7 +27,6 @@ passes V_FROM_K, so each cached row is loaded once, in two pieces, [value column
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -274,19 +271,17 @@ PAGED_EXTRA_STAGES = 2
 
 def decode_config(head_dim: int, dtype: torch.dtype, capability=None, head_dim_v: int | None = None,
                   paged: bool = False) -> DecodeConfig:
-    """The shipped tiles: about 32 KB of K and V per tile (memory-bound: bytes in flight are what
-    count), three stages from sm_80 on (96 KB of shared memory at most), two on sm_75 (64 KB), with
-    8 warps there (4 spilled registers at head dim 64 with a soft-cap); a paged cache
-    PAGED_EXTRA_STAGES more. Head dims past 256 (absorbed MLA's 576 for q and k, head_dim_v 512):
-    :data:`WIDE_CONFIG`, the accumulator alone (BLOCK_Q x 512 float32) needing eight warps."""
+    """The shipped tiles: about 32 KB of K and V per tile (memory-bound: bytes in flight are what count), three stages
+    from sm_80 on (96 KB of shared memory at most), two on sm_75 (64 KB), with 8 warps there (4 spilled registers at
+    head dim 64 with a soft-cap); a paged cache PAGED_EXTRA_STAGES more. Head dims past 256 (absorbed MLA's 576 for q
+    and k, head_dim_v 512): :data:`WIDE_CONFIG`, the accumulator alone (BLOCK_Q x 512 float32) needing eight warps."""
     if capability is None:  # the interpreter: tiles small enough that short test caches span several
         return DecodeConfig(32, 4, 1)
     if max(head_dim, head_dim_v or head_dim) > 256:
         config = WIDE_CONFIG
     else:
         per_tile = 128 if head_dim_pad(head_dim) <= 64 else 64 if head_dim_pad(head_dim) <= 128 else 32
-        if dtype == torch.float32:
-            per_tile //= 2
+        per_tile //= 2 if dtype == torch.float32 else 1
         config = DecodeConfig(max(16, per_tile // 2), 8, 2) if tuple(capability) < (8, 0) else DecodeConfig(per_tile, 4, 3)
     return config._replace(num_stages=config.num_stages + PAGED_EXTRA_STAGES) if paged else config
 
@@ -294,17 +289,16 @@ def decode_config(head_dim: int, dtype: torch.dtype, capability=None, head_dim_v
 def choose_num_splits(programs: int, keys: int, sm_count: int | None) -> int:
     """The number of splits ``num_splits=None`` picks.
 
-    programs: the programs one split launches (batch x kv_heads x query row blocks); keys: the
-    longest span a query can see (the cache's capacity, or the window's); sm_count: the GPU's
-    streaming multiprocessors, None for Triton's CPU interpreter (which runs programs one at a
-    time, so splitting gains nothing there: 1). On a GPU, as many splits as one wave of
-    PROGRAMS_PER_SM programs per multiprocessor holds (a second wave, partly filled, would take as long
+    programs: the programs one split launches (batch x kv_heads x query row blocks); keys: the longest span
+    a query can see (the cache's capacity, or the window's); sm_count: the GPU's multiprocessors, None for
+    Triton's CPU interpreter (programs one at a time: splitting gains nothing, 1). On a GPU, as many splits
+    as one wave of PROGRAMS_PER_SM programs per multiprocessor holds (a part-filled second wave takes as long
     as the first), no more than keys / MIN_KEYS_PER_SPLIT, at most MAX_SPLITS:
 
         num_splits = clamp(min(floor(2 * sm_count / programs), ceil(keys / 256)), 1, 64)
 
-    e.g. an H200 (132 multiprocessors), 8 kv heads, one query row block, 64k keys: batch 1
-    gives 33 splits (264 programs), batch 8 gives 4 (256 programs).
+    e.g. an H200 (132 multiprocessors), 8 kv heads, one query row block, 64k keys: batch 1 gives 33 splits
+    (264 programs), batch 8 gives 4 (256 programs).
     """
     if sm_count is None or programs < 1:
         return 1
@@ -313,36 +307,29 @@ def choose_num_splits(programs: int, keys: int, sm_count: int | None) -> int:
 
 
 def row_block(rows: int, head_dim_v: int = 0, capability=None) -> int:
-    """BLOCK_Q for ``rows`` stacked query rows: a power of two, >= 16 (tl.dot's minimum), <= 64. Where the
-    values are wider than 256 (absorbed MLA's 512): 64 on sm_90 (a warpgroup's wgmma rows: 250 registers
-    at 8 warps, no spill), 32 before it (a 64 x 512 float32 accumulator spills on sm_80 at any warp
-    count, data/bench/LOG.md 2026-12-02)."""
+    """BLOCK_Q for ``rows`` stacked query rows: a power of two, >= 16 (tl.dot's minimum), <= 64. Where the values are
+    wider than 256 (absorbed MLA's 512): 64 on sm_90 (a warpgroup's wgmma rows: 250 registers at 8 warps, no spill),
+    32 before it (a 64 x 512 float32 accumulator spills on sm_80 at any warp count, data/bench/LOG.md 2026-12-02)."""
     hopper = capability is not None and tuple(capability) >= (9, 0)
     most = MAX_BLOCK_Q if head_dim_v <= 256 or hopper else MAX_BLOCK_Q // 2
     return min(most, max(16, 1 << max(rows - 1, 0).bit_length()))
 
 
-def sm_count(device: torch.device):
-    """Streaming multiprocessors of a CUDA device (cached); None for the interpreter's CPU tensors."""
-    if device.type != "cuda" or interpreting():
-        return None
-    return _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
-def _multiprocessors(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def device_target(device: torch.device) -> tuple:
     """(compute capability, multiprocessors) the launches are shaped for; (None, None) in the interpreter."""
-    sms = sm_count(device)
-    return (None, None) if sms is None else (tuple(torch.cuda.get_device_capability(device)), sms)
+    if device.type != "cuda" or interpreting():
+        return None, None
+    props = torch.cuda.get_device_properties(device)
+    return (props.major, props.minor), props.multi_processor_count
+
+
+def sm_count(device: torch.device):
+    """Streaming multiprocessors of a CUDA device; None for the interpreter's CPU tensors."""
+    return device_target(device)[1]
 
 
 class LaunchShape(NamedTuple):
-    """What one batch layout launches (:func:`launch_shape`): stage 1's tiles, its query row block and
-    split count, both stages' grids and stage 2's warps."""
+    """What one batch layout launches (:func:`launch_shape`): tiles, row blocks, split count, grids, warps."""
 
     config: DecodeConfig
     block_q: int
@@ -373,9 +360,8 @@ def launch_shape(batch: int, kv_heads: int, rows: int, keys: int, head_dim: int,
 
 
 def default_num_splits(q, k_cache, block_table=None, span: int | None = None, head_dim_v: int = 0) -> int:
-    """What ``num_splits=None`` gives for these inputs (:func:`launch_shape`): the programs of one split,
-    batch x kv_heads x row blocks, and the most keys the queries see, the cache's capacity (no lengths
-    are read on the host) or ``span``."""
+    """What ``num_splits=None`` gives for these inputs (:func:`launch_shape`), for the most keys the queries see:
+    the cache's capacity (no lengths are read on the host) or ``span``."""
     batch, q_heads, new_tokens, d = q.shape
     kv_heads = k_cache.shape[1]
     keys = k_cache.shape[2] * (block_table.shape[1] if block_table is not None else 1)
@@ -406,13 +392,11 @@ class DecodeLaunch:
     no synchronisation, no value read on the host: a CUDA graph can capture it), on tensors of that layout.
 
     q (batch, q_heads, new_tokens, d); k_cache, v_cache (batch, kv_heads, capacity, d and dv), or paged with
-    block_table, last dims contiguous; options: the call's (flashlib.options); score: its score function
-    compiled (:func:`flashlib.kernels.function.kernel_score`: soft-capping is one), told each new token's
-    position in its sequence; config: stage 1's tiles (default :func:`decode_config`); new_tokens, starts
-    (batch,) int32: each sequence's new tokens and first position (default q's new_tokens, 0). Cascade
-    decoding: ``stacked`` makes a shared prefix's pass, stage 1 alone over the prefix (k_cache (1, kv_heads,
-    prefix_len, d)), its query rows every sequence's rows of a kv head (read in place from q); ``prefix``:
-    such a launch, whose splits this one's merge folds in.
+    block_table, last dims contiguous; options: the call's; score: its score function compiled
+    (:func:`flashlib.kernels.function.kernel_score`); config: stage 1's tiles (default :func:`decode_config`);
+    new_tokens, starts (batch,) int32: each sequence's new tokens and first position (default q's, 0).
+    ``stacked``: a cascade's shared prefix's pass, stage 1 alone over the prefix (k_cache (1, kv_heads,
+    prefix_len, d)), its query rows every sequence's rows of a kv head; ``prefix``: such a launch, to merge in.
     """
 
     def __init__(self, q, k_cache, v_cache, *, options: Options, score=None, block_table=None, num_splits=None,
@@ -451,18 +435,23 @@ class DecodeLaunch:
         new_tokens = torch.full((launches,), n, dtype=torch.int32, device=q.device) if new_tokens is None else new_tokens
         starts = torch.zeros(launches, dtype=torch.int32, device=q.device) if starts is None else starts
         shared = values_in_keys(k_cache, v_cache)
-        self._split_args = (
-            options.scale * LOG2E, options.scale, int(options.causal), options.rule_numbers, *q_strides, k_cache.stride(0),
-            k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            block_table.stride(0) if paged else 0, self.partial.stride(0), self.partial.stride(1), kv_heads, splits,
-            self.rows, rows, n, d, dv)
+        self._split_args = (options.scale * LOG2E, options.scale, int(options.causal), options.rule_numbers, *q_strides,
+                            *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0) if paged else 0,
+                            *self.partial.stride()[:2], kv_heads, splits, self.rows, rows, n, d, dv)
         # V_FROM_K: HEAD_DIM_PAD pads the key's own columns, past the dv it shares with the values
         self._split_kw = dict(
             PAGE_SIZE=k_cache.shape[2] if paged else 1, HEAD_DIM_PAD=head_dim_pad(d - dv) if shared else head_dim_pad(d),
             HEAD_DIM_V_PAD=head_dim_pad(dv), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
             KEY_ROWS=_paged_rows if paged else _contiguous_rows, INPUT_PRECISION="tf32",
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, V_FROM_K=shared, **score_args(score))
-        self._runs = self._split_runs(launches, kv_heads, splits, new_tokens, starts)
+        # grid axis 2, batch x kv_heads, takes at most 65,535 on CUDA (rules.row_chunks): a larger batch launches in
+        # runs of whole sequences, each on views of what stage 1 indexes by sequence
+        self._runs = []
+        for run in row_chunks(launches * kv_heads, kv_heads):
+            seqs = slice(run.start // kv_heads, run.stop // kv_heads)
+            parts = slice(run.start * splits, run.stop * splits)
+            self._runs.append(((self.shape.split_grid[0], splits, run.stop - run.start), run, seqs, self.partial[parts],
+                               self.partial_ml[parts], new_tokens[seqs], starts[seqs]))
         check_grid(DECODE_FN, self._runs[0][0], q.device, ("query row blocks (query heads per kv head x new tokens)",
                                                            "num_splits", "batch x kv_heads"))  # the largest run
         extra = {} if options.sinks is None else dict(Sinks=options.sinks.to(torch.float32).contiguous())
@@ -474,23 +463,10 @@ class DecodeLaunch:
         self._merge_kw = dict(HEAD_DIM_PAD=head_dim_pad(dv), BLOCK_Q=self.shape.merge_block_q,
                               num_warps=self.shape.merge_warps, num_stages=1, KV_HEADS=kv_heads, NEW_TOKENS=n, **extra)
 
-    def _split_runs(self, batch, kv_heads, splits, new_tokens, starts):
-        """Stage 1's launches: grid axis 2 holds batch x kv_heads and CUDA takes at most 65,535 there
-        (rules.row_chunks), so a larger batch is launched in runs of whole sequences, each on views of
-        what the kernel indexes by sequence (queries, lengths, block table or contiguous cache, partials)."""
-        runs = []
-        for run in row_chunks(batch * kv_heads, kv_heads):
-            seqs = slice(run.start // kv_heads, run.stop // kv_heads)
-            parts = slice(run.start * splits, run.stop * splits)
-            grid = (self.shape.split_grid[0], splits, run.stop - run.start)
-            runs.append((grid, run, seqs, self.partial[parts], self.partial_ml[parts], new_tokens[seqs], starts[seqs]))
-        return runs
-
     def __call__(self, q, k_cache, v_cache, seqlens, block_table=None, out=None):
-        """Launch both stages (stage 1 alone for a prefix's pass) on tensors of the layout this was made
-        for; seqlens (batch,) int32 contiguous. Returns (out, lse): out (batch, q_heads, new_tokens, dv) in
-        q's dtype (``out``, or this launch's own buffer, which the next call overwrites) and lse (batch,
-        q_heads, new_tokens) float32, natural log (this launch's buffer); None for a prefix's pass."""
+        """Launch both stages (a prefix's pass: stage 1 alone, returning None); seqlens (batch,) int32 contiguous.
+        Returns out (batch, q_heads, new_tokens, dv) in q's dtype (``out``, or this launch's buffer, which the
+        next call overwrites) and lse (batch, q_heads, new_tokens) float32, natural log (this launch's buffer)."""
         if self.empty:
             return self.out, self.lse
         if self._q_copy is not None:
@@ -528,9 +504,8 @@ def _viewed(t: torch.Tensor, shape) -> bool:
 
 
 def as_kernels_read(batch):
-    """A call's tensors (:class:`flashlib.kvcache.Batch`) as stage 1 reads them: the caches' last dims
-    contiguous; each sequence's length (new tokens included), new tokens (up to q's, the rows' stride) and
-    first position (left padding before it) int32 and contiguous; the block table contiguous (t[::2] copied)."""
+    """A call's tensors (:class:`flashlib.kvcache.Batch`) as stage 1 reads them: the caches' last dims, the
+    block table and each sequence's seqlens, new_tokens and starts (int32) contiguous (views like t[::2] copied)."""
     k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (batch.k_cache, batch.v_cache))
     table = None if batch.block_table is None else batch.block_table.contiguous()
     return batch._replace(k_cache=k_cache, v_cache=v_cache, block_table=table, **{

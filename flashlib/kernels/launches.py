@@ -43,9 +43,8 @@ def _round_up(x: int, unit: int) -> int:
 
 
 def residency(registers: int, shared: int, num_warps: int, gpu: GPU = H200) -> dict:
-    """Programs of a kernel an SM holds at once, and what limits them: {"programs", "by_registers",
-    "by_shared", "by_warps", "by_slots", "limit"} for ``registers`` per thread, ``shared`` bytes per program
-    and ``num_warps`` warps per program."""
+    """Programs of a kernel (``registers`` per thread, ``shared`` bytes and ``num_warps`` warps per program) an SM
+    holds at once, and what limits them: {"programs", "by_registers", "by_shared", "by_warps", "by_slots", "limit"}."""
     per_warp = _round_up(registers * 32, gpu.register_unit)
     warps = gpu.registers // per_warp // gpu.warp_granularity * gpu.warp_granularity
     bounds = dict(by_registers=warps // num_warps,
