@@ -1,10 +1,9 @@
 """Decoding with a KV cache: a few new queries against a long cache, cut into chunks and merged.
 
-A model that generates text runs one step per new token. The keys and values of earlier
-positions never change, so they are kept in a **KV cache** and each step computes q, k, v for
-its new tokens only, appends k and v to the cache and attends over all of it. Per step, the
-work is a few query rows against L cached keys: the cache is read once, and each byte of it
-takes part in only a few multiply-adds, so decoding is bound by memory bandwidth.
+A model that generates text runs one step per new token. The keys and values of earlier positions never
+change, so they are kept in a **KV cache**: each step computes q, k, v for its new tokens only, appends k and
+v to the cache and attends over all of it, a few query rows against L cached keys. The cache is read once and
+each byte of it takes part in only a few multiply-adds, so decoding is bound by memory bandwidth.
 
 Conventions (flash-attn's ``flash_attn_with_kvcache``, vLLM's paged cache):
 
@@ -12,17 +11,14 @@ Conventions (flash-attn's ``flash_attn_with_kvcache``, vLLM's paged cache):
     k/v cache      (batch, kv_heads, capacity, head_dim)    contiguous: a slot per position
                    (num_pages, kv_heads, page_size, head_dim) with block_table (batch, max_pages)
                    int32: position j of sequence b lives in page block_table[b, j // page_size]
-    cache_seqlens  (batch,) int32: valid positions of each sequence, its new tokens included
-                   (before the call when it appends them: k_new, flashlib.kvcache); with
-                   o = cache_seqlens[b] - new_tokens, query i sits at position o + i and
-                   sees key j iff j <= o + i (and j >= o + i - left with window=(left, right))
+    cache_seqlens  (batch,) int32: valid positions of each sequence, its new tokens included; query i
+                   sits at position cache_seqlens[b] - new_tokens + i (:func:`decode_attention`)
     GQA            q_heads a multiple of kv_heads; query head h reads kv head h // (q_heads // kv_heads)
 
 Split-KV (Flash-Decoding): each sequence's visible keys are cut into ``num_splits`` chunks
-(:func:`split_bounds`); each chunk gives a partial output and its log-sum-exp, and notebook 02's
-:func:`flashlib.merge_partials` combines them. :func:`decode_reference` does this in plain PyTorch
-(a loop over chunks); :func:`decode_attention` runs the two Triton kernels of
-:mod:`flashlib.kernels.decode` (compiled on a GPU, interpreted on a CPU), imported on first use.
+(:func:`split_bounds`), each giving a partial output and its log-sum-exp, which notebook 02's
+:func:`flashlib.merge_partials` combines: :func:`decode_reference` in plain PyTorch (a loop over chunks),
+:func:`decode_attention` with the two Triton kernels of :mod:`flashlib.kernels.decode` (imported on first use).
 """
 from __future__ import annotations
 
@@ -60,11 +56,12 @@ def _check_tensor(fn, name, t, ndim):
         raise ValueError(f"{fn}: argument '{name}' must have {ndim} dims, got shape {tuple(t.shape)}")
 
 
-def _check_int32(fn, name, t, shape, device, what):
-    """An index tensor the kernels read: int32, any strides (decode_forward makes it contiguous)."""
+def _check_int32(fn, name, t, ndim, batch, device, what):
+    """An index tensor the kernels read, a row per sequence: int32, any strides (the kernels read a contiguous copy)."""
+    _check_tensor(fn, name, t, ndim)
     check_index_tensor(fn, name, t, device, what=what)
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{fn}: argument '{name}' has shape {tuple(t.shape)}; expected {shape}")
+    if t.shape[0] != batch:
+        raise ValueError(f"{fn}: argument '{name}' has shape {tuple(t.shape)}; expected {(batch, *t.shape[1:])}")
 
 
 def _check_caches(fn, q, k_cache, v_cache, block_table):
@@ -81,9 +78,8 @@ def _check_caches(fn, q, k_cache, v_cache, block_table):
     if not q.is_floating_point():
         raise TypeError(f"{fn}: argument 'q' has dtype {q.dtype}; expected a floating-point dtype")
     if k_cache.shape[:-1] != v_cache.shape[:-1] or v_cache.shape[-1] < 1:
-        raise ValueError(f"{fn}: arguments 'k_cache' {tuple(k_cache.shape)} and 'v_cache' "
-                         f"{tuple(v_cache.shape)} must have the same shape but for the head dim (v's may differ, "
-                         "as MLA's, and is >= 1)")
+        raise ValueError(f"{fn}: arguments 'k_cache' {tuple(k_cache.shape)} and 'v_cache' {tuple(v_cache.shape)} "
+                         "must have the same shape but for the head dim (v's may differ, as MLA's, and is >= 1)")
     batch, q_heads, _, head_dim = q.shape
     blocks, kv_heads, block_len, cache_dim = k_cache.shape
     if cache_dim != head_dim or head_dim < 1:
@@ -97,12 +93,11 @@ def _check_caches(fn, q, k_cache, v_cache, block_table):
                          "heads must be a multiple of the key/value heads (grouped-query attention)")
     if block_table is None:
         if blocks != batch:
-            raise ValueError(f"{fn}: argument 'k_cache' holds {blocks} sequences but 'q' has batch {batch}; "
-                             "a contiguous cache is (batch, kv_heads, capacity, head_dim) (pass "
-                             "'block_table' for a paged cache)")
+            raise ValueError(f"{fn}: argument 'k_cache' holds {blocks} sequences but 'q' has batch {batch}; a "
+                             "contiguous cache is (batch, kv_heads, capacity, head_dim) (pass 'block_table' for a "
+                             "paged cache)")
         return block_len, block_len
-    _check_tensor(fn, "block_table", block_table, 2)
-    _check_int32(fn, "block_table", block_table, (batch, block_table.shape[1]), q.device, "page numbers")
+    _check_int32(fn, "block_table", block_table, 2, batch, q.device, "page numbers")
     if blocks < 1 or block_len < 1:
         raise ValueError(f"{fn}: argument 'k_cache' has shape {tuple(k_cache.shape)}; a paged cache is "
                          "(num_pages >= 1, kv_heads, page_size >= 1, head_dim)")
@@ -110,22 +105,17 @@ def _check_caches(fn, q, k_cache, v_cache, block_table):
 
 
 def _check_num_splits(fn, num_splits, name="num_splits"):
-    if num_splits is None:
-        return None
-    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral)):
         raise TypeError(f"{fn}: argument '{name}' must be None or an int >= 1, got {num_splits!r}")
-    if num_splits < 1:
+    if num_splits is not None and num_splits < 1:
         raise ValueError(f"{fn}: argument '{name}' is {num_splits}; it must be >= 1 (or None to choose)")
-    return int(num_splits)
 
 
 def check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, *, block_table, num_splits, causal=True, scale=None,
                         window=None, softcap=None, score_mod=None, sinks=None, attention_chunk=None) -> DecodeArgs:
-    """Everything about a call that its shapes, dtypes and options say (no values read); q (batch,
-    q_heads, new_tokens, head_dim), a mixed batch's already spread (flashlib.kvcache)."""
+    """Everything its shapes, dtypes and options say of a call (no values read); a mixed batch's q already spread."""
     page_size, capacity = _check_caches(fn, q, k_cache, v_cache, block_table)
-    _check_tensor(fn, "cache_seqlens", cache_seqlens, 1)
-    _check_int32(fn, "cache_seqlens", cache_seqlens, (q.shape[0],), q.device, "lengths")
+    _check_int32(fn, "cache_seqlens", cache_seqlens, 1, q.shape[0], q.device, "lengths")
     _check_num_splits(fn, num_splits)
     if not isinstance(causal, bool):
         raise TypeError(f"{fn}: argument 'causal' must be True or False, got {causal!r}")
@@ -159,19 +149,20 @@ def check_decode_values(fn, batch: Batch, args: DecodeArgs, num_pages: int, tabl
         raise ValueError(f"{fn}: argument 'cache_leftpad' is {wrong[0][1]} for sequence {wrong[0][0]}, outside its "
                          f"{values[wrong[0][0]]} valid positions; a sequence starts at 0 .. its length")
     b, j = (int(x) for x in bad_pages.nonzero()[0])
-    raise ValueError(f"{fn}: argument '{table_name}' sends page {j} of sequence {b} to "
-                     f"{int(block_table[b, j])}, outside the cache's {num_pages} "
-                     f"{'rows' if table_name == 'cache_batch_idx' else 'pages'}; entries for what a sequence uses "
-                     f"must lie in 0..{num_pages - 1}")
+    raise ValueError(f"{fn}: argument '{table_name}' sends page {j} of sequence {b} to {int(block_table[b, j])}, "
+                     f"outside the cache's {num_pages} {'rows' if table_name == 'cache_batch_idx' else 'pages'}; "
+                     f"entries for what a sequence uses must lie in 0..{num_pages - 1}")
 
 
-def _check_inference(fn, **tensors):
+def _check_kernel_call(fn, **tensors):
+    """A call on the kernels: no tensor requires grad (decoding is inference only); q as :func:`_check_kernel_q`."""
     if torch.is_grad_enabled():
         for name, t in tensors.items():
             if t is not None and t.requires_grad:
                 raise ValueError(f"{fn}: argument '{name}' requires grad, but decoding is inference only "
                                  "(there is no backward); call it under torch.no_grad() or "
                                  f"torch.inference_mode(), or pass {name}.detach()")
+    _check_kernel_q(fn, tensors["q"])
 
 
 # ----- the pieces the reference and the kernels share -------------------------------------
@@ -184,10 +175,10 @@ def split_bounds(seqlen: int, new_tokens: int, num_splits: int, *, rule: Visibil
                  block: int = 1, start: int = 0) -> list[tuple[int, int]]:
     """[start, stop) of each of the ``num_splits`` chunks of one sequence's keys.
 
-    The keys any of its queries can see, [first, seqlen) (first = the sequence's start, or where the
-    first new token's keys start under ``rule`` (its window, its chunk) if later, rounded down to a multiple of ``block``), are cut into chunks of
-    ceil(span / num_splits) keys rounded up to a multiple of ``block`` (the kernels' BLOCK_K, so
-    that no tile straddles two chunks); trailing chunks may be empty (start == stop).
+    The keys any of its queries can see, [first, seqlen) (first: the sequence's start, or where the first
+    new token's keys start under ``rule``, its window or chunk, if later; rounded down to a multiple of
+    ``block``), are cut into chunks of ceil(span / num_splits) keys rounded up to a multiple of ``block``
+    (the kernels' BLOCK_K: no tile straddles two chunks); trailing chunks may be empty (start == stop).
     """
     # the new tokens are the last queries of the cache: the forward's rule with seq_q = new_tokens,
     # seq_k = seqlen - start, positions from the sequence's start; its first row's key range
@@ -198,39 +189,29 @@ def split_bounds(seqlen: int, new_tokens: int, num_splits: int, *, rule: Visibil
 
 
 def gather_cache(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """A paged cache's first ``length`` positions of every sequence, laid out contiguously:
-    (num_pages, kv_heads, page_size, d) with block_table (batch, max_pages) -> (batch, kv_heads, length, d).
-    Reads only the pages those positions use."""
-    page_size = cache.shape[2]
-    n_pages = _cdiv(length, page_size)
-    pages = cache[block_table[:, :n_pages].long()]  # (B, n_pages, Hkv, page_size, d)
-    batch, _, kv_heads, _, d = pages.shape
-    return pages.transpose(1, 2).reshape(batch, kv_heads, n_pages * page_size, d)[:, :, :length]
+    """A paged cache's first ``length`` positions of every sequence, contiguous, reading only their pages:
+    (num_pages, kv_heads, page_size, d) with block_table (batch, max_pages) -> (batch, kv_heads, length, d)."""
+    pages = cache[block_table[:, :_cdiv(length, cache.shape[2])].long()]  # (B, n_pages, Hkv, page_size, d)
+    return pages.transpose(1, 2).flatten(2, 3)[:, :, :length]
 
 
 def paged_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, page_size: int, *, spare_pages: int = 0,
                 generator: torch.Generator | None = None):
-    """A contiguous cache (batch, kv_heads, capacity, d) copied into pages scattered at random (v_cache's
-    d may differ from k_cache's).
-
-    Returns (k_pages, v_pages, block_table): pages (num_pages, kv_heads, page_size, d) with
-    num_pages = batch * ceil(capacity / page_size) + spare_pages (spare pages hold zeros and
-    belong to no sequence), and block_table (batch, ceil(capacity / page_size)) int32. The
-    positions past capacity in a sequence's last page are zeros."""
+    """A contiguous cache (batch, kv_heads, capacity, d) copied into pages scattered at random (v_cache's d may differ
+    from k_cache's). Returns (k_pages, v_pages, block_table): pages (num_pages, kv_heads, page_size, d), num_pages =
+    batch * ceil(capacity / page_size) + spare_pages (spare pages hold zeros and belong to no sequence; so do the
+    positions past capacity), and block_table (batch, ceil(capacity / page_size)) int32."""
     batch, kv_heads, capacity, _ = k_cache.shape
     per_seq = _cdiv(capacity, page_size)
     num_pages = batch * per_seq + spare_pages
     order = torch.randperm(num_pages, generator=generator)[: batch * per_seq].to(k_cache.device)
     block_table = order.reshape(batch, per_seq).to(torch.int32)
     out = []
-    for cache in (k_cache, v_cache):
-        d = cache.shape[-1]  # v's may differ (MLA)
-        padded = torch.zeros(batch, kv_heads, per_seq * page_size, d, dtype=cache.dtype, device=cache.device)
-        padded[:, :, :capacity] = cache
-        pages = torch.zeros(num_pages, kv_heads, page_size, d, dtype=cache.dtype, device=cache.device)
-        # (B, Hkv, per_seq, P, d) -> (B * per_seq, Hkv, P, d), in block-table order
-        pages[order] = padded.reshape(batch, kv_heads, per_seq, page_size, d).transpose(1, 2).reshape(
-            batch * per_seq, kv_heads, page_size, d)
+    for cache in (k_cache, v_cache):  # v's head dim may differ (MLA)
+        padded = torch.nn.functional.pad(cache, (0, 0, 0, per_seq * page_size - capacity))
+        pages = cache.new_zeros(num_pages, kv_heads, page_size, cache.shape[-1])
+        # (B, Hkv, per_seq * P, d) -> (B * per_seq, Hkv, P, d), in block-table order
+        pages[order] = padded.unflatten(2, (per_seq, page_size)).transpose(1, 2).flatten(0, 1)
         out.append(pages)
     return out[0], out[1], block_table
 
@@ -246,12 +227,10 @@ def kv_cache_bytes(*, layers: int, batch: int, kv_heads: int, tokens: int, head_
 def chunk_attention(q, k, v, positions, offset: int, options: Options, *, start: int = 0, batch_row: int = 0):
     """Attention of one sequence's new queries over one chunk of its keys: (out, lse).
 
-    q (heads, new_tokens, d); k, v (heads, chunk, d) with their cache positions ``positions``
-    (chunk,), consecutive; query i sits at position offset + i; the sequence starts at ``start``
-    (keys before it are not seen). out is normalised over the chunk alone and lse (heads,
-    new_tokens) is its log-sum-exp, -inf (with out = 0) where a row sees none of it. options: the
-    call's (causal, scale, window, score function: told batch_row, the head and the positions
-    counted from the sequence's start).
+    q (heads, new_tokens, d); k, v (heads, chunk, d) at the consecutive cache positions ``positions`` (chunk,); query
+    i sits at position offset + i; the sequence starts at ``start`` (no key before it is seen). out is normalised over
+    the chunk alone, lse (heads, new_tokens) its log-sum-exp, -inf (out 0) where a row sees none of it. options: the
+    call's (a score function is told batch_row, the head and the positions counted from the sequence's start).
     """
     s = (q @ k.transpose(-2, -1)) * options.scale  # (H, Nnew, chunk)
     if options.score_function is not None and s.numel():
@@ -268,21 +247,13 @@ def chunk_attention(q, k, v, positions, offset: int, options: Options, *, start:
     return torch.exp(s - shift[..., None]) @ v, lse
 
 
-def _sequence(cache, block_table, b: int, length: int, paged: bool):
-    """Sequence b's first ``length`` cached positions, (kv_heads, length, d)."""
-    if paged:
-        return gather_cache(cache, block_table[b:b + 1], length)[0]
-    return cache[b, :, :length]
-
-
 def decode_partials(q, k_cache, v_cache, cache_seqlens, *, num_splits: int = 1, block_table=None, **options):
     """Each sequence's partial results, one per chunk of :func:`split_bounds`, in plain PyTorch.
 
-    Returns a list over the batch of lists over the splits of (start, stop, out, lse): out
-    (q_heads, new_tokens, d) is attention over keys [start, stop) alone, lse (q_heads, new_tokens)
-    its log-sum-exp (a mixed batch's padding rows, past a sequence's own new tokens, see nothing).
-    Computed in float64 for float64 inputs, else in float32. options: those of
-    :func:`decode_attention` (its KV-cache arguments too: the new keys are written first)."""
+    Returns a list over the batch of lists over the splits of (start, stop, out, lse): out (q_heads,
+    new_tokens, d) is attention over keys [start, stop) alone, lse (q_heads, new_tokens) its log-sum-exp
+    (a mixed batch's padding rows, past a sequence's own new tokens, see nothing). In float64 for float64
+    inputs, else float32. options: :func:`decode_attention`'s (its KV-cache contract's too)."""
     batch, args = _prepared(REFERENCE_FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, options)
     return _partials(batch, args, num_splits or 1)
 
@@ -294,9 +265,9 @@ def _partials(batch: Batch, args: DecodeArgs, num_splits: int):
     result = []
     where = zip(*(t.tolist() for t in (batch.seqlens, batch.new_tokens, batch.starts)))
     for b, (seqlen, n, start) in enumerate(where):
-        # (kv_heads, seqlen, d) -> (q_heads, seqlen, d): query head h reads kv head h // group
-        k, v = (_sequence(c, batch.block_table, b, seqlen, args.paged).to(work).repeat_interleave(group, dim=0)
-                for c in (batch.k_cache, batch.v_cache))
+        # its cached (kv_heads, seqlen, d) -> (q_heads, seqlen, d): query head h reads kv head h // group
+        k, v = ((gather_cache(c, batch.block_table[b:b + 1], seqlen)[0] if args.paged else c[b, :, :seqlen])
+                .to(work).repeat_interleave(group, dim=0) for c in (batch.k_cache, batch.v_cache))
         parts = []
         for lo, hi in split_bounds(seqlen, n, num_splits, rule=args.options.visibility, start=start):
             positions = torch.arange(lo, hi, device=q.device)
@@ -313,10 +284,9 @@ def _prepared(fn, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, o
     """(the call's Batch after its append, its DecodeArgs): the KV-cache arguments read by
     flashlib.kvcache, the rest checked, the values checked before anything is written."""
     contract = {name: options.pop(name) for name in KVCACHE_ARGUMENTS if name in options}
-    causal, window = options.get("causal", True), options.get("window") or (-1, -1)
-    contract["attention_chunk"] = options.get("attention_chunk")
-    batch = kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
-                            window=window, **contract)
+    batch = kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table, **contract,
+                            causal=options.get("causal", True), window=options.get("window") or (-1, -1),
+                            attention_chunk=options.get("attention_chunk"))
     args = check_decode_inputs(fn, batch.q, k_cache, v_cache, cache_seqlens, block_table=batch.block_table,
                                num_splits=num_splits, **options)
     table_name = "cache_batch_idx" if contract.get("cache_batch_idx") is not None else "block_table"
@@ -330,26 +300,22 @@ KVCACHE_ARGUMENTS = ("k_new", "v_new", "rotary_cos", "rotary_sin", "rotary_inter
 
 def decode_reference(q, k_cache, v_cache, cache_seqlens, *, num_splits: int = 1, block_table=None,
                      return_lse: bool = False, **options):
-    """:func:`decode_attention` in plain PyTorch: the chunks of :func:`decode_partials` folded
+    """:func:`decode_attention` in plain PyTorch, every argument of it: the chunks of :func:`decode_partials` folded
     with notebook 02's :func:`flashlib.merge_partials`, and the attention sinks, if any, with
-    :func:`flashlib.softmax.merge_sink` (a partial with no value). Any device and dtype; the result
-    in q's dtype (computed in float64 for float64, else float32); lse (batch, q_heads, new_tokens)
-    (flash-attn's packed (q_heads, total_q) with cu_seqlens_q). Takes every argument of
-    :func:`decode_attention`, its KV-cache contract's too."""
+    :func:`flashlib.softmax.merge_sink` (a partial with no value). Any device and dtype; the result in q's dtype
+    (computed in float64 for float64, else float32); lse (batch, q_heads, new_tokens) (packed: (q_heads, total_q))."""
     batch, args = _prepared(REFERENCE_FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, options)
-    outs, lses = [], []
+    merged = []
     for parts in _partials(batch, args, num_splits or 1):
         _, _, out, lse = parts[0]
         for _, _, part_out, part_lse in parts[1:]:
             out, lse = merge_partials(out, lse, part_out, part_lse)
-        out, lse = merge_sink(out, lse, args.options.sinks)
-        outs.append(out)
-        lses.append(lse)
-    if not outs:  # batch 0
+        merged.append(merge_sink(out, lse, args.options.sinks))
+    if not merged:  # batch 0
         out = batch.q.new_zeros(*batch.q.shape[:-1], batch.v_cache.shape[-1])
         lse = batch.q.new_zeros(batch.q.shape[:-1], dtype=torch.float32)
-    else:
-        out, lse = torch.stack(outs).to(q.dtype), torch.stack(lses)  # (B, Hq, Nnew, d), (B, Hq, Nnew)
+    else:  # (B, Hq, Nnew, d), (B, Hq, Nnew)
+        out, lse = torch.stack([o for o, _ in merged]).to(q.dtype), torch.stack([lse for _, lse in merged])
     out, lse = batch.unpack(out, lse)
     return (out, lse) if return_lse else out
 
@@ -360,9 +326,8 @@ MAX_HEAD_DIM = 576  # the decoding kernels' widest q and k: absorbed MLA's laten
 
 
 def _check_kernel_q(fn, q):
-    """The fused kernels' checks of q (dtype, device) with decoding's own head-dim limit: the split kernel
-    takes absorbed MLA's 576 (one query row block's tile, never a whole sequence's); says how to get
-    Triton where it is missing."""
+    """The fused kernels' checks of q (dtype, device, Triton there) with decoding's own head-dim limit: the
+    split kernel takes absorbed MLA's 576 (one query row block's tile, never a whole sequence's)."""
     from .kernels._mode import require_triton
 
     require_triton()
@@ -382,9 +347,6 @@ def _check_kernel_q(fn, q):
 
 # ----- plan once, run many ---------------------------------------------------------------------------
 
-PLAN_FN = "DecodePlan"
-
-
 def _layout(t):
     """What a plan's launches fix of a tensor: its shape, strides, dtype and device (and that it needs no grad)."""
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
@@ -397,67 +359,78 @@ def _describe(layout) -> str:
     return f"shape {tuple(shape)}, strides {stride}, {dtype} on {device}" + (", requiring grad" if grad else "")
 
 
-def _refuse(fn, names, got, want):
-    """The ValueError of a run given tensors of another layout than its plan's: the first that differs, named."""
-    name, g, w = next((n, g, w) for n, g, w in zip(names, got, want) if g != w)
-    raise ValueError(f"{fn}.run: argument '{name}' has {_describe(g)}, but the plan was made for {_describe(w)}; "
-                     f"make a {fn} for this layout (its launches carry the shapes and strides it was made with)")
-
-
-def _contiguous_layout(fn, **tensors):
-    """What a plan reads in place: the caches' and block table's last dims, the lengths, contiguous."""
-    for name, t in tensors.items():
+def _planned(fn, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, prefix: dict, **options):
+    """A plan's checks of its example call, on a cache already written and read in place: (its Batch, its
+    DecodeArgs); prefix: a cascade's shared prefix_k and prefix_v, checked alike."""
+    _check_kernel_call(fn, q=q, **prefix, k_cache=k_cache, v_cache=v_cache, sinks=options.get("sinks"))
+    args = check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table, num_splits=num_splits,
+                               **options)
+    for name, t in dict(prefix, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
+                        block_table=block_table).items():
         if t is not None and t.stride(-1) != 1:
             raise ValueError(f"{fn}: argument '{name}' has strides {t.stride()}; a plan reads it in place, so its "
                              f"last dim must be contiguous: pass {name}.contiguous()")
+    batch = kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=args.options.causal,
+                            window=args.options.window, attention_chunk=args.options.attention_chunk).write()
+    check_decode_values(fn, batch, args, k_cache.shape[0])
+    return batch, args
 
 
-class DecodePlan:
+class _Plan:
+    """What both plans share: made for a call already checked (:meth:`_of`), and a run's tensors held to
+    the layouts the plan was made for (``NAMES``, ``_layouts``)."""
+
+    @classmethod
+    def _of(cls, fn, *args, **kwargs):
+        """The plan of a call that names itself ``fn`` (decode_attention, cascade_attention)."""
+        plan = cls.__new__(cls)
+        plan._build(fn, *args, **kwargs)
+        return plan
+
+    def _check_run(self, tensors, out):
+        """The ValueError of a run given tensors (or an ``out``) of another layout than the plan's: the first named."""
+        got = tuple(map(_layout, (*tensors, out)))
+        want = (*self._layouts, None if out is None else _layout(self.out))
+        if got != want:
+            name, g, w = next((n, g, w) for n, g, w in zip((*self.NAMES, "out"), got, want) if g != w)
+            fn = type(self).__name__
+            raise ValueError(f"{fn}.run: argument '{name}' has {_describe(g)}, but the plan was made for "
+                             f"{_describe(w)}; make a {fn} for this layout (its launches carry the shapes and "
+                             "strides it was made with)")
+
+
+class DecodePlan(_Plan):
     """:func:`decode_attention` for one batch layout, planned once; :meth:`run` only launches.
 
-    A model's decoding step calls attention once per layer, and every step has the same layout. What
-    depends on the layout alone is done here, once: the checks, the score function's trace, the split
-    count, both kernels' grids and arguments, the scratch buffers and the output. :meth:`run` launches
-    the two kernels and nothing else: no allocation, no synchronisation with the GPU, no value read on the
-    host, so that a CUDA graph can capture it (FlashInfer's ``plan``/``run``, vLLM's metadata builders)::
+    A decoding step calls attention once per layer, every step with the same layout. What depends on the
+    layout alone is done here, once: the checks, the score function's trace, the split count, the kernels'
+    grids and arguments, the scratch buffers and the output. :meth:`run` launches the two kernels and nothing
+    else (no allocation, no synchronisation, no value read on the host: a CUDA graph can capture it;
+    FlashInfer's ``plan``/``run``, vLLM's metadata builders)::
 
         plan = DecodePlan(q, k_cache, v_cache, cache_seqlens, block_table=table)   # once per layout
         for layer in range(layers):                                                  # every step
             out = plan.run(q_of[layer], k_of[layer], v_of[layer], cache_seqlens, table)
 
-    Args: :func:`decode_attention`'s for a cache that is already written (no append, rotation, pooled rows,
-    left padding or packed q: :func:`decode_attention` takes those, a plan made and run per call). The
-    example call's values are checked here (lengths within the capacity, pages in range); :meth:`check`
-    checks a later step's (one synchronisation), :meth:`run` only layouts, as flash-attn's kernels trust
-    theirs. A tensor a score function reads by position must cover the cache's capacity (a plan serves
-    every length up to it); the numbers it captures are the plan's, its tensors are read at every run.
+    Args: :func:`decode_attention`'s for a cache already written (no append, rotation, pooled rows, left
+    padding or packed q). The example call's values are checked here (lengths within the capacity, pages in
+    range), a later step's by :meth:`check` (one synchronisation), not by :meth:`run`. A tensor a score
+    function reads by position must cover the cache's capacity (a plan serves every length up to it); the
+    numbers it captures are the plan's, its tensors are read at every run.
 
-    ``run(q, k_cache, v_cache, cache_seqlens, block_table=None, *, out=None, return_lse=False)``: tensors of
-    the plan's layout (shapes, strides, dtypes, devices), any values. The output goes to ``out`` or to the
-    plan's own buffer, ``plan.out``, which the next run overwrites (a CUDA graph's output does the same):
-    copy it, or pass ``out``, to keep it; the lse (natural log) to ``plan.lse``.
+    :meth:`run` takes tensors of the plan's layout (shapes, strides, dtypes, devices), any values. The output
+    goes to ``out`` or to ``plan.out``, which the next run overwrites (copy it, or pass ``out``, to keep it);
+    the lse (natural log) to ``plan.lse``.
     """
+
+    NAMES = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
 
     def __init__(self, q, k_cache, v_cache, cache_seqlens, *, causal: bool = True, scale=None, softcap=None,
                  window=None, block_table=None, num_splits=None, sinks=None, score_mod=None, attention_chunk=None):
-        fn = PLAN_FN
-        _check_inference(fn, q=q, k_cache=k_cache, v_cache=v_cache, sinks=sinks)
-        _check_kernel_q(fn, q)
-        args = check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table,
-                                   num_splits=num_splits, causal=causal, scale=scale, window=window, softcap=softcap,
-                                   score_mod=score_mod, sinks=sinks, attention_chunk=attention_chunk)
-        _contiguous_layout(fn, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, block_table=block_table)
-        batch = kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
-                                window=args.options.window, attention_chunk=args.options.attention_chunk).write()
-        check_decode_values(fn, batch, args, k_cache.shape[0])
-        self._build(fn, batch, args, num_splits, regions=None)
-
-    @classmethod
-    def _of(cls, fn, batch: Batch, args: DecodeArgs, num_splits, regions):
-        """The plan of a call already checked and prepared (:func:`decode_attention`'s)."""
-        plan = cls.__new__(cls)
-        plan._build(fn, batch, args, num_splits, regions)
-        return plan
+        batch, args = _planned("DecodePlan", q, k_cache, v_cache, cache_seqlens, block_table, num_splits, {},
+                               causal=causal, scale=scale, window=window, softcap=softcap, score_mod=score_mod,
+                               sinks=sinks, attention_chunk=attention_chunk)
+        self._build("DecodePlan", batch, args, num_splits, regions=None)
 
     def _build(self, fn, batch: Batch, args: DecodeArgs, num_splits, regions):
         from .kernels.decode import DecodeLaunch
@@ -475,23 +448,17 @@ class DecodePlan:
 
     @property
     def launch_shape(self):
-        """Both kernels' tiles, split count and grids (:class:`flashlib.kernels.decode.LaunchShape`); None
-        for an empty batch."""
+        """Both kernels' tiles, split count and grids (:class:`flashlib.kernels.decode.LaunchShape`); None if empty."""
         return getattr(self._launch, "shape", None)
 
     def run(self, q, k_cache, v_cache, cache_seqlens, block_table=None, *, out=None, return_lse: bool = False):
         """Launch both kernels on this step's tensors (the plan's layout, any values); see the class."""
-        got = (_layout(q), _layout(k_cache), _layout(v_cache), _layout(cache_seqlens), _layout(block_table))
-        if got != self._layouts:
-            _refuse(PLAN_FN, ("q", "k_cache", "v_cache", "cache_seqlens", "block_table"), got, self._layouts)
-        if out is not None and _layout(out) != _layout(self.out):
-            _refuse(PLAN_FN, ("out",), (_layout(out),), (_layout(self.out),))
+        self._check_run((q, k_cache, v_cache, cache_seqlens, block_table), out)
         out, lse = self._launch(q, k_cache, v_cache, cache_seqlens, block_table, out)
         return (out, lse) if return_lse else out
 
     def bound(self, q, k_cache, v_cache, cache_seqlens, block_table=None) -> list:
-        """What :meth:`run` launches on these tensors, [(kernel, grid, args, kwargs)]: to inspect the
-        launches or time them bare (flashlib.bench.calls)."""
+        """What :meth:`run` launches on these tensors, [(kernel, grid, args, kwargs)]: to inspect or time them bare."""
         return self._launch.bound(q, k_cache, v_cache, cache_seqlens, block_table)
 
     def check(self, cache_seqlens, block_table=None):
@@ -499,7 +466,8 @@ class DecodePlan:
         one synchronisation, once per step rather than per layer."""
         batch = Batch(None, None, None, block_table, cache_seqlens, None, self._starts, None, None)
         pages = self._layouts[1][0][0]  # k_cache's pages (or sequences)
-        check_decode_values(PLAN_FN, batch, self.args, pages)
+        check_decode_values("DecodePlan", batch, self.args, pages)
+
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True, scale=None, softcap=None, window=None,
                      block_table=None, num_splits=None, sinks=None, score_mod=None, k_new=None, v_new=None,
@@ -511,10 +479,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
 
     Args:
         q: (batch, q_heads, new_tokens, head_dim); with ``cu_seqlens_q`` packed, (total_q, q_heads, head_dim).
-        k_cache, v_cache: (batch, kv_heads, capacity, head_dim); with ``block_table`` a paged cache
-            (num_pages, kv_heads, page_size, head_dim), vLLM's; with ``cache_batch_idx`` a pool of
-            rows. Query head h reads kv head h // (q_heads // kv_heads) (grouped-query attention);
-            v_cache's head dim (and v_new's) may differ from k_cache's (MLA's).
+        k_cache, v_cache: (batch, kv_heads, capacity, head_dim); with ``block_table`` a paged cache (num_pages,
+            kv_heads, page_size, head_dim), vLLM's; with ``cache_batch_idx`` a pool of rows. Query head h reads
+            kv head h // (q_heads // kv_heads); v_cache's head dim (and v_new's) may differ (MLA's).
         cache_seqlens: (batch,) int32, each sequence's valid positions, its new tokens included (before
             the call when ``k_new`` brings them: flash-attn's convention). With L the positions after
             the call and n the new tokens, query i sees the keys j <= L - n + i (causal)::
@@ -525,59 +492,47 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
                 query 2 (position 5)                            1 1 1 1 1 1
 
             With L < n the first n - L rows see no key and give zeros (lse -inf), as flash-attn's.
-        causal: False: every new token sees all L keys (cross-attention, a prefix-LM's prompt, drafted
-            tokens verified); the window applies either way, both sides: (left, right) as flash-attn's,
-            L - n + i - left <= j <= L - n + i + right, -1 for no limit.
-        attention_chunk: C > 0: chunked local attention (Llama 4's chunked layers), either way too:
-            query i sees key j only when j // C == (L - n + i) // C, positions counted from the sequence's
-            start (``cache_leftpad``), as transformers counts them. 0 or None: no chunks.
+        causal: False: every new token sees all L keys (cross-attention, a prefix-LM's prompt, drafted tokens
+            verified). window (left, right), either way: L - n + i - left <= j <= L - n + i + right, -1: no limit.
+        attention_chunk: C > 0 (0 or None: none): chunked local attention (Llama 4's), either way too: query i
+            sees key j only when j // C == (L - n + i) // C, positions from the sequence's start (``cache_leftpad``).
         scale, softcap, sinks: as :func:`flashlib.flash_attention` (scale 1/sqrt(head_dim) by default).
         num_splits: chunks per sequence, each read by its own program and merged by a second kernel;
             None chooses (:func:`flashlib.kernels.decode.choose_num_splits`; 1 in the interpreter).
-        score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score (:mod:`flashlib.scores`), on the
-            scaled scores before the mask; q_idx and kv_idx are positions in the sequence (L - n + i,
-            not i), counted from its start (``cache_leftpad``), as in the prefill. flash-attn's
-            ``alibi_slopes`` is the score function ``s - slope[b, h] * |q_idx - kv_idx|``.
-        k_new, v_new, rotary_cos, rotary_sin, rotary_interleaved, cache_batch_idx, cache_leftpad,
-            cu_seqlens_q, max_seqlen_q: the rest of flash-attn's contract, as :mod:`flashlib.kvcache`
-            says: new keys and values appended in place (rotated), pooled caches, left padding, and
-            a mixed batch (a prefill chunk beside one-token steps) in one launch, packed like q.
+        score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score (:mod:`flashlib.scores`) on the scaled
+            scores before the mask; q_idx and kv_idx: positions in the sequence (L - n + i, not i) from its
+            start, as in the prefill (flash-attn's ``alibi_slopes``: ``s - slope[b, h] * |q_idx - kv_idx|``).
+        k_new, v_new, rotary_cos, rotary_sin, rotary_interleaved, cache_batch_idx, cache_leftpad, cu_seqlens_q,
+            max_seqlen_q: the rest of flash-attn's contract (:mod:`flashlib.kvcache`): new keys and values appended
+            in place (rotated), pooled caches, left padding, a mixed batch (prefill chunks beside steps) packed like q.
         return_lse: also return the lse, (batch, q_heads, new_tokens) float32 ((q_heads, total_q)
             packed), -inf for rows that see no key.
 
-    Returns the output in q's layout and dtype, v_cache's head dim wide. Inference only (an input that
-    requires grad is an error). float16, bfloat16 (sm_80 on) and float32, head_dim 1..576; without a CUDA
-    device in Triton's CPU interpreter. :func:`decode_reference` computes the same in PyTorch, any dtype. A
-    v_cache that is a view of k_cache's first columns (:func:`mla_decode_attention`) is read with the keys.
+    Returns the output in q's layout and dtype, v_cache's head dim wide. Inference only. float16, bfloat16
+    (sm_80 on) and float32, head_dim 1..576; without a CUDA device in Triton's CPU interpreter;
+    :func:`decode_reference` in PyTorch, any dtype. A v_cache that is a view of k_cache's first columns
+    (:func:`mla_decode_attention`) is read with the keys.
     """
-    contract = dict(k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-                    rotary_interleaved=rotary_interleaved, cache_batch_idx=cache_batch_idx,
-                    cache_leftpad=cache_leftpad, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
-    _check_inference(FN, q=q, k_cache=k_cache, v_cache=v_cache, sinks=sinks, k_new=k_new, v_new=v_new)
-    _check_kernel_q(FN, q)
-    from .kernels.decode import Sequences, as_kernels_read
+    _check_kernel_call(FN, q=q, k_cache=k_cache, v_cache=v_cache, sinks=sinks, k_new=k_new, v_new=v_new)
+    from .kernels.decode import as_kernels_read
 
-    batch, args = _prepared(FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
-                            dict(causal=causal, scale=scale, softcap=softcap, window=window, sinks=sinks,
-                                 score_mod=score_mod, attention_chunk=attention_chunk, **contract))
-    k, v, seqs, table = as_kernels_read(batch.k_cache, batch.v_cache,
-                                        Sequences(batch.seqlens, batch.new_tokens, batch.starts), batch.block_table)
-    ready = batch._replace(k_cache=k, v_cache=v, block_table=table, seqlens=seqs.seqlens, new_tokens=seqs.new_tokens,
-                           starts=seqs.starts)
-    heads = batch.q.shape[1]
-    plan = DecodePlan._of(FN, ready, args, num_splits, regions=lambda: _positions(ready, heads, args.options.visibility))
-    out, lse = plan._launch(ready.q, k, v, seqs.seqlens, table)
-    return batch.unpack(out, lse) if return_lse else batch.unpack(out, lse)[0]
+    batch, args = _prepared(FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, dict(
+        causal=causal, scale=scale, softcap=softcap, window=window, sinks=sinks, score_mod=score_mod,
+        attention_chunk=attention_chunk, k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+        rotary_interleaved=rotary_interleaved, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+        cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q))
+    ready = as_kernels_read(batch)
+    plan = DecodePlan._of(FN, ready, args, num_splits, regions=lambda: _positions(ready, args.options.visibility))
+    out, lse = batch.unpack(*plan._launch(ready.q, ready.k_cache, ready.v_cache, ready.seqlens, ready.block_table))
+    return (out, lse) if return_lse else out
 
 
-def _positions(batch: Batch, heads: int, rule: Visibility) -> list[dict]:
-    """The (b, h, q_idx, kv_idx) ranges a score function is told for each sequence, as the reference tells
-    it (:func:`decode_partials`: positions from the sequence's start, keys from the first its new tokens
-    can see): for the check of the indices it reads, where the cache's capacity fails it."""
+def _positions(batch: Batch, rule: Visibility) -> list[dict]:
+    """The (b, h, q_idx, kv_idx) ranges the reference tells a score function for each sequence: to check the
+    indices it reads where the cache's capacity fails it."""
     where = zip(*(t.tolist() for t in (batch.seqlens, batch.new_tokens, batch.starts)))
-    return [{"b": (b, b), "h": (0, heads - 1), "q_idx": (seqlen - n - start, seqlen - 1 - start),
-             "kv_idx": (split_bounds(seqlen, n, 1, rule=rule, start=start)[0][0] - start,
-                        seqlen - 1 - start)}
+    return [{"b": (b, b), "h": (0, batch.q.shape[1] - 1), "q_idx": (seqlen - n - start, seqlen - 1 - start),
+             "kv_idx": (split_bounds(seqlen, n, 1, rule=rule, start=start)[0][0] - start, seqlen - 1 - start)}
             for b, (seqlen, n, start) in enumerate(where)]
 
 
@@ -588,10 +543,10 @@ def mla_decode_attention(q, kv_cache, cache_seqlens, *, head_dim_v: int = 512, b
     """DeepSeek-V2/V3's multi-head latent attention decoding, absorbed: one latent cache holds the keys,
     and the values are its first ``head_dim_v`` columns, read once (with the keys).
 
-    Each cached position keeps c_kv, its latent (512 wide in DeepSeek-V3), and k_rope, its rotated key
-    part (64), shared by all query heads. The up-projections are absorbed: query head h's score is
-    [q_nope W_UK_h, q_rope] . [c_kv, k_rope], its output (softmax . c_kv) W_UV_h, so the attention
-    itself is MQA over one "kv head" of width 576 whose values are the keys' first 512 columns::
+    Each cached position keeps c_kv, its latent (512 wide in DeepSeek-V3), and k_rope, its rotated key part
+    (64), shared by all query heads. With the up-projections absorbed, query head h's score is [q_nope W_UK_h,
+    q_rope] . [c_kv, k_rope] and its output (softmax . c_kv) W_UV_h: MQA over one "kv head" of width 576
+    whose values are the keys' first 512 columns::
 
         kv_cache row   | c_kv (latent)  0 .. head_dim_v - 1     | k_rope  head_dim_v .. width - 1 |
         key            |<------------------------ all width columns -------------------------->|
@@ -605,18 +560,16 @@ def mla_decode_attention(q, kv_cache, cache_seqlens, *, head_dim_v: int = 512, b
             with ``block_table`` paged, (num_pages, kv_heads, page_size, width).
         cache_seqlens, block_table: as :func:`decode_attention`.
         head_dim_v: the latent's width, the values' head dim (512), at most width.
-        scale: the softmax scale, 1/sqrt(width) by default; DeepSeek's is that of its un-absorbed
-            head dim (1/sqrt(128 + 64), times its YaRN mscale squared): pass it.
-        kv_new: (batch, kv_heads, n_new, width) new latent rows to append in place (flash-attn's k_new,
-            the values the same rows' first columns); rotate k_rope yourself (flash-attn's rotary
-            tables would rotate the first columns, the latent's).
+        scale: 1/sqrt(width) by default; DeepSeek's is its un-absorbed head dim's (1/sqrt(128 + 64), times its
+            YaRN mscale squared): pass it.
+        kv_new: (batch, kv_heads, n_new, width) new latent rows to append in place (flash-attn's k_new, the
+            values their first columns); rotate k_rope yourself (the rotary tables would rotate the latent).
         reference: compute with :func:`decode_reference` (PyTorch, any dtype) instead of the kernels.
         options: the rest of :func:`decode_attention`'s (causal, window, softcap, sinks, num_splits,
             cache_leftpad, cache_batch_idx, cu_seqlens_q, return_lse, ...).
 
-    Returns out (batch, q_heads, new_tokens, head_dim_v) (and the lse with ``return_lse``). The kernel
-    sees v_cache = kv_cache[..., :head_dim_v], a view of the key cache's leading columns
-    (:func:`flashlib.kernels.decode.values_in_keys`), and reads each row once.
+    Returns out (batch, q_heads, new_tokens, head_dim_v) (and the lse with ``return_lse``); the kernel sees
+    v_cache = kv_cache[..., :head_dim_v], a view of the keys' leading columns, and reads each row once.
     """
     fn = "mla_decode_attention"
     _check_tensor(fn, "kv_cache", kv_cache, 4)
@@ -636,8 +589,7 @@ def mla_decode_attention(q, kv_cache, cache_seqlens, *, head_dim_v: int = 512, b
         _check_tensor(fn, "kv_new", kv_new, 4 if options.get("cu_seqlens_q") is None else 3)
         options.update(k_new=kv_new, v_new=kv_new[..., :head_dim_v])
     run = decode_reference if reference else decode_attention
-    return run(q, kv_cache, kv_cache[..., :head_dim_v], cache_seqlens, block_table=block_table, scale=scale,
-               **options)
+    return run(q, kv_cache, kv_cache[..., :head_dim_v], cache_seqlens, block_table=block_table, scale=scale, **options)
 
 
 def mla_bytes(*, batch: int, tokens: int, width: int = 576, head_dim_v: int = 512, kv_heads: int = 1,
@@ -668,7 +620,11 @@ def _unstack(t, batch: int, q_heads: int, n: int):
     return t.reshape(kv_heads, batch, q_heads // kv_heads, n, *tail).transpose(0, 1).reshape(batch, q_heads, n, *tail)
 
 
-def _check_prefix(fn, q, prefix_k, prefix_v, k_cache, cache_seqlens):
+def _check_cascade(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table, prefix_splits):
+    _check_caches(fn, q, k_cache, v_cache, block_table)
+    if v_cache.shape[-1] != q.shape[-1]:
+        raise ValueError(f"{fn}: argument 'v_cache' has head_dim {v_cache.shape[-1]} but 'q' has {q.shape[-1]}; "
+                         "cascade decoding takes one head dim for q, k and v")
     for name, t in (("prefix_k", prefix_k), ("prefix_v", prefix_v)):
         _check_tensor(fn, name, t, 3)
         if t.dtype != q.dtype or t.device != q.device:
@@ -679,15 +635,7 @@ def _check_prefix(fn, q, prefix_k, prefix_v, k_cache, cache_seqlens):
     if isinstance(cache_seqlens, torch.Tensor) and (cache_seqlens.long() < q.shape[2]).any():
         raise ValueError(f"{fn}: argument 'cache_seqlens' is below the {q.shape[2]} new tokens for a sequence; the new "
                          "tokens follow the prefix, so each sequence's own cache holds them all")
-
-
-def _check_cascade(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table):
-    _check_tensor(fn, "q", q, 4)
-    _check_caches(fn, q, k_cache, v_cache, block_table)
-    if v_cache.shape[-1] != q.shape[-1]:
-        raise ValueError(f"{fn}: argument 'v_cache' has head_dim {v_cache.shape[-1]} but 'q' has {q.shape[-1]}; "
-                         "cascade decoding takes one head dim for q, k and v")
-    _check_prefix(fn, q, prefix_k, prefix_v, k_cache, cache_seqlens)
+    _check_num_splits(fn, prefix_splits, "prefix_splits")
 
 
 def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None,
@@ -695,12 +643,12 @@ def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *,
                       reference: bool = False):
     """Decoding for a group of sequences that share a prefix (a system prompt), the prefix read once.
 
-    FlashInfer's cascade attention: every sequence's keys are the shared prefix (positions 0 ..
-    P - 1) and then its own suffix. The prefix is attended by all the group's new queries at once,
-    stacked as the rows of query blocks per kv head (a prefill's shape: its keys are read once per
-    block of rows, not once per sequence), its keys split across programs as decoding splits a cache;
-    each suffix by split-KV decoding; one merge folds both sets of splits with notebook 02's merge
-    (:class:`CascadePlan`: three launches); sinks, if any, join as one more partial::
+    FlashInfer's cascade attention: every sequence's keys are the shared prefix (positions 0 .. P - 1), then
+    its own suffix. The prefix is attended by all the group's new queries at once, stacked as the rows of
+    query blocks per kv head (a prefill's shape: its keys are read once per block of rows, not once per
+    sequence), its keys split across programs as decoding splits a cache; each suffix by split-KV decoding;
+    one merge folds both sets of splits with notebook 02's merge (:class:`CascadePlan`: three launches) and
+    the sinks, if any, as one more partial::
 
         out = e^(lse_p - lse) out_prefix + e^(lse_s - lse) out_suffix,  lse = log(e^lse_p + e^lse_s)
 
@@ -709,19 +657,16 @@ def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *,
         prefix_k, prefix_v: (kv_heads, prefix_len, head_dim), the shared prefix's keys and values;
             every new token sees all of it (it precedes them).
         k_cache, v_cache, cache_seqlens, block_table, num_splits: each sequence's own suffix as
-            :func:`decode_attention` takes a cache (contiguous or paged); suffix position j is
-            sequence position prefix_len + j; cache_seqlens >= new_tokens (the new tokens follow
-            the prefix).
-        prefix_splits: chunks of the prefix's keys, each read by its own programs (None chooses, as
-            num_splits; 1 in the interpreter).
+            :func:`decode_attention` takes a cache; suffix position j is sequence position prefix_len + j;
+            cache_seqlens >= new_tokens (the new tokens follow the prefix).
+        prefix_splits: chunks of the prefix's keys, each read by its own programs (None chooses, as num_splits).
         scale, softcap, sinks, return_lse: as :func:`decode_attention`. A score function of the
             positions is not taken (the prefix's rows would each need their sequence's offset).
         reference: compute in PyTorch (:func:`flashlib.tiled_forward` over the prefix,
             :func:`decode_reference` over the suffixes), any dtype and device.
 
-    Equal to decoding over the concatenated cache (prefix, then suffix) up to rounding; reads the
-    prefix ceil(batch * q_heads / kv_heads * new_tokens / BLOCK_Q) times instead of batch times
-    (:func:`cascade_bytes`).
+    Equal to decoding over the concatenated cache (prefix, then suffix) up to rounding; reads the prefix
+    ceil(batch * q_heads / kv_heads * new_tokens / BLOCK_Q) times instead of batch times (:func:`cascade_bytes`).
     """
     fn = "cascade_attention"
     if not reference:
@@ -729,18 +674,15 @@ def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *,
                                softcap=softcap, block_table=block_table, num_splits=num_splits,
                                prefix_splits=prefix_splits, sinks=sinks)
         return plan.run(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table, return_lse=return_lse)
-    _check_cascade(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table)
-    _check_num_splits(fn, prefix_splits, "prefix_splits")
+    _check_cascade(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table, prefix_splits)
     from .tiled import tiled_forward
 
-    batch, q_heads, n, d = q.shape
-    stacked = _stack_queries(q, k_cache.shape[1])
-    common = dict(scale=scale, softcap=softcap)
-    rows, keys = stacked.shape[2], prefix_k.shape[1]
-    out_p, lse_p = tiled_forward(stacked, prefix_k[None], prefix_v[None], block_q=max(rows, 1),
-                                 block_k=max(keys, 1), **common)  # one tile: a matmul and a softmax
+    batch, q_heads, n, _ = q.shape
+    stacked = _stack_queries(q, k_cache.shape[1])  # the prefix's pass in one tile: a matmul and a softmax
+    out_p, lse_p = tiled_forward(stacked, prefix_k[None], prefix_v[None], block_q=max(stacked.shape[2], 1),
+                                 block_k=max(prefix_k.shape[1], 1), scale=scale, softcap=softcap)
     out_s, lse_s = decode_reference(q, k_cache, v_cache, cache_seqlens, block_table=block_table,
-                                    num_splits=num_splits or 1, return_lse=True, **common)
+                                    num_splits=num_splits or 1, return_lse=True, scale=scale, softcap=softcap)
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     out_p, lse_p = _unstack(out_p, batch, q_heads, n).to(work), _unstack(lse_p[..., None], batch, q_heads, n)[..., 0]
     out, lse = merge_partials(out_p, lse_p.to(work), out_s.to(work), lse_s.to(work))
@@ -748,7 +690,7 @@ def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *,
     return (out.to(q.dtype), lse.float() if work != torch.float64 else lse) if return_lse else out.to(q.dtype)
 
 
-class CascadePlan:
+class CascadePlan(_Plan):
     """:func:`cascade_attention` on the kernels for one layout, planned once (as :class:`DecodePlan`);
     :meth:`run` launches three kernels and nothing else:
 
@@ -758,38 +700,21 @@ class CascadePlan:
         the suffixes' pass  stage 1 over each sequence's own cache
         the merge           each sequence's splits and the prefix's, and the sinks, folded into one output
 
-    ``run(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table=None, *, out=None,
-    return_lse=False)``: tensors of the plan's layout, any values; ``out``/``plan.out`` as :class:`DecodePlan`'s.
+    :meth:`run` takes tensors of the plan's layout, any values; ``out``/``plan.out`` as :class:`DecodePlan`'s.
     """
 
     NAMES = ("q", "prefix_k", "prefix_v", "k_cache", "v_cache", "cache_seqlens", "block_table")
 
     def __init__(self, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None,
                  block_table=None, num_splits=None, prefix_splits=None, sinks=None):
-        self._build("CascadePlan", q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, scale, softcap, block_table,
-                    num_splits, prefix_splits, sinks)
+        self._build("CascadePlan", q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap,
+                    block_table=block_table, num_splits=num_splits, prefix_splits=prefix_splits, sinks=sinks)
 
-    @classmethod
-    def _of(cls, fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *, scale, softcap, block_table,
-            num_splits, prefix_splits, sinks):
-        plan = cls.__new__(cls)
-        plan._build(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, scale, softcap, block_table,
-                    num_splits, prefix_splits, sinks)
-        return plan
-
-    def _build(self, fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, scale, softcap, block_table,
+    def _build(self, fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *, scale, softcap, block_table,
                num_splits, prefix_splits, sinks):
-        _check_cascade(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table)
-        _check_inference(fn, q=q, prefix_k=prefix_k, prefix_v=prefix_v, k_cache=k_cache, v_cache=v_cache,
-                         sinks=sinks)
-        _check_kernel_q(fn, q)
-        args = check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table,
-                                   num_splits=num_splits, scale=scale, softcap=softcap, sinks=sinks)
-        _check_num_splits(fn, prefix_splits, "prefix_splits")
-        _contiguous_layout(fn, prefix_k=prefix_k, prefix_v=prefix_v, k_cache=k_cache, v_cache=v_cache,
-                           cache_seqlens=cache_seqlens, block_table=block_table)
-        check_decode_values(fn, kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table),
-                            args, k_cache.shape[0])
+        _check_cascade(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table, prefix_splits)
+        _, args = _planned(fn, q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
+                           dict(prefix_k=prefix_k, prefix_v=prefix_v), scale=scale, softcap=softcap, sinks=sinks)
         from .kernels.decode import DecodeLaunch
         from .kernels.function import kernel_score
 
@@ -811,11 +736,7 @@ class CascadePlan:
     def run(self, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table=None, *, out=None,
             return_lse: bool = False):
         """Launch the three kernels on this step's tensors (the plan's layout, any values); see the class."""
-        got = tuple(map(_layout, (q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table)))
-        if got != self._layouts:
-            _refuse("CascadePlan", self.NAMES, got, self._layouts)
-        if out is not None and _layout(out) != _layout(self.out):
-            _refuse("CascadePlan", ("out",), (_layout(out),), (_layout(self.out),))
+        self._check_run((q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table), out)
         self._prefix(q, prefix_k, prefix_v, self._prefix_len)
         out, lse = self._suffix(q, k_cache, v_cache, cache_seqlens, block_table, out)
         return (out, lse) if return_lse else out
@@ -828,10 +749,9 @@ class CascadePlan:
 
 def cascade_bytes(*, batch: int, kv_heads: int, rows_per_kv_head: int, prefix: int, suffix: int, head_dim: int,
                   element_size: int = 2, block_q: int = 64) -> dict:
-    """Bytes of keys and values one decoding step reads (notebook 10's model: each cached vector once
-    per program that needs it), plain and cascaded, for a group of ``batch`` sequences that share
-    ``prefix`` positions and hold ``suffix`` of their own; rows_per_kv_head: the query rows that read
-    one kv head per sequence (q_heads / kv_heads x new tokens)."""
+    """Bytes of keys and values one decoding step reads (notebook 10's model: each cached vector once per program
+    that needs it), plain and cascaded, for ``batch`` sequences that share ``prefix`` positions and hold ``suffix``
+    of their own; rows_per_kv_head: the query rows that read one kv head per sequence (q_heads / kv_heads x n)."""
     per_position = 2 * kv_heads * head_dim * element_size  # a key and a value, every kv head
     plain = batch * (prefix + suffix) * per_position
     prefix_reads = -(-batch * rows_per_kv_head // block_q)  # query blocks of the stacked rows

@@ -84,7 +84,7 @@ def _kernel(s):
     d, dv = s["head_dim"], s.get("head_dim_v") or s["head_dim"]
     block_q = decode.row_block(s["rows"], dv, tuple(s["capability"]))
     if s["kernel"] == "merge":  # its HEAD_DIM is the output's, the values' head dim
-        block_q = decode.merge_block(s["rows"], dv)
+        block_q = decode.row_block(s["rows"], dv)  # stage 2: no capability, no tensor cores
         sinks = {} if s.get("sinks") else dict(Sinks=None)  # a launch without sinks passes None
         prefix = {} if s.get("prefix") else dict(Prefix=None, PrefixML=None)
         return (decode._decode_merge, dict(HEAD_DIM_PAD=head_dim_pad(dv), BLOCK_Q=block_q, **sinks, **prefix),
@@ -137,6 +137,23 @@ def _compile_one(s) -> dict:
     return report
 
 
+def decode_forward(q, k_cache, v_cache, cache_seqlens, *, options, score=None, block_table=None, num_splits=None,
+                   config=None):
+    """flashlib.kernels.decode's two stages on inputs flashlib.decode_attention would have checked, every
+    sequence with q's new tokens from position 0: a DecodeLaunch made and called once; (out, lse)."""
+    import torch
+
+    from flashlib.kernels.decode import DecodeLaunch, as_kernels_read
+    from flashlib.kvcache import Batch
+
+    lengths = cache_seqlens
+    x = as_kernels_read(Batch(q, k_cache, v_cache, block_table, lengths, torch.full_like(lengths, q.shape[2]),
+                              torch.zeros_like(lengths), None, None))
+    launch = DecodeLaunch(q, x.k_cache, x.v_cache, options=options, score=score, block_table=x.block_table,
+                          num_splits=num_splits, config=config, new_tokens=x.new_tokens, starts=x.starts)
+    return launch(q, x.k_cache, x.v_cache, x.seqlens, x.block_table)
+
+
 def launch_path() -> dict:
     """decode_forward's own launches, bound by Triton's JIT as on an H200 and compiled, nothing run:
     a stand-in driver answers which device, stream and target (sm_90), flashlib.bench.ahead notes
@@ -171,13 +188,12 @@ def launch_path() -> dict:
         from flashlib.options import Options
 
         # a value cache of its own, then (paged) the keys' own tensor as values: both stage-1 paths
-        decode.decode_forward(q, k, torch.zeros_like(k), lengths, options=Options(True, 0.1), num_splits=33,
-                              config=config)
+        decode_forward(q, k, torch.zeros_like(k), lengths, options=Options(True, 0.1), num_splits=33, config=config)
         from flashlib.kernels.function import kernel_score
         from flashlib.options import Options
 
-        decode.decode_forward(q, k_pages, k_pages, lengths, options=Options(True, 0.1, (256, -1)), block_table=table,
-                              score=kernel_score(Options(softcap=30.0), "cpu"), num_splits=1, config=config)
+        decode_forward(q, k_pages, k_pages, lengths, options=Options(True, 0.1, (256, -1)), block_table=table,
+                       score=kernel_score(Options(softcap=30.0), "cpu"), num_splits=1, config=config)
     compiled = ahead.compile_notes(notes, threads=2)
     # the decoding benchmark's own compiling ahead, for a few of its points and sweep items
     from flashlib.bench import decode as bench

@@ -27,7 +27,7 @@ if importlib.util.find_spec("triton") is None:  # the kernels need Triton (Linux
 from flashlib.kernels import decode as kernels  # noqa: E402
 from flashlib.kernels.function import kernel_score  # noqa: E402
 from flashlib.options import Options  # noqa: E402
-from tests.decode_compile import compile_decode, spec  # noqa: E402
+from tests.decode_compile import compile_decode, decode_forward, spec  # noqa: E402
 from tests.triton_versions import side_by_side, triton36_dir  # noqa: E402
 
 F64 = torch.float64
@@ -131,8 +131,8 @@ def run_kernels(q, k, v, lengths, *, table=None, num_splits=None, block_k=16, **
     scale = options.get("scale") or 1 / math.sqrt(q.shape[-1])
     score = kernel_score(Options(softcap=options.get("softcap") or 0.0), q.device)  # soft-capping: a score function
     window = options.get("window") or (-1, -1)
-    return kernels.decode_forward(q, k, v, lengths, options=Options(True, scale, (window[0], -1)), block_table=table,
-                                  score=score, num_splits=num_splits, config=kernels.DecodeConfig(block_k, 4, 1))
+    return decode_forward(q, k, v, lengths, options=Options(True, scale, (window[0], -1)), block_table=table,
+                          score=score, num_splits=num_splits, config=kernels.DecodeConfig(block_k, 4, 1))
 
 
 @pytest.mark.parametrize("page_size", [None, 8, 16, 32])

@@ -1,38 +1,29 @@
 """Split-KV decoding (Flash-Decoding) in two kernels, in the words of notebook 06's forward.
 
-Decoding has a few query rows per sequence and a long cache. FlashAttention-2's schedule (one
-program per query block) would launch batch x kv_heads programs, 8 for one sequence of a model
-with 8 kv heads, on a GPU with 132 multiprocessors. So the cache is cut into chunks as well:
+Decoding has a few query rows per sequence and a long cache. FlashAttention-2's schedule (one program per
+query block) would launch batch x kv_heads programs, 8 for one sequence of a model with 8 kv heads, on a GPU
+with 132 multiprocessors. So the cache is cut into chunks as well:
 
-    stage 1, ``_decode_split``   grid (row blocks, num_splits, batch * kv_heads): each program
-        streams its chunk of one sequence's cache past its query rows, keeping (m_i, l_i, acc)
-        as ``_attn_fwd`` does, and writes a partial output and its log-sum-exp (float32);
-    stage 2, ``_decode_merge``   grid (batch * kv_heads, row blocks): folds the splits'
-        partials into the output with notebook 02's merge (each partial is a state whose
-        max is its lse and whose denominator is 1), starting from the attention sinks' state
-        where there are sinks (a partial with no value), and, for cascade decoding, from a shared
-        prefix's splits too (their rows every sequence's queries, stacked per kv head).
+    stage 1, ``_decode_split``   grid (row blocks, num_splits, batch * kv_heads): each program streams its
+        chunk of one sequence's cache past its query rows, keeping (m_i, l_i, acc) as ``_attn_fwd`` does,
+        and writes its normalised partial output, m_i and l_i (float32);
+    stage 2, ``_decode_merge``   grid (batch * kv_heads, row blocks): folds the splits' states into the
+        output with notebook 02's merge, from the attention sinks' state where there are sinks (a partial
+        with no value), and, for cascade decoding, a shared prefix's splits too.
 
-Grouped-query attention: the q_heads // kv_heads query heads that share a kv head, and their
-new tokens, are stacked into the rows of one query block, (batch * kv_heads, group * new_tokens,
-head_dim), so every cached key and value is read once per kv head, not once per query head.
-Row r is the query of new token r % new_tokens. The row blocks of one (sequence, split) are
-neighbours on grid axis 0, so that they run side by side and each cached row comes from DRAM once
-for all of them (absorbed MLA's 128 heads are two blocks of 64 rows; the second reads it from L2).
+Grouped-query attention: the query heads that share a kv head, and their new tokens, are stacked into the
+rows of one query block (row r: new token r % new_tokens), so every cached key and value is read once per kv
+head. The row blocks of one (sequence, split) are neighbours on grid axis 0: they run side by side, each cached
+row coming from DRAM once for all of them (absorbed MLA's 128 heads: two blocks of 64, the second reads L2).
 
-Where a position's key lives is a compile-time function argument, ``KEY_ROWS``: returning, for
-each position of a tile, its block of the cache and its row in that block. ``_contiguous_rows``:
-block b (the sequence), row j; ``_paged_rows``: block table[b, j // PAGE_SIZE], row j % PAGE_SIZE,
-PAGE_SIZE a compile-time constant (a division by a runtime integer costs a dozen instructions per key)
-and the row within a page an int32. The rest of the kernel is the same for both caches. A paged tile's
-loads wait on its page numbers, a load themselves: Triton's pipeliner shares a loop's stages between
-such levels of loads, so a paged cache takes two more stages than a contiguous one for as many tiles in
-flight (:func:`decode_config`).
+Where a position's key lives is a compile-time function argument, ``KEY_ROWS``: ``_contiguous_rows`` (block b,
+the sequence; row j) or ``_paged_rows`` (page table[b, j // PAGE_SIZE], row j % PAGE_SIZE; PAGE_SIZE a
+compile-time constant, as a division by a runtime integer costs a dozen instructions per key). The rest of
+the kernel is the same for both caches.
 
-Values may have a head dim of their own (HEAD_DIM_V: MLA's). Absorbed MLA keeps one latent cache
-whose first HEAD_DIM_V columns are the values too; the launcher sees v_cache as a view of k_cache's
-leading columns (:func:`values_in_keys`) and passes V_FROM_K, so each cached row is loaded once, in
-two pieces: [value columns | the key's own], q split the same way and the two dots summed.
+Values may have a head dim of their own (HEAD_DIM_V: MLA's). Absorbed MLA's values are its latent cache's
+first HEAD_DIM_V columns: the launcher sees v_cache as a view of k_cache's (:func:`values_in_keys`) and
+passes V_FROM_K, so each cached row is loaded once, in two pieces, [value columns | the key's own].
 """
 from __future__ import annotations
 
@@ -105,12 +96,10 @@ def _query_rows(Q, q_rows, offs_r, offs_d, ROWS, HEAD_DIM):
 
 @triton.jit
 def _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal, rule):
-    """(BLOCK_Q, BLOCK_K) pairs that exist and may attend: row r is the query of new token
-    r % NEW_TOKENS (the rows' stride; this sequence has new_tokens of them, the rest are padding),
-    which sees the keys of this split by the forward's rule (kernels/rules.py's element test) with
-    seq_q = new_tokens and seq_k = seqlen: up to its own position if causal (a runtime flag: decoding
-    is bound by memory, not by this test), inside its window and its chunk (counted from the
-    sequence's start), and from the sequence's start (its left padding) on."""
+    """(BLOCK_Q, BLOCK_K) pairs that exist and may attend: row r is the query of new token r % NEW_TOKENS
+    (the rows' stride; the sequence has new_tokens, the rest are padding), seeing this split's keys by the
+    forward's rule (kernels/rules.py) with seq_q = new_tokens, seq_k = seqlen, chunks counted from the
+    sequence's start and no key before it; causal a runtime flag (decoding is bound by memory, not this test)."""
     tok = offs_r % NEW_TOKENS  # (BLOCK_Q,) each row's new token
     visible = tl.where(causal != 0, _visible(tok, offs_k, new_tokens, seqlen, True),
                        _visible(tok, offs_k, new_tokens, seqlen, False))
@@ -131,19 +120,50 @@ def _shared_scores(q_blk, q_own, v_tile, k_own, qk_scale, visible, INPUT_PRECISI
 
 
 @triton.jit
-def _decode_inner(m_i, l_i, acc, q_blk, q_own, K, V, Table, stride_table, off_b, stride_kb, stride_kn,
-                  stride_vb, stride_vn, offs_r, offs_d, offs_dv, k_lo, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen,
-                  start, causal, rule, qk_scale, scale, heads, positions, ScoreData, HEAD_DIM,
-                  HEAD_DIM_V, PAGE_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, KEY_ROWS: tl.constexpr,
-                  SCORE_MOD: tl.constexpr,
-                  INPUT_PRECISION: tl.constexpr, V_FROM_K: tl.constexpr):
-    """Fold every key/value tile of [k_lo, k_hi) into (m_i, l_i, acc); q_blk stays in registers. heads,
-    positions (BLOCK_Q, 1): each row's query head and position in its sequence, for SCORE_MOD (a
-    key's position in its sequence is its cache position less the sequence's start). V_FROM_K: the
-    values are the keys' first HEAD_DIM_V columns (absorbed MLA), so each key row is read once, as
-    two pieces, the shared columns (the value tile, against q_blk) and the key's own (offs_d, from
-    column HEAD_DIM_V, against q_own); else K (offs_d) and V (offs_dv) are read apart, q_own unused."""
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table, qk_scale, scale, causal, rule,
+                  stride_qz, stride_qs, stride_qr, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                  stride_table, stride_pz, stride_pr, KV_HEADS, NUM_SPLITS, ROWS, SEQ_ROWS, NEW_TOKENS, HEAD_DIM,
+                  HEAD_DIM_V, PAGE_SIZE: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+                  BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, KEY_ROWS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                  SCORE_MOD: tl.constexpr = None, ScoreData=None, V_FROM_K: tl.constexpr = False):
+    """Q: (batch * kv_heads, ROWS, HEAD_DIM), a kv head's query heads x new tokens, row r at (r // SEQ_ROWS) *
+    stride_qs + (r % SEQ_ROWS) * stride_qr (a shared prefix: every sequence's SEQ_ROWS rows; else SEQ_ROWS = ROWS);
+    K, V: caches (blocks, kv_heads, rows per block, HEAD_DIM and HEAD_DIM_V); Partial, PartialML: (batch * kv_heads
+    * NUM_SPLITS, ROWS, HEAD_DIM_V and 2) float32, each split's normalised output and its rows' base-2 max and sum;
+    SeqLens, NewTokens, Starts: (batch,) int32, each sequence's length (new tokens included), new tokens (<= the
+    rows' stride NEW_TOKENS) and first position (left padding before it is never seen). V_FROM_K: V is K's first
+    HEAD_DIM_V columns (absorbed MLA), read with the keys; HEAD_DIM_PAD then pads the rest, HEAD_DIM - HEAD_DIM_V."""
+    split = tl.program_id(1)
+    off_z = tl.program_id(2).to(tl.int64)  # batch * KV_HEADS + kv head; int64: offsets from it can pass 2^31
+    off_b, kv_head = _batch_head(off_z, KV_HEADS, 0)
+    seqlen = tl.load(SeqLens + off_b)
+    new_tokens = tl.load(NewTokens + off_b)
+    start = tl.load(Starts + off_b)
+    offset = seqlen - new_tokens  # cache position of the first new token (< 0: rows before 0 see nothing)
+    # the keys any row sees, [first, seqlen): the rule's key range for seq_q = new_tokens, seq_k = seqlen (chunks
+    # counted from the sequence's start), none before that start (its left padding); this program's split of it
+    first, _ = _key_range(0, new_tokens, seqlen, rule, 1, BLOCK_K, False, True, start)
+    k_lo, k_hi = _key_split(tl.maximum(first, start // BLOCK_K * BLOCK_K), seqlen, split, NUM_SPLITS, BLOCK_K)
+    Q += off_z * stride_qz
+    K += kv_head * stride_kh
+    V += kv_head * stride_vh
+    offs_r = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)  # fastest: row blocks reading the same cached rows
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+    q_rows = (offs_r // SEQ_ROWS).to(tl.int64) * stride_qs + (offs_r % SEQ_ROWS).to(tl.int64) * stride_qr
+    if V_FROM_K:  # q = [q_blk | q_own], against the columns the values share and the key's own
+        q_blk = _query_rows(Q, q_rows, offs_r, offs_dv, ROWS, HEAD_DIM_V)
+        q_own = _query_rows(Q + HEAD_DIM_V, q_rows, offs_r, offs_d, ROWS, HEAD_DIM - HEAD_DIM_V)
+    else:
+        q_blk = _query_rows(Q, q_rows, offs_r, offs_d, ROWS, HEAD_DIM)
+        q_own = q_blk  # not read
+    # what a score function is told of each row: its query head and its position in the sequence
+    heads = _stacked_head(kv_head, offs_r, ROWS, NEW_TOKENS)[:, None]
+    positions = (offset - start + offs_r % NEW_TOKENS)[:, None]
+    m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM_V_PAD], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):  # q_blk stays in registers; a key's position: its cache position - start
         offs_k = k0 + tl.arange(0, BLOCK_K)
         valid = offs_k < k_hi
         blocks, rows = KEY_ROWS(Table, stride_table, off_b, k0, offs_k, valid, PAGE_SIZE, BLOCK_K)
@@ -161,77 +181,12 @@ def _decode_inner(m_i, l_i, acc, q_blk, q_own, K, V, Table, stride_table, off_b,
             s = _scores(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION, scale, off_b, heads, positions,
                         offs_k[None, :] - start, ScoreData, SCORE_MOD)
         m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION)
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table, qk_scale, scale, causal, rule,
-                  stride_qz, stride_qs, stride_qr, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                  stride_table, stride_pz, stride_pr, KV_HEADS, NUM_SPLITS, ROWS, SEQ_ROWS, NEW_TOKENS, HEAD_DIM,
-                  HEAD_DIM_V,
-                  PAGE_SIZE: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
-                  BLOCK_K: tl.constexpr, KEY_ROWS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                  SCORE_MOD: tl.constexpr = None, ScoreData=None, V_FROM_K: tl.constexpr = False):
-    """Q: (batch * kv_heads, ROWS, HEAD_DIM), a kv head's query heads and new tokens stacked (row r at
-    (r // SEQ_ROWS) * stride_qs + (r % SEQ_ROWS) * stride_qr: a shared prefix's rows are every sequence's
-    SEQ_ROWS, stride_qs apart; decoding's SEQ_ROWS = ROWS);
-    K, V: caches (blocks, kv_heads, rows per block, HEAD_DIM and HEAD_DIM_V); Partial: (batch * kv_heads *
-    NUM_SPLITS, ROWS, HEAD_DIM_V) float32, each split's normalised output; PartialML: (batch * kv_heads *
-    NUM_SPLITS, ROWS, 2) float32, its rows' base-2 max m and denominator l. SeqLens, NewTokens, Starts:
-    (batch,) int32, each sequence's valid positions (its new tokens included), its new tokens (at most
-    NEW_TOKENS, the rows' stride) and its first position (left padding before it is never seen).
-    V_FROM_K: V is K's first HEAD_DIM_V columns (absorbed MLA's latent cache), read with the keys; then
-    HEAD_DIM_PAD pads the key's own columns, HEAD_DIM - HEAD_DIM_V (the rope's), not HEAD_DIM."""
-    q0 = tl.program_id(0) * BLOCK_Q  # fastest: the row blocks that read the same cached rows, together
-    split = tl.program_id(1)
-    off_z = tl.program_id(2).to(tl.int64)  # batch * KV_HEADS + kv head; int64: offsets from it can pass 2^31
-    off_b, kv_head = _batch_head(off_z, KV_HEADS, 0)
-    seqlen = tl.load(SeqLens + off_b)
-    new_tokens = tl.load(NewTokens + off_b)
-    start = tl.load(Starts + off_b)
-    offset = seqlen - new_tokens  # cache position of the first new token (< 0: rows before 0 see nothing)
-    # the keys any row sees, [first, seqlen): the rule's key range with seq_q = new_tokens, seq_k = seqlen (its
-    # first row's start, chunks counted from the sequence's start; the last row sits at seqlen - 1, so every
-    # run ends by seqlen), none before the sequence's start (its left padding); this program's split of it
-    first, _ = _key_range(0, new_tokens, seqlen, rule, 1, BLOCK_K, False, True, start)
-    k_lo, k_hi = _key_split(tl.maximum(first, start // BLOCK_K * BLOCK_K), seqlen, split, NUM_SPLITS, BLOCK_K)
-    Q += off_z * stride_qz
-    K += kv_head * stride_kh
-    V += kv_head * stride_vh
-    offs_r = q0 + tl.arange(0, BLOCK_Q)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
-    q_rows = (offs_r // SEQ_ROWS).to(tl.int64) * stride_qs + (offs_r % SEQ_ROWS).to(tl.int64) * stride_qr
-    if V_FROM_K:  # q = [q_blk | q_own], against the columns the values share and the key's own
-        q_blk = _query_rows(Q, q_rows, offs_r, offs_dv, ROWS, HEAD_DIM_V)
-        q_own = _query_rows(Q + HEAD_DIM_V, q_rows, offs_r, offs_d, ROWS, HEAD_DIM - HEAD_DIM_V)
-    else:
-        q_blk = _query_rows(Q, q_rows, offs_r, offs_d, ROWS, HEAD_DIM)
-        q_own = q_blk  # not read
-    # what a score function is told of each row: its query head and its position in the sequence
-    heads = _stacked_head(kv_head, offs_r, ROWS, NEW_TOKENS)[:, None]
-    positions = (offset - start + offs_r % NEW_TOKENS)[:, None]
-
-    m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_Q, HEAD_DIM_V_PAD], dtype=tl.float32)
-    m_i, l_i, acc = _decode_inner(m_i, l_i, acc, q_blk, q_own, K, V, Table, stride_table, off_b, stride_kb,
-                                  stride_kn, stride_vb, stride_vn, offs_r, offs_d=offs_d, offs_dv=offs_dv, k_lo=k_lo,
-                                  k_hi=k_hi, ROWS=ROWS,
-                                  NEW_TOKENS=NEW_TOKENS, new_tokens=new_tokens, seqlen=seqlen, start=start,
-                                  causal=causal, rule=rule, qk_scale=qk_scale,
-                                  scale=scale, heads=heads, positions=positions, ScoreData=ScoreData,
-                                  HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, PAGE_SIZE=PAGE_SIZE, BLOCK_K=BLOCK_K,
-                                  KEY_ROWS=KEY_ROWS, SCORE_MOD=SCORE_MOD, INPUT_PRECISION=INPUT_PRECISION,
-                                  V_FROM_K=V_FROM_K)
-
     out, _ = _finish(m_i, l_i, acc)  # an empty chunk: out = 0, m = -inf, l = 0, a weight of 0 in the merge
     part = off_z * NUM_SPLITS + split
     o_mask = (offs_r[:, None] < ROWS) & (offs_dv[None, :] < HEAD_DIM_V)
     rows = offs_r[:, None].to(tl.int64) * stride_pr
     tl.store(Partial + part * stride_pz + rows + offs_dv[None, :], out, mask=o_mask)
-    # the split's state as notebook 02 merges two: its max and denominator, not their lse, whose ulp
-    # at scores near 72 (base 2) is 8e-6, an error every split's weight would carry into the merge
+    # the state as notebook 02 merges it, m and l, not their lse: its ulp near 72 (base 2), 8e-6, would skew each weight
     stats = PartialML + (part * ROWS + offs_r) * 2
     tl.store(stats, m_i, mask=offs_r < ROWS)
     tl.store(stats + 1, l_i, mask=offs_r < ROWS)
@@ -270,12 +225,11 @@ def _decode_merge(Partial, PartialML, Out, Lse, stride_pz, stride_pr, stride_oz,
                   NUM_SPLITS, ROWS, HEAD_DIM, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                   Sinks=None, KV_HEADS=1, NEW_TOKENS=1, Prefix=None, PrefixML=None, stride_xz=0, stride_xr=0,
                   PREFIX_SPLITS=1, BATCH=1):
-    """Out: (batch * kv_heads, ROWS, HEAD_DIM) in q's dtype, HEAD_DIM the values' (as Partial's);
-    Lse: (batch * kv_heads, ROWS) float32, natural log;
-    Sinks: (q_heads,) attention sinks or None (row r of kv head h belongs to query head
-    h * ROWS // NEW_TOKENS + r // NEW_TOKENS); Prefix, PrefixML: None, or a shared prefix's stage-1
-    results for cascade decoding, (kv_heads * PREFIX_SPLITS, BATCH * ROWS, HEAD_DIM) and their stats:
-    every sequence's rows of a kv head stacked, sequence b's from row b * ROWS."""
+    """Out, Lse: (batch * kv_heads, ROWS, HEAD_DIM) in q's dtype, HEAD_DIM the values' (as Partial's), and
+    (batch * kv_heads, ROWS) float32, natural log; Sinks: (q_heads,) or None (row r of kv head h belongs to
+    query head h * ROWS // NEW_TOKENS + r // NEW_TOKENS); Prefix, PrefixML: None, or a shared prefix's stage-1
+    results for cascade decoding, (kv_heads * PREFIX_SPLITS, BATCH * ROWS, HEAD_DIM) and their stats: every
+    sequence's rows of a kv head stacked, sequence b's from row b * ROWS."""
     off_z = tl.program_id(0).to(tl.int64)  # int64: offsets from it can pass 2^31
     offs_r = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -317,19 +271,17 @@ PAGED_EXTRA_STAGES = 2
 
 def decode_config(head_dim: int, dtype: torch.dtype, capability=None, head_dim_v: int | None = None,
                   paged: bool = False) -> DecodeConfig:
-    """The shipped tiles: about 32 KB of K and V per tile (memory-bound: bytes in flight are what
-    count), three stages from sm_80 on (96 KB of shared memory at most), two on sm_75 (64 KB), with
-    8 warps there (4 spilled registers at head dim 64 with a soft-cap); a paged cache
-    PAGED_EXTRA_STAGES more. Head dims past 256 (absorbed MLA's 576 for q and k, head_dim_v 512):
-    :data:`WIDE_CONFIG`, the accumulator alone (BLOCK_Q x 512 float32) needing eight warps."""
+    """The shipped tiles: about 32 KB of K and V per tile (memory-bound: bytes in flight are what count), three stages
+    from sm_80 on (96 KB of shared memory at most), two on sm_75 (64 KB), with 8 warps there (4 spilled registers at
+    head dim 64 with a soft-cap); a paged cache PAGED_EXTRA_STAGES more. Head dims past 256 (absorbed MLA's 576 for q
+    and k, head_dim_v 512): :data:`WIDE_CONFIG`, the accumulator alone (BLOCK_Q x 512 float32) needing eight warps."""
     if capability is None:  # the interpreter: tiles small enough that short test caches span several
         return DecodeConfig(32, 4, 1)
     if max(head_dim, head_dim_v or head_dim) > 256:
         config = WIDE_CONFIG
     else:
         per_tile = 128 if head_dim_pad(head_dim) <= 64 else 64 if head_dim_pad(head_dim) <= 128 else 32
-        if dtype == torch.float32:
-            per_tile //= 2
+        per_tile //= 2 if dtype == torch.float32 else 1
         config = DecodeConfig(max(16, per_tile // 2), 8, 2) if tuple(capability) < (8, 0) else DecodeConfig(per_tile, 4, 3)
     return config._replace(num_stages=config.num_stages + PAGED_EXTRA_STAGES) if paged else config
 
@@ -337,17 +289,16 @@ def decode_config(head_dim: int, dtype: torch.dtype, capability=None, head_dim_v
 def choose_num_splits(programs: int, keys: int, sm_count: int | None) -> int:
     """The number of splits ``num_splits=None`` picks.
 
-    programs: the programs one split launches (batch x kv_heads x query row blocks); keys: the
-    longest span a query can see (the cache's capacity, or the window's); sm_count: the GPU's
-    streaming multiprocessors, None for Triton's CPU interpreter (which runs programs one at a
-    time, so splitting gains nothing there: 1). On a GPU, as many splits as one wave of
-    PROGRAMS_PER_SM programs per multiprocessor holds (a second wave, partly filled, would take as long
+    programs: the programs one split launches (batch x kv_heads x query row blocks); keys: the longest span
+    a query can see (the cache's capacity, or the window's); sm_count: the GPU's multiprocessors, None for
+    Triton's CPU interpreter (programs one at a time: splitting gains nothing, 1). On a GPU, as many splits
+    as one wave of PROGRAMS_PER_SM programs per multiprocessor holds (a part-filled second wave takes as long
     as the first), no more than keys / MIN_KEYS_PER_SPLIT, at most MAX_SPLITS:
 
         num_splits = clamp(min(floor(2 * sm_count / programs), ceil(keys / 256)), 1, 64)
 
-    e.g. an H200 (132 multiprocessors), 8 kv heads, one query row block, 64k keys: batch 1
-    gives 33 splits (264 programs), batch 8 gives 4 (256 programs).
+    e.g. an H200 (132 multiprocessors), 8 kv heads, one query row block, 64k keys: batch 1 gives 33 splits
+    (264 programs), batch 8 gives 4 (256 programs).
     """
     if sm_count is None or programs < 1:
         return 1
@@ -356,38 +307,29 @@ def choose_num_splits(programs: int, keys: int, sm_count: int | None) -> int:
 
 
 def row_block(rows: int, head_dim_v: int = 0, capability=None) -> int:
-    """BLOCK_Q for ``rows`` stacked query rows: a power of two, >= 16 (tl.dot's minimum), <= 64. Where the
-    values are wider than 256 (absorbed MLA's 512): 64 on sm_90 (a warpgroup's wgmma rows: 250 registers
-    at 8 warps, no spill), 32 before it (a 64 x 512 float32 accumulator spills on sm_80 at any warp
-    count, data/bench/LOG.md 2026-12-02)."""
+    """BLOCK_Q for ``rows`` stacked query rows: a power of two, >= 16 (tl.dot's minimum), <= 64. Where the values are
+    wider than 256 (absorbed MLA's 512): 64 on sm_90 (a warpgroup's wgmma rows: 250 registers at 8 warps, no spill),
+    32 before it (a 64 x 512 float32 accumulator spills on sm_80 at any warp count, data/bench/LOG.md 2026-12-02)."""
     hopper = capability is not None and tuple(capability) >= (9, 0)
     most = MAX_BLOCK_Q if head_dim_v <= 256 or hopper else MAX_BLOCK_Q // 2
     return min(most, max(16, 1 << max(rows - 1, 0).bit_length()))
-
-
-_SM_COUNTS: dict = {}
-
-
-def sm_count(device: torch.device):
-    """Streaming multiprocessors of a CUDA device (cached); None for the interpreter's CPU tensors."""
-    if device.type != "cuda" or interpreting():
-        return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNTS:
-        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNTS[index]
 
 
 def device_target(device: torch.device) -> tuple:
     """(compute capability, multiprocessors) the launches are shaped for; (None, None) in the interpreter."""
     if device.type != "cuda" or interpreting():
         return None, None
-    return tuple(torch.cuda.get_device_capability(device)), sm_count(device)
+    props = torch.cuda.get_device_properties(device)
+    return (props.major, props.minor), props.multi_processor_count
+
+
+def sm_count(device: torch.device):
+    """Streaming multiprocessors of a CUDA device; None for the interpreter's CPU tensors."""
+    return device_target(device)[1]
 
 
 class LaunchShape(NamedTuple):
-    """What one batch layout launches (:func:`launch_shape`): stage 1's tiles, its query row block and
-    split count, both stages' grids and stage 2's warps."""
+    """What one batch layout launches (:func:`launch_shape`): tiles, row blocks, split count, grids, warps."""
 
     config: DecodeConfig
     block_q: int
@@ -411,15 +353,15 @@ def launch_shape(batch: int, kv_heads: int, rows: int, keys: int, head_dim: int,
     if num_splits is None:
         num_splits = choose_num_splits(batch * kv_heads * row_blocks, keys if span is None else min(span, keys), sms)
     num_splits = min(num_splits, max(1, -(-keys // config.block_k)))  # splits past the last tile are empty
-    merge_block_q = merge_block(rows, head_dim_v)
+    # stage 2's: stage 1's rule with no tensor cores to use (64 x 512 float32 spills at 8 warps on sm_90 too)
+    merge_block_q = row_block(rows, head_dim_v)
     return LaunchShape(config, block_q, num_splits, (row_blocks, num_splits, batch * kv_heads),
                        (batch * kv_heads, -(-rows // merge_block_q)), merge_warps(head_dim_v), merge_block_q)
 
 
 def default_num_splits(q, k_cache, block_table=None, span: int | None = None, head_dim_v: int = 0) -> int:
-    """What ``num_splits=None`` gives for these inputs (:func:`launch_shape`): the programs of one split,
-    batch x kv_heads x row blocks, and the most keys the queries see, the cache's capacity (no lengths
-    are read on the host) or ``span``."""
+    """What ``num_splits=None`` gives for these inputs (:func:`launch_shape`), for the most keys the queries see:
+    the cache's capacity (no lengths are read on the host) or ``span``."""
     batch, q_heads, new_tokens, d = q.shape
     kv_heads = k_cache.shape[1]
     keys = k_cache.shape[2] * (block_table.shape[1] if block_table is not None else 1)
@@ -429,40 +371,13 @@ def default_num_splits(q, k_cache, block_table=None, span: int | None = None, he
 
 
 def values_in_keys(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether v_cache is a view of k_cache's leading columns (absorbed MLA: ``v_cache =
-    kv_cache[..., :512]`` of a 576-wide latent cache): one storage, one start, the same strides and
-    leading sizes, a last dim no wider. Then stage 1 reads each cached row once (V_FROM_K): the
-    value tile is the key tile's first columns."""
+    """Whether v_cache is a view of k_cache's leading columns (absorbed MLA's ``kv_cache[..., :512]`` of a
+    576-wide latent cache): one storage and start, the same strides and leading sizes, a last dim no wider.
+    Then stage 1 reads each cached row once (V_FROM_K), the value tile the key tile's first columns."""
     same_storage = v_cache.untyped_storage().data_ptr() == k_cache.untyped_storage().data_ptr()
     return (same_storage and v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride()
             and v_cache.shape[:-1] == k_cache.shape[:-1] and v_cache.shape[-1] <= k_cache.shape[-1]
             and k_cache.stride(-1) == 1)
-
-
-def _contiguous_last_dim(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-class Sequences(NamedTuple):
-    """Where each sequence of a decoding batch stands, (batch,) int32 contiguous each, as stage 1 reads it:
-    its valid positions (its new tokens included), its new tokens (up to q's new_tokens, the rows'
-    stride: fewer in a mixed batch) and its first position (keys before it, left padding, are not seen)."""
-
-    seqlens: torch.Tensor
-    new_tokens: torch.Tensor
-    starts: torch.Tensor
-
-
-def uniform_sequences(cache_seqlens, new_tokens: int) -> Sequences:
-    """Every sequence with ``new_tokens`` new tokens and no left padding."""
-    lengths = cache_seqlens.to(torch.int32).contiguous()
-    return Sequences(lengths, torch.full_like(lengths, new_tokens), torch.zeros_like(lengths))
-
-
-def merge_block(rows: int, head_dim_v: int) -> int:
-    """Stage 2's BLOCK_Q: stage 1's rule without tensor cores to use (32 rows where the values are wider than
-    256: 64 x 512 float32 spills at 8 warps on sm_90 too)."""
-    return row_block(rows, head_dim_v)
 
 
 def merge_warps(head_dim_v: int) -> int:
@@ -472,25 +387,21 @@ def merge_warps(head_dim_v: int) -> int:
 
 
 class DecodeLaunch:
-    """Both stages for one layout of inputs, prepared once: the launch shape, every argument that is not a
-    per-call tensor, the scratch buffers and the output. Calling it launches the kernels and does nothing
-    else (no allocation, no synchronisation, no value read on the host), so that a CUDA graph can
-    capture it; what it is given must have the layout (shapes, strides, dtypes) it was made for.
+    """Both stages for one layout of inputs, prepared once (the launch shape, every argument but the per-call
+    tensors, the scratch buffers, the output): a call launches the kernels and nothing else (no allocation,
+    no synchronisation, no value read on the host: a CUDA graph can capture it), on tensors of that layout.
 
-    q (batch, q_heads, new_tokens, d); k_cache, v_cache contiguous (batch, kv_heads, capacity, d and dv) or
-    paged with block_table (last dims contiguous); options: the call's (flashlib.options: causal, scale,
-    window, sinks); score: its score function compiled (:func:`flashlib.kernels.function.kernel_score`:
-    soft-capping is one), told each new token's position in its sequence; new_tokens, starts (batch,)
-    int32: each sequence's new tokens and first position (default q's new_tokens, 0).
-
-    Cascade decoding: ``stacked`` makes a shared prefix's pass, stage 1 alone over one "sequence", the
-    prefix (k_cache (1, kv_heads, prefix_len, d)), whose query rows are every sequence's rows of a kv head
-    (read in place from q); ``prefix``: such a launch, whose splits this one's merge folds in.
+    q (batch, q_heads, new_tokens, d); k_cache, v_cache (batch, kv_heads, capacity, d and dv), or paged with
+    block_table, last dims contiguous; options: the call's; score: its score function compiled
+    (:func:`flashlib.kernels.function.kernel_score`); config: stage 1's tiles (default :func:`decode_config`);
+    new_tokens, starts (batch,) int32: each sequence's new tokens and first position (default q's, 0).
+    ``stacked``: a cascade's shared prefix's pass, stage 1 alone over the prefix (k_cache (1, kv_heads,
+    prefix_len, d)), its query rows every sequence's rows of a kv head; ``prefix``: such a launch, to merge in.
     """
 
     def __init__(self, q, k_cache, v_cache, *, options: Options, score=None, block_table=None, num_splits=None,
-                 config: DecodeConfig | None = None, input_precision: str = "tf32", new_tokens=None, starts=None,
-                 stacked: bool = False, prefix: "DecodeLaunch | None" = None):
+                 config: DecodeConfig | None = None, new_tokens=None, starts=None, stacked: bool = False,
+                 prefix: "DecodeLaunch | None" = None):
         batch, q_heads, n, d = q.shape
         kv_heads, dv = k_cache.shape[1], v_cache.shape[-1]
         rows = q_heads // max(kv_heads, 1) * n
@@ -499,8 +410,6 @@ class DecodeLaunch:
         self.lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
         if self.empty:  # no batch, heads or new tokens: zeros and -inf, no launch
             return
-        if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or (block_table is not None and block_table.stride(-1) != 1):
-            raise ValueError(f"{DECODE_FN}: the caches' and the block table's last dims must be contiguous here")
         paged = block_table is not None
         if paged and k_cache.shape[2] * max(k_cache.stride(2), v_cache.stride(2)) >= 2 ** 31:
             raise ValueError(f"{DECODE_FN}: a page of 'k_cache' spans {k_cache.shape[2]} x {k_cache.stride(2)} "
@@ -516,9 +425,8 @@ class DecodeLaunch:
         # q's rows as stage 1 reads them, (batch, kv_heads, rows, d) with rows = a kv head's query heads x new
         # tokens; a q whose strides allow no such view is copied into a buffer of this launch's at every call
         self._q_view = (batch * kv_heads, rows, d) if not stacked else (batch, kv_heads, rows, d)
-        view = _viewed(q, self._q_view)
-        self._q_copy = None if view is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        view = view if view is not None else self._q_copy.view(self._q_view)
+        self._q_copy = None if _viewed(q, self._q_view) else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        view = (q if self._q_copy is None else self._q_copy).view(self._q_view)
         q_strides = (view.stride(1), view.stride(0), view.stride(2)) if stacked else (view.stride(0), 0, view.stride(1))
         self.partial = torch.empty(launches * kv_heads * splits, self.rows, dv, dtype=torch.float32, device=q.device)
         self.partial_ml = torch.empty(launches * kv_heads * splits, self.rows, 2, dtype=torch.float32, device=q.device)
@@ -527,120 +435,78 @@ class DecodeLaunch:
         new_tokens = torch.full((launches,), n, dtype=torch.int32, device=q.device) if new_tokens is None else new_tokens
         starts = torch.zeros(launches, dtype=torch.int32, device=q.device) if starts is None else starts
         shared = values_in_keys(k_cache, v_cache)
-        self._split_args = (
-            options.scale * LOG2E, options.scale, int(options.causal), options.rule_numbers, *q_strides, k_cache.stride(0),
-            k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            block_table.stride(0) if paged else 0, self.partial.stride(0), self.partial.stride(1), kv_heads, splits,
-            self.rows, rows, n, d, dv)
+        self._split_args = (options.scale * LOG2E, options.scale, int(options.causal), options.rule_numbers, *q_strides,
+                            *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0) if paged else 0,
+                            *self.partial.stride()[:2], kv_heads, splits, self.rows, rows, n, d, dv)
         # V_FROM_K: HEAD_DIM_PAD pads the key's own columns, past the dv it shares with the values
         self._split_kw = dict(
             PAGE_SIZE=k_cache.shape[2] if paged else 1, HEAD_DIM_PAD=head_dim_pad(d - dv) if shared else head_dim_pad(d),
             HEAD_DIM_V_PAD=head_dim_pad(dv), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
-            KEY_ROWS=_paged_rows if paged else _contiguous_rows, INPUT_PRECISION=input_precision,
+            KEY_ROWS=_paged_rows if paged else _contiguous_rows, INPUT_PRECISION="tf32",
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, V_FROM_K=shared, **score_args(score))
-        self._runs = self._split_runs(launches, kv_heads, splits, new_tokens, starts)
-        for grid, *_ in self._runs:
-            check_grid(DECODE_FN, grid, q.device, ("query row blocks (query heads per kv head x new tokens)",
-                                                   "num_splits", "batch x kv_heads"))
+        # grid axis 2, batch x kv_heads, takes at most 65,535 on CUDA (rules.row_chunks): a larger batch launches in
+        # runs of whole sequences, each on views of what stage 1 indexes by sequence
+        self._runs = []
+        for run in row_chunks(launches * kv_heads, kv_heads):
+            seqs = slice(run.start // kv_heads, run.stop // kv_heads)
+            parts = slice(run.start * splits, run.stop * splits)
+            self._runs.append(((self.shape.split_grid[0], splits, run.stop - run.start), run, seqs, self.partial[parts],
+                               self.partial_ml[parts], new_tokens[seqs], starts[seqs]))
+        check_grid(DECODE_FN, self._runs[0][0], q.device, ("query row blocks (query heads per kv head x new tokens)",
+                                                           "num_splits", "batch x kv_heads"))  # the largest run
         extra = {} if options.sinks is None else dict(Sinks=options.sinks.to(torch.float32).contiguous())
         if prefix is not None:
             extra.update(Prefix=prefix.partial, PrefixML=prefix.partial_ml, stride_xz=prefix.partial.stride(0),
                          stride_xr=prefix.partial.stride(1), PREFIX_SPLITS=prefix.shape.num_splits, BATCH=batch)
-        self._merge_args = (self.partial, self.partial_ml)
         self._merge_tail = (self.partial.stride(0), self.partial.stride(1), self._out_rows.stride(0),
                             self._out_rows.stride(1), splits, rows, dv)
         self._merge_kw = dict(HEAD_DIM_PAD=head_dim_pad(dv), BLOCK_Q=self.shape.merge_block_q,
-                              num_warps=self.shape.merge_warps,
-                              num_stages=1, KV_HEADS=kv_heads, NEW_TOKENS=n, **extra)
-
-    def _split_runs(self, batch, kv_heads, splits, new_tokens, starts):
-        """Stage 1's launches: grid axis 2 holds batch x kv_heads and CUDA takes at most 65,535 there
-        (rules.row_chunks), so a larger batch is launched in runs of whole sequences, each on views of
-        what the kernel indexes by sequence (queries, lengths, block table or contiguous cache, partials)."""
-        runs = []
-        for run in row_chunks(batch * kv_heads, kv_heads):
-            seqs = slice(run.start // kv_heads, run.stop // kv_heads)
-            parts = slice(run.start * splits, run.stop * splits)
-            grid = (self.shape.split_grid[0], splits, run.stop - run.start)
-            runs.append((grid, run, seqs, self.partial[parts], self.partial_ml[parts], new_tokens[seqs], starts[seqs]))
-        return runs
+                              num_warps=self.shape.merge_warps, num_stages=1, KV_HEADS=kv_heads, NEW_TOKENS=n, **extra)
 
     def __call__(self, q, k_cache, v_cache, seqlens, block_table=None, out=None):
-        """Launch both stages (stage 1 alone for a prefix's pass) on tensors of the layout this was made
-        for; seqlens (batch,) int32 contiguous. Returns (out, lse): out (batch, q_heads, new_tokens, dv) in
-        q's dtype (``out``, or this launch's own buffer, which the next call overwrites) and lse (batch,
-        q_heads, new_tokens) float32, natural log (this launch's buffer); None for a prefix's pass."""
+        """Launch both stages (a prefix's pass: stage 1 alone, returning None); seqlens (batch,) int32 contiguous.
+        Returns out (batch, q_heads, new_tokens, dv) in q's dtype (``out``, or this launch's buffer, which the
+        next call overwrites) and lse (batch, q_heads, new_tokens) float32, natural log (this launch's buffer)."""
         if self.empty:
             return self.out, self.lse
         if self._q_copy is not None:
             q = self._q_copy.copy_(q)
-        table = seqlens if block_table is None else block_table  # not read by _contiguous_rows
-        if len(self._runs) == 1:
-            grid, _, _, partial, partial_ml, new_tokens, starts = self._runs[0]
-            _decode_split[grid](q, k_cache, v_cache, partial, partial_ml, seqlens, new_tokens, starts, table,
-                                *self._split_args, **self._split_kw)
-        else:
-            for grid, run, seqs, partial, partial_ml, new_tokens, starts in self._runs:
-                k_run, v_run = (k_cache, v_cache) if block_table is not None else (k_cache[seqs], v_cache[seqs])
-                _decode_split[grid](q.view(self._q_view)[run], k_run, v_run, partial, partial_ml, seqlens[seqs],
-                                    new_tokens, starts, table[seqs], *self._split_args, **self._split_kw)
-        if not self._merge:
-            return None
-        out_rows = self._out_rows if out is None else out.view(self._out_rows_shape)
-        _decode_merge[self.shape.merge_grid](*self._merge_args, out_rows, self._lse_rows, *self._merge_tail,
-                                             **self._merge_kw)
-        return (self.out if out is None else out), self.lse
-
+        for kernel, grid, args, kwargs in self.bound(q, k_cache, v_cache, seqlens, block_table, out):
+            kernel[grid](*args, **kwargs)
+        return ((self.out if out is None else out), self.lse) if self._merge else None
 
     def bound(self, q, k_cache, v_cache, seqlens, block_table=None, out=None) -> list:
-        """What a call launches on these tensors, as [(kernel, grid, args, kwargs)] (one run of sequences;
-        q of a layout that needs no copy): to inspect the launches, or to time them bare."""
-        grid, _, _, partial, partial_ml, new_tokens, starts = self._runs[0]
-        table = seqlens if block_table is None else block_table
-        split = (_decode_split, grid, (q, k_cache, v_cache, partial, partial_ml, seqlens, new_tokens, starts, table,
-                                       *self._split_args), self._split_kw)
-        out_rows = self._out_rows if out is None else out.view(self._out_rows_shape)
-        merge = (_decode_merge, self.shape.merge_grid, (*self._merge_args, out_rows, self._lse_rows, *self._merge_tail),
-                 self._merge_kw)
-        return [split, merge] if self._merge else [split]
+        """What a call launches on these tensors (q of a layout that needs no copy), as [(kernel, grid, args,
+        kwargs)]: stage 1 per run of sequences, then the merge; to inspect the launches, or to time them bare."""
+        table = seqlens if block_table is None else block_table  # not read by _contiguous_rows
+        launches = []
+        for grid, run, seqs, partial, partial_ml, new_tokens, starts in self._runs:
+            q_run, k_run, v_run, lens, table_run = q, k_cache, v_cache, seqlens, table
+            if len(self._runs) > 1:  # views of what the kernel indexes by sequence
+                q_run, lens, table_run = q.view(self._q_view)[run], seqlens[seqs], table[seqs]
+                if block_table is None:
+                    k_run, v_run = k_cache[seqs], v_cache[seqs]
+            launches.append((_decode_split, grid, (q_run, k_run, v_run, partial, partial_ml, lens, new_tokens, starts,
+                                                   table_run, *self._split_args), self._split_kw))
+        if self._merge:
+            out_rows = self._out_rows if out is None else out.view(self._out_rows_shape)
+            launches.append((_decode_merge, self.shape.merge_grid, (self.partial, self.partial_ml, out_rows,
+                                                                    self._lse_rows, *self._merge_tail), self._merge_kw))
+        return launches
 
 
-def _viewed(t: torch.Tensor, shape):
-    """t viewed as shape with its last dim contiguous, or None where its strides allow no such view."""
-    if t.stride(-1) != 1:
-        return None
+def _viewed(t: torch.Tensor, shape) -> bool:
+    """Whether t views as shape with its last dim contiguous."""
     try:
-        return t.view(shape)
+        return t.stride(-1) == 1 and t.view(shape) is not None
     except RuntimeError:
-        return None
+        return False
 
 
-def as_kernels_read(k_cache, v_cache, sequences: Sequences, block_table):
-    """(k_cache, v_cache, sequences, block_table) as the kernels read them: the caches' last dims contiguous,
-    the lengths int32 and contiguous, the block table contiguous (views such as t[::2] copied)."""
-    k_cache, v_cache = _contiguous_last_dim(k_cache), _contiguous_last_dim(v_cache)
-    sequences = Sequences(*(t.to(torch.int32).contiguous() for t in sequences))
-    return k_cache, v_cache, sequences, None if block_table is None else block_table.contiguous()
-
-
-def decode_forward(q, k_cache, v_cache, cache_seqlens, *, options: Options, score=None, block_table=None,
-                   num_splits: int | None = None, config: DecodeConfig | None = None, input_precision: str = "tf32",
-                   sequences: Sequences | None = None):
-    """Both stages, on inputs :func:`flashlib.decode_attention` has checked (nothing here reads the
-    lengths or the block table on the host): a :class:`DecodeLaunch` made and called once.
-
-    Returns out (batch, q_heads, new_tokens, dv) in q's dtype (dv: v_cache's head dim; a v_cache that
-    is a view of k_cache's first dv columns is read with the keys, :func:`values_in_keys`) and lse
-    (batch, q_heads, new_tokens) float32. options: the call's (flashlib.options: causal, scale, window, sinks; the sinks merged as
-    one more partial with no value); score: its score function compiled
-    (:func:`flashlib.kernels.function.kernel_score`: soft-capping is one), told each new token's
-    position in its sequence; config: stage 1's tiles (default :func:`decode_config`);
-    input_precision: how a float32 ``tl.dot`` multiplies on a GPU ("tf32" or "ieee"); sequences: each
-    sequence's new tokens and start where they differ (a mixed batch, left padding), else every
-    sequence has q's new_tokens from position 0 (:func:`uniform_sequences` of cache_seqlens)."""
-    sequences = uniform_sequences(cache_seqlens, q.shape[2]) if sequences is None else sequences
-    k_cache, v_cache, sequences, block_table = as_kernels_read(k_cache, v_cache, sequences, block_table)
-    launch = DecodeLaunch(q, k_cache, v_cache, options=options, score=score, block_table=block_table,
-                          num_splits=num_splits, config=config, input_precision=input_precision,
-                          new_tokens=sequences.new_tokens, starts=sequences.starts)
-    return launch(q, k_cache, v_cache, sequences.seqlens, block_table)
+def as_kernels_read(batch):
+    """A call's tensors (:class:`flashlib.kvcache.Batch`) as stage 1 reads them: the caches' last dims, the
+    block table and each sequence's seqlens, new_tokens and starts (int32) contiguous (views like t[::2] copied)."""
+    k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (batch.k_cache, batch.v_cache))
+    table = None if batch.block_table is None else batch.block_table.contiguous()
+    return batch._replace(k_cache=k_cache, v_cache=v_cache, block_table=table, **{
+        name: getattr(batch, name).to(torch.int32).contiguous() for name in ("seqlens", "new_tokens", "starts")})

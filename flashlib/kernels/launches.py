@@ -1,14 +1,13 @@
 """The launch model: how many programs of a compiled kernel a GPU keeps resident, and how many waves a
 launch takes.
 
-A streaming multiprocessor (SM) runs a program (a CUDA block) only when it has the registers, shared
-memory, warp slots and block slots for it, so a kernel's registers per thread and shared memory per
-program, read from its compiled code (:mod:`flashlib.kernels.compile`, ``tests/decode_compile.py``),
-say how many of its programs an SM holds at once: its *residency*. A launch of P programs on S SMs then
-runs in P / (residency x S) *waves*; a fraction past a whole number is a last wave that leaves SMs idle
-(as long as a full one when the programs are alike), and a launch well under one wave leaves the GPU
-partly idle, which for a memory-bound kernel means bytes not in flight. The rules are CUDA's occupancy
-calculator's for compute capability 9.0:
+A streaming multiprocessor (SM) runs a program (a CUDA block) only when it has the registers, shared memory,
+warp slots and block slots for it, so a kernel's registers per thread and shared memory per program, read from
+its compiled code (:mod:`flashlib.kernels.compile`, ``tests/decode_compile.py``), say how many of its programs
+an SM holds at once: its *residency*. A launch of P programs on S SMs then runs in P / (residency x S) *waves*;
+a last wave part-filled leaves SMs idle (as long as a full one when the programs are alike), and a launch well
+under one wave leaves the GPU partly idle: for a memory-bound kernel, bytes not in flight. CUDA's occupancy
+calculator's rules for compute capability 9.0:
 
     registers   allocated per warp in units of 256 (registers per thread x 32, rounded up); an SM's
                 65,536 give whole warps, in groups of 4, and the warps whole programs
@@ -44,9 +43,8 @@ def _round_up(x: int, unit: int) -> int:
 
 
 def residency(registers: int, shared: int, num_warps: int, gpu: GPU = H200) -> dict:
-    """Programs of a kernel an SM holds at once, and what limits them: {"programs", "by_registers",
-    "by_shared", "by_warps", "by_slots", "limit"} for ``registers`` per thread, ``shared`` bytes per program
-    and ``num_warps`` warps per program."""
+    """Programs of a kernel (``registers`` per thread, ``shared`` bytes and ``num_warps`` warps per program) an SM
+    holds at once, and what limits them: {"programs", "by_registers", "by_shared", "by_warps", "by_slots", "limit"}."""
     per_warp = _round_up(registers * 32, gpu.register_unit)
     warps = gpu.registers // per_warp // gpu.warp_granularity * gpu.warp_granularity
     bounds = dict(by_registers=warps // num_warps,
