@@ -125,9 +125,11 @@ def _kinds(options: Options, batch, heads, seq_q, seq_k, block_q, block_k, devic
 
     def build():  # O(seq_q * seq_k) evaluations of the mask function: kept while it reads the same values
         return block_mask(seq_q, seq_k, block_q=block_q, block_k=block_k, causal=options.causal, window=options.window,
-                          attention_chunk=options.attention_chunk, mask_mod=options.mask_mod, batch=batch, heads=heads, device=device).kinds, ()
+                          attention_chunk=options.attention_chunk, mask_mod=options.mask_mod, batch=batch, heads=heads,
+                          device=device).kinds, ()
 
-    call = ("kinds", seq_q, seq_k, block_q, block_k, options.causal, options.window, options.attention_chunk, batch, heads, torch.device(device))
+    call = ("kinds", seq_q, seq_k, block_q, block_k, options.causal, options.window, options.attention_chunk, batch, heads,
+            torch.device(device))
     return KINDS.get(options.mask_mod, call, build)[0]
 
 
@@ -164,8 +166,7 @@ def variant_args(options: Options, *, group: int = 1, heads: int = 1, kinds=None
     args.update(score_args(score))
     if options.masked:
         args.update(rule=options.rule_numbers, MaskData=None if data is None else data.data, Tiles=kinds,
-                    stride_t=(kinds.stride(0) if kinds.shape[0] > 1 else 0, kinds.stride(1) if kinds.shape[1] > 1 else 0,
-                              kinds.stride(2)),
+                    stride_t=tuple(s if n > 1 else 0 for s, n in zip(kinds.stride(), kinds.shape[:2])) + (kinds.stride(2),),
                     MASK_MOD=_no_mask if data is None else data.jit)
     return args
 
@@ -188,13 +189,13 @@ def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None, fn=FN):
     out = q.new_empty(bh, seq_q, dv)
     lse = torch.empty(bh, seq_q, dtype=torch.float64, device=q.device)  # float64: forward._finish says why
     kinds, data = masks or (None, None)
-    causal, scale, sinks = options.causal, options.scale, options.sinks
+    scale, sinks = options.scale, options.sinks
+    sinks = None if sinks is None else sinks.detach().to(torch.float32).contiguous()  # as the kernels read them
     score = kernel_score(options, q.device, batch=bh // heads, heads=heads, seq_q=seq_q, seq_k=k.shape[1], fn=fn)
-    switches = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, dv), BLOCK_Q=cfg.block_q,
-                    BLOCK_K=cfg.block_k, CAUSAL=causal,
-                    INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                    **variant_args(options, group=group, heads=heads, kinds=kinds, data=data, sinks=_sinks32(sinks),
-                                   score=score))
+    switches = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, dv), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k,
+                    CAUSAL=options.causal, INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps,
+                    num_stages=cfg.num_stages, **variant_args(options, group=group, heads=heads, kinds=kinds, data=data,
+                                                              sinks=sinks, score=score))
     if score is not None:
         switches.update(scale=scale)  # a score function gets the natural scaled score
     # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where the
@@ -207,9 +208,9 @@ def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None, fn=FN):
     return out, lse
 
 
-def preprocess(out, dout, dlse, cfg, heads_first: bool = False):
-    """delta = rowsum(dO * O) - dlse, (rows of heads, seq) float32: out and dout (B*H, seq_q, dv), or
-    with heads_first their (H, total_q, d) views of a packed layout."""
+def preprocess(out, dout, dlse, cfg):
+    """delta = rowsum(dO * O) - dlse, (rows, seq) float32: out and dout (B*H, seq_q, dv), or a packed
+    layout's (H, total_q, dv) views."""
     bh, seq_q, d = out.shape
     delta = torch.empty(bh, seq_q, dtype=torch.float32, device=out.device)
     for rows in row_chunks(bh):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
@@ -231,15 +232,16 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cfg, options=DEFAULT, heads=
     causal, scale, sinks = options.causal, options.scale, options.sinks
     delta = preprocess(out, dout, dlse, cfg)  # over v's head dim
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    common = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, d_v), BLOCK_Q=cfg.bwd_block_q,
-                  BLOCK_K=cfg.bwd_block_k, CAUSAL=causal,
-                  INPUT_PRECISION=cfg.input_precision, num_warps=cfg.bwd_num_warps,
+    common = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, d_v), BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k,
+                  CAUSAL=causal, INPUT_PRECISION=cfg.input_precision, num_warps=cfg.bwd_num_warps,
                   num_stages=cfg.bwd_num_stages)
     by_query, by_key, data = masks or (None, None, None)
     group = bh // k.shape[0]
     score = kernel_score(options, q.device, batch=bh // heads, heads=heads, seq_q=seq_q, seq_k=seq_k, fn=fn)
     told = _tells_head(options, score=score)
-    by_key = _block_h(variant_args(options, group=group, heads=heads, kinds=by_key, data=data, score=score))
+    by_key = variant_args(options, group=group, heads=heads, kinds=by_key, data=data, score=score)
+    if "GROUP" in by_key:  # dK/dV sums over its block of query heads, BLOCK_H: compile-time, one trip gone without GQA
+        by_key["BLOCK_H"] = by_key.pop("GROUP")
     # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where masked
     for kv in row_chunks(k.shape[0], heads // group if told else 1):
         rows = slice(kv.start * group, kv.stop * group)  # the query heads that read these kv heads
@@ -263,14 +265,6 @@ def _strides(*tensors) -> list[tuple[int, int]]:
     return [(t.stride(0), t.stride(1)) for t in tensors]
 
 
-def _block_h(args: dict) -> dict:
-    """The dK/dV kernel's arguments: its group is the block of query heads it sums over, BLOCK_H, a
-    compile-time size (one loop trip, gone, without grouped heads)."""
-    if "GROUP" in args:
-        args["BLOCK_H"] = args.pop("GROUP")
-    return args
-
-
 def _masks(options: Options, q, seq_k, block_q, block_k, backward=False, fn=FN):
     """(kinds, data) of a forward launch, or (kinds by query block, kinds by key tile, data) of a
     backward one, for q (..., H, seq_q, d); None without a window or mask function."""
@@ -285,11 +279,6 @@ def _masks(options: Options, q, seq_k, block_q, block_k, backward=False, fn=FN):
     if backward:
         return rows_of_16(kinds), rows_of_16(kinds.transpose(-1, -2)), data
     return rows_of_16(kinds), data
-
-
-def _sinks32(sinks):
-    """Attention sinks as the kernels read them: float32, contiguous (a view is copied)."""
-    return None if sinks is None else sinks.detach().to(torch.float32).contiguous()
 
 
 def forward_base2(q, k, v, *, config=None, fn=FN, **keywords):
