@@ -1,10 +1,8 @@
 """The options of one attention call, checked once into one object.
 
-Every op checks its keyword arguments once (:func:`check_options`) into an :class:`Options`, which
-travels to the references, the kernels' launchers, the autograd Functions and the custom ops' schemas.
-A new option is one field here (and its check; a tensor option one row of :data:`TENSOR_OPTIONS` too);
-the rules it takes part in are asked through :attr:`Options.visibility` and :attr:`Options.scoring`,
-so no layer unpacks it by hand.
+Every op checks its keyword arguments once (:func:`check_options`) into an :class:`Options`, which is
+what travels. A new option is one field here (and its check; a tensor option a row of :data:`TENSOR_OPTIONS`
+too); layers ask the rules through :attr:`Options.visibility` and :attr:`Options.scoring`.
 
     causal      bool: the causal rule (bottom-right aligned)
     scale       float: the softmax scale, resolved (1/sqrt(head_dim) unless given)
@@ -93,8 +91,7 @@ class Options(NamedTuple):
         return len(self.given()) > 2
 
     def refuse_beyond(self, fn: str, path: str, implemented=("causal", "scale")) -> "Options":
-        """These options, if ``path`` implements each one set; a ValueError naming the others otherwise, so
-        that no option is dropped on the way to a kernel."""
+        """These options if ``path`` implements each one set, else a ValueError naming the rest (none is dropped)."""
         missing = [name for name in self.given() if name not in implemented]
         if missing:
             raise ValueError(f"{fn}: {path} does not implement {', '.join(map(repr, missing))}; it takes "
@@ -151,8 +148,7 @@ class Options(NamedTuple):
         return options.with_tensors(tensors)
 
     def keywords(self) -> dict:
-        """The keyword arguments that give these options again: those of :meth:`given`, so that an op
-        without an option not set (decoding's mask functions, say) is not handed it."""
+        """The keyword arguments that give these options again: :meth:`given`'s, so no op is handed one unset."""
         return {name: getattr(self, name) for name in self.given()}
 
 

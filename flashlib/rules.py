@@ -118,9 +118,8 @@ def key_range_start(q0, seq_q, seq_k, rule: Visibility, block_k: int) -> int:
 
 
 def key_span(rule: Visibility, keys: int, new_tokens: int) -> int:
-    """The most keys that the last ``new_tokens`` queries of a sequence of ``keys`` positions see together
-    (decoding's split count is chosen for it): all of them, or the reach of the window's left side or of
-    the chunks their positions lie in."""
+    """The most keys the last ``new_tokens`` queries of a sequence of ``keys`` positions see together (what
+    decoding's split count is chosen for): all, or the reach of the window's left side or of their chunks."""
     span = keys
     if rule.window[0] >= 0:
         span = min(span, rule.window[0] + new_tokens)
@@ -167,10 +166,9 @@ def _tiles(x: torch.Tensor, fq: int, fk: int, fill) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class BlockMask:
-    """A mask at tile granularity, as flex_attention's ``create_block_mask`` builds one: kinds, uint8
-    (batch or 1, heads or 1, query blocks, key tiles), holds SKIPPED, PARTIAL or FULL for each tile (a
-    dim of size 1 where the mask does not depend on the batch row or the head); rule: the mask it was
-    built from, which a kernel given the block mask applies."""
+    """A mask at tile granularity, as flex_attention's ``create_block_mask`` builds one: kinds, uint8 (batch
+    or 1, heads or 1, query blocks, key tiles), SKIPPED, PARTIAL or FULL for each tile (1 where the mask does
+    not depend on the batch row or head); rule: the mask it was built from, which a kernel applies."""
 
     kinds: torch.Tensor
     seq_q: int
@@ -205,21 +203,6 @@ class BlockMask:
 
 # ----- score functions ---------------------------------------------------------------------------
 
-def scored(score_mod, s: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
-    """s through a score function (flashlib.scores), on index tensors broadcast against s."""
-    try:
-        new = score_mod(s, b, h, q_idx, kv_idx)
-    except IndexError as exc:  # named as a mask function's is (and as the kernels name it)
-        raise out_of_bounds(None, "score_mod", score_mod, str(exc), int(q_idx.max()) + 1 if q_idx.numel() else 0,
-                            int(kv_idx.max()) + 1 if kv_idx.numel() else 0) from None
-    if not isinstance(new, torch.Tensor) or not new.is_floating_point():
-        name = getattr(score_mod, "__name__", repr(score_mod))
-        kind = type(new).__name__ if not isinstance(new, torch.Tensor) else f"a {new.dtype} tensor"
-        raise TypeError(f"argument 'score_mod': {name} returned {kind}; a score function returns the new scores "
-                        "(a floating tensor)")
-    return new.expand(s.shape) if new.shape != s.shape else new
-
-
 class Scoring(NamedTuple):
     """How a tile's scores are made: s = scale * q kᵀ, then the score function, as FlexAttention does."""
 
@@ -239,7 +222,17 @@ class Scoring(NamedTuple):
         h = torch.arange(heads, device=s.device).view(1, -1, 1, 1)
         q_idx = torch.arange(q0, q0 + rows, device=s.device)[:, None]
         kv_idx = torch.arange(k0, k0 + cols, device=s.device)[None, :]
-        return scored(self.score_mod, s, b, h, q_idx, kv_idx)
+        try:
+            new = self.score_mod(s, b, h, q_idx, kv_idx)
+        except IndexError as exc:  # named as a mask function's is (and as the kernels name it)
+            raise out_of_bounds(None, "score_mod", self.score_mod, str(exc), q0 + rows if rows else 0,
+                                k0 + cols if cols else 0) from None
+        if not isinstance(new, torch.Tensor) or not new.is_floating_point():
+            name = getattr(self.score_mod, "__name__", repr(self.score_mod))
+            kind = type(new).__name__ if not isinstance(new, torch.Tensor) else f"a {new.dtype} tensor"
+            raise TypeError(f"argument 'score_mod': {name} returned {kind}; a score function returns the new "
+                            "scores (a floating tensor)")
+        return new.expand(s.shape) if new.shape != s.shape else new
 
     def slope(self, ds, s, q0: int = 0, k0: int = 0, captured=()):
         """(ds through the function: the gradient of the scaled scores s, [the gradients of the captured
@@ -290,10 +283,9 @@ def key_tiles(q0, seq_q, seq_k, causal: bool, block_q: int, block_k: int) -> tup
 
 
 def query_tiles(k0, seq_q, seq_k, causal: bool, block_q: int, block_k: int) -> tuple[int, int, int]:
-    """(q_start, q_full_start, q_full_end) for the key tile k0 : k0 + block_k under the causal rule
-    alone: query blocks [q_full_start, q_full_end) lie inside the queries and see the whole tile (no
-    mask needed); [q_start, q_full_start) (the diagonal) and [q_full_end, seq_q) (the ragged end, or
-    every block of a ragged key tile) need one; earlier blocks see none. All on block boundaries."""
+    """(q_start, q_full_start, q_full_end) for the key tile k0 : k0 + block_k under the causal rule alone:
+    blocks [q_full_start, q_full_end) lie inside the queries and see the whole tile (no mask); [q_start,
+    q_full_start) (the diagonal) and [q_full_end, seq_q) (the ragged end) need one. On block boundaries."""
     q_start, _ = query_range(k0, k0 + block_k, seq_q, seq_k, Visibility(causal=causal), block_q)
     rows_full = seq_q // block_q * block_q  # where the whole query blocks end
     first_full = 0  # the first block whose first row sees the tile's last key

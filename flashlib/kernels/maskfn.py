@@ -43,14 +43,12 @@ import triton.language as tl  # noqa: E402
 
 # the most a kernel adds to a length: its indices run over whole tiles (BLOCK_Q, BLOCK_K <= 256)
 TILE_PAD = 256
-_INT32_MAX = INT32[1]
 
 
 class KernelMask(NamedTuple):
     """A mask (or score) function as the kernels call it: the compiled ``MASK_MOD`` (``SCORE_MOD``), its
-    ``data`` (the tensors it reads, on the kernels' device, then the numbers it is given at launch; None
-    when there are none), the generated Triton source, the tensors as the function captured them and,
-    for a score function, the check of the indices it reads them at (None when it reads none by index)."""
+    ``data`` (the tensors it reads, on the kernels' device, then its launch numbers; None if empty), the
+    Triton source, the tensors it captured and a score function's index check (None if it indexes none)."""
 
     jit: object
     data: tuple | None
@@ -69,7 +67,7 @@ def symbol_bounds(batch=None, heads=None, seq_q=None, seq_k=None) -> dict:
     """{name: (lo, hi)} of the four indices as a kernel passes them: every tile's rows and columns
     (past the lengths by up to a tile); an unknown size bounds its index by int32."""
     def upto(n, pad=0):
-        return (0, _INT32_MAX) if n is None else (0, max(int(n) - 1, 0) + pad)
+        return (0, INT32[1]) if n is None else (0, max(int(n) - 1, 0) + pad)
 
     return {"b": upto(batch), "h": upto(heads), "q_idx": upto(seq_q, TILE_PAD), "kv_idx": upto(seq_k, TILE_PAD)}
 
@@ -107,9 +105,8 @@ def memo_get(fn: str, argument: str, function, kind: str, bounds: dict, device, 
 
 
 def compiled(source: str):
-    """The @triton.jit function of a generated source, made once per source (so the same compiled kernels).
-    At most _MAX_COMPILED are kept, the least recently asked for dropped first with their linecache
-    entry and the interpreter's rewrite of them (which would otherwise be kept for the process's life)."""
+    """The @triton.jit function of a generated source, made once per source; at most _MAX_COMPILED are kept,
+    the least recently used dropped first with their linecache entry and the interpreter's rewrite of them."""
     with _LOCK:
         if source not in _COMPILED:
             name = source[4:source.index("(")]  # "def _mask_mod(..."
@@ -159,9 +156,8 @@ def _index_ok(i, size):
 
 @triton.jit
 def _integral(x, lo, hi):
-    """A float made ready for a cast to an integer type of range [lo, hi): itself where it fits, else lo,
-    which x86 gives PyTorch for NaN, infinities and values out of range (T5's log(0) buckets, which a
-    torch.where then drops), instead of an undefined cast."""
+    """x made ready for a cast to an integer type of range [lo, hi): itself where it fits, else lo, as x86
+    gives PyTorch for NaN, infinities and values out of range (T5's log(0) buckets), not an undefined cast."""
     return tl.where((x >= lo) & (x < hi), x, lo)
 
 
@@ -178,9 +174,8 @@ _GENERATED_USE = {"_floordiv": _floordiv, "_floormod": _floormod, "_gather": _ga
 
 
 def _narrow(graph: Graph) -> tuple:
-    """Which tensors a trace loads are passed as int32 copies: int64 data whose values fit (the trace's
-    bounds say so), as a tile of int64 comparisons holds twice the registers (it spilled the document
-    mask's forward)."""
+    """Which loaded tensors are passed as int32 copies: int64 ones whose values fit (a tile of int64
+    comparisons holds twice the registers: it spilled the document mask's forward)."""
     loads = {node.value: node for node in _nodes(graph.result) if node.op == "load"}  # a slot's: the same bounds
     return tuple(t.dtype == torch.int64 and _ctype(loads[slot]) == "tl.int32" for slot, t in enumerate(graph.tensors))
 
@@ -229,9 +224,8 @@ def _ctype(node: Node) -> str:
 
 
 def _work_type(operands, also) -> str:
-    """The type an operation on ``operands`` is computed in: the widest of theirs (numbers aside,
-    which PyTorch lets take the tensor's type; a float before any integer) and ``also``; int64 where a
-    number needs it."""
+    """The type an operation on ``operands`` is computed in: the widest of theirs (a float first; numbers
+    aside, which PyTorch lets take the tensor's type) and ``also``; int64 where a number needs it."""
     types = [_ctype(a) for a in operands if a.op != "const"] + also or [_ctype(operands[0])]
     floats = [t for t in types if t not in _RANK]
     work = floats[0] if floats else max(types, key=_RANK.__getitem__)
@@ -240,8 +234,7 @@ def _work_type(operands, also) -> str:
 
 
 class _Writer:
-    """The Triton source of the nodes ``results`` of one trace: nested expressions, a local for a value
-    used twice (what the results share is computed once)."""
+    """The Triton source of the nodes ``results`` of a trace: nested expressions, a local for a value used twice."""
 
     def __init__(self, results: list[Node], tensors: list[torch.Tensor], numbers: list | None = None,
                  first: int | None = None):
@@ -354,7 +347,7 @@ class _Writer:
         # a lane that loads has every index in range, so its offset is within the tensor's extent (a
         # masked lane's offset may wrap: it reads nothing)
         extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-        wide = extent > _INT32_MAX or any(_ctype(i) == "tl.int64" for i in node.args)
+        wide = extent > INT32[1] or any(_ctype(i) == "tl.int64" for i in node.args)
         offsets, oks = [], []
         for i, size, stride in zip(node.args, t.shape, t.stride()):
             index = self.as_type(i, "tl.int64" if wide else _ctype(i))

@@ -1,15 +1,12 @@
 """The rules the course teaches, written once in Triton: which keys a query sees, score functions
 (soft-capping among them) and their slope, and PyTorch's integer division for mask functions.
 
-Every kernel (the teaching forward and backward, packed sequences, decoding, the ladder) asks these
-helpers; :mod:`flashlib.rules` is their PyTorch counterpart (:class:`flashlib.rules.Visibility` states
-the rule), checked element by element and tile by tile in ``tests/test_rules.py``. The rule reaches a
-kernel as the compile-time CAUSAL and MASK_MOD (called in the tiles a block mask calls partial) and one
-tuple, ``rule = (window left, window right, chunk)`` from flashlib.options.Options.rule_numbers, run-time
-integers but for a chunk of None (no chunks: a compile-time None, and its code is compiled out).
-:func:`_key_range` answers which key tiles a query block visits (:func:`_key_split`: its split-KV
-mode), :func:`_query_range` which query blocks a key tile visits, :func:`_visible` which pairs attend.
-``diag = i + SEQ_K - SEQ_Q`` is the key on query i's diagonal (bottom-right alignment).
+Every kernel asks these helpers; :mod:`flashlib.rules` is their PyTorch counterpart (its ``Visibility``
+states the rule; ``tests/test_rules.py`` checks the two). A kernel gets the rule as the compile-time
+CAUSAL and MASK_MOD and one tuple, ``rule = (window left, window right, chunk)`` (Options.rule_numbers),
+run-time integers but for a chunk of None (compiled out). :func:`_key_range` gives the key tiles a query
+block visits (:func:`_key_split`: split-KV), :func:`_query_range` the query blocks a key tile visits,
+:func:`_visible` the pairs that attend; ``diag = i + SEQ_K - SEQ_Q`` is the key on query i's diagonal.
 """
 from __future__ import annotations
 
@@ -160,10 +157,9 @@ def _tile_kind(Tiles, tile, MASK_MOD: tl.constexpr):
 
 @triton.jit
 def _tanh(y):
-    """tanh in float32 to 1.5 ulps everywhere: tanh's Taylor series to y^19 below |y| = 0.6 (where
-    1 - 2 / (e^2y + 1) would lose bits to cancellation; the next term is 4e-9 of tanh there), that
-    quotient above it (exact at both ends: e^2y = inf gives 1). With 5 terms below 1/4 it was off by
-    up to 3 ulps, and soft-capped attention's error followed it."""
+    """tanh in float32 to 1.5 ulps everywhere: its Taylor series to y^19 below |y| = 0.6 (where 1 - 2 / (e^2y
+    + 1) loses bits to cancellation; the next term is 4e-9 of tanh there), that quotient above (exact at
+    both ends: e^2y = inf gives 1). With 5 terms below 1/4 it was off by 3 ulps, and so was soft-capping."""
     a = tl.abs(y)
     y2 = y * y
     series = (-929569.0 / 638512875.0 + y2 * (6404582.0 / 10854718875.0 + y2 * (-443861162.0 / 1856156927625.0)))
@@ -295,10 +291,9 @@ MAX_GRID_ROWS = 65535  # CUDA's limit on grid axes 1 and 2 (axis 0 takes 2^31 - 
 
 
 def row_chunks(rows: int, multiple: int = 1) -> list[slice]:
-    """The kernels' (batch, head) rows, on grid axis 1, in runs of at most MAX_GRID_ROWS: one launch each,
-    on views of the tensors. Runs start on multiples of ``multiple`` (a kv head's query heads; a batch's
-    heads, where a mask function is told the batch) and, where the limit allows, of 16, so that every
-    run's pointers keep the 16-byte alignment Triton specialises on (one compiled kernel for all)."""
+    """The kernels' (batch, head) rows, on grid axis 1, in runs of at most MAX_GRID_ROWS (a launch each, on
+    views): runs start on multiples of ``multiple`` (a kv head's query heads; a batch's heads for a mask
+    function) and, where the limit allows, of 16, keeping the 16-byte alignment Triton specialises on."""
     from math import lcm
 
     unit = lcm(16, multiple) if lcm(16, multiple) <= MAX_GRID_ROWS else multiple

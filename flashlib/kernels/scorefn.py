@@ -1,23 +1,20 @@
 """Score functions, as FlexAttention users write them, compiled into the kernels with their derivative.
 
 A score function ``score_mod(score, b, h, q_idx, kv_idx) -> score`` changes each scaled score before
-the mask (:mod:`flashlib.scores` has ready ones: soft-capping, ALiBi, a bias table, T5's bias, a
-temperature). It is traced and written out as mask functions are (:mod:`flashlib.kernels.maskfn`, the
-score a float32 symbol; its tensors and numbers in ``data``), as one ``@triton.jit`` function::
+the mask (:mod:`flashlib.scores` has ready ones). It is traced and written out as mask functions are
+(:mod:`flashlib.kernels.maskfn`; the score a float32 symbol), as one ``@triton.jit`` function::
 
     SCORE_MOD(x, scale, qk_scale, b, h, q_idx, kv_idx, data, GRAD)
         x: the raw dot q.k; the function is applied to the natural score x * scale and the result
         returned in the kernels' base-2 units (times log2 e)
-        GRAD False: the new score; GRAD True: (the new score, its derivative d new / d score),
-        sharing what they share
+        GRAD False: the new score; GRAD True: (the new score, d new / d score), sharing what they share
 
 The derivative is the chain rule applied to the traced expression (:func:`derivative`), so the
-backward's dS = P (dP - delta) is multiplied by exactly the slope of what the forward computed; at a
-kink, PyTorch's subgradient (abs: 0 at 0; maximum, minimum: half to each side on a tie; a clamp: its
-argument's slope at its bounds). The captured tensors' own gradients (ALiBi's slopes, a bias table)
-are :func:`flashlib.scores.captured_grads`'s. The indices it reads them at are checked on the host for
-each call's positions (:func:`check_indices`), so that an index past a tensor's end is refused as
-PyTorch refuses it, not read as 0.
+backward's dS is multiplied by exactly the slope of what the forward computed; at a kink, PyTorch's
+subgradient (abs: 0 at 0; maximum, minimum: half to each side on a tie; a clamp: its argument's slope
+at its bounds). The captured tensors' own gradients are :func:`flashlib.scores.captured_grads`'s. The
+indices it reads them at are checked on the host for each call's positions (:func:`check_indices`), so
+that an index past a tensor's end is refused as PyTorch refuses it, not read as 0.
 """
 from __future__ import annotations
 
@@ -69,10 +66,10 @@ def score_tensors(fn: str, score_mod, bounds: dict | None = None) -> tuple:
 
 
 def check_indices(fn: str, score_mod, score: KernelScore, ranges: dict, regions=None) -> None:
-    """A ValueError naming the op (fn), the function and the index if the score function reads a tensor it
-    captures out of its bounds for the call's index ranges ({"b": (lo, hi), "h", "q_idx", "kv_idx"}), as
-    PyTorch raises on the references; regions(): where ranges is wider than a call's positions (decoding's
-    capacity, packed sequences' longest), those positions, one ranges per sequence, asked only if needed."""
+    """A ValueError naming fn, the function and the index if it reads a captured tensor out of its bounds for
+    the index ranges ({"b": (lo, hi), "h", "q_idx", "kv_idx"}); regions(): where ranges is wider than the
+    call's positions (decoding's capacity, packed sequences' longest), those, one ranges per sequence (asked
+    only when ranges fail)."""
     if score.indices is None or any(hi < lo for lo, hi in ranges.values()):
         return
     found = score.indices.outside(ranges, score.captured)
@@ -174,8 +171,7 @@ def _base2(graph: Graph, slots: int) -> tuple:
 
 
 def _tile(text: str, result: Node, tiles: list) -> str:
-    """An expression whose value is a tile, as the score's, even where it is a number or depends on
-    the head alone (a slope of 1, a temperature's)."""
+    """An expression whose value is a tile, as the score's, even for a number or a head's (a slope of 1)."""
     return text if any(n is t for n in _nodes(result) for t in tiles) else f"tl.zeros_like(x) + {text}"
 
 
