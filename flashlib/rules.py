@@ -167,8 +167,8 @@ def _tiles(x: torch.Tensor, fq: int, fk: int, fill) -> torch.Tensor:
 @dataclass(frozen=True)
 class BlockMask:
     """A mask at tile granularity, as flex_attention's ``create_block_mask`` builds one: kinds, uint8 (batch
-    or 1, heads or 1, query blocks, key tiles), SKIPPED, PARTIAL or FULL for each tile (1 where the mask does
-    not depend on the batch row or head); rule: the mask it was built from, which a kernel applies."""
+    or 1, heads or 1, query blocks, key tiles), SKIPPED, PARTIAL or FULL for each tile (a dim of 1 where the
+    mask does not depend on the batch row or head); rule: the mask it was built from, which a kernel applies."""
 
     kinds: torch.Tensor
     seq_q: int

@@ -43,8 +43,8 @@ def _band(offs_q, offs_k, SEQ_Q, SEQ_K, rule):
 
 @triton.jit
 def _chunk_of(rel, chunk, SEQ_Q, SEQ_K):
-    """(the first position of each rel's chunk, the chunk's size), the size at most SEQ_Q + SEQ_K (exact: every
-    position then lies in chunk 0, as with a larger one) so that no position plus it overflows int32."""
+    """(the first position of each rel's chunk (rel >= 0: Triton's // floors), the size), the size at most
+    SEQ_Q + SEQ_K (exact: every position is then in chunk 0, as with more) so that no sum overflows int32."""
     size = tl.minimum(chunk, SEQ_Q + SEQ_K)
     return tl.maximum(rel, 0) // size * size, size
 

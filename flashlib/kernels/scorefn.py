@@ -40,7 +40,7 @@ def score_bounds(batch=None, heads=None, seq_q=None, seq_k=None) -> dict:
 
 
 def trace_score(score_mod, bounds: dict | None = None, device=None, literals=None) -> Graph:
-    """The traced graph of a score function (a TraceError for what cannot compile), as trace() takes them."""
+    """The traced graph of a score function (a TraceError for what cannot compile); literals: as trace()'s."""
     graph = trace(score_mod, bounds or score_bounds(), device=device, floats=("score",), literals=literals)
     if not graph.result.dtype.is_floating_point:
         kind = str(graph.result.dtype).replace("torch.", "")
