@@ -1,12 +1,8 @@
 """The options of one attention call, checked once into one object.
 
-Every op checks its keyword arguments once (:func:`check_options`) into an :class:`Options`, and
-that object is what travels: to the references' tile loops, to the kernels' launchers, into the
-autograd Functions and, through :meth:`Options.op_numbers` and :attr:`Options.tensors`, into
-the custom ops' schemas. A new option is one field here (and its check; a tensor option one row of
-:data:`TENSOR_OPTIONS` too); the rules it takes part
-in are asked through :attr:`Options.visibility` (which pairs attend, :mod:`flashlib.rules`) and
-:attr:`Options.scoring` (how a tile's scores are made), so no layer unpacks it by hand.
+Every op checks its keyword arguments once (:func:`check_options`) into an :class:`Options`, which is
+what travels. A new option is one field here (and its check; a tensor option a row of :data:`TENSOR_OPTIONS`
+too); layers ask the rules through :attr:`Options.visibility` and :attr:`Options.scoring`.
 
     causal      bool: the causal rule (bottom-right aligned)
     scale       float: the softmax scale, resolved (1/sqrt(head_dim) unless given)
@@ -31,8 +27,7 @@ from .scores import softcap as softcap_score
 
 
 class TensorOption(NamedTuple):
-    """An option that is a tensor: its field, its shape (in words, for errors and the docs) and whether
-    autograd gives it a gradient (then an op takes it as an input and returns its gradient)."""
+    """An option that is a tensor: its field, its shape (in words, for errors and docs), whether it has a gradient."""
 
     name: str
     shape: str
@@ -61,17 +56,17 @@ class Options(NamedTuple):
 
     @property
     def visibility(self) -> Visibility:
-        """Which (query, key) pairs may attend: the causal rule, the window, the chunk and the mask function."""
+        """Which (query, key) pairs may attend (:mod:`flashlib.rules`)."""
         return Visibility(self.causal, self.window, self.mask_mod, self.attention_chunk)
 
     @property
     def score_function(self) -> Callable | None:
-        """The score function the scores go through: score_mod, or soft-capping as one, or None."""
+        """score_mod, or soft-capping as a score function, or None."""
         return self.score_mod or (softcap_score(self.softcap) if self.softcap else None)
 
     @property
     def scoring(self) -> Scoring:
-        """How a tile's scores are made: the scale, then the score function."""
+        """How a tile's scores are made."""
         return Scoring(self.scale, self.score_function)
 
     @property
@@ -96,8 +91,7 @@ class Options(NamedTuple):
         return len(self.given()) > 2
 
     def refuse_beyond(self, fn: str, path: str, implemented=("causal", "scale")) -> "Options":
-        """These options, if ``path`` implements each one set (``implemented``: their names); a
-        ValueError naming the others otherwise, so that no option is dropped on the way to a kernel."""
+        """These options if ``path`` implements each one set, else a ValueError naming the rest (none is dropped)."""
         missing = [name for name in self.given() if name not in implemented]
         if missing:
             raise ValueError(f"{fn}: {path} does not implement {', '.join(map(repr, missing))}; it takes "
@@ -105,18 +99,15 @@ class Options(NamedTuple):
         return self
 
     def window_within(self, keys: int) -> "Options":
-        """These options with each window side and the chunk at most ``keys``: a side as wide as every
-        key a query could see limits nothing, nor does a chunk that holds every key (every position
-        p >= 0 is then in chunk 0), so this changes no result (-1 and 0 stay), and the kernels'
-        integers (a side plus a position) stay small."""
+        """These options with each window side and the chunk at most ``keys``, which limits nothing more
+        (-1 and 0 stay), so that the kernels' integers (a side plus a position) stay small."""
         return self._replace(window=tuple(min(side, keys) for side in self.window),
                              attention_chunk=min(self.attention_chunk, keys))
 
     @property
     def rule_numbers(self) -> tuple:
-        """(window left, window right, chunk): the one tuple of the rule the kernels are given
-        (flashlib.kernels.rules, which bound each by the lengths); the chunk None without chunks, which
-        Triton binds as a compile-time None, so that the kernels without chunks compile as before."""
+        """(window left, window right, chunk): the rule's tuple the kernels are given (flashlib.kernels.rules);
+        the chunk None without chunks, a compile-time None to Triton, so that its code is compiled out."""
         return (*self.window, self.attention_chunk or None)
 
     # ----- what crosses a custom op's schema: numbers and tensors, each in one list --------------
@@ -128,23 +119,21 @@ class Options(NamedTuple):
 
     @property
     def tensors(self) -> list:
-        """The tensors the options hold, in one order: the inputs an op or autograd Function takes for
-        them (their gradients come back in the same order)."""
+        """The tensors the options hold: an op's or autograd Function's inputs for them, in its gradients' order."""
         return [getattr(self, row.name) for row in self.held]
 
     def with_tensors(self, tensors) -> "Options":
-        """These options holding ``tensors`` (as :attr:`tensors` lists them) instead: an op's or a
-        Function's own inputs, so that autograd sees the tensors it differentiates."""
+        """These options holding ``tensors`` (as :attr:`tensors` lists them): an op's or a Function's own
+        inputs, so that autograd sees the tensors it differentiates."""
         return self._replace(**{row.name: t for row, t in zip(self.held, list(tensors))})
 
     def tensor_grads(self, grads: dict) -> list:
-        """The gradients of :attr:`tensors`, in their order, from {name: gradient} (None for one that takes
-        none, or that a path did not compute)."""
+        """The gradients of :attr:`tensors` from {name: gradient} (None for one that takes none)."""
         return [grads.get(row.name) if row.gradient else None for row in self.held]
 
     def op_numbers(self) -> list:
-        """The numbers of the options as one list of floats (exact: flags and ints far below 2^53),
-        the one place a custom op's schema gets them; :meth:`from_op` reads them back."""
+        """The numbers of the options as one list of floats (exact: flags and ints far below 2^53) for a
+        custom op's schema; :meth:`from_op` reads them back."""
         if self.functions:
             raise ValueError("a mask or score function is Python code, not an argument of a custom op")
         return [float(self.causal), float(self.scale), *map(float, self.window), float(self.softcap),
@@ -159,18 +148,15 @@ class Options(NamedTuple):
         return options.with_tensors(tensors)
 
     def keywords(self) -> dict:
-        """The keyword arguments that give these options again, to an op or a reference: causal and
-        scale, and each other option that is set (so that an op without it, decoding's without
-        mask functions say, is not handed it)."""
+        """The keyword arguments that give these options again: :meth:`given`'s, so no op is handed one unset."""
         return {name: getattr(self, name) for name in self.given()}
 
 
 def check_options(fn: str, q, k, v, *, causal: bool = False, scale=None, window=None, softcap=None, mask_mod=None,
                   block_mask=None, sinks=None, score_mod=None, attention_chunk=None, value_dim: bool = False) -> Options:
-    """The options of a call on (..., heads, seq, head_dim) q, k, v, each checked once, with the
-    inputs; a block mask's rule fills causal, window and mask_mod (the call may repeat them, not
-    change them). value_dim: v may have a head dim of its own (the references, the teaching kernels). Errors name ``fn``
-    and the argument."""
+    """The options of a call on (..., heads, seq, head_dim) q, k, v, checked with the inputs (errors name
+    ``fn`` and the argument); a block mask's rule fills causal, window, mask_mod and the chunk (the call may
+    repeat them, not change them). value_dim: v may have a head dim of its own."""
     scale = check_attention_inputs(fn, q, k, v, causal=causal, scale=scale, groups=True, value_dim=value_dim)
     heads = q.shape[-3] if q.ndim >= 3 else 1
     options = checked_options(fn, heads, q.device, causal=causal, scale=scale, window=window, softcap=softcap,
@@ -195,13 +181,12 @@ def _with_block_mask(fn, options: Options, block_mask, q, k, window, mask_mod, a
     rule = block_mask.rule
     if mask_mod is None:  # the block mask's own mask function: the kernels read its tensors too
         check_mask_mod(fn, rule.mask_mod, q.device)
-    given = dict(causal=options.causal and not rule.causal,
-                 window=window is not None and options.window != rule.window,
-                 mask_mod=mask_mod is not None and mask_mod is not rule.mask_mod,
-                 attention_chunk=attention_chunk is not None and options.attention_chunk != rule.chunk)
-    for name, differs in given.items():
+    for name, ruled, differs in (("causal", rule.causal, options.causal and not rule.causal),
+                                 ("window", rule.window, window is not None and options.window != rule.window),
+                                 ("mask_mod", rule.mask_mod, mask_mod is not None and mask_mod is not rule.mask_mod),
+                                 ("attention_chunk", rule.chunk,
+                                  attention_chunk is not None and options.attention_chunk != rule.chunk)):
         if differs:
-            ruled = getattr(rule, "chunk" if name == "attention_chunk" else name)
             raise ValueError(f"{fn}: argument '{name}' differs from the block mask's ({ruled!r}); the "
                              f"block mask carries the mask: pass {name} to create_block_mask, not to this call")
     batch, heads = batch_and_heads(q.shape)

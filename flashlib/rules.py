@@ -1,11 +1,7 @@
 """The rules the course teaches, written once in PyTorch: which keys a query sees (element by
 element and tile by tile), score functions (soft-capping among them) and the gradient of attention
-sinks.
-
-The references (:mod:`flashlib.dense`, :mod:`flashlib.tiled`, :mod:`flashlib.backward`), the block
-masks (:mod:`flashlib.masks`) and the decoding reference (:mod:`flashlib.decode`) ask these;
-:mod:`flashlib.kernels.rules` is their Triton counterpart, checked against them element by element
-and tile by tile (``tests/test_rules.py``).
+sinks, for the references, the block masks and the decoding reference; :mod:`flashlib.kernels.rules`
+is their Triton counterpart (``tests/test_rules.py`` checks one against the other).
 """
 from __future__ import annotations
 
@@ -77,9 +73,8 @@ def _call(mask_mod, b, h, q_idx, kv_idx, seq_q: int, seq_k: int):
 
 
 def out_of_bounds(fn: str | None, argument: str, function, detail: str, seq_q: int, seq_k: int) -> ValueError:
-    """The error for a mask or score function that indexes a tensor it captures out of its bounds (PyTorch
-    raises IndexError; a kernel would read outside it): every op raises this one, naming the op called
-    (fn, where known), the argument, the function, the index and what to do."""
+    """The error of every op for a mask or score function that indexes a tensor it captures out of its
+    bounds (PyTorch raises IndexError; a kernel would read outside it), naming fn (where known)."""
     name = getattr(function, "__name__", None) or type(function).__name__
     kind = "mask" if argument == "mask_mod" else "score"
     return ValueError(f"{fn + ': ' if fn else ''}argument '{argument}': {name} indexes a tensor out of its bounds "
@@ -123,9 +118,8 @@ def key_range_start(q0, seq_q, seq_k, rule: Visibility, block_k: int) -> int:
 
 
 def key_span(rule: Visibility, keys: int, new_tokens: int) -> int:
-    """The most keys that the last ``new_tokens`` queries of a sequence of ``keys`` positions see together
-    (decoding's split count is chosen for it): all of them, or the reach of the window's left side or of
-    the chunks their positions lie in."""
+    """The most keys the last ``new_tokens`` queries of a sequence of ``keys`` positions see together (what
+    decoding's split count is chosen for): all, or the reach of the window's left side or of their chunks."""
     span = keys
     if rule.window[0] >= 0:
         span = min(span, rule.window[0] + new_tokens)
@@ -135,8 +129,7 @@ def key_span(rule: Visibility, keys: int, new_tokens: int) -> int:
 
 
 def query_range(k0, k1, seq_q, seq_k, rule: Visibility, block_q: int = 1) -> tuple[int, int]:
-    """[q_start, q_end): the query rows that can see some key of k0:k1, q_start rounded down to a
-    block boundary; the other query blocks see none of these keys."""
+    """[q_start, q_end): the query rows that can see some key of k0:k1, q_start rounded down to a block."""
     offset = seq_k - seq_q
     left, right = rule.window
     q_start, q_end = 0, seq_q
@@ -158,23 +151,24 @@ def tile_kinds(visible, rows: int, cols: int, block_q: int, block_k: int) -> tor
         return torch.full((1, 1, -(-rows // block_q), -(-cols // block_k)), FULL, dtype=torch.uint8)
     visible = visible.reshape((1,) * (4 - visible.ndim) + tuple(visible.shape))
     visible = visible.expand(visible.shape[0], visible.shape[1], rows, cols).to(torch.uint8)
-    tiles = []
-    for outside in (0, 1):  # positions past the sequences: no pair to see, nothing to mask
-        padded = F.pad(visible, (0, -cols % block_k, 0, -rows % block_q), value=outside)
-        tiles.append(padded.unflatten(3, (-1, block_k)).unflatten(2, (-1, block_q)))
-    seen, full = tiles[0].amax(dim=(3, 5)), tiles[1].amin(dim=(3, 5))
+    # positions past the sequences: no pair to see, nothing to mask
+    seen = _tiles(visible, block_q, block_k, 0).amax(dim=(3, 5))
+    full = _tiles(visible, block_q, block_k, 1).amin(dim=(3, 5))
     return torch.where(full.bool(), FULL, torch.where(seen.bool(), PARTIAL, SKIPPED)).to(torch.uint8)
+
+
+def _tiles(x: torch.Tensor, fq: int, fk: int, fill) -> torch.Tensor:
+    """(batch, heads, rows, cols) padded with fill to whole (fq, fk) tiles, as (batch, heads, row tiles, fq,
+    col tiles, fk)."""
+    rows, cols = x.shape[-2:]
+    return F.pad(x, (0, -cols % fk, 0, -rows % fq), value=fill).unflatten(3, (-1, fk)).unflatten(2, (-1, fq))
 
 
 @dataclass(frozen=True)
 class BlockMask:
-    """A mask at tile granularity, as flex_attention's ``create_block_mask`` builds one: for each
-    (batch, head, query block, key tile) one of SKIPPED (no pair may attend: never computed),
-    PARTIAL (the mask is evaluated inside the tile) or FULL (every pair may attend).
-
-    kinds: uint8 (batch or 1, heads or 1, ceil(seq_q / block_q), ceil(seq_k / block_k)), a dim of
-    size 1 where the mask does not depend on the batch row or the head. rule: the mask it was
-    built from (:class:`Visibility`), which a kernel given the block mask applies."""
+    """A mask at tile granularity, as flex_attention's ``create_block_mask`` builds one: kinds, uint8 (batch
+    or 1, heads or 1, query blocks, key tiles), SKIPPED, PARTIAL or FULL for each tile (a dim of 1 where the
+    mask does not depend on the batch row or head); rule: the mask it was built from, which a kernel applies."""
 
     kinds: torch.Tensor
     seq_q: int
@@ -184,8 +178,8 @@ class BlockMask:
     rule: Visibility = Visibility()
 
     def coarsen(self, block_q: int, block_k: int) -> torch.Tensor:
-        """The kinds of (block_q, block_k) tiles, multiples of this mask's: FULL where all the tiles
-        inside are, SKIPPED where all are, PARTIAL otherwise; the same pairs, so exact."""
+        """The kinds of (block_q, block_k) tiles, multiples of this mask's: FULL or SKIPPED where all the
+        tiles inside are, PARTIAL otherwise (exact)."""
         if (block_q, block_k) == (self.block_q, self.block_k):
             return self.kinds
         if block_q % self.block_q or block_k % self.block_k:
@@ -193,13 +187,8 @@ class BlockMask:
                              f"kernels' ({block_q}, {block_k}) tiles must be multiples of them: build it with "
                              "a block_size that divides both")
         fq, fk = block_q // self.block_q, block_k // self.block_k
-        rows, cols = self.kinds.shape[-2:]
-
-        def every(tiles):  # padding tiles hold no pair: neutral for both questions
-            tiles = F.pad(tiles, (0, -cols % fk, 0, -rows % fq), value=True)
-            return tiles.unflatten(3, (-1, fk)).unflatten(2, (-1, fq)).all(dim=5).all(dim=3)
-
-        full, skipped = every(self.kinds == FULL), every(self.kinds == SKIPPED)
+        # padding tiles hold no pair: neutral for both questions
+        full, skipped = (_tiles(self.kinds == kind, fq, fk, True).all(dim=5).all(dim=3) for kind in (FULL, SKIPPED))
         return torch.where(full, FULL, torch.where(skipped, SKIPPED, PARTIAL)).to(torch.uint8)
 
     def counts(self) -> dict:
@@ -208,34 +197,14 @@ class BlockMask:
                 (("skipped", SKIPPED), ("partial", PARTIAL), ("full", FULL))}
 
     def by_key_tile(self) -> torch.Tensor:
-        """kinds as (batch or 1, heads or 1, key tiles, query blocks), contiguous: what a loop
-        over query blocks for one key tile (the dK/dV kernel) reads."""
+        """kinds as (batch or 1, heads or 1, key tiles, query blocks), contiguous: what the dK/dV kernel reads."""
         return self.kinds.transpose(-1, -2).contiguous()
 
 
 # ----- score functions ---------------------------------------------------------------------------
 
-def scored(score_mod, s: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
-    """s through a score function (flashlib.scores), on index tensors broadcast against s; s itself
-    for None. What it returns must be a floating tensor that broadcasts to s's shape."""
-    if score_mod is None:
-        return s
-    try:
-        new = score_mod(s, b, h, q_idx, kv_idx)
-    except IndexError as exc:  # named as a mask function's is (and as the kernels name it)
-        raise out_of_bounds(None, "score_mod", score_mod, str(exc), int(q_idx.max()) + 1 if q_idx.numel() else 0,
-                            int(kv_idx.max()) + 1 if kv_idx.numel() else 0) from None
-    if not isinstance(new, torch.Tensor) or not new.is_floating_point():
-        name = getattr(score_mod, "__name__", repr(score_mod))
-        kind = type(new).__name__ if not isinstance(new, torch.Tensor) else f"a {new.dtype} tensor"
-        raise TypeError(f"argument 'score_mod': {name} returned {kind}; a score function returns the new scores "
-                        "(a floating tensor)")
-    return new.expand(s.shape) if new.shape != s.shape else new
-
-
 class Scoring(NamedTuple):
-    """How a tile's scores are made: s = scale * q kᵀ, then the score function (soft-capping is
-    flashlib.scores.softcap), told the pairs' batch row, head and positions, as FlexAttention does."""
+    """How a tile's scores are made: s = scale * q kᵀ, then the score function, as FlexAttention does."""
 
     scale: float
     score_mod: Callable | None = None
@@ -245,8 +214,7 @@ class Scoring(NamedTuple):
         return self.modded((q_blk @ k_tile.transpose(-2, -1)) * self.scale, q0, k0)
 
     def modded(self, s, q0: int = 0, k0: int = 0, b0: int = 0) -> torch.Tensor:
-        """Scaled scores s (batch, heads, rows, cols) of queries at positions q0.., keys at k0.. and
-        batch rows b0.. through the function."""
+        """Scaled scores s (batch, heads, rows, cols) of queries q0.., keys k0.., rows b0.. through the function."""
         if self.score_mod is None:
             return s
         batch, heads, rows, cols = s.shape
@@ -254,7 +222,17 @@ class Scoring(NamedTuple):
         h = torch.arange(heads, device=s.device).view(1, -1, 1, 1)
         q_idx = torch.arange(q0, q0 + rows, device=s.device)[:, None]
         kv_idx = torch.arange(k0, k0 + cols, device=s.device)[None, :]
-        return scored(self.score_mod, s, b, h, q_idx, kv_idx)
+        try:
+            new = self.score_mod(s, b, h, q_idx, kv_idx)
+        except IndexError as exc:  # named as a mask function's is (and as the kernels name it)
+            raise out_of_bounds(None, "score_mod", self.score_mod, str(exc), q0 + rows if rows else 0,
+                                k0 + cols if cols else 0) from None
+        if not isinstance(new, torch.Tensor) or not new.is_floating_point():
+            name = getattr(self.score_mod, "__name__", repr(self.score_mod))
+            kind = type(new).__name__ if not isinstance(new, torch.Tensor) else f"a {new.dtype} tensor"
+            raise TypeError(f"argument 'score_mod': {name} returned {kind}; a score function returns the new "
+                            "scores (a floating tensor)")
+        return new.expand(s.shape) if new.shape != s.shape else new
 
     def slope(self, ds, s, q0: int = 0, k0: int = 0, captured=()):
         """(ds through the function: the gradient of the scaled scores s, [the gradients of the captured
@@ -273,8 +251,7 @@ class Scoring(NamedTuple):
 
 def softmax_delta(out: torch.Tensor, dout: torch.Tensor, dlse=None, dtype=torch.float32) -> torch.Tensor:
     """delta = rowsum(dO * O) - dlse, (..., rows) in ``dtype``: the term of dS = P * (dP - delta), softmax's
-    Jacobian, from (..., rows, d) out and dout; d lse_i / d s_ij = p_ij, so a gradient of the lse
-    (..., rows) enters where delta does. (The kernels' Triton preprocess computes the same sum.)"""
+    Jacobian; d lse_i / d s_ij = p_ij, so a gradient of the lse enters where delta does."""
     delta = (dout.to(dtype) * out.to(dtype)).sum(-1)
     return delta if dlse is None else delta - dlse.reshape(delta.shape).to(dtype)
 
@@ -282,12 +259,9 @@ def softmax_delta(out: torch.Tensor, dout: torch.Tensor, dlse=None, dtype=torch.
 # ----- attention sinks -----------------------------------------------------------------------------
 
 def sink_grad(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """The gradient of attention sinks (one logit per query head, (heads,)), from the lse (with the
-    sink in it) and delta = rowsum(dO * O) - dlse, both (..., heads, rows).
-
-    A sink is a score with no value: its probability is p = exp(sink - lse), and with v = 0 the
-    softmax gradient dS = P * (dP - delta) gives dsink = -p * delta for each row, summed over the
-    rows (and batch) of its head. A plain sum over a fixed shape: deterministic, no atomics."""
+    """The gradient of attention sinks (heads,), from the lse (with the sink in it) and delta, both
+    (..., heads, rows). A sink is a score with no value: its probability is p = exp(sink - lse), and with
+    v = 0 dS = P * (dP - delta) gives dsink = -p * delta, summed over its head's rows (no atomics)."""
     sink = sinks.to(delta.dtype).reshape(-1, 1)  # (heads, 1), against (..., heads, rows)
     p = torch.exp(sink - lse)
     p = torch.where(lse == float("-inf"), 0.0, p)  # a sink of -inf on a row that sees nothing: no share
@@ -298,9 +272,9 @@ def sink_grad(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> to
 # ----- the ladder's split: tiles seen whole, folded without a mask (kernels.rules._key_tiles) ------
 
 def key_tiles(q0, seq_q, seq_k, causal: bool, block_q: int, block_k: int) -> tuple[int, int]:
-    """(k_full_end, k_end) for query rows q0 : q0 + block_q under the causal rule alone: key tiles
-    before k_full_end lie inside the keys and every row sees them whole (no mask needed);
-    [k_full_end, k_end) need a mask; later tiles are skipped."""
+    """(k_full_end, k_end) for query rows q0 : q0 + block_q under the causal rule alone: key tiles before
+    k_full_end lie inside the keys and every row sees them whole (no mask needed); [k_full_end, k_end)
+    need a mask (the diagonal, the ragged end); later tiles are skipped."""
     k_end = key_range_end(q0, q0 + block_q, seq_q, seq_k, Visibility(causal=causal))
     seen_by_all = seq_k  # keys every row sees: the first row's, under the causal rule
     if causal:
@@ -309,9 +283,9 @@ def key_tiles(q0, seq_q, seq_k, causal: bool, block_q: int, block_k: int) -> tup
 
 
 def query_tiles(k0, seq_q, seq_k, causal: bool, block_q: int, block_k: int) -> tuple[int, int, int]:
-    """(q_start, q_full_start, q_full_end) for the key tile k0 : k0 + block_k under the causal rule
-    alone: query blocks [q_full_start, q_full_end) lie inside the queries and see the whole tile (no
-    mask needed); [q_start, q_full_start) and [q_full_end, seq_q) need one; earlier blocks see none."""
+    """(q_start, q_full_start, q_full_end) for the key tile k0 : k0 + block_k under the causal rule alone:
+    blocks [q_full_start, q_full_end) lie inside the queries and see the whole tile (no mask); [q_start,
+    q_full_start) (the diagonal) and [q_full_end, seq_q) (the ragged end) need one. On block boundaries."""
     q_start, _ = query_range(k0, k0 + block_k, seq_q, seq_k, Visibility(causal=causal), block_q)
     rows_full = seq_q // block_q * block_q  # where the whole query blocks end
     first_full = 0  # the first block whose first row sees the tile's last key

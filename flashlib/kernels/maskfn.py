@@ -1,30 +1,27 @@
 """Mask functions, as FlexAttention users write them, compiled into the kernels.
 
-A mask function ``mask_mod(b, h, q_idx, kv_idx) -> bool`` runs as it is on PyTorch index tensors
-(the references, the block masks, ``flex_attention``). For a kernel it is traced
-(:mod:`flashlib.trace`: called once on symbolic indices, so what counts is what it does,
-not how its source is laid out) and the trace is written out as one ``@triton.jit`` function
-``MASK_MOD(b, h, q_idx, kv_idx, data)``:
+A mask function ``mask_mod(b, h, q_idx, kv_idx) -> bool`` runs as it is on PyTorch index tensors (the
+references, the block masks, ``flex_attention``). For a kernel it is traced (:mod:`flashlib.trace`:
+called once on symbolic indices, so what counts is what it does, not how its source is laid out) and
+written out as one ``@triton.jit`` function ``MASK_MOD(b, h, q_idx, kv_idx, data)``:
 
-* what it reads from outside is read again at every call: tensors become loads from ``data``, a tuple
-  passed at launch, and so do the numbers it captures (a window, a temperature, a length: any number
-  its code does not spell out), which follow the tensors in ``data``: a new value needs no new kernel,
-  nor do new values in a tensor unless they leave the bounds the source was written for;
+* what it reads from outside is read again at every call, from ``data``, a tuple passed at launch: the
+  tensors it captures, then the numbers it captures (a window, a length: any number its code does not
+  spell out); a new value needs no new kernel, nor do new values in a tensor unless they leave the
+  bounds the source was written for;
 * ``t[q_idx]``, ``t[b, h]``, ``t[h][q_idx - 5]``... index a captured tensor (any dtype, any strides,
   negative indices counted from the end, as PyTorch does);
-* arithmetic is PyTorch's: its dtypes (an index is int64), ``//`` and ``%`` rounding toward -inf
-  (Triton's round toward zero), and 64-bit integers wherever a value can leave int32 for the
-  call's lengths (the kernels' indices are int32; a product such as ``q_idx * 10_000_019`` is
+* arithmetic is PyTorch's: its dtypes (an index is int64), ``//`` and ``%`` rounding toward -inf, and
+  64-bit integers wherever a value can leave int32 for the call's lengths (``q_idx * 10_000_019`` is
   widened first, as PyTorch's int64 would compute it);
 * operators, comparisons, ``& | ^ ~``, ``torch.where``/``abs``/``minimum``/``maximum``/``clamp``/
   ``remainder``/``floor_divide``/``div``, the ``logical_`` and ``bitwise_`` functions, their methods,
   ``.to``/``.long()``/``.bool()``..., and any plain function, decorator, ``functools.partial`` or
   ``and_masks``/``or_masks``/``noop_mask`` built from them.
 
-What the kernels cannot evaluate on tiles (``and``/``or``/``not``, ``if``, ``x if c else y``,
-loops, conversions to Python numbers, other libraries' calls) is refused with one TypeError that
-names ``mask_mod``, the construct, the line it is on and what to write instead, before anything
-compiles.
+What the kernels cannot evaluate on tiles (``and``/``or``/``not``, ``if``, ``x if c else y``, loops,
+conversions to Python numbers, other libraries' calls) is refused with one TypeError that names
+``mask_mod``, the construct, the line it is on and what to write instead, before anything compiles.
 """
 from __future__ import annotations
 
@@ -39,97 +36,98 @@ from ._mode import interpreting, require_triton
 from .rules import _FLOAT32_MAX, _LOG2E, _floordiv, _floormod, _tanh
 from .tracememo import TraceMemo, bounds_guard
 from ..captures import literals
-from ..trace import INT32, Graph, Node, TraceError, refusal, trace
+from ..trace import INT32, Graph, IndexCheck, Node, TraceError, _nodes, refusal, trace
 
 triton = require_triton()
 import triton.language as tl  # noqa: E402
 
 # the most a kernel adds to a length: its indices run over whole tiles (BLOCK_Q, BLOCK_K <= 256)
 TILE_PAD = 256
-_INT32_MAX = INT32[1]
 
 
 class KernelMask(NamedTuple):
-    """A mask function as the kernels call it: the compiled ``MASK_MOD``, its ``data`` (a tuple of
-    the tensors it reads, on the kernels' device, then the numbers it is given at launch; None when
-    there are none) and the generated Triton source."""
+    """A mask (or score) function as the kernels call it: the compiled ``MASK_MOD`` (``SCORE_MOD``), its
+    ``data`` (the tensors it reads, on the kernels' device, then its launch numbers; None if empty), the
+    Triton source, the tensors it captured and a score function's index check (None if it indexes none)."""
 
     jit: object
     data: tuple | None
     source: str
+    captured: tuple = ()
+    indices: IndexCheck | None = None
 
 
 _COMPILED: OrderedDict = OrderedDict()  # generated source -> (its @triton.jit function, its linecache name)
 _MAX_COMPILED = 256
 _LOCK = threading.Lock()  # threads compiling masks at once share _COMPILED and linecache
+MEMO = TraceMemo(guard=bounds_guard)
 
 
 def symbol_bounds(batch=None, heads=None, seq_q=None, seq_k=None) -> dict:
     """{name: (lo, hi)} of the four indices as a kernel passes them: every tile's rows and columns
     (past the lengths by up to a tile); an unknown size bounds its index by int32."""
     def upto(n, pad=0):
-        return (0, _INT32_MAX) if n is None else (0, max(int(n) - 1, 0) + pad)
+        return (0, INT32[1]) if n is None else (0, max(int(n) - 1, 0) + pad)
 
     return {"b": upto(batch), "h": upto(heads), "q_idx": upto(seq_q, TILE_PAD), "kv_idx": upto(seq_k, TILE_PAD)}
 
 
 def compile_mask(fn: str, mask_mod, device, bounds: dict | None = None) -> KernelMask:
-    """The kernels' MASK_MOD for ``mask_mod`` as it reads its data now (see the module docstring);
-    bounds: :func:`symbol_bounds` of the call (default: int32 indices). Kept while nothing the
-    function reads changes (:mod:`flashlib.kernels.tracememo`)."""
-    bounds = bounds or symbol_bounds()
+    """The kernels' MASK_MOD for ``mask_mod`` as it reads its data now; bounds: :func:`symbol_bounds`'s."""
+    return KernelMask(*compile_traced(fn, "mask_mod", mask_mod, device, bounds or symbol_bounds(), trace, _mask_source))
 
+
+def compile_traced(fn: str, argument: str, function, device, bounds: dict, tracer, write) -> tuple:
+    """(@triton.jit function, data or None, source, the tensors it reads, what else write() keeps) of a mask
+    or score function, written by write(graph, tensors) -> (source, numbers given at launch, what else to
+    keep); kept while nothing the function reads changes (:mod:`flashlib.kernels.tracememo`)."""
     def build():
-        try:
-            graph = trace(mask_mod, bounds, device=device, literals=literals(mask_mod))
-            narrow = tuple(_int32(t, node) for t, node in zip(graph.tensors, _loads(graph)))
-            writer = _Writer(graph, list(_data(graph.tensors, narrow, device)))
-            source = writer.source()
-        except TraceError as exc:
-            raise refusal(fn, "mask_mod", mask_mod, exc) from None
+        graph = tracer(function, bounds, device=device, literals=literals(function))
+        narrow = _narrow(graph)
+        source, numbers, extra = write(graph, list(_data(graph.tensors, narrow, device)))
         compiled(source)
-        return (source, narrow, writer.launched()), graph.tensors, graph.read
+        return (source, narrow, numbers, extra), graph.tensors, graph.read
 
-    (source, narrow, numbers), tensors = MEMO.get(mask_mod, ("mask", memo_key(bounds, device)), build)
-    return KernelMask(compiled(source), (*_data(tensors, narrow, device), *numbers) or None, source)
-
-
-MEMO = TraceMemo(guard=bounds_guard)
+    (source, narrow, numbers, extra), tensors = memo_get(fn, argument, function, argument, bounds, device, build)
+    return compiled(source), (*_data(tensors, narrow, device), *numbers) or None, source, tensors, extra
 
 
-def memo_key(bounds: dict, device) -> tuple:
-    """The part of a memo's key that is the call's: its indices' bounds and the kernels' device."""
-    return tuple(sorted(bounds.items())), None if device is None else torch.device(device)
+def memo_get(fn: str, argument: str, function, kind: str, bounds: dict, device, build):
+    """MEMO's (kept, tensors) for ``function``; a TraceError of build() refused as one of ``fn``'s argument."""
+    def refused():
+        try:
+            return build()
+        except TraceError as exc:
+            raise refusal(fn, argument, function, exc) from None
 
-
-def _exec(source: str, name: str, filename: str):
-    """The generated @triton.jit function ``name``; its source is registered with linecache as
-    ``filename``, where Triton's JIT (and a traceback) read it."""
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    scope = {"__name__": "flashlib.kernels.maskfn.generated", "tl": tl, "_floordiv": _floordiv,
-             "_floormod": _floormod, "_gather": _gather, "_index_offset": _index_offset,
-             "_index_offset64": _index_offset64, "_index_ok": _index_ok, "_tanh": _tanh, "_LOG2E": _LOG2E,
-             "_FLOAT32_MAX": _FLOAT32_MAX, "_integral": _integral}  # the constants as the kernels hold them (exact, float64 at compile time)
-    exec(compile(source, filename, "exec"), scope)  # noqa: S102  (source written below, from a trace)
-    jit = triton.jit(scope[name])
-    if interpreting():  # the interpreter reads the source on first use: now, while filename holds it
-        jit.rewrite()
-    return jit
+    device = None if device is None else torch.device(device)
+    return MEMO.get(function, (kind, tuple(sorted(bounds.items())), device), refused)
 
 
 def compiled(source: str):
-    """The @triton.jit function of a generated source (``_mask_mod`` or ``_score_mod``), made once per
-    source (the same source, the same function, so the same compiled kernels). At most _MAX_COMPILED
-    are kept, the least recently asked for dropped first with their linecache entry and the
-    interpreter's rewrite of them (which would otherwise be kept for the process's life)."""
+    """The @triton.jit function of a generated source, made once per source; at most _MAX_COMPILED are kept,
+    the least recently used dropped first with their linecache entry and the interpreter's rewrite of them."""
     with _LOCK:
         if source not in _COMPILED:
             name = source[4:source.index("(")]  # "def _mask_mod(..."
             number = _NUMBERS.pop() if _NUMBERS else len(_COMPILED)
             filename = f"<flashlib {name.strip('_')} {number}>"
-            _COMPILED[source] = _exec(source, name, filename), filename, number
+            # registered with linecache, where Triton's JIT (and a traceback) read the source
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+            scope = {"__name__": "flashlib.kernels.maskfn.generated", "tl": tl, **_GENERATED_USE}
+            exec(compile(source, filename, "exec"), scope)  # noqa: S102  (source written below, from a trace)
+            jit = triton.jit(scope[name])
+            if interpreting():  # the interpreter reads the source on first use: now, while filename holds it
+                jit.rewrite()
+            _COMPILED[source] = jit, filename, number
             while len(_COMPILED) > _MAX_COMPILED:
-                _forget(*_COMPILED.popitem(last=False)[1])
+                old, filename, number = _COMPILED.popitem(last=False)[1]
+                linecache.cache.pop(filename, None)
+                _NUMBERS.append(number)
+                if interpreting():
+                    from triton.runtime.interpreter import InterpretedFunction
+
+                    InterpretedFunction.rewritten_fn.pop(old.fn, None)
         _COMPILED.move_to_end(source)
         return _COMPILED[source][0]
 
@@ -137,15 +135,6 @@ def compiled(source: str):
 # the numbers of dropped sources' file names, for the next ones: CPython keeps every file name compile()
 # was ever given (about 80 bytes each), so the names are reused, not made anew per source
 _NUMBERS: list[int] = []
-
-
-def _forget(jit, filename: str, number: int):
-    linecache.cache.pop(filename, None)
-    _NUMBERS.append(number)
-    if interpreting():
-        from triton.runtime.interpreter import InterpretedFunction
-
-        InterpretedFunction.rewritten_fn.pop(jit.fn, None)
 
 
 @triton.jit
@@ -167,9 +156,8 @@ def _index_ok(i, size):
 
 @triton.jit
 def _integral(x, lo, hi):
-    """A float made ready for a cast to an integer type of range [lo, hi): itself where it fits, else lo,
-    which x86 gives PyTorch for NaN, infinities and values out of range (T5's log(0) buckets, which a
-    torch.where then drops), instead of an undefined cast."""
+    """x made ready for a cast to an integer type of range [lo, hi): itself where it fits, else lo, as x86
+    gives PyTorch for NaN, infinities and values out of range (T5's log(0) buckets), not an undefined cast."""
     return tl.where((x >= lo) & (x < hi), x, lo)
 
 
@@ -179,31 +167,34 @@ def _gather(Ptr, offset, ok):
     return tl.load(Ptr + offset, mask=ok, other=0)
 
 
-def _loads(graph: Graph) -> list[Node]:
-    """A load node of each data slot, in slot order (the first met)."""
-    found: dict[int, Node] = {}
-    stack, seen = [graph.result], set()
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if node.op == "load":
-            found.setdefault(node.value, node)
-        stack.extend(node.args)
-    return [found[slot] for slot in range(len(graph.tensors))]
+# what generated sources call, besides tl; the constants as the kernels hold them (exact, float64 at compile time)
+_GENERATED_USE = {"_floordiv": _floordiv, "_floormod": _floormod, "_gather": _gather, "_index_offset": _index_offset,
+                  "_index_offset64": _index_offset64, "_index_ok": _index_ok, "_tanh": _tanh, "_LOG2E": _LOG2E,
+                  "_FLOAT32_MAX": _FLOAT32_MAX, "_integral": _integral}
 
 
-def _int32(t: torch.Tensor, node: Node) -> bool:
-    """Whether int64 data is passed as an int32 copy: its values fit (the trace's bounds say so), and a
-    tile of int64 comparisons holds twice the registers (it spilled the document mask's forward)."""
-    return t.dtype == torch.int64 and _ctype(node) == "tl.int32"
+def _narrow(graph: Graph) -> tuple:
+    """Which loaded tensors are passed as int32 copies: int64 ones whose values fit (a tile of int64
+    comparisons holds twice the registers: it spilled the document mask's forward)."""
+    loads = {node.value: node for node in _nodes(graph.result) if node.op == "load"}  # a slot's: the same bounds
+    return tuple(t.dtype == torch.int64 and _ctype(loads[slot]) == "tl.int32" for slot, t in enumerate(graph.tensors))
 
 
 def _data(tensors, narrow, device) -> tuple:
     """The tensors a trace loads, as the kernels read them: on their device, int32 where narrowed."""
     moved = (t.detach().to(device) for t in tensors)
     return tuple(t.to(torch.int32) if n else t for t, n in zip(moved, narrow))
+
+
+def _mask_source(graph: Graph, tensors: list) -> tuple:
+    """(the MASK_MOD source of a mask function's trace, the numbers it is given at launch, None)."""
+    if graph.result.dtype is not torch.bool:
+        raise TraceError(f"a mask function that returns {str(graph.result.dtype).replace('torch.', '')} values",
+                         "return a boolean: a comparison, or (x != 0)", where="")
+    writer = _Writer([graph.result], tensors)
+    value = writer.expr(graph.result)
+    body = "".join(f"    {line}\n" for line in [*writer.lines, f"return {value}"])
+    return "def _mask_mod(b, h, q_idx, kv_idx, data):\n" + body, tuple(n.value for n in writer.numbers), None
 
 
 # ----- from the trace to Triton source -------------------------------------------------------------
@@ -217,6 +208,7 @@ _INFIX = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "and": "&", "or": 
 _COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 _CALLS = {"abs": "tl.abs", "minimum": "tl.minimum", "maximum": "tl.maximum", "where": "tl.where",
           "tanh": "_tanh", "exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt_rn"}  # _tanh: the accurate one
+_UNARY = {"neg": "(-{})", "sigmoid": "(1.0 / (1.0 + tl.exp(-{})))", "invert": "(~{})"}
 
 
 def _fits32(lo, hi) -> bool:
@@ -231,57 +223,36 @@ def _ctype(node: Node) -> str:
     return _TL[node.dtype]
 
 
-def _widest(types) -> str:
-    floats = [t for t in types if t not in _RANK]
-    if floats:
-        return floats[0]
-    return max(types, key=_RANK.__getitem__)
-
-
 def _work_type(operands, also) -> str:
-    """The type an operation on ``operands`` is computed in: the widest of theirs (numbers aside,
-    which PyTorch lets take the tensor's type) and ``also``; int64 where a number needs it."""
-    work = _widest([_ctype(a) for a in operands if a.op != "const"] + also or [_ctype(operands[0])])
+    """The type an operation on ``operands`` is computed in: the widest of theirs (a float first; numbers
+    aside, which PyTorch lets take the tensor's type) and ``also``; int64 where a number needs it."""
+    types = [_ctype(a) for a in operands if a.op != "const"] + also or [_ctype(operands[0])]
+    floats = [t for t in types if t not in _RANK]
+    work = floats[0] if floats else max(types, key=_RANK.__getitem__)
     big = any(a.op == "const" and a.lo is not None and not _fits32(a.lo, a.hi) for a in operands)
     return "tl.int64" if big and work in ("tl.int1", "tl.int32") else work
 
 
 class _Writer:
-    """The Triton source of one trace: nested expressions, a local for a value used twice."""
+    """The Triton source of the nodes ``results`` of a trace: nested expressions, a local for a value used twice."""
 
-    def __init__(self, graph: Graph, tensors: list[torch.Tensor], numbers: list | None = None, first: int | None = None):
+    def __init__(self, results: list[Node], tensors: list[torch.Tensor], numbers: list | None = None,
+                 first: int | None = None):
         """numbers: the constants given at launch, in data order from ``first`` (default: after the
         tensors); writers of one graph share it, so that a number has one slot."""
-        self.graph, self.tensors = graph, tensors
-        self.numbers = [] if numbers is None else numbers
+        self.tensors, self.numbers = tensors, [] if numbers is None else numbers
         self.first = len(tensors) if first is None else first
         self.uses: dict[int, int] = {}
-        self._count(graph.result)
         self.lines: list[str] = []
         self.names: dict[int, str] = {}
-
-    def launched(self) -> tuple:
-        """The values the kernel is given at launch, after the tensors, in data order."""
-        return tuple(node.value for node in self.numbers)
+        for result in results:
+            self._count(result)
 
     def _count(self, node: Node):
         self.uses[id(node)] = self.uses.get(id(node), 0) + 1
         if self.uses[id(node)] == 1:
             for a in node.args:
                 self._count(a)
-
-    def source(self) -> str:
-        result = self.graph.result
-        if result.dtype is not torch.bool:
-            raise TraceError(f"a mask function that returns {str(result.dtype).replace('torch.', '')} values",
-                             "return a boolean: a comparison, or (x != 0)", where="")
-        body = self.body(result)
-        return "def _mask_mod(b, h, q_idx, kv_idx, data):\n" + "".join(f"    {line}\n" for line in body)
-
-    def body(self, result: Node, ctype: str | None = None) -> list[str]:
-        """The lines that compute result and return it (in ctype, if given)."""
-        value = self.as_type(result, ctype) if ctype else self.expr(result)
-        return [*self.lines, f"return {value}"]
 
     # ----- one node -----------------------------------------------------------------------------
 
@@ -359,12 +330,8 @@ class _Writer:
         operands = [self.as_type(a, work) for a in args]
         if op in _CALLS:
             return f"{_CALLS[op]}({', '.join(operands)})"
-        if op == "neg":
-            return f"(-{operands[0]})"
-        if op == "sigmoid":
-            return f"(1.0 / (1.0 + tl.exp(-{operands[0]})))"
-        if op == "invert":
-            return f"(~{operands[0]})"
+        if op in _UNARY:
+            return _UNARY[op].format(operands[0])
         if op in ("floordiv", "mod"):
             a, b = args
             if work in _RANK and a.lo >= 0 and b.lo > 0:  # both non-negative: Triton's rounding is PyTorch's
@@ -380,7 +347,7 @@ class _Writer:
         # a lane that loads has every index in range, so its offset is within the tensor's extent (a
         # masked lane's offset may wrap: it reads nothing)
         extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-        wide = extent > _INT32_MAX or any(_ctype(i) == "tl.int64" for i in node.args)
+        wide = extent > INT32[1] or any(_ctype(i) == "tl.int64" for i in node.args)
         offsets, oks = [], []
         for i, size, stride in zip(node.args, t.shape, t.stride()):
             index = self.as_type(i, "tl.int64" if wide else _ctype(i))

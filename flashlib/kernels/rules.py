@@ -1,22 +1,12 @@
 """The rules the course teaches, written once in Triton: which keys a query sees, score functions
 (soft-capping among them) and their slope, and PyTorch's integer division for mask functions.
 
-Every kernel (the teaching forward and backward, packed sequences, decoding, the ladder) asks
-these helpers; :mod:`flashlib.rules` is their PyTorch counterpart, and ``tests/test_rules.py``
-checks the two element by element and tile by tile. With o = SEQ_K - SEQ_Q (bottom-right
-alignment) query i sees key j iff j < SEQ_K and all of these that apply hold::
-
-    causal           j <= i + o
-    window (l, r)    i + o - l <= j <= i + o + r       (-1: no limit on that side)
-    chunk C          j // C == (i + o) // C             (0: none; i + o < 0 sees nothing)
-    mask function    MASK_MOD(b, h, i, j, data)         (in the tiles a block mask calls partial)
-
-``diag = i + o`` is the key on query i's diagonal. The rule reaches a kernel as the compile-time
-CAUSAL and MASK_MOD and one tuple, ``rule = (window left, window right, chunk)``, run-time integers
-but for a chunk of None (no chunks: a compile-time None, and its code is compiled out), from
-flashlib.options.Options.rule_numbers; three helpers answer from it: :func:`_key_range` (the
-key tiles a query block visits; :func:`_key_split` is its split-KV mode), :func:`_query_range` (the query blocks a
-key tile visits) and :func:`_visible` (the element test).
+Every kernel asks these helpers; :mod:`flashlib.rules` is their PyTorch counterpart (its ``Visibility``
+states the rule; ``tests/test_rules.py`` checks the two). A kernel gets the rule as the compile-time
+CAUSAL and MASK_MOD and one tuple, ``rule = (window left, window right, chunk)`` (Options.rule_numbers),
+run-time integers but for a chunk of None (compiled out). :func:`_key_range` gives the key tiles a query
+block visits (:func:`_key_split`: split-KV), :func:`_query_range` the query blocks a key tile visits,
+:func:`_visible` the pairs that attend; ``diag = i + SEQ_K - SEQ_Q`` is the key on query i's diagonal.
 """
 from __future__ import annotations
 
@@ -53,9 +43,8 @@ def _band(offs_q, offs_k, SEQ_Q, SEQ_K, rule):
 
 @triton.jit
 def _chunk_of(rel, chunk, SEQ_Q, SEQ_K):
-    """(the first position of the chunk of each relative position rel >= 0, the chunk's size): the chunk at
-    most SEQ_Q + SEQ_K (every position of the call then lies in chunk 0, as with a larger one: exact),
-    so that no position plus it overflows int32; rel >= 0, so Triton's // is the floor."""
+    """(the first position of each rel's chunk (rel >= 0: Triton's // floors), the size), the size at most
+    SEQ_Q + SEQ_K (exact: every position is then in chunk 0, as with more) so that no sum overflows int32."""
     size = tl.minimum(chunk, SEQ_Q + SEQ_K)
     return tl.maximum(rel, 0) // size * size, size
 
@@ -63,10 +52,8 @@ def _chunk_of(rel, chunk, SEQ_Q, SEQ_K):
 @triton.jit
 def _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL: tl.constexpr, rule=None, kind=_FULL, off_b=0, off_h=0,
              MaskData=None, MASK_MOD: tl.constexpr = None, origin=0):
-    """The element test: (BLOCK_Q, BLOCK_K) mask of the (query, key) pairs that exist and may attend: the
-    causal rule, and in a _PARTIAL tile (MASK_MOD set) the window's band, the chunk (rule[2], None for
-    none: compiled out; chunks counted from position ``origin``, a sequence's start) and
-    MASK_MOD(b, h, q_idx, kv_idx, data). A _FULL tile needs none of them."""
+    """(BLOCK_Q, BLOCK_K): the pairs that exist and may attend: the causal rule, and in a _PARTIAL tile the
+    window's band, the chunk (counted from ``origin``, a sequence's start) and MASK_MOD."""
     mask = (offs_q[:, None] < SEQ_Q) & (offs_k[None, :] < SEQ_K)
     if CAUSAL:
         # bottom-right diagonal: query i sees key j when j <= i + SEQ_K - SEQ_Q
@@ -102,8 +89,7 @@ def _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, CAUSAL: tl.constexpr
 def _key_range(q0, SEQ_Q, SEQ_K, rule, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
                MASKED: tl.constexpr, origin=0):
     """[k_start, k_end): the keys rows q0 .. q0 + BLOCK_Q - 1 can see under the causal rule and, if MASKED,
-    the window (-1: no limit on a side) and the chunks (counted from ``origin``), k_start on a tile
-    boundary; other tiles are skipped."""
+    the window and the chunks (counted from ``origin``), k_start on a tile boundary."""
     k_start = 0
     k_end = _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
     if MASKED:
@@ -152,8 +138,7 @@ def _query_range(k0, SEQ_Q, SEQ_K, rule, BLOCK_Q: tl.constexpr, BLOCK_K: tl.cons
 
 @triton.jit
 def _key_split(k_start, k_end, split, NUM_SPLITS, BLOCK_K: tl.constexpr):
-    """The key range's split-KV mode: split ``split`` of [k_start, k_end) (k_start on a tile boundary) cut
-    into NUM_SPLITS runs of whole tiles (flashlib.decode.split_bounds), the last ones possibly empty."""
+    """Split ``split`` of [k_start, k_end) in NUM_SPLITS runs of whole tiles, the last ones possibly empty."""
     run = tl.cdiv(tl.cdiv(k_end - k_start, NUM_SPLITS), BLOCK_K) * BLOCK_K
     lo = tl.minimum(k_start + split * run, k_end)
     return lo, tl.minimum(lo + run, k_end)
@@ -172,10 +157,9 @@ def _tile_kind(Tiles, tile, MASK_MOD: tl.constexpr):
 
 @triton.jit
 def _tanh(y):
-    """tanh in float32 to 1.5 ulps everywhere: tanh's Taylor series to y^19 below |y| = 0.6 (where
-    1 - 2 / (e^2y + 1) would lose bits to cancellation; the next term is 4e-9 of tanh there), that
-    quotient above it (exact at both ends: e^2y = inf gives 1). With 5 terms below 1/4 it was off by
-    up to 3 ulps, and soft-capped attention's error followed it."""
+    """tanh in float32 to 1.5 ulps everywhere: its Taylor series to y^19 below |y| = 0.6 (where 1 - 2 / (e^2y
+    + 1) loses bits to cancellation; the next term is 4e-9 of tanh there), that quotient above (exact at
+    both ends: e^2y = inf gives 1). With 5 terms below 1/4 it was off by 3 ulps, and so was soft-capping."""
     a = tl.abs(y)
     y2 = y * y
     series = (-929569.0 / 638512875.0 + y2 * (6404582.0 / 10854718875.0 + y2 * (-443861162.0 / 1856156927625.0)))
@@ -188,9 +172,8 @@ def _tanh(y):
 
 @triton.jit
 def _mod_scores(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, SCORE_MOD: tl.constexpr):
-    """Scores in base-2 units from x = q.k: x * qk_scale (qk_scale = scale * log2 e); with a score
-    function (flashlib.kernels.scorefn), its value at the natural scaled score x * scale, as
-    FlexAttention applies it, times log2 e (SCORE_MOD takes x and both scales: it may fold them)."""
+    """Scores in base-2 units from x = q.k: x * qk_scale (qk_scale = scale * log2 e), or SCORE_MOD's
+    (flashlib.kernels.scorefn), which takes x and both scales: it may fold them."""
     if SCORE_MOD is not None:
         s = SCORE_MOD(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, False)
     else:
@@ -200,8 +183,7 @@ def _mod_scores(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, SCOR
 
 @triton.jit
 def _mod_scores_slope(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, SCORE_MOD: tl.constexpr):
-    """(the scores of :func:`_mod_scores`, the score function's slope at x * scale), computed together
-    (what they share once; x is not needed afterwards); the slope is 1 without a function."""
+    """(the scores of :func:`_mod_scores`, the score function's slope at x * scale: 1 without one)."""
     if SCORE_MOD is not None:
         s, slope = SCORE_MOD(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, True)
     else:
@@ -221,8 +203,7 @@ def _visible_slope(slope, visible, SCORE_MOD: tl.constexpr):
 
 @triton.jit
 def _mod_slope(ds, slope, SCORE_MOD: tl.constexpr):
-    """dS with respect to the function's output, times its slope: the gradient of the scaled scores
-    before the function (the chain rule through one tile)."""
+    """dS times the score function's slope: the gradient of the scaled scores before it (the chain rule)."""
     if SCORE_MOD is not None:
         ds = ds * slope
     return ds
@@ -232,9 +213,8 @@ def _mod_slope(ds, slope, SCORE_MOD: tl.constexpr):
 
 @triton.jit
 def _batch_head(row, HEADS, ROW0):
-    """(batch row, head) of row ``row`` of a launch whose rows (batch * HEADS + head: every (B*H, seq,
-    d) view's layout) start at ROW0, a batch boundary (rules.row_chunks): what mask and score
-    functions are told, and which kv head a packed or decoding program reads."""
+    """(batch row, head) of row ``row`` (batch * HEADS + head) of a launch whose rows start at ROW0, a batch
+    boundary (row_chunks): what mask and score functions are told, and which kv head a program reads."""
     row = row + ROW0
     return row // HEADS, row % HEADS
 
@@ -281,10 +261,8 @@ def _floormod(a, b):
 
 @triton.jit
 def _key_tiles(q0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr):
-    """(k_full_end, k_end) for query rows q0 .. q0 + BLOCK_Q - 1 under the causal rule alone (no window,
-    no mask function): key tiles before k_full_end lie inside the keys and every row sees them whole,
-    so they need no mask; [k_full_end, k_end) need one (the diagonal, the ragged end); later tiles
-    are skipped. k_full_end is on a tile boundary."""
+    """flashlib.rules.key_tiles: (k_full_end, k_end) for query rows q0 .. q0 + BLOCK_Q - 1 under the causal
+    rule alone; the tiles before k_full_end need no mask, [k_full_end, k_end) need one."""
     k_end = _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
     seen_by_all = SEQ_K
     if CAUSAL:  # the block's first row, and so every row, sees keys j <= q0 + SEQ_K - SEQ_Q
@@ -294,10 +272,8 @@ def _key_tiles(q0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, C
 
 @triton.jit
 def _query_tiles(k0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr):
-    """(q_start, q_full_start, q_full_end) for the key tile at k0 under the causal rule alone: query
-    blocks [q_full_start, q_full_end) lie inside the queries and see the whole tile, so they need no
-    mask; [q_start, q_full_start) (the diagonal) and [q_full_end, SEQ_Q) (the ragged end, or every
-    block of a ragged key tile) need one; blocks before q_start see none of it. All on block boundaries."""
+    """flashlib.rules.query_tiles: (q_start, q_full_start, q_full_end) for the key tile at k0 under the causal
+    rule alone; blocks [q_full_start, q_full_end) need no mask, the others from q_start need one."""
     q_start = _query_range_start(k0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
     q_rows_full = (SEQ_Q // BLOCK_Q) * BLOCK_Q  # where the whole query blocks end
     if CAUSAL:  # the first block whose first row sees this tile's last key
@@ -315,11 +291,9 @@ MAX_GRID_ROWS = 65535  # CUDA's limit on grid axes 1 and 2 (axis 0 takes 2^31 - 
 
 
 def row_chunks(rows: int, multiple: int = 1) -> list[slice]:
-    """The kernels' (batch, head) rows, on grid axis 1, in runs of at most MAX_GRID_ROWS: one launch
-    each, on views of the tensors, so that the kernels stay as they are. Runs start on multiples of
-    ``multiple`` (the query heads of one kv head; a batch's heads, where a mask function is told the
-    batch) and, where the limit allows, of 16, so that every run's pointers keep the 16-byte
-    alignment Triton specialises on (one compiled kernel for all)."""
+    """The kernels' (batch, head) rows, on grid axis 1, in runs of at most MAX_GRID_ROWS (a launch each, on
+    views): runs start on multiples of ``multiple`` (a kv head's query heads; a batch's heads for a mask
+    function) and, where the limit allows, of 16, keeping the 16-byte alignment Triton specialises on."""
     from math import lcm
 
     unit = lcm(16, multiple) if lcm(16, multiple) <= MAX_GRID_ROWS else multiple

@@ -1,54 +1,32 @@
 """Score functions, as FlexAttention users write them, compiled into the kernels with their derivative.
 
-A score function ``score_mod(score, b, h, q_idx, kv_idx) -> score`` changes each scaled score
-before the mask (:mod:`flashlib.scores` has ready ones: soft-capping, ALiBi, a bias table, T5's
-bias, a temperature). For a kernel it is traced as mask functions are (:mod:`flashlib.trace`:
-called once with symbolic arguments, the score a float32 one) and written out as one
-``@triton.jit`` function::
+A score function ``score_mod(score, b, h, q_idx, kv_idx) -> score`` changes each scaled score before
+the mask (:mod:`flashlib.scores` has ready ones). It is traced and written out as mask functions are
+(:mod:`flashlib.kernels.maskfn`; the score a float32 symbol), as one ``@triton.jit`` function::
 
     SCORE_MOD(x, scale, qk_scale, b, h, q_idx, kv_idx, data, GRAD)
         x: the raw dot q.k; the function is applied to the natural score x * scale and the result
         returned in the kernels' base-2 units (times log2 e)
-        GRAD False: the new score; GRAD True: (the new score, its derivative d new / d score),
-        sharing what they share
+        GRAD False: the new score; GRAD True: (the new score, d new / d score), sharing what they share
 
-The derivative is not written by hand per option: it is the chain rule applied to the traced
-expression (:func:`derivative`), node by node, so the backward's dS = P (dP - delta) is
-multiplied by exactly the slope of what the forward computed; at a kink, PyTorch's subgradient (abs:
-0 at 0; maximum, minimum: half to each side on a tie; a clamp: its argument's slope at its bounds).
-Tensors the function reads become loads from ``data``, and the numbers it captures launch arguments
-after them, as for mask functions; the tensors' own gradients (ALiBi's slopes, a bias table) are not
-the kernels' business (:func:`flashlib.scores.captured_grads` computes them). The indices it reads
-them at are checked on the host for each call's positions (:func:`check_indices`), so that an index
-past a tensor's end is refused as PyTorch refuses it, not read as 0.
+The derivative is the chain rule applied to the traced expression (:func:`derivative`), so the
+backward's dS is multiplied by exactly the slope of what the forward computed; at a kink, PyTorch's
+subgradient (abs: 0 at 0; maximum, minimum: half to each side on a tie; a clamp: its argument's slope
+at its bounds). The captured tensors' own gradients are :func:`flashlib.scores.captured_grads`'s. The
+indices it reads them at are checked on the host for each call's positions (:func:`check_indices`), so
+that an index past a tensor's end is refused as PyTorch refuses it, not read as 0.
 """
 from __future__ import annotations
-
-from dataclasses import replace
-from typing import NamedTuple
 
 import torch
 
 from .config import LOG2E
-from .maskfn import MEMO, _data, _int32, _loads, _Writer, compiled, memo_key, symbol_bounds
-from ..captures import literals
+from .maskfn import KernelMask, _Writer, compile_traced, memo_get, symbol_bounds
 from ..rules import out_of_bounds
-from ..trace import FLOAT_FUNCTIONS, Graph, IndexCheck, Node, TraceError, refusal, trace
-
-NAMES = ("score", "b", "h", "q_idx", "kv_idx")
+from ..trace import FLOAT_FUNCTIONS, Graph, IndexCheck, Node, TraceError, _nodes, trace
 
 
-class KernelScore(NamedTuple):
-    """A score function as the kernels call it: the compiled ``SCORE_MOD``, its ``data`` (the tensors
-    it reads, on the kernels' device, then the numbers it is given at launch; None when there are none),
-    the tensors themselves as the function captured them (for their gradients), the generated Triton
-    source and the check of the indices it reads them at (None when it reads none by index)."""
-
-    jit: object
-    data: tuple | None
-    captured: tuple
-    source: str
-    indices: IndexCheck | None = None
+KernelScore = KernelMask  # a score function as the kernels call it: its SCORE_MOD, data, source, captured, indices
 
 
 def score_args(score: KernelScore | None) -> dict:
@@ -62,8 +40,7 @@ def score_bounds(batch=None, heads=None, seq_q=None, seq_k=None) -> dict:
 
 
 def trace_score(score_mod, bounds: dict | None = None, device=None, literals=None) -> Graph:
-    """The traced graph of a score function (a TraceError for what cannot compile); literals: as
-    :func:`flashlib.trace.trace` takes them."""
+    """The traced graph of a score function (a TraceError for what cannot compile); literals: as trace()'s."""
     graph = trace(score_mod, bounds or score_bounds(), device=device, floats=("score",), literals=literals)
     if not graph.result.dtype.is_floating_point:
         kind = str(graph.result.dtype).replace("torch.", "")
@@ -72,35 +49,34 @@ def trace_score(score_mod, bounds: dict | None = None, device=None, literals=Non
 
 
 def compile_score(fn: str, score_mod, device, bounds: dict | None = None) -> KernelScore:
-    """The kernels' SCORE_MOD for ``score_mod`` as it reads its data now; bounds:
-    :func:`score_bounds` of the call (default: int32 indices). Kept while nothing the function
-    reads changes (:mod:`flashlib.kernels.tracememo`)."""
+    """The kernels' SCORE_MOD for ``score_mod`` as it reads its data now; bounds: :func:`score_bounds`'s."""
+    return KernelScore(*compile_traced(fn, "score_mod", score_mod, device, bounds or score_bounds(), trace_score,
+                                       _score_source))
+
+
+def score_tensors(fn: str, score_mod, bounds: dict | None = None) -> tuple:
+    """The tensors a score function reads (captured, in the order it reads them)."""
     bounds = bounds or score_bounds()
 
     def build():
-        try:
-            return _written(score_mod, bounds, device)
-        except TraceError as exc:
-            raise refusal(fn, "score_mod", score_mod, exc) from None
+        graph = trace_score(score_mod, bounds)
+        return None, graph.tensors, graph.read
 
-    (source, narrow, numbers, indices), tensors = MEMO.get(score_mod, ("score", memo_key(bounds, device)), build)
-    data = (*_data(tensors, narrow, device), *numbers)
-    return KernelScore(compiled(source), data or None, tensors, source, indices)
+    return memo_get(fn, "score_mod", score_mod, "score tensors", bounds, None, build)[1]
 
 
 def check_indices(fn: str, score_mod, score: KernelScore, ranges: dict, regions=None) -> None:
-    """A ValueError naming the op (fn), the function and the index if the score function reads a tensor it
-    captures out of its bounds for the call's index ranges ({"b": (lo, hi), "h", "q_idx", "kv_idx"}, the
-    positions it is given), as PyTorch raises on the references; regions(): where ranges is wider than
-    the positions a call really has (decoding's capacity, packed sequences' longest), those positions,
-    one ranges per sequence, asked only when ranges fail."""
+    """A ValueError naming fn, the function and the index if it reads a captured tensor out of its bounds for
+    the index ranges ({"b": (lo, hi), "h", "q_idx", "kv_idx"}); regions(): where ranges is wider than the
+    call's positions (decoding's capacity, packed sequences' longest), those, one ranges per sequence (asked
+    only when ranges fail)."""
     if score.indices is None or any(hi < lo for lo, hi in ranges.values()):
         return
     found = score.indices.outside(ranges, score.captured)
     if found is not None and regions is not None:  # the call's own positions: their union, else each
         found, boxes = None, [r for r in regions() if all(lo <= hi for lo, hi in r.values())]
-        union = {name: (min(r[name][0] for r in boxes), max(r[name][1] for r in boxes)) for name in ranges}
-        if boxes and score.indices.outside(union, score.captured) is not None:
+        union = boxes and {name: (min(r[name][0] for r in boxes), max(r[name][1] for r in boxes)) for name in ranges}
+        if union and score.indices.outside(union, score.captured) is not None:
             for box in map(dict, dict.fromkeys(tuple(sorted(r.items())) for r in boxes)):
                 found, ranges = score.indices.outside(box, score.captured), box
                 if found is not None:
@@ -117,42 +93,24 @@ def check_indices(fn: str, score_mod, score: KernelScore, ranges: dict, regions=
     raise out_of_bounds(fn, "score_mod", score_mod, detail, ranges["q_idx"][1] + 1, ranges["kv_idx"][1] + 1)
 
 
-def _written(score_mod, bounds: dict, device):
-    """((the SCORE_MOD source, which loads are narrowed to int32, the numbers passed after the tensors,
-    the check of its indices), the tensors it loads, the ids of those it read in Python)."""
-    graph = trace_score(score_mod, bounds, device, literals(score_mod))
-    narrow = tuple(_int32(t, node) for t, node in zip(graph.tensors, _loads(graph)))
-    tensors = list(_data(graph.tensors, narrow, device))
-    base2 = _base2(graph, len(tensors))
+def _score_source(graph: Graph, tensors: list) -> tuple:
+    """(a score function's SCORE_MOD source, the numbers it is given at launch, its index check or None)."""
+    value, slope, first, folded = _base2(graph, len(tensors))
     tiles = [graph.symbols[name] for name in ("score", "q_idx", "kv_idx", "x")]
-    numbers, first = [], len(tensors) + len(base2.numbers)  # launch numbers after the tensors and a, b
-    one = _Writer(replace(graph, result=base2.value), tensors, numbers, first)
-    value_text = _tile(one.as_type(base2.value, "tl.float32"), base2.value, tiles)
-    both = _Writer(replace(graph, result=base2.value), tensors, numbers, first)
-    both._count(base2.slope)  # what the value and its slope share (tanh(score / c)) is computed once
-    pair = [_tile(both.as_type(n, "tl.float32"), n, tiles) for n in (base2.value, base2.slope)]
+    numbers, start = [], len(tensors) + len(folded)  # launch numbers after the tensors and a, b
+    one = _Writer([value], tensors, numbers, start)
+    value_text = _tile(one.as_type(value, "tl.float32"), value, tiles)
+    both = _Writer([value, slope], tensors, numbers, start)  # what they share (tanh(score / c)) is computed once
+    pair = [_tile(both.as_type(n, "tl.float32"), n, tiles) for n in (value, slope)]
     lines = ["def _score_mod(x, scale, qk_scale, b, h, q_idx, kv_idx, data, GRAD: tl.constexpr):",
              "    if GRAD:  # the backward: the new score (base 2) and its slope d new / d score",
-             *(f"        {line}" for line in base2.first + both.lines), f"        return {pair[0]}, {pair[1]}",
-             "    else:", *(f"        {line}" for line in base2.first + one.lines), f"        return {value_text}"]
-    source = "\n".join(lines) + "\n"
-    compiled(source)
+             *(f"        {line}" for line in first + both.lines), f"        return {pair[0]}, {pair[1]}",
+             "    else:", *(f"        {line}" for line in first + one.lines), f"        return {value_text}"]
     check = IndexCheck(graph)
-    kept = (source, narrow, (*base2.numbers, *(n.value for n in numbers)), check if check.loads else None)
-    return kept, graph.tensors, graph.read
+    return "\n".join(lines) + "\n", (*folded, *(n.value for n in numbers)), check if check.loads else None
 
 
 # ----- from the natural scaled score to the kernels' base-2 units --------------------------------------
-
-class _Base2(NamedTuple):
-    """The function in the kernels' units: the new score in base 2 and its slope d new / d score (nodes),
-    the lines that define the symbols they use, and the numbers passed at launch after the tensors."""
-
-    value: Node
-    slope: Node
-    first: list
-    numbers: tuple
-
 
 def _folded(graph: Graph):
     """(a, f, b) where the function is a * f(score / b) with numbers a, b (1 where a factor is absent)
@@ -177,19 +135,21 @@ def _number(node: Node) -> bool:
     return node.op == "const" and node.dtype is not torch.bool
 
 
-def _base2(graph: Graph, slots: int) -> _Base2:
-    """In general the function of the natural score x * scale, times log2 e. For a * f(score / b),
-    the numbers are folded into f's argument and result instead, (a log2 e) * f(x * (qk_scale / (b log2
-    e))): two roundings fewer per score, the arithmetic of the soft-capping kernel written by hand
-    before score functions (its bits: tests/test_scores.py), and a and b are passed at launch after
-    the tensors (``data[slots]``), so that a new cap compiles no new kernel."""
+def _base2(graph: Graph, slots: int) -> tuple:
+    """The function in the kernels' units: (the new score in base 2 and its slope d new / d score (nodes),
+    the lines that define the symbols they use, the numbers passed at launch after the tensors).
+
+    In general the function of x * scale, times log2 e. For a * f(score / b), the numbers are folded into
+    f's argument and result instead, (a log2 e) * f(x * (qk_scale / (b log2 e))): two roundings fewer per
+    score, the hand-written soft-capping kernel's arithmetic (its bits: tests/test_scores.py), and a and b
+    are passed at launch (``data[slots]``), so that a new cap compiles no new kernel."""
     tracer = graph.tracer
     apply, const = tracer.apply, tracer.const
     for name in ("x", "qk_scale", "_FLOAT32_MAX"):
         graph.symbols[name] = tracer.symbol(name, None, None, torch.float32)
     folded = _folded(graph)
     if folded is None:
-        return _Base2(apply("mul", graph.result, const(LOG2E)), derivative(graph), ["score = x * scale"], ())
+        return apply("mul", graph.result, const(LOG2E)), derivative(graph), ["score = x * scale"], ()
     a, f, b = folded
     # c log2 e written where it is used, as the hand-written kernel did: a local would hold it as a float32
     # tile in Triton's interpreter, where the number times the constexpr _LOG2E is computed in float64
@@ -207,33 +167,20 @@ def _base2(graph: Graph, slots: int) -> _Base2:
         slope = _Chain(tracer, arg)._slope(f, inner, arg)
     if a != b:  # d/dscore a f(score / b) = (a / b) f'(score / b)
         slope = apply("mul", slope, apply("truediv", cap_a, cap_b))
-    return _Base2(value, slope, [], (a,) if a == b else (a, b))
-
-
-def _depends(node: Node, on: list) -> bool:
-    stack, seen = [node], set()
-    while stack:
-        n = stack.pop()
-        if any(n is s for s in on):
-            return True
-        if id(n) not in seen:
-            seen.add(id(n))
-            stack.extend(n.args)
-    return False
+    return value, slope, [], (a,) if a == b else (a, b)
 
 
 def _tile(text: str, result: Node, tiles: list) -> str:
-    """An expression whose value is a tile, as the score's, even where it is a number or depends on
-    the head alone (a slope of 1, a temperature's)."""
-    return text if _depends(result, tiles) else f"tl.zeros_like(x) + {text}"
+    """An expression whose value is a tile, as the score's, even for a number or a head's (a slope of 1)."""
+    return text if any(n is t for n in _nodes(result) for t in tiles) else f"tl.zeros_like(x) + {text}"
 
 
 # ----- the derivative of a traced expression with respect to the score ------------------------------
 
-def derivative(graph: Graph, wrt: str = "score") -> Node:
-    """d result / d wrt, as nodes of the same graph: the chain rule applied node by node. Integer
+def derivative(graph: Graph) -> Node:
+    """d result / d score, as nodes of the same graph: the chain rule applied node by node. Integer
     and boolean nodes, loads and constants do not depend on the score (their derivative is 0)."""
-    slope = _Chain(graph.tracer, graph.symbols[wrt]).d(graph.result)
+    slope = _Chain(graph.tracer, graph.symbols["score"]).d(graph.result)
     return graph.tracer.const(0.0) if slope is None else slope
 
 
@@ -242,9 +189,6 @@ class _Chain:
 
     def __init__(self, tracer, target: Node):
         self.tracer, self.target, self.memo = tracer, target, {}
-
-    def const(self, value: float) -> Node:
-        return self.tracer.const(float(value))
 
     def mul(self, a, b):
         if a is None or b is None:
@@ -269,7 +213,7 @@ class _Chain:
         """where(cond, a, b) of two derivatives (None: 0)."""
         if a is None and b is None:
             return None
-        return self.tracer.apply("where", cond, a or self.const(0.0), b or self.const(0.0))
+        return self.tracer.apply("where", cond, a or self.tracer.const(0.0), b or self.tracer.const(0.0))
 
     def d(self, node: Node):
         if id(node) not in self.memo:
@@ -278,7 +222,7 @@ class _Chain:
 
     def _rule(self, node: Node):
         if node is self.target:
-            return self.const(1.0)
+            return self.tracer.const(1.0)
         if not node.dtype.is_floating_point or node.op in ("sym", "const", "load"):
             return None
         op, args, apply = node.op, node.args, self.tracer.apply
@@ -303,7 +247,7 @@ class _Chain:
             da = self.d(args[0])
             if da is None:
                 return None
-            zero = self.const(0.0)
+            zero = self.tracer.const(0.0)
             return self.select(apply("gt", args[0], zero), da, self.select(apply("lt", args[0], zero), self.neg(da), None))
         if op in FLOAT_FUNCTIONS:
             return self.mul(self.d(args[0]), self._slope(op, node, args[0]))
@@ -322,12 +266,12 @@ class _Chain:
             tie = da
         else:
             both = self.add(da, db)
-            tie = None if both is None else apply("mul", self.const(0.5), both)
+            tie = None if both is None else apply("mul", self.tracer.const(0.5), both)
         return self.select(takes_a, da, self.select(apply("eq", a, b), tie, db))
 
     def _slope(self, op: str, node: Node, x: Node) -> Node:
         """f'(x) of a float function, from f(x) = node where that is cheaper."""
-        apply, one = self.tracer.apply, self.const(1.0)
+        apply, one = self.tracer.apply, self.tracer.const(1.0)
         if op == "tanh":
             return apply("sub", one, apply("mul", node, node))  # 1 - tanh²
         if op == "exp":
@@ -335,20 +279,6 @@ class _Chain:
         if op == "log":
             return apply("truediv", one, x)
         if op == "sqrt":
-            return apply("truediv", self.const(0.5), node)
+            return apply("truediv", self.tracer.const(0.5), node)
         return apply("mul", node, apply("sub", one, node))  # sigmoid: s (1 - s)
-
-
-def score_tensors(fn: str, score_mod, bounds: dict | None = None) -> tuple:
-    """The tensors a score function reads (captured, in the order it reads them)."""
-    bounds = bounds or score_bounds()
-
-    def build():
-        try:
-            graph = trace_score(score_mod, bounds)
-        except TraceError as exc:
-            raise refusal(fn, "score_mod", score_mod, exc) from None
-        return None, graph.tensors, graph.read
-
-    return MEMO.get(score_mod, ("score tensors", memo_key(bounds, None)), build)[1]
 
