@@ -1,32 +1,18 @@
-"""The faster backwards: notebook 07's kernels with mask-free interior tiles and their own tiles.
+"""The faster backwards: notebook 07's kernels with mask-free interior tiles and their own tiles
+(what each backward changes and why: :data:`flashlib.ladder.rungs.BACKWARDS`).
 
-``backward="tuned"``: the launches and the arithmetic of :mod:`flashlib.kernels.backward`
-(P and dP recomputed from the log-sum-exp, no atomics, bitwise deterministic), with two
-changes:
-
-* The query loop of dK/dV and the key loop of dQ are split like the forward's rung 2: tiles
-  that every row sees in full, inside the bounds, skip the mask, the bounds checks and the
-  guard for rows that saw no key; only tiles on the diagonal or at a ragged end pay for them.
-* dK/dV and dQ get tiles of their own (the table is :mod:`flashlib.ladder.rungs`): each
-  kernel keeps one block resident (keys for dK/dV, queries for dQ) and streams the other.
-  On a GPU both kernels are autotuned; in the interpreter, or given a
-  :class:`~flashlib.kernels.FlashConfig`, they use its ``bwd_*`` tiles.
-
-``backward="lean"``: the same two kernels with the forward's rungs 3 and 4 applied: the
-streamed blocks (Q and dO for dK/dV, K and V for dQ) arrive through tensor descriptors
-(TMA), and causal dQ launches start with the longest query blocks (dK/dV's longest key blocks
-already come first).
-
-``backward="bulk"``: one kernel, _attn_bwd_fused: lean's dK/dV loop also adds each tile's
-share of dQ into a float32 dQ, five products per tile pair instead of seven, as
-FlashAttention-3 does on Hopper. The kernel takes the step that adds a dQ tile as a
-function, ADD_DQ: one bulk reduction of the TMA per tile (sm_90), or, in Triton's
-interpreter, which has no bulk reductions, one atomic per element; either of dQ or of its
-transpose (DQ_T). The order of the additions, so the last bits of dQ, can change from run
-to run.
-
-HEAD_DIM is a compile-time constant here (one compiled kernel per head dim), so a head dim
-that is already a power of two loads without any column mask.
+``backward="tuned"``: the arithmetic of :mod:`flashlib.kernels.backward` (P and dP recomputed
+from the log-sum-exp, no atomics, bitwise deterministic), with the query loop of dK/dV and the
+key loop of dQ split like the forward's rung 2 (only tiles on the diagonal or at a ragged end
+pay for the mask, the bounds checks and the guard for rows that saw no key), and tiles of their
+own: each kernel keeps one block resident (keys for dK/dV, queries for dQ) and streams the other.
+``"lean"``: the same kernels with the streamed blocks moved by tensor descriptors (TMA) and causal
+dQ blocks launched longest first (dK/dV's longest key blocks already come first).
+``"bulk"``: one kernel, _attn_bwd_fused: lean's dK/dV loop also adds each tile's share of dQ into
+a float32 dQ (or its transpose, DQ_T), by one bulk reduction of the TMA per tile (sm_90) or, in
+Triton's interpreter, which has none, one atomic per element; the order of the additions, so
+the last bits of dQ, can change from run to run. HEAD_DIM is a compile-time constant, as in
+the forwards.
 """
 from __future__ import annotations
 
@@ -35,8 +21,7 @@ import torch
 from ..kernels._mode import require_triton
 from ..kernels.config import LOG2E, FlashConfig, head_dim_pad, seq_bucket
 from . import autotune
-from .rungs import Backward, kernel_function
-from .rungs import backward as backward_named
+from .rungs import Backward, kernel_function, backward as backward_named
 
 triton = require_triton()
 import triton.language as tl  # noqa: E402
@@ -44,8 +29,8 @@ import triton.language as tl  # noqa: E402
 from ..kernels.backward import _lse_base2  # noqa: E402
 from ..kernels.forward import _load_rows  # noqa: E402
 from ..kernels.rules import _key_tiles, _query_tiles, _visible, row_chunks  # noqa: E402
-from .forward import (_load_full_rows, _query_block, empty_rows, ensure_allocator, int32_rows,  # noqa: E402
-                      tma_eligible, tma_hardware)
+from .forward import (_load_full_rows, _query_block, _store_rows, empty_rows, ensure_allocator,  # noqa: E402
+                      int32_rows, tma_eligible, tma_hardware)
 
 
 # ----- the steps shared by the kernels ----------------------------------------------------
@@ -102,12 +87,6 @@ def _probs_t(k_tile, q_blk, lse, offs_q, offs_k, qk_scale, SEQ_Q, SEQ_K, MASKED:
     return p_t
 
 
-@triton.jit
-def _store_rows(Ptr, stride, offs_rows, offs_d, n_rows, tile, HEAD_DIM: tl.constexpr):
-    mask = (offs_rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(Ptr + offs_rows[:, None] * stride + offs_d[None, :], tile.to(Ptr.dtype.element_ty), mask=mask)
-
-
 # ----- "tuned" and "lean": dK/dV and dQ, two kernels ------------------------------------------
 
 @triton.jit
@@ -132,8 +111,7 @@ def _dkdv_loop(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, stride_dom,
 @triton.jit
 def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
                          stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
-                         stride_doz, stride_dom, stride_dkz, stride_dkn, stride_dvz, stride_dvn,
-                         SEQ_Q, SEQ_K,
+                         stride_doz, stride_dom, stride_dkz, stride_dkn, stride_dvz, stride_dvn, SEQ_Q, SEQ_K,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                          BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                          TMA: tl.constexpr = False):
@@ -154,17 +132,14 @@ def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
     q_start, q_full, q_end = _query_tiles(k0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
     # masked [q_start, q_full), unmasked [q_full, q_end), masked [q_end, SEQ_Q)
     dk, dv = _dkdv_loop(dk, dv, k_tile, v_tile, q_src, do_src, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d,
-                        q_start, q_full, qk_scale=qk_scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
-                        HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q, MASKED=True, CAUSAL=CAUSAL,
-                        INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
+                        q_start, q_full, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, MASKED=True,
+                        CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
     dk, dv = _dkdv_loop(dk, dv, k_tile, v_tile, q_src, do_src, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d,
-                        q_full, q_end, qk_scale=qk_scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
-                        HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q, MASKED=False, CAUSAL=CAUSAL,
-                        INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
-    dk, dv = _dkdv_loop(dk, dv, k_tile, v_tile, q_src, do_src, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d, q_end,
-                        SEQ_Q, qk_scale=qk_scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
-                        HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_Q=BLOCK_Q, MASKED=True, CAUSAL=CAUSAL,
-                        INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
+                        q_full, q_end, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, MASKED=False,
+                        CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
+    dk, dv = _dkdv_loop(dk, dv, k_tile, v_tile, q_src, do_src, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d,
+                        q_end, SEQ_Q, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, MASKED=True,
+                        CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
     dk = dk * scale  # s = scale * q kᵀ, so dk picks up the scale once, at the end
     _store_rows(DK + off_z * stride_dkz, stride_dkn, offs_k, offs_d, SEQ_K, dk, HEAD_DIM)
     _store_rows(DV + off_z * stride_dvz, stride_dvn, offs_k, offs_d, SEQ_K, dv, HEAD_DIM)
@@ -193,8 +168,7 @@ def _dq_loop(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn, offs_q, 
 @triton.jit
 def _attn_bwd_dq_split(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
                        stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
-                       stride_doz, stride_dom, stride_dqz, stride_dqm,
-                       SEQ_Q, SEQ_K,
+                       stride_doz, stride_dom, stride_dqz, stride_dqm, SEQ_Q, SEQ_K,
                        HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                        BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                        TMA: tl.constexpr = False, LONGEST_FIRST: tl.constexpr = False):
@@ -212,11 +186,11 @@ def _attn_bwd_dq_split(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
     v_src = _rows_source(V + off_z * stride_vz, stride_vn, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, TMA)
     k_full, k_end = _key_tiles(q0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
     dq = _dq_loop(dq, q_blk, do_blk, lse, delta, k_src, v_src, stride_kn, stride_vn, offs_q, offs_d, 0, k_full,
-                  qk_scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_K=BLOCK_K,
-                  MASKED=False, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
+                  qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, MASKED=False, CAUSAL=CAUSAL,
+                  INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
     dq = _dq_loop(dq, q_blk, do_blk, lse, delta, k_src, v_src, stride_kn, stride_vn, offs_q, offs_d, k_full, k_end,
-                  qk_scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD, BLOCK_K=BLOCK_K,
-                  MASKED=True, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
+                  qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, MASKED=True, CAUSAL=CAUSAL,
+                  INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
     _store_rows(DQ + off_z * stride_dqz, stride_dqm, offs_q, offs_d, SEQ_Q, dq * scale, HEAD_DIM)
 
 
@@ -286,8 +260,7 @@ def _dq_destination(DQ, stride_dq, SEQ_Q, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: 
         desc = tl.make_tensor_descriptor(DQ, shape=[HEAD_DIM, SEQ_Q], strides=[stride_dq, 1],
                                          block_shape=[HEAD_DIM_PAD, BLOCK_Q])
     else:
-        desc = tl.make_tensor_descriptor(DQ, shape=[SEQ_Q, HEAD_DIM], strides=[stride_dq, 1],
-                                         block_shape=[BLOCK_Q, HEAD_DIM_PAD])
+        desc = _rows_source(DQ, stride_dq, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, True)
     return desc
 
 
@@ -341,21 +314,16 @@ def runs_as(name: str, descriptors: bool) -> Backward:
     """The backward that runs for ``name``: itself, or the one its table row names where
     descriptors cannot be used."""
     chosen = backward_named(name)
-    if chosen.without_descriptors and not descriptors:
-        return backward_named(chosen.without_descriptors)
-    return chosen
+    return backward_named(chosen.without_descriptors) if chosen.without_descriptors and not descriptors else chosen
 
 
 def variant(chosen: Backward, role: str, descriptors: bool, bulk: bool = True):
     """(kernel, compile-time options) of one autotuned kernel of a backward ("dkdv", "dq" or
     "fused"); descriptors: the streamed blocks move by TMA (the fused kernel's always do);
     bulk: the fused kernel adds dQ by bulk reductions, not atomics."""
-    if role == "fused":
-        options = dict(BULK_DQ=bulk)
-    elif role == "dq":
-        options = dict(TMA=descriptors, LONGEST_FIRST=chosen.longest_first)
-    else:
-        options = dict(TMA=descriptors)
+    options = dict(BULK_DQ=bulk) if role == "fused" else dict(TMA=descriptors)
+    if role == "dq":
+        options["LONGEST_FIRST"] = chosen.longest_first
     return kernel_function(chosen.kernels[role]), options
 
 
@@ -383,21 +351,18 @@ def _dq_from(buffer, q, transposed: bool):
 def _launch(chosen: Backward, role: str, args, rows: int, options: dict, cfg, bucket: int) -> bool:
     """One kernel of a backward over ``rows`` resident rows per head, with the tiles of cfg or
     autotuned (GPU only) when cfg is None; returns whether it built dQ transposed."""
+    options = dict(options)
     kernel, own = variant(chosen, role, options.pop("TMA"), options.pop("BULK_DQ"))
-    if chosen.kernels[role].startswith("kernels."):  # the teaching kernels take v's head dim, q's here
-        own.update(HEAD_DIM_V=None, HEAD_DIM_V_PAD=options["HEAD_DIM_PAD"])
-    block = "BLOCK_Q" if role == "dq" else "BLOCK_K"
-    tiles = {} if cfg is None else dict(BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k,
-                                        num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages)
     if cfg is None:
         kernel = autotune.tuner(kernel, (role, chosen.name), bucket, chosen.tiles[role],
                                 reset_to_zero=["DQ"] if role == "fused" else None)  # atomics add into DQ
-    elif role == "fused":
-        own["DQ_T"] = cfg.bwd_dq_transposed
+    else:
+        own.update(BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k, num_warps=cfg.bwd_num_warps,
+                   num_stages=cfg.bwd_num_stages, **({"DQ_T": cfg.bwd_dq_transposed} if role == "fused" else {}))
+    block = "BLOCK_Q" if role == "dq" else "BLOCK_K"
     for chunk in row_chunks(args[0].shape[0]):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
         part = tuple(a[chunk] if isinstance(a, torch.Tensor) else a for a in args)  # every tensor: (B*H, ...)
-        kernel[lambda meta, n=chunk.stop - chunk.start: (triton.cdiv(rows, meta[block]), n)](
-            *part, **options, **own, **tiles)
+        kernel[lambda meta, n=chunk.stop - chunk.start: (triton.cdiv(rows, meta[block]), n)](*part, **options, **own)
     if cfg is None:
         best = getattr(kernel, "best_config", None)  # this launch's (none when compiling ahead)
         return bool(best and best.kwargs.get("DQ_T", False))
@@ -423,12 +388,12 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
     dk, dv = empty_rows(k), empty_rows(v)  # stored with int32 row offsets, as are dq's
     options = dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), CAUSAL=causal,
                    INPUT_PRECISION=cfg.input_precision if cfg else "tf32", TMA=descriptors, BULK_DQ=False)
-    teaching = chosen.kernels.get("dq", "").startswith("kernels.")
-
-    def strides(*tensors):  # (head, row) each: a tuple a tensor for the teaching kernels, else one by one
-        return tuple(t.stride()[:2] for t in tensors) if teaching else tuple(s for t in tensors for s in t.stride()[:2])
-
     bucket = seq_bucket(seq_q, seq_k)
+
+    def args(*outputs, delta=delta, lengths=(seq_q, seq_k)):  # the kernels' arguments, strides (head, row) each
+        tensors = (q, k, v, dout, *outputs)
+        return (*tensors, lse, delta, scale * LOG2E, scale, *(s for t in tensors for s in t.stride()[:2]), *lengths)
+
     if "fused" in chosen.tiles:
         # float32 atomics start from zero, in a buffer that holds dQ either way: (B*H, seq_pad, d)
         # as it is or (B*H, d, seq_pad) transposed (seq_pad keeps its rows 16-byte aligned for the
@@ -437,15 +402,12 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
         seq_pad = triton.cdiv(seq_q, 16) * 16
         dq = torch.zeros(bh, seq_pad, d, dtype=torch.float32, device=q.device)
         options["BULK_DQ"] = q.device.type == "cuda" and tma_eligible(dq)  # follows from q's; checked
-        args = (q, k, v, dout, dk, dv, dq, lse, delta * scale, scale * LOG2E, scale,
-                *strides(q, k, v, dout, dk, dv, dq), seq_pad, seq_q, seq_k)
-        transposed = _launch(chosen, "fused", args, seq_k, options, cfg, bucket)
+        transposed = _launch(chosen, "fused", args(dk, dv, dq, delta=delta * scale, lengths=(seq_pad, seq_q, seq_k)),
+                             seq_k, options, cfg, bucket)
         return _dq_from(dq, q, transposed), dk, dv
     dq = empty_rows(q)
-    _launch(chosen, "dkdv", (q, k, v, dout, dk, dv, lse, delta, scale * LOG2E, scale, *strides(q, k, v, dout, dk, dv),
-                             seq_q, seq_k), seq_k, dict(options), cfg, bucket)
-    _launch(chosen, "dq", (q, k, v, dout, dq, lse, delta, scale * LOG2E, scale, *strides(q, k, v, dout, dq), seq_q,
-                           seq_k), seq_q, dict(options), cfg, bucket)
+    _launch(chosen, "dkdv", args(dk, dv), seq_k, options, cfg, bucket)
+    _launch(chosen, "dq", args(dq), seq_q, options, cfg, bucket)
     return dq, dk, dv
 
 

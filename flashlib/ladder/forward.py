@@ -3,21 +3,10 @@
 Every rung computes the same thing, softmax(q kᵀ · scale) v with the log-sum-exp, in
 FlashAttention-2 order with base-2 exponentials and the scale folded into
 qk_scale = scale · log2(e), keeping the teaching kernel's state (m_i, l_i, acc) under its
-names. What changes is how the work is launched and fed (the table, with the reasons, is
-:mod:`flashlib.ladder.rungs`):
-
-    rung 1 "autotuned"     the teaching kernel, its tiles timed on the GPU (autotune.py);
-                           rungs 2 to 5 are autotuned over the same candidates
-    rung 2 "causal-split"  _attn_fwd_split: key tiles every row of the query block sees in
-                           full are folded without any mask; only the tiles crossing the
-                           diagonal or the end of the keys pay for it
-    rung 3 "tma"           _attn_fwd_tma: rung 2 with Q, K, V and O moved by tensor
-                           descriptors (on sm_90 the Tensor Memory Accelerator, TMA, moves whole tiles and pads
-                           out-of-bounds rows and columns with zeros)
-    rung 4 "lean"          rung 3 with the fold _fold_lean (the row max of raw scores, the
-                           scale inside exp2's argument) and the longest causal blocks first
-    rung 5 "lazy-rescale"  rung 4 with the fold _fold_lazy (the output rescaled only when a
-                           row's max has grown by more than 2^8)
+names. What changes is how the work is launched and fed (what each rung changes and why:
+:data:`flashlib.ladder.rungs.LADDER`): rung 1 autotunes the teaching kernel's tiles, rung 2
+runs _attn_fwd_split, rung 3 _attn_fwd_tma (rung 2 with tensor descriptors), rungs 4 and 5
+the same kernel with the folds _fold_lean and _fold_lazy.
 
 Both kernels take the step that folds one key tile as an argument, FOLD (a ``@triton.jit``
 function), and HEAD_DIM as a compile-time constant: one compiled kernel per head dim, so the
@@ -52,12 +41,17 @@ FN = "flashlib.ladder.attention"
 def _load_full_rows(Ptr, stride, offs_rows, offs_d, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     """A (rows, HEAD_DIM_PAD) tile of rows known to be in bounds: columns are masked only when
     the head dim is padded (HEAD_DIM is a constant, so this is decided when compiling). Row
-    offsets in int32, as the inner loops can afford (int64 costs sm_80 some 40 registers and
-    spills): the launchers hand in no head whose rows span 2^31 elements (int32_rows)."""
+    offsets in int32 (int32_rows says why)."""
     ptrs = Ptr + offs_rows[:, None] * stride + offs_d[None, :]
     if HEAD_DIM == HEAD_DIM_PAD:
         return tl.load(ptrs)
     return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+
+
+@triton.jit
+def _store_rows(Ptr, stride, offs_rows, offs_d, n_rows, tile, HEAD_DIM: tl.constexpr):
+    mask = (offs_rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(Ptr + offs_rows[:, None] * stride + offs_d[None, :], tile.to(Ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -186,15 +180,13 @@ def _attn_fwd_split(Q, K, V, Out, Lse, qk_scale,
                              True, CAUSAL, INPUT_PRECISION)
 
     out, lse = _finish(m_i, l_i, acc)
-    o_mask = (offs_q[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(Out + offs_q[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty), mask=o_mask)
+    _store_rows(Out, stride_om, offs_q, offs_d, SEQ_Q, out, HEAD_DIM)
     tl.store(Lse + offs_q, lse, mask=offs_q < SEQ_Q)
 
 
 @triton.jit
 def _attn_fwd_tma(Q, K, V, Out, Lse, qk_scale,
-                  stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn, stride_oz, stride_om,
-                  SEQ_Q, SEQ_K,
+                  stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn, stride_oz, stride_om, SEQ_Q, SEQ_K,
                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                   BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                   FOLD: tl.constexpr, LONGEST_FIRST: tl.constexpr):
@@ -240,49 +232,37 @@ def tma_eligible(*tensors: torch.Tensor) -> bool:
     dim contiguous; checked on the (B*H, seq, d) views the kernels receive. Rows must not
     overlap either: an expanded tensor (a gradient of out.sum(), say) repeats one row with
     stride 0, which the pointer kernels read correctly and a descriptor need not."""
-    def ok(t):
-        size = t.element_size()
-        return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and t.stride(-2) >= t.shape[-1]
-                and all(stride * size % 16 == 0 for stride in t.stride()[:-1]))
-    return all(ok(t) for t in tensors)
+    return all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and t.stride(-2) >= t.shape[-1]
+               and all(stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1]) for t in tensors)
 
 
 def tma_hardware(device: torch.device) -> bool:
     """The TMA exists on sm_90 and newer; the interpreter emulates descriptors anywhere."""
-    if device.type != "cuda":
-        return True
-    return torch.cuda.get_device_capability(device) >= (9, 0)
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def _rows_fit(t: torch.Tensor) -> bool:
-    """Whether one head's rows of t (B*H, seq, d) span fewer than 2^31 elements."""
-    return (t.shape[-2] - 1) * t.stride(-2) + t.shape[-1] < 2**31
-
-
-def _check_head(t: torch.Tensor) -> None:
+    """Whether one head's rows of t (B*H, seq, d) span fewer than 2^31 elements; an error where
+    even contiguous rows would not."""
+    if (t.shape[-2] - 1) * t.stride(-2) + t.shape[-1] < 2**31:
+        return True
     if t.shape[-2] * t.shape[-1] >= 2**31:
         raise ValueError(f"{FN}: one head of {t.shape[-2]} rows of {t.shape[-1]} holds 2^31 elements or more, "
                          "more than the ladder's kernels offset; use flashlib.kernels.attention")
+    return False
 
 
 def int32_rows(t: torch.Tensor) -> torch.Tensor:
-    """t (B*H, seq, d) as the pointer loads can offset its rows, in int32 (_load_full_rows: int64
-    in the inner loops costs sm_80 some 40 registers and spills): t itself or, where one head's rows
-    span 2^31 elements (a row stride of thousands of elements at long sequences), a copy with
-    contiguous rows. The copy is O(seq), beside attention's O(seq²)."""
-    if _rows_fit(t):
-        return t
-    _check_head(t)
-    return t.contiguous()
+    """t (B*H, seq, d) as the pointer loads can offset its rows, in int32 (int64 in the inner loops
+    costs sm_80 some 40 registers and spills): t itself or, where one head's rows span 2^31 elements
+    (a row stride of thousands at long sequences), an O(seq) copy with contiguous rows."""
+    return t if _rows_fit(t) else t.contiguous()
 
 
 def empty_rows(t: torch.Tensor) -> torch.Tensor:
     """An output like t (B*H, seq, d) whose rows the stores can offset in int32: empty_like(t), with
     contiguous rows where t's would span 2^31 elements."""
-    if _rows_fit(t):
-        return torch.empty_like(t)
-    _check_head(t)
-    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    return torch.empty_like(t) if _rows_fit(t) else torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
 # Triton keeps its allocator in a ContextVar (triton.set_allocator sets it for the calling thread or
@@ -315,7 +295,6 @@ def variant(rung: Rung, descriptors: bool, scale: float = 1.0):
 def _launch(kernel, switches, tuner_variant, tiles, q, k, v, out, lse, options: Options, cfg):
     """kernel with the tiles of cfg, or autotuned over ``tiles`` (GPU only) when cfg is None. options:
     the call's (flashlib.options; a rung has the causal rule and the scale only)."""
-    causal, scale = options.causal, options.scale
     bh, seq_q, d = q.shape
     strides = [t.stride()[:2] for t in (q, k, v, out)]  # (head, row) each
     head_dim = dict(HEAD_DIM_PAD=head_dim_pad(d))
@@ -325,16 +304,14 @@ def _launch(kernel, switches, tuner_variant, tiles, q, k, v, out, lse, options: 
     else:
         rest = (*(s for pair in strides for s in pair), seq_q, k.shape[1])
         head_dim["HEAD_DIM"] = d
+    if cfg is None:
+        kernel, fixed = autotune.tuner(kernel, tuner_variant, seq_bucket(seq_q, k.shape[1]), tiles), {}
+    else:
+        fixed = dict(BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     for rows in row_chunks(bh):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
-        args, n = (q[rows], k[rows], v[rows], out[rows], lse[rows], scale * LOG2E, *rest), rows.stop - rows.start
-        if cfg is None:
-            tuned = autotune.tuner(kernel, tuner_variant, seq_bucket(seq_q, k.shape[1]), tiles)
-            tuned[lambda meta, n=n: (triton.cdiv(seq_q, meta["BLOCK_Q"]), n)](
-                *args, **head_dim, CAUSAL=causal, INPUT_PRECISION="tf32", **switches)
-            continue
-        kernel[(triton.cdiv(seq_q, cfg.block_q), n)](
-            *args, **head_dim, BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, CAUSAL=causal,
-            INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **switches)
+        kernel[lambda meta, n=rows.stop - rows.start: (triton.cdiv(seq_q, meta["BLOCK_Q"]), n)](
+            q[rows], k[rows], v[rows], out[rows], lse[rows], options.scale * LOG2E, *rest, **head_dim,
+            CAUSAL=options.causal, INPUT_PRECISION=cfg.input_precision if cfg else "tf32", **switches, **fixed)
 
 
 def autotuned_choice(q, causal: bool, rung: str = "autotuned", seq: int | None = None):
@@ -342,12 +319,9 @@ def autotuned_choice(q, causal: bool, rung: str = "autotuned", seq: int | None =
     call), with descriptors or, where they could not be used, without; seq: the sequence
     length whose bucket to look in (default q's)."""
     bucket = seq_bucket(seq or q.shape[-2], seq or q.shape[-2])
-    found = rung_named(rung)
-    for descriptors in (True, False):
-        chosen = autotune.kept(variant(found, descriptors)[2], bucket, q.shape[-1], causal, q.dtype)
-        if chosen:
-            return chosen
-    return None
+    kept = (autotune.kept(variant(rung_named(rung), descriptors)[2], bucket, q.shape[-1], causal, q.dtype)
+            for descriptors in (True, False))
+    return next((chosen for chosen in kept if chosen), None)
 
 
 RUNGS = tuple(r.name for r in LADDER)
@@ -370,10 +344,8 @@ def forward_base2(q, k, v, *, causal: bool = False, scale: float | None = None, 
     rung "teaching" uses :func:`default_config` and the other rungs autotune on a GPU for
     16-bit inputs, keeping one choice per sequence bucket (:func:`seq_bucket`); float32
     inputs, and the interpreter, which cannot time kernels, use :func:`default_config` too.
-    Rungs "tma", "lean" and "lazy-rescale" run without descriptors where descriptors cannot
-    be used: rows or addresses that are not multiples of 16 bytes (e.g. head_dim 59), or a
-    GPU older than sm_90. Rungs "lean" and "lazy-rescale" run rung 3's fold when scale <= 0
-    (their max needs a positive scale).
+    Where descriptors cannot be used (rows or addresses not multiples of 16 bytes, a GPU older
+    than sm_90), and where scale <= 0, a rung runs what its ``falls_back`` says.
     """
     if rung not in RUNGS:
         raise ValueError(f"forward: argument 'rung' must be one of {RUNGS}, got {rung!r}")

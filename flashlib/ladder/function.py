@@ -6,23 +6,14 @@ import torch
 from .._checks import check_attention_inputs
 from .._autograd import save, saved
 from ..kernels import function as teaching
-from ..kernels.config import lse_base2
-from ..kernels.function import check_kernel_inputs, flat, resolve_config, save_lse
+from ..kernels.function import flat, resolve_config, save_lse
 from ..options import Options
 from .autotune import autotunes
 from .backward import launch_backward
-from .forward import FN, RUNGS
-from .forward import forward_base2 as rung_forward
-from .rungs import BACKWARD_BY_NAME
-from .rungs import backward as backward_named
+from .forward import FN, RUNGS, forward_base2 as rung_forward
+from .rungs import BACKWARD_BY_NAME, backward as backward_named
 
 BACKWARDS = tuple(BACKWARD_BY_NAME)
-
-
-def backward_pass(q, k, v, out, lse, dout, **options):
-    """(dq, dk, dv) of one backward of the ladder from the forward's out and lse, natural log (no
-    autograd); the options of :func:`backward_pass_base2`."""
-    return backward_pass_base2(q, k, v, out, lse_base2(lse), dout, **options)
 
 
 def backward_pass_base2(q, k, v, out, lse2, dout, *, causal: bool, scale: float, backward: str = "tuned",
@@ -65,12 +56,9 @@ class LadderFunction(torch.autograd.Function):
 def attention(q, k, v, *, causal=False, scale=None, forward="tma", backward="tuned", config=None,
               return_lse=False):
     """See :func:`flashlib.ladder.attention`."""
-    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale)
-    check_kernel_inputs(FN, q)
-    resolve_config(FN, q, config)  # a wrong type fails here, not inside the backward
-    if forward not in RUNGS:
-        raise ValueError(f"{FN}: argument 'forward' must be one of {RUNGS}, got {forward!r}")
-    if backward not in BACKWARDS:
-        raise ValueError(f"{FN}: argument 'backward' must be one of {BACKWARDS}, got {backward!r}")
+    scale = check_attention_inputs(FN, q, k, v, causal=causal, scale=scale)  # the forward checks the rest
+    for argument, name, known in (("forward", forward, RUNGS), ("backward", backward, BACKWARDS)):
+        if name not in known:
+            raise ValueError(f"{FN}: argument '{argument}' must be one of {known}, got {name!r}")
     out, lse = LadderFunction.apply(q, k, v, Options(causal, scale), forward, backward, config)
     return (out, lse) if return_lse else out

@@ -1,16 +1,10 @@
 """The optimisation ladder: from the readable kernel to the fast one, one change per rung.
 
-This table is the one place that names the rungs and the backwards, says what each changes
-and why, which kernels run it and which tiles its autotuner times: the launchers
-(:mod:`flashlib.ladder.forward`, :mod:`flashlib.ladder.backward`), the compile specs
-(:mod:`flashlib.ladder.compile`) and the benchmark read it from here. Importing it needs
-neither Triton nor a GPU (a notebook can show the table anywhere); a rung's kernels are
-imported when it is first run or compiled.
-
-Kernels are named by their place under ``flashlib`` ("ladder.forward._attn_fwd_tma"); tiles
-are (BLOCK_Q, BLOCK_K, warps, pipeline stages) per padded head dim (16 and 32 use 64's),
-timed on a GPU for 16-bit inputs and the fastest kept per sequence bucket
-(:mod:`flashlib.ladder.autotune`).
+The one table of the rungs and the backwards, which the launchers, the compile specs and the
+benchmark read: what each changes and why, which kernels run it (by their place under
+``flashlib``, "ladder.forward._attn_fwd_tma") and which tiles its autotuner times, (BLOCK_Q,
+BLOCK_K, warps, pipeline stages) per padded head dim. Importing it needs neither Triton nor a
+GPU (a notebook can show the table anywhere); a rung's kernels are imported when first run.
 """
 from __future__ import annotations
 
@@ -85,15 +79,12 @@ def candidates(tiles: dict, head_dim_pad: int) -> tuple:
 class Rung:
     """One step of the ladder.
 
-    kernel: the Triton kernel it launches, by its place under flashlib.
     builds: (triton version, capability) pairs whose compiled kernel is the rung's own;
-        anything else is listed in ``falls_back`` with what runs instead.
-    fold: the step that folds one key tile into the running (m_i, l_i, acc), a function of
-        :mod:`flashlib.ladder.forward` the kernel takes as its FOLD argument ("" for the
-        teaching kernel, which has its own).
+        ``falls_back`` says what runs anywhere else.
+    fold: the function of :mod:`flashlib.ladder.forward` the kernel takes as its FOLD argument
+        ("" for the teaching kernel, which has its own).
     longest_first: causal query blocks are launched longest first.
-    tiles: the autotuner's candidates per padded head dim; empty: the shipped tiles
-        (:func:`flashlib.kernels.default_config`) always.
+    tiles: the autotuner's candidates per padded head dim; empty: the shipped tiles always.
     """
 
     number: int
@@ -171,14 +162,12 @@ def rung(name: str) -> Rung:
 class Backward:
     """One backward of the ladder, selected by ``flashlib.ladder.attention(..., backward=name)``.
 
-    kernels: {role: kernel by its place under flashlib}; the roles with tiles are autotuned.
-    forward: the forward rung it is paired with in the benchmark's ``ladder:<name>`` rows.
-    tiles: {role: candidates per padded head dim}; empty: the shipped tiles always.
+    kernels: {role: kernel}; the roles with tiles ({role: candidates per padded head dim}) are
+        autotuned. forward: the forward rung it is paired with in the benchmark's rows.
     descriptors: the streamed blocks are moved by tensor descriptors where they can be (sm_90,
-        rows and addresses multiples of 16 bytes).
+        rows and addresses multiples of 16 bytes); where not, ``without_descriptors`` runs
+        ("": this one, with pointers), as ``falls_back`` says in words.
     longest_first: causal dQ blocks are launched longest first.
-    without_descriptors: the backward that runs instead where descriptors cannot be used
-        ("": this one, with pointers), said in words in ``falls_back``.
     """
 
     name: str
@@ -236,8 +225,7 @@ def backward(name: str) -> Backward:
 
 
 def kernel_function(place: str):
-    """The Triton kernel (or step) at ``place`` under flashlib, e.g. "ladder.forward._attn_fwd_tma";
-    imports its module (and Triton)."""
+    """The Triton kernel (or step) at ``place`` under flashlib; imports its module (and Triton)."""
     import importlib
 
     module, _, name = place.rpartition(".")
