@@ -228,9 +228,8 @@ def varlen_forward_base2(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
         return q.new_zeros(out_shape), torch.full(rows, float("-inf"), dtype=torch.float64, device=q.device)
     if max_seqlen_k == 0 and sinks is not None:  # no keys anywhere: out = 0, the lse of every row its sink
         return q.new_zeros(out_shape), (sinks.detach().double() * LOG2E)[:, None].expand(rows).clone()
-    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-    # the cumulative lengths as the kernels read them: contiguous (a view such as t[::2] is copied)
-    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    # a last dim of stride 1, as the kernels read them: for the cumulative lengths, contiguous (t[::2] is copied)
+    q, k, v, cu_seqlens_q, cu_seqlens_k = (_last_dim_contiguous(t) for t in (q, k, v, cu_seqlens_q, cu_seqlens_k))
     return _launch_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, cfg, options)
 
 
