@@ -12,6 +12,7 @@ subprocess with ``TRITON_INTERPRET=0`` (optionally with another Triton first on 
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
 import io
@@ -36,11 +37,9 @@ def expected_tensor_core_op(kernel: str, capability, config) -> str | None:
     capability = tuple(capability)
     if kernel not in ("forward", "bwd_dkdv", "bwd_dq") or capability < (8, 0):
         return None
-    if capability >= (9, 0):
-        cfg = config if isinstance(config, dict) else asdict(config)
-        rows = {"forward": cfg["block_q"], "bwd_dq": cfg["bwd_block_q"], "bwd_dkdv": cfg["bwd_block_k"]}[kernel]
-        return "wgmma.mma_async" if rows >= 64 else "mma.sync"
-    return "mma.sync"
+    cfg = config if isinstance(config, dict) else asdict(config)
+    rows = {"forward": cfg["block_q"], "bwd_dq": cfg["bwd_block_q"], "bwd_dkdv": cfg["bwd_block_k"]}[kernel]
+    return "wgmma.mma_async" if capability >= (9, 0) and rows >= 64 else "mma.sync"
 
 
 KERNELS = ("forward", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "softmax", "vector_add")
@@ -72,10 +71,6 @@ class TargetReport:
     # addresses of wgmma instructions whose operand descriptors come from kernel arguments, when asked for
     wgmma_from_arguments: list = field(default_factory=list)
 
-    @property
-    def shared_limit(self) -> int:
-        return SHARED_LIMIT[tuple(self.capability)]
-
 
 @dataclass
 class CompileReport(TargetReport):
@@ -84,6 +79,16 @@ class CompileReport(TargetReport):
     kernel: str = field(default="", kw_only=True)
     ptx_lines: int = 0
     ptx: str = field(default="", repr=False)
+
+
+def target_spec(who: str, capability, dtype, head_dim, causal, config) -> dict:
+    """The fields every compile spec has, checked (dtype a name of _DTYPE_NAMES, config a dict or None)."""
+    dtype = str(dtype).replace("torch.", "")
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError(f"{who}: argument 'dtype' must be one of {tuple(_DTYPE_NAMES)}, got {dtype!r}")
+    if config is not None and not isinstance(config, dict):
+        config = asdict(config)
+    return dict(capability=tuple(capability), dtype=dtype, head_dim=int(head_dim), causal=bool(causal), config=config)
 
 
 def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=False, config=None, ones=(),
@@ -98,31 +103,28 @@ def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=Fa
     """
     if kernel not in KERNELS:
         raise ValueError(f"spec: argument 'kernel' must be one of {KERNELS}, got {kernel!r}")
-    dtype = str(dtype).replace("torch.", "")
-    if dtype not in _DTYPE_NAMES:
-        raise ValueError(f"spec: argument 'dtype' must be one of {tuple(_DTYPE_NAMES)}, got {dtype!r}")
-    if config is not None and not isinstance(config, dict):
-        config = asdict(config)
-    return dict(kernel=kernel, capability=tuple(capability), dtype=dtype, head_dim=int(head_dim),
-                causal=bool(causal), config=config, ones=list(ones), sass=bool(sass), sinks=bool(sinks),
-                head_dim_v=None if head_dim_v is None else int(head_dim_v))
+    return dict(kernel=kernel, **target_spec("spec", capability, dtype, head_dim, causal, config), ones=list(ones),
+                sass=bool(sass), sinks=bool(sinks), head_dim_v=None if head_dim_v is None else int(head_dim_v))
 
 
-def compile_kernels(specs, *, triton_path: str | None = None, keep_ptx: bool = False, timeout: float = 900):
-    """Compile every spec in a fresh Python (no interpreter); return a list of CompileReport.
-
-    triton_path: a directory (e.g. a ``pip install --target`` of another Triton version) put
-    first on PYTHONPATH of the subprocess.
-    """
+def run_compiler(module: str, report, specs, triton_path: str | None, timeout: float, *args) -> list:
+    """``python -m module *args`` in a fresh Python without the interpreter, specs in, one ``report`` each out.
+    triton_path: a directory (e.g. a ``pip install --target`` of another Triton version) put first on
+    PYTHONPATH of the subprocess."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (triton_path, root, env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "flashlib.kernels.compile"] + (["--ptx"] if keep_ptx else [])
-    done = subprocess.run(cmd, input=json.dumps(list(specs)), capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    done = subprocess.run([sys.executable, "-m", module, *args], input=json.dumps(list(specs)), capture_output=True,
+                          text=True, env=env, timeout=timeout)
     if done.returncode != 0:
-        raise RuntimeError(f"compile_kernels: the compiler process failed:\n{done.stderr[-4000:]}")
-    return [CompileReport(**{**r, "capability": tuple(r["capability"])}) for r in json.loads(done.stdout)]
+        raise RuntimeError(f"{module}: the compiler process failed:\n{done.stderr[-4000:]}")
+    return [report(**{**r, "capability": tuple(r["capability"])}) for r in json.loads(done.stdout)]
+
+
+def compile_kernels(specs, *, triton_path: str | None = None, keep_ptx: bool = False, timeout: float = 900):
+    """Compile every spec (:func:`run_compiler`); return a list of CompileReport."""
+    return run_compiler("flashlib.kernels.compile", CompileReport, specs, triton_path, timeout,
+                        *(["--ptx"] if keep_ptx else []))
 
 
 # Pointer arguments a launch passes only for an option (attention sinks, a score function's data), compiled as None unless a
@@ -180,34 +182,50 @@ def _signature(fn, dtype: str, constexprs: dict, float32=()):
     return signature, attrs
 
 
-def _kernel_and_constants(s):
-    from .config import FlashConfig, default_config, head_dim_pad, value_dim
+def spec_config(s):
+    """The spec's FlashConfig, else the shipped one for its head dims, dtype and target."""
+    import torch
 
-    cfg = FlashConfig(**s["config"]) if s["config"] else None
-    d_pad = head_dim_pad(s["head_dim"])
+    from .config import FlashConfig, default_config
+
+    if s["config"]:
+        return FlashConfig(**s["config"])
+    return default_config(s["head_dim"], getattr(torch, s["dtype"]), tuple(s["capability"]),
+                          head_dim_v=s.get("head_dim_v"))
+
+
+def launch_tiles(cfg, backward: bool):
+    """({BLOCK_Q, BLOCK_K}, {num_warps, num_stages}) of a FlashConfig's forward or backward kernels."""
+    if backward:
+        return (dict(BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k),
+                dict(num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages))
+    return dict(BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k), dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _kernel_and_constants(s):
+    """(kernel, compile-time arguments, options, FlashConfig or None, float32 pointers) of a spec, as the
+    launchers pass them."""
+    from .config import head_dim_pad, value_dim
+
+    ones = {name: 1 for name in s.get("ones", ())}
+    float32 = ("Sinks",) if s.get("sinks") else ()
     if s["kernel"] in ("softmax", "vector_add"):
         from . import primer
 
         fn = primer._softmax_kernel if s["kernel"] == "softmax" else primer._add_kernel
-        return fn, {"BLOCK": d_pad}, dict(num_warps=4, num_stages=1), cfg
-    import torch
-
-    if cfg is None:
-        cfg = default_config(s["head_dim"], getattr(torch, s["dtype"]), tuple(s["capability"]),
-                             head_dim_v=s.get("head_dim_v"))
+        return fn, {"BLOCK": head_dim_pad(s["head_dim"]), **ones}, dict(num_warps=4, num_stages=1), None, float32
     from . import backward, forward
 
+    cfg = spec_config(s)
     values = value_dim(s["head_dim"], s.get("head_dim_v") or s["head_dim"])  # as the launchers pass them
-    common = dict(HEAD_DIM_PAD=d_pad, **values, CAUSAL=s["causal"], INPUT_PRECISION=cfg.input_precision)
-    if s["kernel"] == "forward":
-        return (forward._attn_fwd, dict(common, BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k),
-                dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), cfg)
+    tiles, options = launch_tiles(cfg, backward=s["kernel"] != "forward")
     if s["kernel"] == "bwd_preprocess":
-        return (backward._attn_bwd_preprocess, dict(HEAD_DIM_PAD=values["HEAD_DIM_V_PAD"], BLOCK_Q=cfg.bwd_block_q),
-                dict(num_warps=4, num_stages=1), cfg)
-    fn = backward._attn_bwd_dkdv if s["kernel"] == "bwd_dkdv" else backward._attn_bwd_dq
-    return (fn, dict(common, BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k),
-            dict(num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages), cfg)
+        constants = dict(HEAD_DIM_PAD=values["HEAD_DIM_V_PAD"], BLOCK_Q=tiles["BLOCK_Q"])
+        return backward._attn_bwd_preprocess, {**constants, **ones}, dict(num_warps=4, num_stages=1), cfg, float32
+    fn = {"forward": forward._attn_fwd, "bwd_dkdv": backward._attn_bwd_dkdv, "bwd_dq": backward._attn_bwd_dq}[s["kernel"]]
+    constants = dict(HEAD_DIM_PAD=head_dim_pad(s["head_dim"]), **values, CAUSAL=s["causal"],
+                     INPUT_PRECISION=cfg.input_precision, **tiles)
+    return fn, {**constants, **ones}, options, cfg, float32
 
 
 def _usage(text: str):
@@ -225,16 +243,20 @@ def _ptxas_info(ptx: str, ptxas: str, log: str = ""):
     if found is not None:
         return found
     arch = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1).rstrip(",")
+    done = _run_tool(ptxas, ptx, ".ptx", "-v", f"--gpu-name={arch}", "-o", os.devnull)
+    return _usage(done.stdout + done.stderr)
+
+
+def _run_tool(tool: str, data, suffix: str, *args):
+    """The finished run of ``tool args file``, the file holding ``data``; RuntimeError if it failed."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        done = subprocess.run([ptxas, "-v", f"--gpu-name={arch}", path, "-o", os.path.join(tmp, "k.cubin")],
-                              capture_output=True, text=True)
-    text = done.stdout + done.stderr
+        path = os.path.join(tmp, "k" + suffix)
+        with open(path, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
+        done = subprocess.run([tool, *args, path], capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"ptxas failed: {text[-2000:]}")
-    return _usage(text)
+        raise RuntimeError(f"{os.path.basename(tool)} failed: {(done.stdout + done.stderr)[-2000:]}")
+    return done
 
 
 @contextlib.contextmanager
@@ -260,15 +282,7 @@ def _ptxas_path():
 
 
 def _disassemble(cubin: bytes) -> str:
-    nvdisasm = os.path.join(os.path.dirname(_ptxas_path()), "nvdisasm")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(cubin)
-        done = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"nvdisasm failed: {done.stderr[-2000:]}")
-    return done.stdout
+    return _run_tool(os.path.join(os.path.dirname(_ptxas_path()), "nvdisasm"), cubin, ".cubin", "-c").stdout
 
 
 # "/*0a50*/   @!P0 FFMA.FTZ R4, R5, R6, -R7 ;": an address, an optional predicate, the opcode
@@ -293,15 +307,7 @@ def _instructions(sass: str):
     return rows, labels
 
 
-def sass_opcodes(cubin: bytes) -> dict:
-    """How often each machine instruction (SASS opcode: FMUL, FFMA, MUFU, HGMMA, ...; without
-    its modifiers) occurs in a cubin, read with the nvdisasm that ships with Triton."""
-    return _opcode_counts(_instructions(_disassemble(cubin))[0])
-
-
 def _opcode_counts(rows) -> dict:
-    import collections
-
     return dict(collections.Counter(op for _, _, op, _ in rows))
 
 
@@ -342,8 +348,6 @@ def global_loads(rows) -> dict:
     "LDGSTS.E.BYPASS.128": n, "LDGSTS.E": n, ...}. A trailing number is the width in bits of what each
     thread loads (none: 32); LDGSTS copies global to shared memory asynchronously (cp.async), LDG to
     registers."""
-    import collections
-
     found = collections.Counter()
     for _, _, op, operands in rows:
         if op in ("LDG", "LDGSTS"):
@@ -487,39 +491,35 @@ def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, 
     return ptx
 
 
-def _compile_one(s, keep_ptx: bool) -> dict:
+def compile_spec(report, s, build, keep_ptx: bool = False, **name) -> dict:
+    """Compile what ``build(s)`` names, (kernel, compile-time arguments, options, FlashConfig or None,
+    float32 pointers), into a ``report`` class's JSON-able dict; ``name``: its kernel's or rung's field."""
     import triton
 
-    report = CompileReport(kernel=s["kernel"], capability=tuple(s["capability"]), dtype=s["dtype"],
-                           head_dim=s["head_dim"], causal=s["causal"], config=s["config"] or {},
-                           triton_version=triton.__version__)
+    report = report(**name, capability=tuple(s["capability"]), dtype=s["dtype"], head_dim=s["head_dim"],
+                    causal=s["causal"], config=s["config"] or {}, triton_version=triton.__version__)
     try:
-        fn, constants, options, cfg = _kernel_and_constants(s)
-        constants.update({name: 1 for name in s.get("ones", ())})
+        fn, constants, options, cfg, float32 = build(s)
         if cfg is not None:
             report.config = asdict(cfg)
         ptx = compile_and_inspect(report, fn, s["dtype"], constants, options, s["capability"],
-                                  sass=s.get("sass", False), float32=("Sinks",) if s.get("sinks") else ())
-        # count the code only: the debug sections after it spell out file paths
-        report.ptx_lines = ptx.split("\n\t.file", 1)[0].count("\n")
-        report.ptx = ptx if keep_ptx else ""
+                                  sass=s.get("sass", False), float32=float32)
+        if isinstance(report, CompileReport):  # count the code only: the debug sections after it spell out paths
+            report.ptx_lines = ptx.split("\n\t.file", 1)[0].count("\n")
+            report.ptx = ptx if keep_ptx else ""
         report.ok = True
     except Exception as exc:  # reported per spec, so one failure does not hide the others
         report.error = f"{type(exc).__name__}: {exc}"[:2000]
-    out = asdict(report)
-    out["capability"] = list(out["capability"])
-    return out
+    return dict(asdict(report), capability=list(report.capability))
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
+def serve(compile_one):
+    """The compiler process: JSON specs on stdin, ``compile_one(spec)`` of each as JSON on stdout."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("0", ""):
-        raise SystemExit("flashlib.kernels.compile: run with TRITON_INTERPRET=0; interpreted kernels "
-                         "cannot be compiled")
+        raise SystemExit(f"{sys.argv[0]}: run with TRITON_INTERPRET=0; interpreted kernels cannot be compiled")
     os.environ["TRITON_INTERPRET"] = "0"
-    specs = json.loads(sys.stdin.read())
-    json.dump([_compile_one(s, "--ptx" in argv) for s in specs], sys.stdout)
+    json.dump([compile_one(s) for s in json.loads(sys.stdin.read())], sys.stdout)
 
 
 if __name__ == "__main__":
-    main()
+    serve(lambda s: compile_spec(CompileReport, s, _kernel_and_constants, "--ptx" in sys.argv, kernel=s["kernel"]))
