@@ -27,21 +27,6 @@ from dataclasses import asdict, dataclass, field
 # Shared memory per block a kernel may use (opt-in maximum), bytes.
 SHARED_LIMIT = {(7, 5): 64 * 1024, (8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 9): 99 * 1024,
                 (9, 0): 227 * 1024}
-
-def expected_tensor_core_op(kernel: str, capability, config) -> str | None:
-    """The tensor-core instruction a kernel should use on this target (None: none expected).
-
-    Triton's dot uses mma.sync from sm_80 on, wgmma on sm_90 when the dot's row tile (BLOCK_Q
-    forward and in dQ, BLOCK_K in dK/dV) is >= 64, and falls back to FMA on sm_75.
-    """
-    capability = tuple(capability)
-    if kernel not in ("forward", "bwd_dkdv", "bwd_dq") or capability < (8, 0):
-        return None
-    cfg = config if isinstance(config, dict) else asdict(config)
-    rows = {"forward": cfg["block_q"], "bwd_dq": cfg["bwd_block_q"], "bwd_dkdv": cfg["bwd_block_k"]}[kernel]
-    return "wgmma.mma_async" if capability >= (9, 0) and rows >= 64 else "mma.sync"
-
-
 KERNELS = ("forward", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "softmax", "vector_add")
 _DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
@@ -139,11 +124,8 @@ def _with_defaults(fn, constexprs: dict, pointers=()) -> dict:
     """Every compile-time parameter of fn: given, or its default (as a launch would use). One
     missing without a default is an error: compiled as a runtime integer, a flag tested with
     ``if FLAG:`` would quietly build both branches."""
-    params = getattr(fn, "params", None)
-    if params is None:  # not a JIT function (nothing to check)
-        return dict(constexprs)
     out = dict(constexprs)
-    for param in params:
+    for param in getattr(fn, "params", ()):  # none: not a JIT function (nothing to check)
         if param.name in OPTIONAL_POINTERS and param.name not in out and param.name not in pointers:
             out[param.name] = None  # what a launch without them passes: a compile-time None
         if param.name in ("rule", "stride_t") and param.default is None and param.name not in out:
@@ -222,7 +204,7 @@ def _kernel_and_constants(s):
     if s["kernel"] == "bwd_preprocess":
         constants = dict(HEAD_DIM_PAD=values["HEAD_DIM_V_PAD"], BLOCK_Q=tiles["BLOCK_Q"])
         return backward._attn_bwd_preprocess, {**constants, **ones}, dict(num_warps=4, num_stages=1), cfg, float32
-    fn = {"forward": forward._attn_fwd, "bwd_dkdv": backward._attn_bwd_dkdv, "bwd_dq": backward._attn_bwd_dq}[s["kernel"]]
+    fn = dict(forward=forward._attn_fwd, bwd_dkdv=backward._attn_bwd_dkdv, bwd_dq=backward._attn_bwd_dq)[s["kernel"]]
     constants = dict(HEAD_DIM_PAD=head_dim_pad(s["head_dim"]), **values, CAUSAL=s["causal"],
                      INPUT_PRECISION=cfg.input_precision, **tiles)
     return fn, {**constants, **ones}, options, cfg, float32
@@ -358,11 +340,9 @@ def global_loads(rows) -> dict:
 
 def exponentials_per_score(mma_loop: dict, rows: int, cols: int, warps: int) -> float:
     """Exponentials (MUFU instructions) in one trip of a kernel's first tensor-core loop
-    (:func:`first_mma_loop`) per score of its (rows, cols) tile that each thread holds. About
-    1 (a little more: a row's rescale factor is one more); 2 or more when every thread holds
-    its scores twice, which Triton does when the tile has fewer rows than 16 per warp and its
-    probabilities feed another product (that product's operand must be split by rows only):
-    then every exponential and the score product are done twice."""
+    (:func:`first_mma_loop`) per score of its (rows, cols) tile that each thread holds: about 1 (a
+    row's rescale is one more); 2 or more when Triton holds every score twice (a tile with fewer
+    rows than 16 per warp whose probabilities feed another product, split by rows only)."""
     return mma_loop["ops"].get("MUFU", 0) / (rows * cols / (32 * warps))
 
 
@@ -382,9 +362,7 @@ def _uniform_step(row):
     if text.startswith("."):
         modifiers, _, text = text.partition(" ")
     args = [a.strip() for a in text.split(",") if a.strip()]
-    if not (op.startswith("U") or op in ("R2UR", "S2UR", "VOTEU")) or not args:
-        return None
-    first = _UREG.fullmatch(args[0])
+    first = _UREG.fullmatch(args[0]) if args and (op.startswith("U") or op in ("R2UR", "S2UR", "VOTEU")) else None
     if first is None:
         return None
     wide = ".64" in modifiers or "WIDE" in modifiers
@@ -392,18 +370,9 @@ def _uniform_step(row):
     return ((n, n + 1) if wide else (n,)), args[1:], wide
 
 
-def _uniform_defs(rows) -> dict:
-    """{uniform register: [row index of each instruction that writes it]}, in address order."""
-    defs: dict = {}
-    for i, row in enumerate(rows):
-        step = _uniform_step(row)
-        for reg in (step[0] if step else ()):
-            defs.setdefault(reg, []).append(i)
-    return defs
-
-
 def _register_sources(rows, defs, use: int, reg: int, seen: set) -> set:
-    """What uniform register ``reg`` holds at row ``use``, traced back to its leaves: "argument"
+    """defs: {uniform register: [row index of each instruction that writes it]}, in address order.
+    What uniform register ``reg`` holds at row ``use``, traced back to its leaves: "argument"
     (a kernel argument), "block index" (SR_CTAID), or nothing for the rest (constants, the
     shared window's base, values from per-thread registers). The writer taken is the last one
     before the use in address order, else (a value carried around a loop) the last one; a
@@ -439,7 +408,11 @@ def wgmma_descriptors_from_arguments(rows) -> list:
     the shared window's base, the warp and the pipeline stage. One built from an argument was
     mis-assembled, and reads whatever that argument's value points at: ptxas 12.8 (which both
     Triton 3.6 and 3.7 ship) does so for a product of the fused backward on one tile."""
-    defs = _uniform_defs(rows)
+    defs: dict = {}
+    for i, row in enumerate(rows):
+        step = _uniform_step(row)
+        for reg in step[0] if step else ():
+            defs.setdefault(reg, []).append(i)
     wrong = []
     for i, (address, _, op, operands) in enumerate(rows):
         if op != "HGMMA":
@@ -450,8 +423,7 @@ def wgmma_descriptors_from_arguments(rows) -> list:
             continue
         base = int(_UREG.search(descriptor).group(1))
         # gdesc[URn]: n, n+1 describe A when A is in shared memory too, n+2, n+3 describe B
-        both = args[1].startswith("gdesc[")
-        regs = range(base, base + 4) if both else range(base + 2, base + 4)
+        regs = range(base if args[1].startswith("gdesc[") else base + 2, base + 4)
         if any(_register_sources(rows, defs, i, reg, set()) for reg in regs):
             wrong.append(address)
     return wrong

@@ -59,27 +59,19 @@ class FlashConfig:
     bwd_dq_transposed: bool = False
 
     def __post_init__(self):
-        for name in ("block_q", "block_k", "bwd_block_q", "bwd_block_k"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
-                raise ValueError(f"FlashConfig: '{name}' must be a power of two >= 16, got {value!r}")
-        for name in ("num_warps", "bwd_num_warps"):
-            value = getattr(self, name)
-            if value not in (1, 2, 4, 8, 16):
-                raise ValueError(f"FlashConfig: '{name}' must be one of 1, 2, 4, 8, 16, got {value!r}")
-        for name in ("num_stages", "bwd_num_stages"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"FlashConfig: '{name}' must be an int >= 1, got {value!r}")
-        if not isinstance(self.bwd_dq_transposed, bool):
-            raise ValueError(f"FlashConfig: 'bwd_dq_transposed' must be True or False, got {self.bwd_dq_transposed!r}")
-        if self.input_precision not in INPUT_PRECISIONS:
-            raise ValueError(f"FlashConfig: 'input_precision' must be one of {INPUT_PRECISIONS}, "
-                             f"got {self.input_precision!r}")
+        def whole(value):
+            return isinstance(value, int) and not isinstance(value, bool)
 
-
-HEAD_DIM_PADS = (16, 32, 64, 128, 256)
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+        checks = ((("block_q", "block_k", "bwd_block_q", "bwd_block_k"),
+                   lambda v: whole(v) and v >= 16 and not v & (v - 1), "a power of two >= 16"),
+                  (("num_warps", "bwd_num_warps"), lambda v: v in (1, 2, 4, 8, 16), "one of 1, 2, 4, 8, 16"),
+                  (("num_stages", "bwd_num_stages"), lambda v: whole(v) and v >= 1, "an int >= 1"),
+                  (("bwd_dq_transposed",), lambda v: isinstance(v, bool), "True or False"),
+                  (("input_precision",), lambda v: v in INPUT_PRECISIONS, f"one of {INPUT_PRECISIONS}"))
+        for names, ok, want in checks:
+            for name in names:
+                if not ok(getattr(self, name)):
+                    raise ValueError(f"FlashConfig: '{name}' must be {want}, got {getattr(self, name)!r}")
 
 
 def seq_bucket(seq_q: int, seq_k: int) -> int:
@@ -164,15 +156,3 @@ def default_config(head_dim: int, dtype: torch.dtype, capability: tuple[int, int
         bbm, bbn = bm, bn
     return FlashConfig(block_q=bm, block_k=bn, num_warps=w, num_stages=st,
                        bwd_block_q=bbm, bwd_block_k=bbn, bwd_num_warps=bw, bwd_num_stages=bst)
-
-
-def shipped_configs():
-    """Every (head_dim_pad, dtype, capability, config) the compile tests must build."""
-    rows = []
-    for cc in ((7, 5), (8, 0), (9, 0)):
-        for dtype in DTYPES:
-            if cc < (8, 0) and dtype != torch.float16:
-                continue  # Turing has no bfloat16 tensor cores; float32 there is not a shipped target
-            for d in HEAD_DIM_PADS:
-                rows.append((d, dtype, cc, default_config(d, dtype, cc)))
-    return rows
