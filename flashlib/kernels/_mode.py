@@ -14,10 +14,8 @@ import platform
 import threading
 from dataclasses import dataclass
 
-_HOW_TO_RUN = (
-    "Triton publishes wheels for Linux only: run the kernel notebooks on Linux, under WSL2 on "
-    "Windows, or on a GPU runtime such as Google Colab (the PyTorch half of flashlib works everywhere)"
-)
+_HOW_TO_RUN = ("Triton publishes wheels for Linux only: run the kernel notebooks on Linux, under WSL2 on "
+               "Windows, or on a GPU runtime such as Google Colab (the PyTorch half of flashlib works everywhere)")
 
 
 @dataclass(frozen=True)
@@ -73,10 +71,8 @@ def interpreting() -> bool:
 def require_triton():
     """Import and return triton, or raise an ImportError that says how to get it."""
     if not triton_installed():
-        raise ImportError(
-            f"flashlib.kernels needs Triton, which is not installed on this {platform.system()} "
-            f"machine. {_HOW_TO_RUN}."
-        )
+        raise ImportError(f"flashlib.kernels needs Triton, which is not installed on this {platform.system()} "
+                          f"machine. {_HOW_TO_RUN}.")
     mode = ensure_mode()
     import triton
     import triton.language.standard as standard
@@ -84,11 +80,9 @@ def require_triton():
     # tl.sum, tl.max, ... are themselves @triton.jit functions, decorated when Triton is first
     # imported: if that happened before TRITON_INTERPRET=1, the interpreter cannot call them.
     if mode == "interpreter" and type(standard.sum).__name__ != "InterpretedFunction":
-        raise RuntimeError(
-            "Triton was imported before its CPU interpreter was switched on, so its kernels cannot run "
-            "here. Import flashlib.kernels before triton (or set TRITON_INTERPRET=1 before starting "
-            "Python), then restart the kernel or interpreter."
-        )
+        raise RuntimeError("Triton was imported before its CPU interpreter was switched on, so its kernels cannot "
+                           "run here. Import flashlib.kernels before triton (or set TRITON_INTERPRET=1 before "
+                           "starting Python), then restart the kernel or interpreter.")
     if mode == "interpreter":
         _prepare_interpreter()
     return triton

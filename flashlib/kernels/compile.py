@@ -78,14 +78,11 @@ def target_spec(who: str, capability, dtype, head_dim, causal, config) -> dict:
 
 def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=False, config=None, ones=(),
          sass: bool = False, sinks: bool = False, head_dim_v: int | None = None):
-    """A JSON-able description of one compilation; config is a FlashConfig or its dict.
-    sinks: the forward with attention sinks (their float32 pointer), not the default launch's None.
-    head_dim_v: v's head dim where it is its own (MLA's 128 beside 192); None: head_dim's.
-
-    ones: integer arguments (e.g. "SEQ_Q", "HEAD_DIM") passed as the constant 1, as Triton's
-    JIT does when a launch passes 1 (a single query, head_dim 1). sass: also count the
-    machine instructions (CompileReport.sass_ops, .mma_loop).
-    """
+    """A JSON-able description of one compilation; config is a FlashConfig or its dict. ones: integer
+    arguments (e.g. "SEQ_Q", "HEAD_DIM") passed as the constant 1, as Triton's JIT does when a launch
+    passes 1 (a single query, head_dim 1). sass: also count the machine instructions (CompileReport.sass_ops,
+    .mma_loop). sinks: the forward with attention sinks (their float32 pointer), not the default launch's
+    None. head_dim_v: v's head dim where it is its own (MLA's 128 beside 192); None: head_dim's."""
     if kernel not in KERNELS:
         raise ValueError(f"spec: argument 'kernel' must be one of {KERNELS}, got {kernel!r}")
     return dict(kernel=kernel, **target_spec("spec", capability, dtype, head_dim, causal, config), ones=list(ones),
@@ -93,9 +90,8 @@ def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=Fa
 
 
 def run_compiler(module: str, report, specs, triton_path: str | None, timeout: float, *args) -> list:
-    """``python -m module *args`` in a fresh Python without the interpreter, specs in, one ``report`` each out.
-    triton_path: a directory (e.g. a ``pip install --target`` of another Triton version) put first on
-    PYTHONPATH of the subprocess."""
+    """``python -m module *args`` in a fresh Python without the interpreter, specs in, one ``report`` each out;
+    triton_path (e.g. a ``pip install --target`` of another Triton version) first on its PYTHONPATH."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (triton_path, root, env.get("PYTHONPATH")) if p)
@@ -178,10 +174,9 @@ def spec_config(s):
 
 def launch_tiles(cfg, backward: bool):
     """({BLOCK_Q, BLOCK_K}, {num_warps, num_stages}) of a FlashConfig's forward or backward kernels."""
-    if backward:
-        return (dict(BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k),
-                dict(num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages))
-    return dict(BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k), dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    prefix = "bwd_" if backward else ""
+    return (dict(BLOCK_Q=getattr(cfg, prefix + "block_q"), BLOCK_K=getattr(cfg, prefix + "block_k")),
+            dict(num_warps=getattr(cfg, prefix + "num_warps"), num_stages=getattr(cfg, prefix + "num_stages")))
 
 
 def _kernel_and_constants(s):
@@ -281,11 +276,9 @@ def _instructions(sass: str):
             continue
         m = _SASS_LINE.match(line)
         if m:
-            address = int(m.group(1), 16)
-            for name in pending:
-                labels[name] = address
+            labels.update(dict.fromkeys(pending, int(m.group(1), 16)))
             pending = []
-            rows.append((address, bool(m.group(2)), m.group(3), m.group(4)))
+            rows.append((int(m.group(1), 16), bool(m.group(2)), m.group(3), m.group(4)))
     return rows, labels
 
 
@@ -294,15 +287,12 @@ def _opcode_counts(rows) -> dict:
 
 
 def first_mma_loop(cubin: bytes) -> dict:
-    """The first loop of the machine code that holds tensor-core instructions (for the
-    attention kernels: the unmasked key loop), read from its disassembly.
-
-    Returns {"body": instructions from the loop's head to its back branch, "short": the same
-    when every forward branch that stays inside the body is taken (the fewest a trip can
-    execute), "ops": opcode counts of the body, "skippable": opcode counts of what those
-    branches jump over, "loads": the body's global loads by opcode and modifiers (:func:`global_loads`)}.
-    ValueError if there is no such loop.
-    """
+    """The first loop of the machine code that holds tensor-core instructions (for the attention
+    kernels: the unmasked key loop), read from its disassembly; ValueError if there is none. Returns
+    {"body": instructions from the loop's head to its back branch, "short": the same when every forward
+    branch that stays inside the body is taken (the fewest a trip can execute), "ops": opcode counts of
+    the body, "skippable": opcode counts of what those branches jump over, "loads": the body's global
+    loads by opcode and modifiers (:func:`global_loads`)}."""
     return _first_mma_loop(*_instructions(_disassemble(cubin)))
 
 
@@ -358,9 +348,7 @@ def _uniform_step(row):
     A ".64" or "WIDE" instruction writes, and reads, register pairs."""
     _, _, op, operands = row
     text = operands.strip()
-    modifiers = ""
-    if text.startswith("."):
-        modifiers, _, text = text.partition(" ")
+    modifiers, _, text = text.partition(" ") if text.startswith(".") else ("", "", text)
     args = [a.strip() for a in text.split(",") if a.strip()]
     first = _UREG.fullmatch(args[0]) if args and (op.startswith("U") or op in ("R2UR", "S2UR", "VOTEU")) else None
     if first is None:
@@ -441,10 +429,9 @@ def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, 
 
     constants = _with_defaults(fn, constants, float32)
     signature, attrs = _signature(fn, dtype, constants, float32)
-    cc = capability[0] * 10 + capability[1]
     with ptxas_log() as log:
         compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
-                                  target=GPUTarget("cuda", cc, 32), options=options)
+                                  target=GPUTarget("cuda", capability[0] * 10 + capability[1], 32), options=options)
     ptx = compiled.asm["ptx"]
     report.shared = int(compiled.metadata.shared)
     report.registers, report.spill_stores, report.spill_loads = _ptxas_info(ptx, _ptxas_path(), log.getvalue())

@@ -136,9 +136,6 @@ def default_config(head_dim: int, dtype: torch.dtype, capability: tuple[int, int
     # (rows, pad of head_dim_v), so the row of the larger one holds every tile at most that wide
     # (MLA's 192/128: the 256 row; tests/test_kernel_compile.py compiles it)
     pads = (head_dim_pad(head_dim), head_dim_pad(head_dim if head_dim_v is None else head_dim_v))
-    if head_dim_v is not None:
-        head_dim = max(int(head_dim), int(head_dim_v))
-    d = max(64, head_dim_pad(head_dim))
     wide = dtype == torch.float32
     if capability is not None and tuple(capability) < (8, 0):
         table = _TURING
@@ -146,7 +143,7 @@ def default_config(head_dim: int, dtype: torch.dtype, capability: tuple[int, int
         table = _HOPPER_FP32 if wide else _HOPPER_16BIT
     else:  # Ampere and Ada; the interpreter uses their forward tiles (bigger tiles, fewer Python steps)
         table = _AMPERE_FP32 if wide else _AMPERE_16BIT
-    (bm, bn, w, st), (bbm, bbn, bw, bst) = table.get(head_dim_pad(head_dim), table[d])
+    (bm, bn, w, st), (bbm, bbn, bw, bst) = table.get(max(pads), table[max(64, *pads)])
     if table is _HOPPER_16BIT and pads == (256, 128):
         bbm, bbn, bw, bst = _HOPPER_16BIT_MLA_BACKWARD
     if capability is None:
