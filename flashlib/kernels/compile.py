@@ -151,8 +151,7 @@ def _signature(fn, dtype: str, constexprs: dict, float32=()):
             constexprs[(i, 2)] = None
         elif name in STRIDE_TUPLES:  # a tensor's strides, one tuple: each a multiple of 16, as the JIT sees them
             signature[name] = ("i32",) * STRIDE_TUPLES[name]
-            for j in range(STRIDE_TUPLES[name]):
-                attrs[(i, j)] = [["tt.divisibility", 16]]
+            attrs.update({(i, j): [["tt.divisibility", 16]] for j in range(STRIDE_TUPLES[name])})
         else:
             signature[name] = "i32"
             if name.startswith("stride") or name in ("HEAD_DIM", "HEAD_DIM_V"):
@@ -216,12 +215,11 @@ def _ptxas_info(ptx: str, ptxas: str, log: str = ""):
     """(registers, spill store bytes, spill load bytes): read from ``log``, the ptxas -v output of the
     compile that made the cubin (:func:`ptxas_log`), where it has them; else from the bundled ptxas
     run again on the PTX (a compile Triton found in its cache ran no ptxas)."""
-    found = _usage(log)
-    if found is not None:
-        return found
-    arch = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1).rstrip(",")
-    done = _run_tool(ptxas, ptx, ".ptx", "-v", f"--gpu-name={arch}", "-o", os.devnull)
-    return _usage(done.stdout + done.stderr)
+    if _usage(log) is None:
+        arch = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1).rstrip(",")
+        done = _run_tool(ptxas, ptx, ".ptx", "-v", f"--gpu-name={arch}", "-o", os.devnull)
+        log = done.stdout + done.stderr
+    return _usage(log)
 
 
 def _run_tool(tool: str, data, suffix: str, *args):
