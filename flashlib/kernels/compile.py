@@ -122,10 +122,11 @@ def _with_defaults(fn, constexprs: dict, pointers=()) -> dict:
     ``if FLAG:`` would quietly build both branches."""
     out = dict(constexprs)
     for param in getattr(fn, "params", ()):  # none: not a JIT function (nothing to check)
-        if param.name in OPTIONAL_POINTERS and param.name not in out and param.name not in pointers:
-            out[param.name] = None  # what a launch without them passes: a compile-time None
-        if param.name in ("rule", "stride_t") and param.default is None and param.name not in out:
-            out[param.name] = None  # the dense kernels without a window, chunk or block mask: no such tuple
+        # what a launch without them passes, a compile-time None: optional pointers not given, and the
+        # dense kernels' rule and block-mask strides without a window, chunk or block mask
+        if param.name not in out and (param.name in OPTIONAL_POINTERS and param.name not in pointers
+                                      or param.name in ("rule", "stride_t") and param.default is None):
+            out[param.name] = None
         if param.is_constexpr and param.name not in out:
             if param.default is inspect.Parameter.empty:
                 raise ValueError(f"compile: {fn.__name__} needs the compile-time argument {param.name!r}")
@@ -433,10 +434,8 @@ def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, 
     ptx = compiled.asm["ptx"]
     report.shared = int(compiled.metadata.shared)
     report.registers, report.spill_stores, report.spill_loads = _ptxas_info(ptx, _ptxas_path(), log.getvalue())
-    report.wgmma_ops = ptx.count("wgmma.mma_async")
-    report.mma_sync_ops = ptx.count("mma.sync")
-    report.bulk_copy_ops = ptx.count("cp.async.bulk.tensor")
-    report.bulk_reduce_ops = ptx.count("cp.reduce.async.bulk.tensor")
+    report.wgmma_ops, report.mma_sync_ops, report.bulk_copy_ops, report.bulk_reduce_ops = (
+        ptx.count(op) for op in ("wgmma.mma_async", "mma.sync", "cp.async.bulk.tensor", "cp.reduce.async.bulk.tensor"))
     if sass:  # one disassembly for both counts
         rows, labels = _instructions(_disassemble(compiled.asm["cubin"]))
         report.sass_ops = _opcode_counts(rows)
