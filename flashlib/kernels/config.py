@@ -75,10 +75,9 @@ class FlashConfig:
 
 
 def seq_bucket(seq_q: int, seq_k: int) -> int:
-    """The sequence-length bucket an autotuned choice is kept for: the power of two at or
-    above the longer sequence, clamped to [1024, 16384]. The best tiles change with N (two
-    H200 runs: tiles chosen at N = 16k lost at 4k), but re-timing for every distinct length
-    would stall a caller whose lengths vary."""
+    """The sequence-length bucket an autotuned choice is kept for: the power of two at or above the
+    longer sequence, clamped to [1024, 16384] (the best tiles change with N: two H200 runs' tiles chosen
+    at N = 16k lost at 4k; why not one per length: :mod:`flashlib.ladder.autotune`)."""
     n = max(int(seq_q), int(seq_k), 1)
     return min(max(1 << (n - 1).bit_length(), 1024), 16384)
 
