@@ -14,10 +14,8 @@ import platform
 import threading
 from dataclasses import dataclass
 
-_HOW_TO_RUN = (
-    "Triton publishes wheels for Linux only: run the kernel notebooks on Linux, under WSL2 on "
-    "Windows, or on a GPU runtime such as Google Colab (the PyTorch half of flashlib works everywhere)"
-)
+_HOW_TO_RUN = ("Triton publishes wheels for Linux only: run the kernel notebooks on Linux, under WSL2 on "
+               "Windows, or on a GPU runtime such as Google Colab (the PyTorch half of flashlib works everywhere)")
 
 
 @dataclass(frozen=True)
@@ -33,16 +31,11 @@ class KernelStatus:
         return self.reason
 
 
-def _truthy(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on")
-
-
-def _cuda_present() -> bool:
+def _cpu_build() -> bool:
+    """A CPU build of PyTorch: no device to ask about (reads torch.version only, never a GPU driver)."""
     import torch
 
-    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-        return False  # a CPU build of PyTorch: no device to ask about
-    return torch.cuda.is_available()
+    return torch.version.cuda is None and getattr(torch.version, "hip", None) is None
 
 
 def triton_installed() -> bool:
@@ -58,18 +51,17 @@ def triton_installed() -> bool:
 
 def preselect_without_cuda_build() -> None:
     """At import: a CPU build of PyTorch can only interpret; say so before anyone imports Triton."""
-    import torch
-
-    if "TRITON_INTERPRET" not in os.environ and torch.version.cuda is None \
-            and getattr(torch.version, "hip", None) is None:
+    if "TRITON_INTERPRET" not in os.environ and _cpu_build():
         os.environ["TRITON_INTERPRET"] = "1"
 
 
 def ensure_mode() -> str:
     """Choose once between "gpu" and "interpreter"; set TRITON_INTERPRET accordingly."""
     if "TRITON_INTERPRET" not in os.environ:
-        os.environ["TRITON_INTERPRET"] = "0" if _cuda_present() else "1"
-    return "interpreter" if _truthy(os.environ["TRITON_INTERPRET"]) else "gpu"
+        import torch
+
+        os.environ["TRITON_INTERPRET"] = "1" if _cpu_build() or not torch.cuda.is_available() else "0"
+    return "interpreter" if os.environ["TRITON_INTERPRET"].strip().lower() in ("1", "true", "yes", "on") else "gpu"
 
 
 def interpreting() -> bool:
@@ -79,10 +71,8 @@ def interpreting() -> bool:
 def require_triton():
     """Import and return triton, or raise an ImportError that says how to get it."""
     if not triton_installed():
-        raise ImportError(
-            f"flashlib.kernels needs Triton, which is not installed on this {platform.system()} "
-            f"machine. {_HOW_TO_RUN}."
-        )
+        raise ImportError(f"flashlib.kernels needs Triton, which is not installed on this {platform.system()} "
+                          f"machine. {_HOW_TO_RUN}.")
     mode = ensure_mode()
     import triton
     import triton.language.standard as standard
@@ -90,15 +80,11 @@ def require_triton():
     # tl.sum, tl.max, ... are themselves @triton.jit functions, decorated when Triton is first
     # imported: if that happened before TRITON_INTERPRET=1, the interpreter cannot call them.
     if mode == "interpreter" and type(standard.sum).__name__ != "InterpretedFunction":
-        raise RuntimeError(
-            "Triton was imported before its CPU interpreter was switched on, so its kernels cannot run "
-            "here. Import flashlib.kernels before triton (or set TRITON_INTERPRET=1 before starting "
-            "Python), then restart the kernel or interpreter."
-        )
+        raise RuntimeError("Triton was imported before its CPU interpreter was switched on, so its kernels cannot "
+                           "run here. Import flashlib.kernels before triton (or set TRITON_INTERPRET=1 before "
+                           "starting Python), then restart the kernel or interpreter.")
     if mode == "interpreter":
-        _serialise_interpreted_launches()
-        _exactly_rounded_interpreted_dots()
-        _exactly_rounded_interpreted_math()
+        _prepare_interpreter()
     return triton
 
 
@@ -108,12 +94,21 @@ def require_triton():
 INTERPRETER_LOCK = threading.RLock()
 
 
-def _serialise_interpreted_launches() -> None:
+def _prepare_interpreter() -> None:
     """Make every interpreted launch in this process (flashlib's, the labs', a user's) take
-    INTERPRETER_LOCK; idempotent. GPU launches are untouched."""
-    from triton.runtime.interpreter import InterpretedFunction
+    INTERPRETER_LOCK, and the interpreter's float tl.dot, exp, exp2, log, log2, sqrt and tl.sum (of
+    float16/float32) computed in float64 and rounded once; idempotent. GPU launches are untouched.
+    The interpreter computes them with numpy's float32 matmul and math, whose rounding depends on the
+    BLAS and SIMD kernels the CPU selects (AVX-512 or AVX2; sums added in 16 or 8 lanes) and on the tile's
+    shape: kernel results, and the accuracy tests on them, would differ from one CPU to the next (by 4-20
+    float32 ulps at seq_q = 1). Rounded once, they are the same on every CPU (but for a double rounding
+    about once in 2^29), and an accuracy test measures the kernel's own arithmetic (exp2, the online
+    softmax, the lse), not the host's. A GPU rounds more (tf32, or float32 sums per k-step); its tests
+    allow for it."""
+    import numpy as np
+    from triton.runtime import interpreter
 
-    run = InterpretedFunction.run
+    run, builder = interpreter.InterpretedFunction.run, interpreter.InterpreterBuilder
     if getattr(run, "flashlib_locked", False):
         return
 
@@ -121,24 +116,7 @@ def _serialise_interpreted_launches() -> None:
         with INTERPRETER_LOCK:
             return run(self, *args, **kwargs)
 
-    locked_run.flashlib_locked = True
-    InterpretedFunction.run = locked_run
-
-
-def _exactly_rounded_interpreted_dots() -> None:
-    """Make the interpreter's float tl.dot exactly rounded: products and sums in float64, one rounding
-    to the accumulator's dtype; idempotent. The interpreter computes a dot with numpy's float32
-    matmul, whose rounding depends on the BLAS kernel the CPU selects (and on the tile's shape):
-    kernel results, and the accuracy tests on them, would differ from one CPU to the next (by 4-20
-    float32 ulps at seq_q = 1). Rounded once, they are the same on every CPU, and an accuracy test
-    measures the kernel's own arithmetic (exp2, the online softmax, the lse), not the host's BLAS.
-    A GPU rounds more (tf32, or float32 sums per k-step); its tests allow for it."""
-    import numpy as np
-    from triton.runtime import interpreter
-
-    dot = interpreter.InterpreterBuilder.create_dot
-    if getattr(dot, "flashlib_exact", False):
-        return
+    dot = builder.create_dot
 
     def exact_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         floats = all(t.data.dtype in (np.float16, np.float32, np.float64) for t in (a, b, d))
@@ -147,23 +125,6 @@ def _exactly_rounded_interpreted_dots() -> None:
         total = np.matmul(a.data.astype(np.float64), b.data.astype(np.float64)) + d.data.astype(np.float64)
         return interpreter.TensorHandle(total.astype(d.data.dtype), d.dtype.scalar)
 
-    exact_dot.flashlib_exact = True
-    interpreter.InterpreterBuilder.create_dot = exact_dot
-
-
-def _exactly_rounded_interpreted_math() -> None:
-    """Make the interpreter's exp, exp2, log, log2, sqrt and tl.sum of float16/float32 computed in
-    float64 and rounded once; idempotent. numpy's float32 versions take SIMD paths chosen by the CPU
-    (AVX-512 or AVX2 kernels of a few ulps each; sums added in 16 or 8 lanes), so a kernel's results,
-    and the accuracy tests on them, would differ from one CPU to the next. In float64, rounded once,
-    they are the same on every CPU (but for a double rounding about once in 2^29)."""
-    import numpy as np
-    from triton.runtime import interpreter
-
-    builder = interpreter.InterpreterBuilder
-    if getattr(builder.create_exp2, "flashlib_exact", False):
-        return
-
     def exact(op):
         def unary(self, arg):
             data = arg.data
@@ -171,7 +132,6 @@ def _exactly_rounded_interpreted_math() -> None:
                 return interpreter.TensorHandle(op(data.astype(np.float64)).astype(data.dtype), arg.dtype.scalar)
             return interpreter.TensorHandle(op(data), arg.dtype.scalar)
 
-        unary.flashlib_exact = True
         return unary
 
     for name, op in (("create_exp", np.exp), ("create_exp2", np.exp2), ("create_log", np.log),
@@ -185,6 +145,9 @@ def _exactly_rounded_interpreted_math() -> None:
         return self.to_tensor(np.sum(data, axis=self.axis, keepdims=self.keep_dims), input.dtype)
 
     interpreter.ReduceOps.sum = exact_sum
+    builder.create_dot = exact_dot
+    locked_run.flashlib_locked = True
+    interpreter.InterpretedFunction.run = locked_run
 
 
 def half_dtype(device=None):

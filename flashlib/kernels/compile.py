@@ -12,6 +12,7 @@ subprocess with ``TRITON_INTERPRET=0`` (optionally with another Triton first on 
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
 import io
@@ -26,23 +27,6 @@ from dataclasses import asdict, dataclass, field
 # Shared memory per block a kernel may use (opt-in maximum), bytes.
 SHARED_LIMIT = {(7, 5): 64 * 1024, (8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 9): 99 * 1024,
                 (9, 0): 227 * 1024}
-
-def expected_tensor_core_op(kernel: str, capability, config) -> str | None:
-    """The tensor-core instruction a kernel should use on this target (None: none expected).
-
-    Triton's dot uses mma.sync from sm_80 on, wgmma on sm_90 when the dot's row tile (BLOCK_Q
-    forward and in dQ, BLOCK_K in dK/dV) is >= 64, and falls back to FMA on sm_75.
-    """
-    capability = tuple(capability)
-    if kernel not in ("forward", "bwd_dkdv", "bwd_dq") or capability < (8, 0):
-        return None
-    if capability >= (9, 0):
-        cfg = config if isinstance(config, dict) else asdict(config)
-        rows = {"forward": cfg["block_q"], "bwd_dq": cfg["bwd_block_q"], "bwd_dkdv": cfg["bwd_block_k"]}[kernel]
-        return "wgmma.mma_async" if rows >= 64 else "mma.sync"
-    return "mma.sync"
-
-
 KERNELS = ("forward", "bwd_preprocess", "bwd_dkdv", "bwd_dq", "softmax", "vector_add")
 _DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
@@ -72,10 +56,6 @@ class TargetReport:
     # addresses of wgmma instructions whose operand descriptors come from kernel arguments, when asked for
     wgmma_from_arguments: list = field(default_factory=list)
 
-    @property
-    def shared_limit(self) -> int:
-        return SHARED_LIMIT[tuple(self.capability)]
-
 
 @dataclass
 class CompileReport(TargetReport):
@@ -86,43 +66,46 @@ class CompileReport(TargetReport):
     ptx: str = field(default="", repr=False)
 
 
-def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=False, config=None, ones=(),
-         sass: bool = False, sinks: bool = False, head_dim_v: int | None = None):
-    """A JSON-able description of one compilation; config is a FlashConfig or its dict.
-    sinks: the forward with attention sinks (their float32 pointer), not the default launch's None.
-    head_dim_v: v's head dim where it is its own (MLA's 128 beside 192); None: head_dim's.
-
-    ones: integer arguments (e.g. "SEQ_Q", "HEAD_DIM") passed as the constant 1, as Triton's
-    JIT does when a launch passes 1 (a single query, head_dim 1). sass: also count the
-    machine instructions (CompileReport.sass_ops, .mma_loop).
-    """
-    if kernel not in KERNELS:
-        raise ValueError(f"spec: argument 'kernel' must be one of {KERNELS}, got {kernel!r}")
+def target_spec(who: str, capability, dtype, head_dim, causal, config) -> dict:
+    """The fields every compile spec has, checked (dtype a name of _DTYPE_NAMES, config a dict or None)."""
     dtype = str(dtype).replace("torch.", "")
     if dtype not in _DTYPE_NAMES:
-        raise ValueError(f"spec: argument 'dtype' must be one of {tuple(_DTYPE_NAMES)}, got {dtype!r}")
+        raise ValueError(f"{who}: argument 'dtype' must be one of {tuple(_DTYPE_NAMES)}, got {dtype!r}")
     if config is not None and not isinstance(config, dict):
         config = asdict(config)
-    return dict(kernel=kernel, capability=tuple(capability), dtype=dtype, head_dim=int(head_dim),
-                causal=bool(causal), config=config, ones=list(ones), sass=bool(sass), sinks=bool(sinks),
-                head_dim_v=None if head_dim_v is None else int(head_dim_v))
+    return dict(capability=tuple(capability), dtype=dtype, head_dim=int(head_dim), causal=bool(causal), config=config)
 
 
-def compile_kernels(specs, *, triton_path: str | None = None, keep_ptx: bool = False, timeout: float = 900):
-    """Compile every spec in a fresh Python (no interpreter); return a list of CompileReport.
+def spec(kernel: str, capability=(9, 0), dtype="float16", head_dim=64, causal=False, config=None, ones=(),
+         sass: bool = False, sinks: bool = False, head_dim_v: int | None = None):
+    """A JSON-able description of one compilation; config is a FlashConfig or its dict. ones: integer
+    arguments (e.g. "SEQ_Q", "HEAD_DIM") passed as the constant 1, as Triton's JIT does when a launch
+    passes 1 (a single query, head_dim 1). sass: also count the machine instructions (CompileReport.sass_ops,
+    .mma_loop). sinks: the forward with attention sinks (their float32 pointer), not the default launch's
+    None. head_dim_v: v's head dim where it is its own (MLA's 128 beside 192); None: head_dim's."""
+    if kernel not in KERNELS:
+        raise ValueError(f"spec: argument 'kernel' must be one of {KERNELS}, got {kernel!r}")
+    return dict(kernel=kernel, **target_spec("spec", capability, dtype, head_dim, causal, config), ones=list(ones),
+                sass=bool(sass), sinks=bool(sinks), head_dim_v=None if head_dim_v is None else int(head_dim_v))
 
-    triton_path: a directory (e.g. a ``pip install --target`` of another Triton version) put
-    first on PYTHONPATH of the subprocess.
-    """
+
+def run_compiler(module: str, report, specs, triton_path: str | None, timeout: float, *args) -> list:
+    """``python -m module *args`` in a fresh Python without the interpreter, specs in, one ``report`` each out;
+    triton_path (e.g. a ``pip install --target`` of another Triton version) first on its PYTHONPATH."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (triton_path, root, env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "flashlib.kernels.compile"] + (["--ptx"] if keep_ptx else [])
-    done = subprocess.run(cmd, input=json.dumps(list(specs)), capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    done = subprocess.run([sys.executable, "-m", module, *args], input=json.dumps(list(specs)), capture_output=True,
+                          text=True, env=env, timeout=timeout)
     if done.returncode != 0:
-        raise RuntimeError(f"compile_kernels: the compiler process failed:\n{done.stderr[-4000:]}")
-    return [CompileReport(**{**r, "capability": tuple(r["capability"])}) for r in json.loads(done.stdout)]
+        raise RuntimeError(f"{module}: the compiler process failed:\n{done.stderr[-4000:]}")
+    return [report(**{**r, "capability": tuple(r["capability"])}) for r in json.loads(done.stdout)]
+
+
+def compile_kernels(specs, *, triton_path: str | None = None, keep_ptx: bool = False, timeout: float = 900):
+    """Compile every spec (:func:`run_compiler`); return a list of CompileReport."""
+    return run_compiler("flashlib.kernels.compile", CompileReport, specs, triton_path, timeout,
+                        *(["--ptx"] if keep_ptx else []))
 
 
 # Pointer arguments a launch passes only for an option (attention sinks, a score function's data), compiled as None unless a
@@ -137,15 +120,13 @@ def _with_defaults(fn, constexprs: dict, pointers=()) -> dict:
     """Every compile-time parameter of fn: given, or its default (as a launch would use). One
     missing without a default is an error: compiled as a runtime integer, a flag tested with
     ``if FLAG:`` would quietly build both branches."""
-    params = getattr(fn, "params", None)
-    if params is None:  # not a JIT function (nothing to check)
-        return dict(constexprs)
     out = dict(constexprs)
-    for param in params:
-        if param.name in OPTIONAL_POINTERS and param.name not in out and param.name not in pointers:
-            out[param.name] = None  # what a launch without them passes: a compile-time None
-        if param.name in ("rule", "stride_t") and param.default is None and param.name not in out:
-            out[param.name] = None  # the dense kernels without a window, chunk or block mask: no such tuple
+    for param in getattr(fn, "params", ()):  # none: not a JIT function (nothing to check)
+        # what a launch without them passes, a compile-time None: optional pointers not given, and the
+        # dense kernels' rule and block-mask strides without a window, chunk or block mask
+        if param.name not in out and (param.name in OPTIONAL_POINTERS and param.name not in pointers
+                                      or param.name in ("rule", "stride_t") and param.default is None):
+            out[param.name] = None
         if param.is_constexpr and param.name not in out:
             if param.default is inspect.Parameter.empty:
                 raise ValueError(f"compile: {fn.__name__} needs the compile-time argument {param.name!r}")
@@ -171,8 +152,7 @@ def _signature(fn, dtype: str, constexprs: dict, float32=()):
             constexprs[(i, 2)] = None
         elif name in STRIDE_TUPLES:  # a tensor's strides, one tuple: each a multiple of 16, as the JIT sees them
             signature[name] = ("i32",) * STRIDE_TUPLES[name]
-            for j in range(STRIDE_TUPLES[name]):
-                attrs[(i, j)] = [["tt.divisibility", 16]]
+            attrs.update({(i, j): [["tt.divisibility", 16]] for j in range(STRIDE_TUPLES[name])})
         else:
             signature[name] = "i32"
             if name.startswith("stride") or name in ("HEAD_DIM", "HEAD_DIM_V"):
@@ -180,34 +160,49 @@ def _signature(fn, dtype: str, constexprs: dict, float32=()):
     return signature, attrs
 
 
-def _kernel_and_constants(s):
-    from .config import FlashConfig, default_config, head_dim_pad, value_dim
+def spec_config(s):
+    """The spec's FlashConfig, else the shipped one for its head dims, dtype and target."""
+    import torch
 
-    cfg = FlashConfig(**s["config"]) if s["config"] else None
-    d_pad = head_dim_pad(s["head_dim"])
+    from .config import FlashConfig, default_config
+
+    if s["config"]:
+        return FlashConfig(**s["config"])
+    return default_config(s["head_dim"], getattr(torch, s["dtype"]), tuple(s["capability"]),
+                          head_dim_v=s.get("head_dim_v"))
+
+
+def launch_tiles(cfg, backward: bool):
+    """({BLOCK_Q, BLOCK_K}, {num_warps, num_stages}) of a FlashConfig's forward or backward kernels."""
+    prefix = "bwd_" if backward else ""
+    return (dict(BLOCK_Q=getattr(cfg, prefix + "block_q"), BLOCK_K=getattr(cfg, prefix + "block_k")),
+            dict(num_warps=getattr(cfg, prefix + "num_warps"), num_stages=getattr(cfg, prefix + "num_stages")))
+
+
+def _kernel_and_constants(s):
+    """(kernel, compile-time arguments, options, FlashConfig or None, float32 pointers) of a spec, as the
+    launchers pass them."""
+    from .config import head_dim_pad, value_dim
+
+    ones = {name: 1 for name in s.get("ones", ())}
+    float32 = ("Sinks",) if s.get("sinks") else ()
     if s["kernel"] in ("softmax", "vector_add"):
         from . import primer
 
         fn = primer._softmax_kernel if s["kernel"] == "softmax" else primer._add_kernel
-        return fn, {"BLOCK": d_pad}, dict(num_warps=4, num_stages=1), cfg
-    import torch
-
-    if cfg is None:
-        cfg = default_config(s["head_dim"], getattr(torch, s["dtype"]), tuple(s["capability"]),
-                             head_dim_v=s.get("head_dim_v"))
+        return fn, {"BLOCK": head_dim_pad(s["head_dim"]), **ones}, dict(num_warps=4, num_stages=1), None, float32
     from . import backward, forward
 
+    cfg = spec_config(s)
     values = value_dim(s["head_dim"], s.get("head_dim_v") or s["head_dim"])  # as the launchers pass them
-    common = dict(HEAD_DIM_PAD=d_pad, **values, CAUSAL=s["causal"], INPUT_PRECISION=cfg.input_precision)
-    if s["kernel"] == "forward":
-        return (forward._attn_fwd, dict(common, BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k),
-                dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), cfg)
+    tiles, options = launch_tiles(cfg, backward=s["kernel"] != "forward")
     if s["kernel"] == "bwd_preprocess":
-        return (backward._attn_bwd_preprocess, dict(HEAD_DIM_PAD=values["HEAD_DIM_V_PAD"], BLOCK_Q=cfg.bwd_block_q),
-                dict(num_warps=4, num_stages=1), cfg)
-    fn = backward._attn_bwd_dkdv if s["kernel"] == "bwd_dkdv" else backward._attn_bwd_dq
-    return (fn, dict(common, BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k),
-            dict(num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages), cfg)
+        constants = dict(HEAD_DIM_PAD=values["HEAD_DIM_V_PAD"], BLOCK_Q=tiles["BLOCK_Q"])
+        return backward._attn_bwd_preprocess, {**constants, **ones}, dict(num_warps=4, num_stages=1), cfg, float32
+    fn = dict(forward=forward._attn_fwd, bwd_dkdv=backward._attn_bwd_dkdv, bwd_dq=backward._attn_bwd_dq)[s["kernel"]]
+    constants = dict(HEAD_DIM_PAD=head_dim_pad(s["head_dim"]), **values, CAUSAL=s["causal"],
+                     INPUT_PRECISION=cfg.input_precision, **tiles)
+    return fn, {**constants, **ones}, options, cfg, float32
 
 
 def _usage(text: str):
@@ -221,20 +216,23 @@ def _ptxas_info(ptx: str, ptxas: str, log: str = ""):
     """(registers, spill store bytes, spill load bytes): read from ``log``, the ptxas -v output of the
     compile that made the cubin (:func:`ptxas_log`), where it has them; else from the bundled ptxas
     run again on the PTX (a compile Triton found in its cache ran no ptxas)."""
-    found = _usage(log)
-    if found is not None:
-        return found
-    arch = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1).rstrip(",")
+    if _usage(log) is None:
+        arch = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1).rstrip(",")
+        done = _run_tool(ptxas, ptx, ".ptx", "-v", f"--gpu-name={arch}", "-o", os.devnull)
+        log = done.stdout + done.stderr
+    return _usage(log)
+
+
+def _run_tool(tool: str, data, suffix: str, *args):
+    """The finished run of ``tool args file``, the file holding ``data``; RuntimeError if it failed."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        done = subprocess.run([ptxas, "-v", f"--gpu-name={arch}", path, "-o", os.path.join(tmp, "k.cubin")],
-                              capture_output=True, text=True)
-    text = done.stdout + done.stderr
+        path = os.path.join(tmp, "k" + suffix)
+        with open(path, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
+        done = subprocess.run([tool, *args, path], capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"ptxas failed: {text[-2000:]}")
-    return _usage(text)
+        raise RuntimeError(f"{os.path.basename(tool)} failed: {(done.stdout + done.stderr)[-2000:]}")
+    return done
 
 
 @contextlib.contextmanager
@@ -260,15 +258,7 @@ def _ptxas_path():
 
 
 def _disassemble(cubin: bytes) -> str:
-    nvdisasm = os.path.join(os.path.dirname(_ptxas_path()), "nvdisasm")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(cubin)
-        done = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"nvdisasm failed: {done.stderr[-2000:]}")
-    return done.stdout
+    return _run_tool(os.path.join(os.path.dirname(_ptxas_path()), "nvdisasm"), cubin, ".cubin", "-c").stdout
 
 
 # "/*0a50*/   @!P0 FFMA.FTZ R4, R5, R6, -R7 ;": an address, an optional predicate, the opcode
@@ -285,36 +275,23 @@ def _instructions(sass: str):
             continue
         m = _SASS_LINE.match(line)
         if m:
-            address = int(m.group(1), 16)
-            for name in pending:
-                labels[name] = address
+            labels.update(dict.fromkeys(pending, int(m.group(1), 16)))
             pending = []
-            rows.append((address, bool(m.group(2)), m.group(3), m.group(4)))
+            rows.append((int(m.group(1), 16), bool(m.group(2)), m.group(3), m.group(4)))
     return rows, labels
 
 
-def sass_opcodes(cubin: bytes) -> dict:
-    """How often each machine instruction (SASS opcode: FMUL, FFMA, MUFU, HGMMA, ...; without
-    its modifiers) occurs in a cubin, read with the nvdisasm that ships with Triton."""
-    return _opcode_counts(_instructions(_disassemble(cubin))[0])
-
-
 def _opcode_counts(rows) -> dict:
-    import collections
-
     return dict(collections.Counter(op for _, _, op, _ in rows))
 
 
 def first_mma_loop(cubin: bytes) -> dict:
-    """The first loop of the machine code that holds tensor-core instructions (for the
-    attention kernels: the unmasked key loop), read from its disassembly.
-
-    Returns {"body": instructions from the loop's head to its back branch, "short": the same
-    when every forward branch that stays inside the body is taken (the fewest a trip can
-    execute), "ops": opcode counts of the body, "skippable": opcode counts of what those
-    branches jump over, "loads": the body's global loads by opcode and modifiers (:func:`global_loads`)}.
-    ValueError if there is no such loop.
-    """
+    """The first loop of the machine code that holds tensor-core instructions (for the attention
+    kernels: the unmasked key loop), read from its disassembly; ValueError if there is none. Returns
+    {"body": instructions from the loop's head to its back branch, "short": the same when every forward
+    branch that stays inside the body is taken (the fewest a trip can execute), "ops": opcode counts of
+    the body, "skippable": opcode counts of what those branches jump over, "loads": the body's global
+    loads by opcode and modifiers (:func:`global_loads`)}."""
     return _first_mma_loop(*_instructions(_disassemble(cubin)))
 
 
@@ -342,8 +319,6 @@ def global_loads(rows) -> dict:
     "LDGSTS.E.BYPASS.128": n, "LDGSTS.E": n, ...}. A trailing number is the width in bits of what each
     thread loads (none: 32); LDGSTS copies global to shared memory asynchronously (cp.async), LDG to
     registers."""
-    import collections
-
     found = collections.Counter()
     for _, _, op, operands in rows:
         if op in ("LDG", "LDGSTS"):
@@ -354,11 +329,9 @@ def global_loads(rows) -> dict:
 
 def exponentials_per_score(mma_loop: dict, rows: int, cols: int, warps: int) -> float:
     """Exponentials (MUFU instructions) in one trip of a kernel's first tensor-core loop
-    (:func:`first_mma_loop`) per score of its (rows, cols) tile that each thread holds. About
-    1 (a little more: a row's rescale factor is one more); 2 or more when every thread holds
-    its scores twice, which Triton does when the tile has fewer rows than 16 per warp and its
-    probabilities feed another product (that product's operand must be split by rows only):
-    then every exponential and the score product are done twice."""
+    (:func:`first_mma_loop`) per score of its (rows, cols) tile that each thread holds: about 1 (a
+    row's rescale is one more); 2 or more when Triton holds every score twice (a tile with fewer
+    rows than 16 per warp whose probabilities feed another product, split by rows only)."""
     return mma_loop["ops"].get("MUFU", 0) / (rows * cols / (32 * warps))
 
 
@@ -374,13 +347,9 @@ def _uniform_step(row):
     A ".64" or "WIDE" instruction writes, and reads, register pairs."""
     _, _, op, operands = row
     text = operands.strip()
-    modifiers = ""
-    if text.startswith("."):
-        modifiers, _, text = text.partition(" ")
+    modifiers, _, text = text.partition(" ") if text.startswith(".") else ("", "", text)
     args = [a.strip() for a in text.split(",") if a.strip()]
-    if not (op.startswith("U") or op in ("R2UR", "S2UR", "VOTEU")) or not args:
-        return None
-    first = _UREG.fullmatch(args[0])
+    first = _UREG.fullmatch(args[0]) if args and (op.startswith("U") or op in ("R2UR", "S2UR", "VOTEU")) else None
     if first is None:
         return None
     wide = ".64" in modifiers or "WIDE" in modifiers
@@ -388,18 +357,9 @@ def _uniform_step(row):
     return ((n, n + 1) if wide else (n,)), args[1:], wide
 
 
-def _uniform_defs(rows) -> dict:
-    """{uniform register: [row index of each instruction that writes it]}, in address order."""
-    defs: dict = {}
-    for i, row in enumerate(rows):
-        step = _uniform_step(row)
-        for reg in (step[0] if step else ()):
-            defs.setdefault(reg, []).append(i)
-    return defs
-
-
 def _register_sources(rows, defs, use: int, reg: int, seen: set) -> set:
-    """What uniform register ``reg`` holds at row ``use``, traced back to its leaves: "argument"
+    """defs: {uniform register: [row index of each instruction that writes it]}, in address order.
+    What uniform register ``reg`` holds at row ``use``, traced back to its leaves: "argument"
     (a kernel argument), "block index" (SR_CTAID), or nothing for the rest (constants, the
     shared window's base, values from per-thread registers). The writer taken is the last one
     before the use in address order, else (a value carried around a loop) the last one; a
@@ -435,7 +395,11 @@ def wgmma_descriptors_from_arguments(rows) -> list:
     the shared window's base, the warp and the pipeline stage. One built from an argument was
     mis-assembled, and reads whatever that argument's value points at: ptxas 12.8 (which both
     Triton 3.6 and 3.7 ship) does so for a product of the fused backward on one tile."""
-    defs = _uniform_defs(rows)
+    defs: dict = {}
+    for i, row in enumerate(rows):
+        step = _uniform_step(row)
+        for reg in step[0] if step else ():
+            defs.setdefault(reg, []).append(i)
     wrong = []
     for i, (address, _, op, operands) in enumerate(rows):
         if op != "HGMMA":
@@ -446,8 +410,7 @@ def wgmma_descriptors_from_arguments(rows) -> list:
             continue
         base = int(_UREG.search(descriptor).group(1))
         # gdesc[URn]: n, n+1 describe A when A is in shared memory too, n+2, n+3 describe B
-        both = args[1].startswith("gdesc[")
-        regs = range(base, base + 4) if both else range(base + 2, base + 4)
+        regs = range(base if args[1].startswith("gdesc[") else base + 2, base + 4)
         if any(_register_sources(rows, defs, i, reg, set()) for reg in regs):
             wrong.append(address)
     return wrong
@@ -465,17 +428,14 @@ def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, 
 
     constants = _with_defaults(fn, constants, float32)
     signature, attrs = _signature(fn, dtype, constants, float32)
-    cc = capability[0] * 10 + capability[1]
     with ptxas_log() as log:
         compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),
-                                  target=GPUTarget("cuda", cc, 32), options=options)
+                                  target=GPUTarget("cuda", capability[0] * 10 + capability[1], 32), options=options)
     ptx = compiled.asm["ptx"]
     report.shared = int(compiled.metadata.shared)
     report.registers, report.spill_stores, report.spill_loads = _ptxas_info(ptx, _ptxas_path(), log.getvalue())
-    report.wgmma_ops = ptx.count("wgmma.mma_async")
-    report.mma_sync_ops = ptx.count("mma.sync")
-    report.bulk_copy_ops = ptx.count("cp.async.bulk.tensor")
-    report.bulk_reduce_ops = ptx.count("cp.reduce.async.bulk.tensor")
+    report.wgmma_ops, report.mma_sync_ops, report.bulk_copy_ops, report.bulk_reduce_ops = (
+        ptx.count(op) for op in ("wgmma.mma_async", "mma.sync", "cp.async.bulk.tensor", "cp.reduce.async.bulk.tensor"))
     if sass:  # one disassembly for both counts
         rows, labels = _instructions(_disassemble(compiled.asm["cubin"]))
         report.sass_ops = _opcode_counts(rows)
@@ -487,39 +447,35 @@ def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, 
     return ptx
 
 
-def _compile_one(s, keep_ptx: bool) -> dict:
+def compile_spec(report, s, build, keep_ptx: bool = False, **name) -> dict:
+    """Compile what ``build(s)`` names, (kernel, compile-time arguments, options, FlashConfig or None,
+    float32 pointers), into a ``report`` class's JSON-able dict; ``name``: its kernel's or rung's field."""
     import triton
 
-    report = CompileReport(kernel=s["kernel"], capability=tuple(s["capability"]), dtype=s["dtype"],
-                           head_dim=s["head_dim"], causal=s["causal"], config=s["config"] or {},
-                           triton_version=triton.__version__)
+    report = report(**name, capability=tuple(s["capability"]), dtype=s["dtype"], head_dim=s["head_dim"],
+                    causal=s["causal"], config=s["config"] or {}, triton_version=triton.__version__)
     try:
-        fn, constants, options, cfg = _kernel_and_constants(s)
-        constants.update({name: 1 for name in s.get("ones", ())})
+        fn, constants, options, cfg, float32 = build(s)
         if cfg is not None:
             report.config = asdict(cfg)
         ptx = compile_and_inspect(report, fn, s["dtype"], constants, options, s["capability"],
-                                  sass=s.get("sass", False), float32=("Sinks",) if s.get("sinks") else ())
-        # count the code only: the debug sections after it spell out file paths
-        report.ptx_lines = ptx.split("\n\t.file", 1)[0].count("\n")
-        report.ptx = ptx if keep_ptx else ""
+                                  sass=s.get("sass", False), float32=float32)
+        if isinstance(report, CompileReport):  # count the code only: the debug sections after it spell out paths
+            report.ptx_lines = ptx.split("\n\t.file", 1)[0].count("\n")
+            report.ptx = ptx if keep_ptx else ""
         report.ok = True
     except Exception as exc:  # reported per spec, so one failure does not hide the others
         report.error = f"{type(exc).__name__}: {exc}"[:2000]
-    out = asdict(report)
-    out["capability"] = list(out["capability"])
-    return out
+    return dict(asdict(report), capability=list(report.capability))
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
+def serve(compile_one):
+    """The compiler process: JSON specs on stdin, ``compile_one(spec)`` of each as JSON on stdout."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("0", ""):
-        raise SystemExit("flashlib.kernels.compile: run with TRITON_INTERPRET=0; interpreted kernels "
-                         "cannot be compiled")
+        raise SystemExit(f"{sys.argv[0]}: run with TRITON_INTERPRET=0; interpreted kernels cannot be compiled")
     os.environ["TRITON_INTERPRET"] = "0"
-    specs = json.loads(sys.stdin.read())
-    json.dump([_compile_one(s, "--ptx" in argv) for s in specs], sys.stdout)
+    json.dump([compile_one(s) for s in json.loads(sys.stdin.read())], sys.stdout)
 
 
 if __name__ == "__main__":
-    main()
+    serve(lambda s: compile_spec(CompileReport, s, _kernel_and_constants, "--ptx" in sys.argv, kernel=s["kernel"]))

@@ -59,34 +59,25 @@ class FlashConfig:
     bwd_dq_transposed: bool = False
 
     def __post_init__(self):
-        for name in ("block_q", "block_k", "bwd_block_q", "bwd_block_k"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
-                raise ValueError(f"FlashConfig: '{name}' must be a power of two >= 16, got {value!r}")
-        for name in ("num_warps", "bwd_num_warps"):
-            value = getattr(self, name)
-            if value not in (1, 2, 4, 8, 16):
-                raise ValueError(f"FlashConfig: '{name}' must be one of 1, 2, 4, 8, 16, got {value!r}")
-        for name in ("num_stages", "bwd_num_stages"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"FlashConfig: '{name}' must be an int >= 1, got {value!r}")
-        if not isinstance(self.bwd_dq_transposed, bool):
-            raise ValueError(f"FlashConfig: 'bwd_dq_transposed' must be True or False, got {self.bwd_dq_transposed!r}")
-        if self.input_precision not in INPUT_PRECISIONS:
-            raise ValueError(f"FlashConfig: 'input_precision' must be one of {INPUT_PRECISIONS}, "
-                             f"got {self.input_precision!r}")
+        def whole(value):
+            return isinstance(value, int) and not isinstance(value, bool)
 
-
-HEAD_DIM_PADS = (16, 32, 64, 128, 256)
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+        checks = ((("block_q", "block_k", "bwd_block_q", "bwd_block_k"),
+                   lambda v: whole(v) and v >= 16 and not v & (v - 1), "a power of two >= 16"),
+                  (("num_warps", "bwd_num_warps"), lambda v: v in (1, 2, 4, 8, 16), "one of 1, 2, 4, 8, 16"),
+                  (("num_stages", "bwd_num_stages"), lambda v: whole(v) and v >= 1, "an int >= 1"),
+                  (("bwd_dq_transposed",), lambda v: isinstance(v, bool), "True or False"),
+                  (("input_precision",), lambda v: v in INPUT_PRECISIONS, f"one of {INPUT_PRECISIONS}"))
+        for names, ok, want in checks:
+            for name in names:
+                if not ok(getattr(self, name)):
+                    raise ValueError(f"FlashConfig: '{name}' must be {want}, got {getattr(self, name)!r}")
 
 
 def seq_bucket(seq_q: int, seq_k: int) -> int:
-    """The sequence-length bucket an autotuned choice is kept for: the power of two at or
-    above the longer sequence, clamped to [1024, 16384]. The best tiles change with N (two
-    H200 runs: tiles chosen at N = 16k lost at 4k), but re-timing for every distinct length
-    would stall a caller whose lengths vary."""
+    """The sequence-length bucket an autotuned choice is kept for: the power of two at or above the
+    longer sequence, clamped to [1024, 16384] (the best tiles change with N: two H200 runs' tiles chosen
+    at N = 16k lost at 4k; why not one per length: :mod:`flashlib.ladder.autotune`)."""
     n = max(int(seq_q), int(seq_k), 1)
     return min(max(1 << (n - 1).bit_length(), 1024), 16384)
 
@@ -144,9 +135,6 @@ def default_config(head_dim: int, dtype: torch.dtype, capability: tuple[int, int
     # (rows, pad of head_dim_v), so the row of the larger one holds every tile at most that wide
     # (MLA's 192/128: the 256 row; tests/test_kernel_compile.py compiles it)
     pads = (head_dim_pad(head_dim), head_dim_pad(head_dim if head_dim_v is None else head_dim_v))
-    if head_dim_v is not None:
-        head_dim = max(int(head_dim), int(head_dim_v))
-    d = max(64, head_dim_pad(head_dim))
     wide = dtype == torch.float32
     if capability is not None and tuple(capability) < (8, 0):
         table = _TURING
@@ -154,7 +142,7 @@ def default_config(head_dim: int, dtype: torch.dtype, capability: tuple[int, int
         table = _HOPPER_FP32 if wide else _HOPPER_16BIT
     else:  # Ampere and Ada; the interpreter uses their forward tiles (bigger tiles, fewer Python steps)
         table = _AMPERE_FP32 if wide else _AMPERE_16BIT
-    (bm, bn, w, st), (bbm, bbn, bw, bst) = table.get(head_dim_pad(head_dim), table[d])
+    (bm, bn, w, st), (bbm, bbn, bw, bst) = table.get(max(pads), table[max(64, *pads)])
     if table is _HOPPER_16BIT and pads == (256, 128):
         bbm, bbn, bw, bst = _HOPPER_16BIT_MLA_BACKWARD
     if capability is None:
@@ -164,15 +152,3 @@ def default_config(head_dim: int, dtype: torch.dtype, capability: tuple[int, int
         bbm, bbn = bm, bn
     return FlashConfig(block_q=bm, block_k=bn, num_warps=w, num_stages=st,
                        bwd_block_q=bbm, bwd_block_k=bbn, bwd_num_warps=bw, bwd_num_stages=bst)
-
-
-def shipped_configs():
-    """Every (head_dim_pad, dtype, capability, config) the compile tests must build."""
-    rows = []
-    for cc in ((7, 5), (8, 0), (9, 0)):
-        for dtype in DTYPES:
-            if cc < (8, 0) and dtype != torch.float16:
-                continue  # Turing has no bfloat16 tensor cores; float32 there is not a shipped target
-            for d in HEAD_DIM_PADS:
-                rows.append((d, dtype, cc, default_config(d, dtype, cc)))
-    return rows

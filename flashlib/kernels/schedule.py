@@ -10,17 +10,10 @@ import math
 from ..rules import Visibility, key_range_end
 
 
-def forward_key_blocks(start_m: int, seq_q: int, seq_k: int, block_q: int, block_k: int, causal: bool) -> int:
-    """Key tiles the forward (and dQ) program of query block ``start_m`` loops over: up to one past
-    the last key the block's last row sees (the rule of flashlib.rules, as _key_range_end in Triton)."""
-    q0 = start_m * block_q
-    hi = key_range_end(q0, min(q0 + block_q, seq_q), seq_q, seq_k, Visibility(causal=causal))
-    return math.ceil(hi / block_k)
-
-
 def schedule(seq_q: int, seq_k: int, block_q: int, block_k: int, causal: bool):
-    """(query blocks, key blocks) boolean grid: True where the forward computes the tile."""
-    rows = math.ceil(seq_q / block_q)
-    cols = math.ceil(seq_k / block_k)
-    return [[j < forward_key_blocks(i, seq_q, seq_k, block_q, block_k, causal) for j in range(cols)]
-            for i in range(rows)]
+    """(query blocks, key blocks) boolean grid: True where the forward computes the tile. A query block's
+    program (the forward's, dQ's) loops over key tiles up to one past the last key its last row sees
+    (the rule of flashlib.rules, as _key_range_end in Triton)."""
+    ends = [math.ceil(key_range_end(q0, min(q0 + block_q, seq_q), seq_q, seq_k, Visibility(causal=causal)) / block_k)
+            for q0 in range(0, seq_q, block_q)]
+    return [[j < end for j in range(math.ceil(seq_k / block_k))] for end in ends]

@@ -1,50 +1,46 @@
 """What was built from a mask or score function, kept for exactly what it was built from.
 
 Tracing a function (:mod:`flashlib.trace`) and writing its kernel's source costs 60-200 µs of Python at
-every call that takes one, and a mask function's block mask costs an evaluation of every (query, key)
-pair. Each memo below keeps what was built under a key and a guard, and a kept thing is returned only
-while both are what they were when it was built:
+every call that takes one, and a mask function's block mask an evaluation of every (query, key) pair.
+Each memo below keeps what was built under a key and a guard, and returns it only while both are what
+they were when it was built:
 
-* the **key**, :func:`flashlib.captures.reads`: everything the function can read but tensors' values.
-  Its code and defaults, its closure, the globals its code names and the attributes its code may read
-  of the modules and classes among them, followed into the functions among those; numbers and strings
-  by value; tensors by identity, dtype, shape, strides, offset, device and requires_grad. With it, the
-  call's part (the indices' bounds, i.e. the lengths, and the device) and the default dtype.
+* the **key**, :func:`flashlib.captures.reads`: everything the function can read but tensors' values (its
+  code and defaults, its closure, the globals its code names and the attributes its code may read of the
+  modules and classes among them, followed into the functions among those; numbers and strings by value;
+  tensors by identity, dtype, shape, strides, offset, device and requires_grad), with the call's part (the
+  indices' bounds, i.e. the lengths, and the device) and the default dtype.
 * the **guard**: what the kept thing depends on of the values of the tensors the function reads,
-  computed from those tensors at every hit, since values can change without PyTorch knowing (a numpy
-  view's writes, ``.data``) and PyTorch's version counter misses those.
+  recomputed at every hit, since values can change without PyTorch knowing (a numpy view's writes,
+  ``.data``) and PyTorch's version counter misses those.
 
 What each kept thing depends on, and so its guard:
 
-* a compiled kernel (``MEMO``: ``MASK_MOD``/``SCORE_MOD``, its source, which loads are narrowed to
-  int32, the numbers it is given at launch, the index check of its loads): the trace's graph. The
-  graph reads tensors' values only through the bounds of the integer tensors it loads (an index's
-  range decides int32 or int64 arithmetic and which guards a load needs); its floats and booleans are
-  read by the kernel itself at launch. Guard: (least, greatest) of each integer tensor loaded (one
-  pass over it, a transfer from a GPU). A trace that read a captured tensor in Python (``t[0]``,
-  ``t.max().item()``) may hold any of its values: never kept, traced at every call.
-* the tensors a score function reads (``MEMO``, for autograd): which tensors the trace loaded. No guard
-  (a trace that read one in Python is not kept).
-* a block mask (``KINDS`` in :mod:`flashlib.kernels.function`): every value of every tensor the
-  function reads. Guard: a sha256 digest of each (about 20 µs per 32 KB here; on a GPU one transfer).
+* a compiled kernel (``MEMO``: ``MASK_MOD``/``SCORE_MOD``, its source, which loads are narrowed to int32,
+  the numbers it is given at launch, the index check of its loads): the trace's graph, which reads tensors'
+  values only through the bounds of the integer tensors it loads (an index's range decides int32 or int64
+  arithmetic and which guards a load needs); the kernel itself reads floats and booleans at launch. Guard:
+  (least, greatest) of each integer tensor loaded (one pass over it, a transfer from a GPU). A trace that
+  read a captured tensor in Python (``t[0]``, ``t.max().item()``) may hold any of its values: never kept.
+* the tensors a score function reads (``MEMO``, for autograd): which tensors the trace loaded. No guard.
+* a block mask (``KINDS`` in :mod:`flashlib.kernels.function`): every value of every tensor the function
+  reads. Guard: a sha256 digest of each (about 20 µs per 32 KB here; on a GPU one transfer).
 
-Numbers a function computes with that its code does not spell out (captured, or computed from
-captured ones) are given to the kernel at launch, not written into its source (:func:`flashlib.captures.
-literals`): a new temperature or window traces again (its value is in the key) but writes the same
-source, so compiles no new kernel (:func:`flashlib.kernels.maskfn.compiled`; on a GPU Triton keeps each
-source's compiled kernels for the process, one set per source, not per value).
-
-What cannot be keyed (an object's attributes, a numpy array) gets no key: such a call traces afresh.
+Numbers a function computes with that its code does not spell out (captured, or computed from captured
+ones) are given to the kernel at launch, not written into its source (:func:`flashlib.captures.literals`):
+a new temperature or window traces again (its value is in the key) but writes the same source, so compiles
+no new kernel (:func:`flashlib.kernels.maskfn.compiled`; on a GPU Triton keeps each source's compiled
+kernels for the process). What cannot be keyed (an object's attributes, a numpy array) gets no key: such a
+call traces afresh.
 
 Memory is bounded, whatever the calls: ``MEMO`` holds at most 256 entries (the key, the source, a few
-numbers and, for a function that indexes tensors, the graph of its loads for the index check: 2 KB for a
-temperature, 5 KB for a bias table, 7 KB for T5's here), the compiled sources at most 256
-(:data:`flashlib.kernels.maskfn._COMPILED`; their linecache entries, interpreter rewrites and file names
-go with them or are reused), about 2 MB for both when full (measured: 6.7 KB per mask function, all
-included), and ``KINDS`` at most 64 block masks and 16 MiB. 10,000 distinct temperatures write one source
-and add nothing past the first 256 entries (tests/test_tracememo.py). No memo holds a tensor: an entry
-keeps where in the function's reads each tensor the trace loaded sits, and a hit takes them from the
-function as it is now; weak references tell a tensor that died from a new one at the same address.
+numbers and, for a function that indexes tensors, the graph of its loads: 2 KB for a temperature, 5 KB for
+a bias table, 7 KB for T5's here), the compiled sources at most 256 (:data:`flashlib.kernels.maskfn._COMPILED`,
+with their linecache entries, interpreter rewrites and file names), about 2 MB for both when full (measured:
+6.7 KB per mask function), and ``KINDS`` at most 64 block masks and 16 MiB; 10,000 distinct temperatures
+write one source (tests/test_tracememo.py). No memo holds a tensor: an entry keeps where in the function's
+reads each tensor the trace loaded sits, and a hit takes them from the function as it is now; weak
+references tell a tensor that died from a new one at the same address.
 """
 from __future__ import annotations
 
@@ -93,7 +89,8 @@ class TraceMemo:
 
     def __init__(self, size: int = 256, weigh: Callable | None = None, budget: int | None = None,
                  guard: Callable | None = None):
-        self.size, self.weigh, self.budget, self.guard = size, weigh, budget, guard
+        self.size, self.guard = size, guard
+        self.weigh, self.budget = weigh or (lambda kept: 0), float("inf") if budget is None else budget
         self._entries: OrderedDict = OrderedDict()
         self._weight = 0
         self._lock = threading.Lock()
@@ -127,16 +124,16 @@ class TraceMemo:
         return kept, tuple(loaded)
 
     def _keep(self, key, entry):
-        weight = self.weigh(entry[0]) if self.weigh else 0
-        if self.budget is not None and weight > self.budget:
+        weight = self.weigh(entry[0])
+        if weight > self.budget:
             return
         with self._lock:
             old = self._entries.pop(key, None)
-            self._weight += weight - (self.weigh(old[0]) if self.weigh and old else 0)
+            self._weight += weight - (self.weigh(old[0]) if old else 0)
             self._entries[key] = entry
-            while len(self._entries) > self.size or (self.budget is not None and self._weight > self.budget):
+            while len(self._entries) > self.size or self._weight > self.budget:
                 _, dropped = self._entries.popitem(last=False)
-                self._weight -= self.weigh(dropped[0]) if self.weigh else 0
+                self._weight -= self.weigh(dropped[0])
 
     def clear(self):
         with self._lock:

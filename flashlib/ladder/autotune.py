@@ -42,23 +42,21 @@ def _bench(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 
 
-def _head_dim_candidates(tiles: dict):
-    def prune(configs, named_args, **kwargs):
-        """Swap in the candidates of this head dim (the listed configs are placeholders)."""
-        d_pad = kwargs.get("HEAD_DIM_PAD", named_args.get("HEAD_DIM_PAD", 64))
-        return [_config(*tile) for tile in candidates(tiles, d_pad)]
-    return prune
-
-
 def tuner(kernel, variant: tuple, bucket: int, tiles: dict, reset_to_zero=None):
     """The autotuner of one variant (any tuple naming what runs: kernel, step, backward) for
     one sequence bucket, timing ``kernel`` over ``tiles``' candidates for the launch's head
     dim. reset_to_zero: arguments zeroed before every timed run (a buffer added into)."""
     key = (*variant, bucket)
+
+    def prune(configs, named_args, **kwargs):
+        """Swap in the candidates of this head dim (the listed configs are placeholders)."""
+        d_pad = kwargs.get("HEAD_DIM_PAD", named_args.get("HEAD_DIM_PAD", 64))
+        return [_config(*tile) for tile in candidates(tiles, d_pad)]
+
     if key not in _TUNERS:
-        _TUNERS[key] = triton.autotune(
-            configs=[_config(*tile) for tile in tiles[128]], key=KEY, do_bench=_bench,
-            reset_to_zero=reset_to_zero, prune_configs_by={"early_config_prune": _head_dim_candidates(tiles)})(kernel)
+        _TUNERS[key] = triton.autotune(configs=[_config(*tile) for tile in tiles[128]], key=KEY, do_bench=_bench,
+                                       reset_to_zero=reset_to_zero,
+                                       prune_configs_by={"early_config_prune": prune})(kernel)
     return _TUNERS[key]
 
 

@@ -9,18 +9,13 @@ descriptors (and bulk reductions) from sm_90 on, without them before.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from ..kernels.compile import TargetReport
+from ..kernels.compile import TargetReport, compile_spec, launch_tiles, run_compiler, serve, spec_config, target_spec
 from .rungs import BACKWARDS, BY_NAME
 
 # the backwards' autotuned kernels by the names specs give them: kernel name -> (backward, role)
 KERNELS = {f"bwd_{role}_{b.name}": (b.name, role) for b in BACKWARDS for role in b.tiles}
-_DTYPES = ("float16", "bfloat16", "float32")
 
 
 @dataclass
@@ -40,102 +35,45 @@ def spec(name: str, capability=(9, 0), dtype="float16", head_dim=64, causal=Fals
     if name not in BY_NAME and name not in KERNELS:
         raise ValueError(f"ladder.spec: argument 'name' must be a rung of {tuple(BY_NAME)} or a backward "
                          f"kernel of {tuple(KERNELS)}, got {name!r}")
-    dtype = str(dtype).replace("torch.", "")
-    if dtype not in _DTYPES:
-        raise ValueError(f"ladder.spec: argument 'dtype' must be one of {_DTYPES}, got {dtype!r}")
-    if config is not None and not isinstance(config, dict):
-        config = asdict(config)
-    return dict(rung=name, capability=tuple(capability), dtype=dtype, head_dim=int(head_dim),
-                causal=bool(causal), config=config, sass=bool(sass))
+    return dict(rung=name, **target_spec("ladder.spec", capability, dtype, head_dim, causal, config), sass=bool(sass))
 
 
 def compile_rungs(specs, *, triton_path: str | None = None, timeout: float = 900) -> list[RungReport]:
-    """Compile every spec in a fresh Python with TRITON_INTERPRET=0; triton_path goes first
-    on its PYTHONPATH (another Triton release installed with ``pip install --target``)."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (triton_path, root, env.get("PYTHONPATH")) if p)
-    done = subprocess.run([sys.executable, "-m", "flashlib.ladder.compile"], input=json.dumps(list(specs)),
-                          capture_output=True, text=True, env=env, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"compile_rungs: the compiler process failed:\n{done.stderr[-4000:]}")
-    return [RungReport(**{**r, "capability": tuple(r["capability"])}) for r in json.loads(done.stdout)]
-
-
-def _forward_kernel(name, hopper, head_dim, cfg):
-    from ..kernels.config import head_dim_pad
-    from . import forward
-
-    rung = BY_NAME[name]
-    descriptors = rung.kernel == forward.TMA_FORWARD and hopper  # below sm_90 no TMA
-    kernel, options, _ = forward.variant(rung, descriptors)
-    if kernel is not forward._attn_fwd:
-        options["HEAD_DIM"] = head_dim
-    else:  # v's head dim is q's on the ladder
-        options.update(HEAD_DIM_V=None, HEAD_DIM_V_PAD=head_dim_pad(head_dim))
-    tiles = dict(BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k)
-    return kernel, {**options, **tiles}, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), ()
-
-
-def _backward_kernel(name, hopper, head_dim, cfg):
-    from . import backward
-    from .rungs import backward as backward_named
-
-    chosen, role = KERNELS[name]
-    chosen = backward_named(chosen)
-    if role == "fused" and not hopper:
-        raise ValueError(f"{name}: the fused kernel builds for sm_90 only ({chosen.falls_back})")
-    kernel, options = backward.variant(chosen, role, chosen.descriptors and hopper, bulk=True)
-    if role == "fused":
-        options["DQ_T"] = cfg.bwd_dq_transposed
-    tiles = dict(BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k, HEAD_DIM=head_dim)
-    return (kernel, {**options, **tiles}, dict(num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages),
-            ("DQ",) if role == "fused" else ())
+    """Compile every spec in a fresh Python (:func:`flashlib.kernels.compile.run_compiler`)."""
+    return run_compiler("flashlib.ladder.compile", RungReport, specs, triton_path, timeout)
 
 
 def _kernel_and_constants(s):
-    import torch
+    """(kernel, compile-time arguments, options, FlashConfig, float32 pointers) of a spec, as the launchers
+    run it on its target."""
+    from ..kernels.config import head_dim_pad
+    from . import backward, forward
+    from .rungs import backward as backward_named
 
-    from ..kernels.config import FlashConfig, default_config, head_dim_pad
-
-    cfg = (FlashConfig(**s["config"]) if s["config"]
-           else default_config(s["head_dim"], getattr(torch, s["dtype"]), tuple(s["capability"])))
-    hopper = tuple(s["capability"]) >= (9, 0)
-    build = _forward_kernel if s["rung"] in BY_NAME else _backward_kernel
-    fn, constants, options, float32 = build(s["rung"], hopper, s["head_dim"], cfg)
-    constants.update(HEAD_DIM_PAD=head_dim_pad(s["head_dim"]), CAUSAL=s["causal"],
-                     INPUT_PRECISION=cfg.input_precision)
-    return fn, constants, options, cfg, float32
-
-
-def _compile_one(s) -> dict:
-    import triton
-
-    from ..kernels.compile import compile_and_inspect
-
-    report = RungReport(rung=s["rung"], capability=tuple(s["capability"]), dtype=s["dtype"],
-                        head_dim=s["head_dim"], causal=s["causal"], config=s["config"] or {},
-                        triton_version=triton.__version__)
-    try:
-        fn, constants, options, cfg, float32 = _kernel_and_constants(s)
-        report.config = asdict(cfg)
-        compile_and_inspect(report, fn, s["dtype"], constants, options, s["capability"], sass=s.get("sass", False),
-                            float32=float32)
-        report.ok = True
-    except Exception as exc:  # reported per spec, so one failure does not hide the others
-        report.error = f"{type(exc).__name__}: {exc}"[:2000]
-    out = asdict(report)
-    out["capability"] = list(out["capability"])
-    return out
-
-
-def main():
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("0", ""):
-        raise SystemExit("flashlib.ladder.compile: run with TRITON_INTERPRET=0; interpreted kernels "
-                         "cannot be compiled")
-    specs = json.loads(sys.stdin.read())
-    json.dump([_compile_one(s) for s in specs], sys.stdout)
+    cfg, hopper, d = spec_config(s), tuple(s["capability"]) >= (9, 0), s["head_dim"]
+    float32 = ()
+    if s["rung"] in BY_NAME:
+        rung = BY_NAME[s["rung"]]
+        # below sm_90 no TMA
+        kernel, constants, _ = forward.variant(rung, rung.kernel == forward.TMA_FORWARD and hopper)
+        if kernel is forward._attn_fwd:  # v's head dim is q's on the ladder
+            constants.update(HEAD_DIM_V=None, HEAD_DIM_V_PAD=head_dim_pad(d))
+        else:
+            constants["HEAD_DIM"] = d
+    else:
+        chosen, role = KERNELS[s["rung"]]
+        chosen = backward_named(chosen)
+        if role == "fused" and not hopper:
+            raise ValueError(f"{s['rung']}: the fused kernel builds for sm_90 only ({chosen.falls_back})")
+        kernel, constants = backward.variant(chosen, role, chosen.descriptors and hopper, bulk=True)
+        constants["HEAD_DIM"] = d
+        if role == "fused":
+            constants["DQ_T"] = cfg.bwd_dq_transposed
+            float32 = ("DQ",)
+    tiles, options = launch_tiles(cfg, backward=s["rung"] not in BY_NAME)
+    constants.update(tiles, HEAD_DIM_PAD=head_dim_pad(d), CAUSAL=s["causal"], INPUT_PRECISION=cfg.input_precision)
+    return kernel, constants, options, cfg, float32
 
 
 if __name__ == "__main__":
-    main()
+    serve(lambda s: compile_spec(RungReport, s, _kernel_and_constants, rung=s["rung"]))
