@@ -1,6 +1,6 @@
 """Registers and spills of every kernel the compile tests compile, both Triton releases, as JSON on stdout.
 
-    python tools/kernel_registers.py [variants|plain|decode|mla ...] > after.json
+    python tools/kernel_registers.py [variants|plain|decode|mla|ladder ...] > after.json
 
 Run it on two checkouts (each from its own root, with FLASHLIB_TRITON36's Triton 3.6.0 at .venv/triton-3.6.0)
 and compare the files: a change that must leave the compiled kernels as they were (data/bench/LOG.md,
@@ -14,6 +14,8 @@ os.environ.setdefault("FLASHLIB_TRITON36", os.path.abspath(".venv/triton-3.6.0")
 sys.path.insert(0, os.getcwd())
 
 import tests.test_kernel_compile as tkc  # noqa: E402
+import tests.test_ladder as tl  # noqa: E402
+import tests.test_ladder_backward as tlb  # noqa: E402
 import tests.test_launch_model as tlm  # noqa: E402
 import tests.test_mla_decode as tmd  # noqa: E402
 from tests.decode_compile import compile_decode  # noqa: E402
@@ -45,6 +47,15 @@ def main(only) -> list:
             for s, r in zip(specs, result["reports"]):
                 out.append(dict(group=label, version=version, spec=json.dumps(s, sort_keys=True), kernel=s["kernel"],
                                 **{k: r.get(k) for k in ("registers", "spill_stores", "spill_loads")}))
+    if not only or "ladder" in only:  # the ladder's forward rungs and backward kernels, as their tests compile them
+        from flashlib.ladder.compile import compile_rungs
+
+        specs = tl._rung_specs() + tlb._candidate_specs()
+        for version, reports in side_by_side(compile_rungs, specs).items():
+            for s, r in zip(specs, reports):
+                out.append(dict(group="ladder", version=version, spec=json.dumps(s, sort_keys=True), kernel=s["rung"],
+                                capability=list(s["capability"]),
+                                **{k: getattr(r, k) for k in ("registers", "spill_stores", "spill_loads")}))
     return out
 
 
