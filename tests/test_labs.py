@@ -259,6 +259,7 @@ SPLIT_KV = [
                            ("v[start:start + size]", "v[start:min(start + size, k.shape[0] - 1)]"),
                            ("s = k[start:start + size]", "s = k[start:min(start + size, k.shape[0] - 1)]")]),
     ("exp2_for_exp", [(" / math.sqrt(q.shape[0])", " / math.sqrt(q.shape[0]) * math.log(2)")]),
+    ("no_split", [("size = -(-k.shape[0] // num_splits)", "size = k.shape[0]")]),  # one chunk, whatever num_splits
 ]
 SINK_GRAD = [
     ("sink_sign", [("return -(p_sink * delta)", "return (p_sink * delta)")]),
@@ -390,6 +391,45 @@ def whole_row(blocks):
 def test_online_softmax_must_stream(fn, mistake, capsys):
     result = labs.check("online_softmax", fn)
     assert not result and result.mistake == mistake, result.message
+
+
+def plain_attention(q, k, v, num_splits):
+    """Handed in as split_kv: attention over all the keys at once, num_splits ignored. Its output is right."""
+    return torch.softmax(k @ q / math.sqrt(q.shape[0]), dim=0) @ v
+
+
+def scores_then_chunks(q, k, v, num_splits):
+    """Handed in as split_kv: every score at once, then the chunks' softmax and lse cut from them, merged."""
+    s = k @ q / math.sqrt(q.shape[0])  # (L,): one product over every key
+    size = -(-k.shape[0] // num_splits)
+    lses = torch.stack([torch.logsumexp(s[a:a + size], 0) for a in range(0, k.shape[0], size)])
+    outs = torch.stack([torch.softmax(s[a:a + size], 0) @ v[a:a + size] for a in range(0, k.shape[0], size)])
+    return (torch.exp(lses - torch.logsumexp(lses, 0))[:, None] * outs).sum(0)
+
+
+def sdpa_over_all_keys(q, k, v, num_splits):
+    """Handed in as split_kv: PyTorch's fused attention over the whole cache."""
+    return torch.nn.functional.scaled_dot_product_attention(q[None, None, None], k[None, None], v[None, None])[0, 0, 0]
+
+
+def elementwise_scores(q, k, v, num_splits):
+    """Handed in as split_kv: plain attention written without a matrix product."""
+    p = torch.softmax((k * q).sum(-1) / math.sqrt(q.shape[0]), dim=0)
+    return (p[:, None] * v).sum(0)
+
+
+@pytest.mark.parametrize("fn", [plain_attention, scores_then_chunks, sdpa_over_all_keys, elementwise_scores])
+def test_split_kv_refuses_keys_that_were_never_split(fn, capsys):
+    """Each gives attention's right output; none computes a chunk from its own keys alone."""
+    q, k, v = (torch.randn(*shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+               for shape in ((8,), (7, 8), (7, 8)))
+    want = torch.softmax(k @ q / math.sqrt(8), dim=0) @ v
+    assert torch.allclose(fn(q, k, v, 3), want, rtol=0, atol=1e-12)
+    result = labs.check("split_kv", fn)
+    assert not result and result.mistake == "no_split", result.message
+    assert result.message.startswith("NOT YET: split_kv, case 2 of 5 (7 keys, num_splits=3): an operation (")
+    assert "the 7 keys come in chunks of at most 3" in result.message
+    assert f"mistake: {labs.MISTAKES['no_split'][0]}" in capsys.readouterr().out
 
 
 @needs_triton

@@ -1,6 +1,6 @@
 """Notebook 10's support: figures, the split-KV slider and the exercise checkers.
 
-    step_seconds(...)                  the shortest time a decoding step can take: bytes / bandwidth
+    step_seconds(...)                  the time a decoding step's bytes predict: bytes / bandwidth
     prediction_figure(gbps, label)     that time against the cache length, for a measured bandwidth
     measured_figure(decode, gbps)      a recorded decoding benchmark beside that prediction
     occupancy_figure(...)              busy multiprocessors as the number of splits grows
@@ -38,10 +38,11 @@ H200_SMS = 132  # streaming multiprocessors of an H200 (NVIDIA's specification)
 
 def step_seconds(*, batch: int, kv_heads: int, length: int, head_dim: int, gbps: float,
                  element_size: int = 2) -> float:
-    """The shortest time one decoding step's attention can take in one layer: every cached key
+    """The time one decoding step's attention in one layer takes if its bytes set it: every cached key
     and value read once, 2 · batch · kv_heads · length · head_dim · element_size bytes, at
     ``gbps`` gigabytes per second (the FLOPs, 4 · batch · q_heads · length · head_dim, take far
-    less at any GPU's matmul rate)."""
+    less at any GPU's matmul rate). An estimate, not a floor: at a copy kernel's rate (it reads and
+    writes) a kernel that only reads can beat it."""
     nbytes = decode.kv_cache_bytes(layers=1, batch=batch, kv_heads=kv_heads, tokens=length, head_dim=head_dim,
                                    element_size=element_size)
     return nbytes / (gbps * 1e9)
@@ -49,15 +50,15 @@ def step_seconds(*, batch: int, kv_heads: int, length: int, head_dim: int, gbps:
 
 def prediction_figure(gbps: float, label: str, *, lengths=(4096, 8192, 16384, 32768, 65536, 131072),
                       batches=(1, 8), kv_heads: int = 8, head_dim: int = 128) -> Figure:
-    """The bandwidth-bound time of one decoding step (one layer, bf16) against the cache length."""
+    """The time one decoding step's bytes predict (one layer, bf16) against the cache length."""
     fig = Figure(figsize=(6.4, 3.6), layout="constrained")
     ax = fig.subplots()
     for batch, colour in zip(batches, (viz.DONE, viz.CURRENT)):
         times = [1e6 * step_seconds(batch=batch, kv_heads=kv_heads, length=n, head_dim=head_dim, gbps=gbps)
                  for n in lengths]
-        ax.plot(lengths, times, marker="o", color=colour, label=f"batch {batch}: bytes / bandwidth")
+        ax.plot(lengths, times, marker="o", color=colour, label=f"batch {batch}: bytes / copy bandwidth")
     ax.set(xscale="log", yscale="log", xlabel="cached positions L", ylabel="microseconds per step and layer",
-           title=f"predicted: {kv_heads} kv heads of {head_dim}, bf16, at {gbps:.0f} GB/s\n"
+           title=f"estimated: {kv_heads} kv heads of {head_dim}, bf16, at {gbps:.0f} GB/s\n"
                  f"(copy bandwidth measured on {label})")
     ax.set_xticks(list(lengths), [f"{n // 1024}k" for n in lengths])
     ax.legend(fontsize=8)
@@ -77,7 +78,7 @@ def _series(rows, method, layout=None):
 def measured_figure(result: dict, gbps: float) -> Figure:
     """A recorded decoding benchmark (the ``decode`` part of a GPU run): flashlib's time, contiguous
     and paged, and the fastest SDPA backend's against the cache length, per batch size, beside the
-    bandwidth-bound prediction."""
+    estimate from the bytes at the copy bandwidth (a kernel that only reads can beat it)."""
     points = [p for p in result.get("points", []) if p.get("ms")]
     batches = sorted({p["batch"] for p in points})
     fig = Figure(figsize=(5.0 * max(1, len(batches)), 3.6), layout="constrained")
@@ -93,7 +94,7 @@ def measured_figure(result: dict, gbps: float) -> Figure:
         lengths, p0 = sorted({p["length"] for p in rows}), rows[0]
         predicted = [1e6 * step_seconds(batch=batch, kv_heads=p0["kv_heads"], length=n, head_dim=p0["head_dim"],
                                         gbps=gbps) for n in lengths]
-        ax.plot(lengths, predicted, color="black", label="bytes / copy bandwidth")
+        ax.plot(lengths, predicted, color="black", label="estimate: bytes / copy bandwidth")
         ax.set(xscale="log", yscale="log", xlabel="cached positions L", ylabel="microseconds", title=f"batch {batch}")
         ax.legend(fontsize=6)
     return fig
@@ -272,8 +273,8 @@ def _check_number(answer, expected, *, unit, mistakes, hint, rel=0.02) -> Verdic
 
 
 def check_step_time(answer) -> Verdict:
-    """Exercise 1: the shortest time, in microseconds, of one decoding step's attention in one layer:
-    batch 4, 32 query heads, 8 kv heads of 128, 100,000 cached positions, bf16, 3,000 GB/s."""
+    """Exercise 1: the time bytes / bandwidth predicts, in microseconds, for one decoding step's attention
+    in one layer: batch 4, 32 query heads, 8 kv heads of 128, 100,000 cached positions, bf16, 3,000 GB/s."""
     expected = 1e6 * step_seconds(batch=4, kv_heads=8, length=100_000, head_dim=128, gbps=3000)
     mistakes = [(expected / 2, "that reads the keys only; the values are read too"),
                 (expected * 4, "that counts the 32 query heads; the cache holds the 8 kv heads"),

@@ -180,6 +180,11 @@ MISTAKES = {
                              "e^(lse_s - lse), with lse = logsumexp of the lse_s."),
     "last_chunk_only": ("only the last chunk kept",
                         "that is the last chunk's output alone: every chunk's partial output enters the merge."),
+    "no_split": ("the keys not split",
+                 "split-KV computes each chunk of ⌈L / num_splits⌉ keys from its own keys alone (scores, softmax, "
+                 "partial output, lse) and only then merges: on a GPU each chunk is one program, and none reads "
+                 "the whole cache. A product over more keys, such as plain attention that ignores num_splits, "
+                 "gives the right output without splitting anything."),
     "sink_sign": ("the sign of the sink's gradient",
                   "the sink takes a share of the denominator, so raising it lowers every other probability: "
                   "its gradient is -p · delta, not +p · delta."),
@@ -343,12 +348,12 @@ LABS = {lab.name: lab for lab in (
          "`q` has shape `(d,)`, `k` and `v` `(L, d)`, float64. Cut the L keys into chunks of "
          "⌈L / num_splits⌉ (the last may be shorter); for each, compute the scores `s = k_chunk q / sqrt(d)`, "
          "the partial output `softmax(s) v_chunk` and its log-sum-exp; merge the chunks and return the output, "
-         "shape `(d,)`. In one case the scores are large enough that `e^(lse_s)` overflows. Try it without "
-         "`merge_partials`.",
+         "shape `(d,)`. Compute each chunk from its own keys alone, as one GPU program would. In one case the "
+         "scores are large enough that `e^(lse_s)` overflows. Try it without `merge_partials`.",
          ("one split, and as many splits as keys", "chunks of uneven length",
-          "scores past 1000, where e^lse overflows"),
+          "scores past 1000, where e^lse overflows", "every product within one chunk's keys"),
          ("averaged_partials", "summed_partials", "unnormalised_weights", "last_chunk_only", "overflow",
-          "unscaled_scores", "dropped_last_tile", "exp2_for_exp"),
+          "unscaled_scores", "dropped_last_tile", "exp2_for_exp", "no_split"),
          ("A chunk's output is normalised over its own keys alone, so the outputs of different chunks cannot "
           "simply be added or averaged. What each chunk brings to the whole softmax is its denominator, and its "
           "log-sum-exp holds it.",

@@ -1,5 +1,10 @@
 """Checker of notebook 10's lab: ``split_kv(q, k, v, num_splits)`` for one query, in PyTorch.
 
+Every case runs the learner's function inside a :class:`~.watch.TensorWatch`: an operation that computed
+with a tensor one of whose dims counts more keys than one chunk holds (views and copies aside) means the
+keys were never split, as in plain attention that ignores ``num_splits``, which gives the right output.
+The cases' sizes keep those counts apart from the head dim and the number of chunks.
+
 The expected output is softmax attention over all the keys at once, in float64, from the definition.
 A wrong output is compared with what each usual wrong merge gives (the partial outputs averaged or
 added, the weights e^(lse_s) left undivided, the last chunk alone), with attention under a wrong
@@ -101,11 +106,29 @@ def _diagnose(got, q, k, v, case: SplitCase, what: str, passed: list) -> Problem
     return Problem(what + right)
 
 
+def _unsplit(run, case: SplitCase, head_dim: int) -> Problem | None:
+    """A product over more keys than one chunk holds: the keys were not split (or not as asked)."""
+    chunks = _chunks(case.length, case.num_splits)
+    most = chunks[0][1] - chunks[0][0]
+    wider = set(range(most + 1, case.length + 1)) - {len(chunks), head_dim}  # key counts no chunk has
+    seen = run.watch.computed_with(wider)
+    if seen is None:
+        return None
+    op, shape = seen
+    keys = next(n for n in shape if n in wider)
+    return Problem(f"an operation ({op}) worked on a tensor of shape {shape}, {keys} keys at once, but with "
+                   f"num_splits={case.num_splits} the {case.length} keys come in chunks of at most {most}.",
+                   "no_split")
+
+
 def _case(fn, case: SplitCase, passed: list) -> Problem | None:
     q, k, v = case.inputs()
-    run = call(fn, "split_kv", q.clone(), k.clone(), v.clone(), case.num_splits, watch=False)
+    run = call(fn, "split_kv", q.clone(), k.clone(), v.clone(), case.num_splits)
     if run.error:
         return Problem(run.error)
+    unsplit = _unsplit(run, case, q.shape[0])
+    if unsplit is not None:
+        return unsplit
     if run.result is None:
         return Problem("split_kv returned None: return the output, a tensor of shape (d,).")
     try:

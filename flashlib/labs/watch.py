@@ -2,7 +2,9 @@
 
 ``TensorWatch`` is a ``TorchDispatchMode``: every PyTorch operation inside it passes through
 ``__torch_dispatch__``, so the shape of every tensor created (views included) is seen, whatever
-function created it. That is how a checker knows a full (seq_q, seq_k) score matrix was held.
+function created it. That is how a checker knows a full (seq_q, seq_k) score matrix was held. It also
+keeps the shape of every floating tensor an operation computed with, read or written, leaving out views
+and copies: how a checker knows a product spanned more keys than one chunk holds.
 ``Stream`` hands out the blocks of a row one at a time and wipes each block once the next is
 asked for, as a buffer that is reused would: a solution that keeps blocks around sees NaN.
 """
@@ -12,6 +14,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+# operations that only copy a tensor: what they touch is not computed with
+_COPIES = frozenset({"clone", "_to_copy", "copy_", "detach", "lift_fresh", "lift_fresh_copy"})
+
 
 class TensorWatch(TorchDispatchMode):
     """Records (shape, dtype) of every tensor an operation returns, and the names of the operations."""
@@ -20,6 +25,7 @@ class TensorWatch(TorchDispatchMode):
         super().__init__()
         self.created: list[tuple[tuple[int, ...], torch.dtype]] = []
         self.ops: set[str] = set()
+        self.operands: list[tuple[str, tuple[int, ...]]] = []  # (operation, shape): see computed_with
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
@@ -27,6 +33,11 @@ class TensorWatch(TorchDispatchMode):
         for t in tree_leaves(result):
             if isinstance(t, torch.Tensor):
                 self.created.append((tuple(t.shape), t.dtype))
+        name = func.__name__.split(".")[0]
+        if name not in _COPIES and not any(r.alias_info is not None for r in func._schema.returns):
+            for t in tree_leaves((args, kwargs, result)):  # not a view, not in place: an operation's own work
+                if isinstance(t, torch.Tensor) and t.dtype.is_floating_point:
+                    self.operands.append((name, tuple(t.shape)))
         return result
 
     def full_matrix(self, rows: int, cols: int):
@@ -42,6 +53,14 @@ class TensorWatch(TorchDispatchMode):
         for shape, dtype in self.created:
             if shape and dtype.is_floating_point and shape[-1] == width:
                 return shape
+        return None
+
+    def computed_with(self, sizes):
+        """(operation, shape) of the first floating tensor with a dim in ``sizes`` that an operation read or
+        wrote, views (slices, transposes) and copies left out; None if there is none."""
+        for name, shape in self.operands:
+            if any(n in sizes for n in shape):
+                return name, shape
         return None
 
     def fused_attention(self) -> bool:
