@@ -64,11 +64,10 @@ def bounds_guard(read, loaded) -> tuple:
 
 
 def digest(t: torch.Tensor) -> bytes:
-    """sha256 of a tensor's values (its bytes, in order): equal values, equal digests."""
-    if t.device.type == "cpu" and t.dtype is not torch.bfloat16:  # numpy's view, copied in order if strided
-        return hashlib.sha256(t.detach().numpy().tobytes()).digest()
-    flat = t.detach().reshape(-1).contiguous()
-    return hashlib.sha256(flat.view(torch.uint8).cpu().numpy().data).digest() if flat.numel() else b""
+    """sha256 of a tensor's values (its bytes, in order): equal values, equal digests. Read from a copy: a
+    numpy view of the tensor itself would make its storage unresizable for good (``t.resize_`` fails)."""
+    flat = t.detach().reshape(-1).to("cpu", copy=True)  # contiguous, its own storage
+    return hashlib.sha256(flat.view(torch.uint8).numpy()).digest() if flat.numel() else b""
 
 
 def contents_guard(read, loaded) -> tuple:
