@@ -70,6 +70,7 @@ def _global_names(code: types.CodeType) -> tuple:
 # ----- attributes read by a computed name ---------------------------------------------------------
 
 _BY_NAME = frozenset({"getattr", "hasattr"})  # f(obj, name, ...): the name is their second argument
+_READERS = _BY_NAME | {"vars"}  # vars(obj)[name]
 _NAME_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS", "LOAD_ATTR", "LOAD_METHOD"})
 # readers whose names the walk cannot see at all
 _OPAQUE = frozenset({"__getattribute__", "__getattr__", "attrgetter", "methodcaller", "getattr_static"})
@@ -78,7 +79,7 @@ _BUILTIN_READERS = (getattr, hasattr, vars)
 
 
 @functools.lru_cache(maxsize=4096)
-def computes_names(code: types.CodeType) -> bool:
+def _computes_names(code: types.CodeType) -> bool:
     """Whether a code object (or one defined inside it) may read an attribute whose name it computes:
     ``getattr``/``hasattr`` with a second argument that is not a string constant, ``vars(x)`` or
     ``x.__dict__`` not indexed at once by one, ``__getattribute__``, ``attrgetter``... (read from the
@@ -90,16 +91,16 @@ def _computes_in(code: types.CodeType) -> bool:
     names = set(code.co_names)
     if names & _OPAQUE:
         return True
-    if not names & (_BY_NAME | {"vars", "__dict__"}):
+    if not names & (_READERS | {"__dict__"}):
         return False
     ins = list(dis.get_instructions(code))
     depth = [0]  # the stack's depth before each instruction (jumps not taken: read within one expression)
     for i in ins:
         depth.append(depth[-1] + dis.stack_effect(i.opcode, i.arg, jump=False))
     for a, i in enumerate(ins):
-        if i.opname in _NAME_LOADS and i.argval in _BY_NAME | {"vars"} or i.argval == "__dict__" and "ATTR" in i.opname:
-            if not _constant_name(ins, depth, a):
-                return True
+        reader = i.opname in _NAME_LOADS and i.argval in _READERS or i.argval == "__dict__" and "ATTR" in i.opname
+        if reader and not _constant_name(ins, depth, a):
+            return True
     return False
 
 
@@ -243,7 +244,7 @@ class _Walk:
         if id(fn) in self.seen:  # recursion: the function is keyed already
             return self.add(("again", code))
         self.seen.add(id(fn))
-        if computes_names(code):  # which attributes it reads is known only when it runs
+        if _computes_names(code):  # which attributes it reads is known only when it runs
             self.opaque(fn)
         self.add(("fn", code))
         self.codes.append(code)

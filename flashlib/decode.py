@@ -441,10 +441,10 @@ class DecodePlan(_Plan):
 
     * the values in the tensors :meth:`run` is given;
     * the values in the tensors the score function reads, whatever their dtype (an int64 one whose values
-      fit int32 is copied into an int32 buffer of the plan's at every run, as the kernel reads it), an integer
-      one within the values it held when the plan was made (its kernel was written for them; :meth:`check`
-      says if it left them). A tensor read by position must cover the cache's capacity (a plan serves every
-      length up to it);
+      fit int32 is copied into an int32 buffer of the plan's at every run, as the kernel reads it); an integer
+      one's within what the plan's kernel serves (it was written for the values the tensor held when the plan
+      was made: :meth:`check` traces the function again where they left those, and says if it needs another
+      kernel). A tensor read by position must cover the cache's capacity (a plan serves every length up to it);
     * the sinks' values, whatever their dtype and strides (copied into a float32 buffer at every run where
       they are not float32 and contiguous).
 

@@ -12,6 +12,7 @@ import importlib
 import json
 import linecache
 import math
+import operator
 import sys
 import tracemalloc
 import warnings
@@ -376,6 +377,20 @@ def test_a_name_written_in_the_code_keeps_its_trace(traces, monkeypatch):
         monkeypatch.setattr(Named, "WINDOW", window)
         _right(q, k, v, mask_mod=by_getattr)
     assert traces["mask"] == 2
+
+
+@pytest.mark.parametrize("keyed, body", [
+    (True, 'getattr(Named, "WINDOW")'), (True, 'getattr(Named, "WINDOW", 3)'), (True, 'vars(Named)["WINDOW"]'),
+    (True, 'Named.__dict__["WINDOW"]'), (True, 'getattr(Named, "WIN" "DOW")'),
+    (False, "getattr(Named, NAME)"), (False, "getattr(Named, NAME.upper())"), (False, 'getattr(Named, f"{NAME}")'),
+    (False, 'getattr(Named, "WINDOW" if NAME else "OTHER")'), (False, "vars(Named)[NAME]"),
+    (False, 'vars(Named).get("WINDOW")'), (False, "Named.__dict__[NAME]"), (False, "hasattr(Named, NAME) * 2"),
+    (False, 'operator.attrgetter("WINDOW")(Named)'), (False, "reader(Named, NAME)"),
+])
+def test_a_name_is_keyed_where_the_code_writes_it_and_traced_afresh_where_it_computes_it(keyed, body):
+    scope = {"Named": Named, "NAME": NAME, "operator": operator, "reader": getattr}
+    exec(f"def windowed(b, h, q_idx, kv_idx):\n    return q_idx - kv_idx <= {body}\n", scope)  # noqa: S102
+    assert (tracememo.reads(scope["windowed"]) is not None) == keyed
 
 
 def test_reading_a_captured_tensor_leaves_it_resizable():

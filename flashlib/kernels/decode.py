@@ -460,7 +460,7 @@ class DecodeLaunch:
         extra = {}
         if options.sinks is not None:  # float32 contiguous, as the merge reads them: in place, or a copy
             extra["Sinks"] = sinks = options.sinks.detach().to(torch.float32).contiguous()
-            if sinks.data_ptr() != options.sinks.data_ptr() or sinks.dtype != options.sinks.dtype:
+            if sinks.data_ptr() != options.sinks.data_ptr():
                 self.copies.append((sinks, options.sinks))
         if prefix is not None:
             extra.update(Prefix=prefix.partial, PrefixML=prefix.partial_ml, stride_xz=prefix.partial.stride(0),
