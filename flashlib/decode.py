@@ -477,6 +477,7 @@ class DecodePlan(_Plan):
         self._compile_score = lambda: kernel_score(args.options, batch.q.device, batch=size, heads=heads,
                                                    seq_q=args.capacity, seq_k=args.capacity, fn=fn, regions=regions)
         self._score = score = self._compile_score()
+        self._integers = []  # (tensor, the values its kernel serves): set by __init__, for check()
         self.args, self._starts = args, batch.starts
         self._launch = DecodeLaunch(batch.q, batch.k_cache, batch.v_cache, options=args.options, score=score,
                                     block_table=batch.block_table, num_splits=num_splits,
