@@ -383,13 +383,14 @@ class _Plan:
 
     def _made(self, layouts: tuple, launches: tuple):
         """The end of a build: the layouts runs must have, the launches whose copies each run refreshes."""
-        self._layouts, self._launches, self._lock = layouts, launches, threading.Lock()
+        self._layouts, self._lock = layouts, threading.Lock()
+        self._refresh = [launch.refresh for launch in launches if launch.copies]
 
     def _run(self, launch):
         """launch() under the plan's lock, after its copies are made again (they read this run's values)."""
         with self._lock:
-            for each in self._launches:
-                each.refresh()
+            for refresh in self._refresh:
+                refresh()
             return launch()
 
     @classmethod
