@@ -1,24 +1,29 @@
 """What a mask or score function reads besides its arguments: one walk, three uses.
 
 A function's result depends on its code and defaults, its closure, the globals its code names (and,
-in turn, what the functions among them read), and the attributes its code may read of the modules
-and classes among those (a submodule's, a staticmethod's globals, followed the same way).
-:func:`reads` turns all of that into one hashable key for the memo of traced functions
-(:mod:`flashlib.kernels.tracememo`); :func:`captured` lists the tensors among it with the names they
-are read by, for the check that they sit on q's device (:func:`flashlib._checks.check_captured_devices`);
-:func:`literals` names the numbers written in the code it runs (the rest are given to a kernel at
-launch). Pure PyTorch: the checks of every op import it.
+in turn, what the functions among them read), and the attributes of the modules and classes among
+those that any code the walk reaches may read (a submodule's, a staticmethod's globals, followed the
+same way): a module handed to a helper (``near(settings, q_idx, kv_idx)``) is read by the helper's code,
+not by the code that holds it. :func:`reads` turns all of that into one hashable key for the memo of
+traced functions (:mod:`flashlib.kernels.tracememo`); :func:`captured` lists the tensors among it with
+the names they are read by, for the check that they sit on q's device
+(:func:`flashlib._checks.check_captured_devices`); :func:`literals` names the numbers written in the
+code it runs (the rest are given to a kernel at launch). Pure PyTorch: the checks of every op import it.
 
 Numbers, strings and dtypes enter the key by value; a tensor by identity, dtype, shape, strides,
 storage offset, device and whether it requires grad: not by its values, which can change without
 PyTorch knowing (through numpy's view of it, or ``.data``), so the memo guards what depends on them
-itself. What cannot be keyed (an object's attributes, a numpy array, a class with a metaclass of its
-own) gives no key; :func:`captured` passes over it and lists the rest.
+itself. What cannot be keyed gives no key (the function is traced at every call): an object's
+attributes, a numpy array, a class with a metaclass of its own, and an attribute whose name the code
+computes (``getattr(cfg, name)``, ``vars(cfg)[name]``, ``cfg.__dict__[name]`` with a name that is not
+a constant written in the code; ``operator.attrgetter``). :func:`captured` passes over those and lists
+the rest.
 """
 from __future__ import annotations
 
 import dis
 import functools
+import operator
 import types
 
 import torch
@@ -62,10 +67,79 @@ def _global_names(code: types.CodeType) -> tuple:
                          if ins.opname in _GLOBAL_LOADS}))
 
 
+# ----- attributes read by a computed name ---------------------------------------------------------
+
+_BY_NAME = frozenset({"getattr", "hasattr"})  # f(obj, name, ...): the name is their second argument
+_READERS = _BY_NAME | {"vars"}  # vars(obj)[name]
+_NAME_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS", "LOAD_ATTR", "LOAD_METHOD"})
+# readers whose names the walk cannot see at all
+_OPAQUE = frozenset({"__getattribute__", "__getattr__", "attrgetter", "methodcaller", "getattr_static"})
+_JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs) | frozenset(getattr(dis, "hasjump", ()))
+_BUILTIN_READERS = (getattr, hasattr, vars)
+
+
+@functools.lru_cache(maxsize=4096)
+def _computes_names(code: types.CodeType) -> bool:
+    """Whether a code object (or one defined inside it) may read an attribute whose name it computes:
+    ``getattr``/``hasattr`` with a second argument that is not a string constant, ``vars(x)`` or
+    ``x.__dict__`` not indexed at once by one, ``__getattribute__``, ``attrgetter``... (read from the
+    bytecode: a constant is a constant however the source spells it)."""
+    return any(_computes_in(c) for c in _nested(code))
+
+
+def _computes_in(code: types.CodeType) -> bool:
+    names = set(code.co_names)
+    if names & _OPAQUE:
+        return True
+    if not names & (_READERS | {"__dict__"}):
+        return False
+    ins = list(dis.get_instructions(code))
+    depth = [0]  # the stack's depth before each instruction (jumps not taken: read within one expression)
+    for i in ins:
+        depth.append(depth[-1] + dis.stack_effect(i.opcode, i.arg, jump=False))
+    for a, i in enumerate(ins):
+        reader = i.opname in _NAME_LOADS and i.argval in _READERS or i.argval == "__dict__" and "ATTR" in i.opname
+        if reader and not _constant_name(ins, depth, a):
+            return True
+    return False
+
+
+def _constant_name(ins: list, depth: list, a: int) -> bool:
+    """Whether the reader loaded by instruction a reads a name written as a string constant: getattr/hasattr's
+    second argument, or the subscript straight after vars(x) or x.__dict__."""
+    if ins[a].argval == "__dict__":
+        return _subscripted_by_constant(ins, a + 1)
+    first = a + 2 if a + 1 < len(ins) and ins[a + 1].opname == "PUSH_NULL" else a + 1  # 3.13: x.getattr, NULL
+    loaded = depth[first]  # the stack's depth with the reader (and a NULL or self beside it) pushed
+    for j in range(first, len(ins)):
+        if ins[j].opcode in _JUMPS:  # a conditional expression among the arguments
+            return False
+        if depth[j + 1] < loaded:  # the call that consumes the reader
+            break
+    else:
+        return False
+    if ins[a].argval == "vars":
+        return _subscripted_by_constant(ins, j + 1)
+    name = loaded + 2  # the depth once the name, the second argument, is pushed
+    made = [k for k in range(first, j) if depth[k + 1] == name]
+    return bool(made) and ins[made[-1]].opname == "LOAD_CONST" and isinstance(ins[made[-1]].argval, str) \
+        and depth[made[-1]] == name - 1
+
+
+def _subscripted_by_constant(ins: list, k: int) -> bool:
+    return (k + 1 < len(ins) and ins[k].opname == "LOAD_CONST" and isinstance(ins[k].argval, str)
+            and (ins[k + 1].opname == "BINARY_SUBSCR"
+                 or ins[k + 1].opname == "BINARY_OP" and ins[k + 1].argrepr == "[]"))  # 3.14's subscript
+
+
 class _Walk:
     """One walk over what a function reads. strict: anything unkeyable stops it (raises _NoKey);
     otherwise it is passed over. ``where`` holds, for each tensor found, the path it was read by:
-    ("fn", name), then ("closure" | "global" | "default", name), then ("item", index) or ("attr", name)."""
+    ("fn", name), then ("closure" | "global" | "default", name), then ("item", index) or ("attr", name).
+
+    A user's module or class is a *holder*: its attributes are read once the functions are walked, for
+    every name any code the walk reached may read (:func:`_code_names`), and again for the names of the
+    code found among them, until no new name appears."""
 
     def __init__(self, strict: bool = True):
         self.strict = strict
@@ -75,18 +149,45 @@ class _Walk:
         self.path: list[tuple] = []
         self.seen: set[int] = set()
         self.codes: list[types.CodeType] = []
+        self.holders: dict[int, list] = {}  # id -> [number, module or class, path, names read]
+
+    def walk(self, fn):
+        """Walk fn, then its holders' attributes."""
+        self.value(fn)
+        names: frozenset = frozenset()
+        counted = 0
+        while True:
+            for code in self.codes[counted:]:
+                names |= _code_names(code)
+            counted = len(self.codes)
+            pending = [(h, sorted(names - h[3])) for h in list(self.holders.values()) if names - h[3]]
+            if not pending:
+                return
+            for holder, new in pending:
+                number, obj, path, done = holder
+                holder[3] = done | set(new)
+                self.add(("holder", number))
+                self.path = list(path)
+                for name in new:
+                    (self._module_attr if isinstance(obj, types.ModuleType) else self._class_attr)(obj, name)
+            self.path = []
 
     def add(self, part):
         self.parts.append(part)
         if len(self.parts) > _MAX_PARTS:
             raise _NoKey
 
-    def at(self, step: tuple, obj, names=frozenset()):
+    def opaque(self, obj):
+        if self.strict:
+            raise _NoKey
+        self.add(("opaque", id(obj)))
+
+    def at(self, step: tuple, obj):
         self.path.append(step)
-        self.value(obj, names)
+        self.value(obj)
         self.path.pop()
 
-    def value(self, obj, names=frozenset()):
+    def value(self, obj):
         if type(obj) in (float, complex):
             return self.add((type(obj), repr(obj)))  # exact, and -0.0 apart from 0.0 (equal as numbers)
         if type(obj) in _BY_VALUE:
@@ -96,38 +197,41 @@ class _Walk:
         if isinstance(obj, (tuple, list)):
             self.add((type(obj), len(obj)))
             for i, item in enumerate(obj):
-                self.at(("item", i), item, names)
+                self.at(("item", i), item)
             return None
         if isinstance(obj, dict):
             self.add((dict, len(obj)))
             for k, v in obj.items():
-                self.value(k, names)
-                self.at(("item", k), v, names)
+                self.value(k)
+                self.at(("item", k), v)
             return None
         if isinstance(obj, types.FunctionType):
             return self.function(obj)
         if isinstance(obj, types.ModuleType):
-            return self.module(obj, names)
+            return self.holder(obj, ("module", obj.__name__)) if not _stable(obj.__name__) else \
+                self.add(("module", obj.__name__))
         if isinstance(obj, types.BuiltinFunctionType):
+            if any(obj is reader for reader in _BUILTIN_READERS):  # getattr under another name: names computed
+                return self.opaque(obj)
             owner = obj.__self__
             if owner is None or isinstance(owner, (types.ModuleType, type)):
                 return self.add(("id", obj))  # torch.tanh, math.floor: nothing in them changes
             self.add(("builtin method", obj.__name__))  # t.clamp: the method of its tensor
-            return self.value(owner, names)
+            return self.value(owner)
         if isinstance(obj, type):
-            return self.add(("id", obj)) if _stable(obj.__module__) else self.klass(obj, names)
+            return self.add(("id", obj)) if _stable(obj.__module__) else self.klass(obj)
         if isinstance(obj, types.MethodType):
             self.value(obj.__func__)
-            return self.value(obj.__self__, names)
+            return self.value(obj.__self__)
+        if isinstance(obj, (operator.attrgetter, operator.methodcaller)):  # names held in the object
+            return self.opaque(obj)
         if type(obj).__name__ == "partial" and _stable(type(obj).__module__):  # functools.partial
             self.at(("attr", "func"), obj.func)
             self.at(("attr", "args"), obj.args)
             return self.at(("attr", "keywords"), obj.keywords)
         if callable(obj) and _stable(getattr(type(obj), "__module__", None)):
             return self.add(("id", obj))  # a torch or operator callable object (torch.ops, itemgetter...)
-        if self.strict:
-            raise _NoKey
-        return self.add(("opaque", id(obj)))
+        return self.opaque(obj)
 
     def tensor(self, t: torch.Tensor):
         self.add(("tensor", id(t), t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), t.device,
@@ -140,72 +244,71 @@ class _Walk:
         if id(fn) in self.seen:  # recursion: the function is keyed already
             return self.add(("again", code))
         self.seen.add(id(fn))
+        if _computes_names(code):  # which attributes it reads is known only when it runs
+            self.opaque(fn)
         self.add(("fn", code))
         self.codes.append(code)
         self.path.append(("fn", fn.__name__))
-        attributes = _code_names(code)  # what the code may read of a module or class it is given
         defaults = fn.__defaults__ or ()
         self.add(("defaults", len(defaults)))
         for name, value in zip(code.co_varnames[code.co_argcount - len(defaults):code.co_argcount], defaults):
-            self.at(("default", name), value, attributes)
+            self.at(("default", name), value)
         keyword_defaults = fn.__kwdefaults__ or {}
         self.add(("keyword defaults", tuple(keyword_defaults)))
         for name, value in keyword_defaults.items():
-            self.at(("default", name), value, attributes)
+            self.at(("default", name), value)
         for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
             try:
                 contents = cell.cell_contents
             except ValueError:  # an empty cell
                 self.add("empty cell")
                 continue
-            self.at(("closure", name), contents, attributes)
+            self.at(("closure", name), contents)
         if not _stable(fn.__module__):  # a library's function: its globals are the library's
             for name in _global_names(code):
                 value = fn.__globals__.get(name, _MISSING)
                 if value is not _MISSING:  # names not found are builtins
                     self.add(("global", name))
-                    self.at(("global", name), value, attributes)
+                    self.at(("global", name), value)
         self.path.pop()
         return None
 
-    def module(self, module: types.ModuleType, names):
-        self.add(("module", module.__name__))
-        if _stable(module.__name__):
-            return None
-        if id(module) in self.seen:  # modules that import each other
-            return self.add("again")
-        self.seen.add(id(module))
-        for name in sorted(names):  # a user's module: the attributes the code may read from it (pkg.settings.W)
-            value = getattr(module, name, _MISSING)
-            if value is not _MISSING:
-                self.add(("attr", name))
-                self.at(("attr", name), value, names)
-        return None
+    def holder(self, obj, part: tuple):
+        """A user's module or class: keyed by what it is here, its attributes once the walk knows every name
+        (:meth:`walk`); met again, by its number."""
+        self.add(part)
+        if id(obj) not in self.holders:
+            self.holders[id(obj)] = [len(self.holders), obj, tuple(self.path), frozenset()]
+        self.add(("holder", self.holders[id(obj)][0]))
 
-    def klass(self, cls: type, names):
-        """A user's class (a config class used as a namespace): the attributes the code may read from it,
-        looked up as ``cls.name`` finds them (a staticmethod's function, whose globals are followed)."""
+    def klass(self, cls: type):
         if type(cls) is not type:  # a metaclass of its own may compute what cls.name gives
-            if self.strict:
-                raise _NoKey
-            return self.add(("opaque", id(cls)))
-        self.add(("class", cls.__module__, cls.__qualname__))
-        if id(cls) in self.seen:  # a classmethod's class, or a class attribute holding its class
-            return self.add("again")
-        self.seen.add(id(cls))
-        for name in sorted(n for n in names if not n.startswith("__")):
-            owner = next((c for c in cls.__mro__ if name in vars(c)), None)
-            if owner is None:
-                continue
-            value = vars(owner)[name]
-            if isinstance(value, (staticmethod, classmethod)):
-                value = value.__func__
+            return self.opaque(cls)
+        return self.holder(cls, ("class", cls.__module__, cls.__qualname__))
+
+    def _module_attr(self, module: types.ModuleType, name: str):
+        """A user's module's attribute (pkg.settings.W)."""
+        value = getattr(module, name, _MISSING)
+        if value is not _MISSING:
             self.add(("attr", name))
-            if isinstance(value, (property, types.MemberDescriptorType, types.GetSetDescriptorType)):
-                self.add(("descriptor", type(value).__name__))  # cls.name gives the descriptor itself
-                continue
-            self.at(("attr", name), value, names)
-        return None
+            self.at(("attr", name), value)
+
+    def _class_attr(self, cls: type, name: str):
+        """A config class's attribute (a class used as a namespace), looked up as ``cls.name`` finds it (a
+        staticmethod's function, whose globals are followed)."""
+        if name.startswith("__"):
+            return
+        owner = next((c for c in cls.__mro__ if name in vars(c)), None)
+        if owner is None:
+            return
+        value = vars(owner)[name]
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
+        self.add(("attr", name))
+        if isinstance(value, (property, types.MemberDescriptorType, types.GetSetDescriptorType)):
+            self.add(("descriptor", type(value).__name__))  # cls.name gives the descriptor itself
+            return
+        self.at(("attr", name), value)
 
 
 def reads(fn) -> tuple[tuple, list] | None:
@@ -213,7 +316,7 @@ def reads(fn) -> tuple[tuple, list] | None:
     it in the order keyed; None when fn reads what cannot be keyed."""
     walk = _Walk()
     try:
-        walk.value(fn)
+        walk.walk(fn)
     except _NoKey:
         return None
     return tuple(walk.parts), walk.tensors
@@ -233,7 +336,7 @@ def literals(fn) -> frozenset:
     every other number at launch (captured, or computed from captured ones)."""
     walk = _Walk(strict=False)
     try:
-        walk.value(fn)
+        walk.walk(fn)
     except _NoKey:  # too many values: the code found so far
         pass
     return frozenset(id(n) for code in walk.codes for c in _nested(code) for n in _numbers(c.co_consts))
@@ -244,7 +347,7 @@ def captured(fn) -> list[tuple[tuple, torch.Tensor]]:
     passing over what it cannot look into (an object's attributes); the first _MAX_PARTS values only."""
     walk = _Walk(strict=False)
     try:
-        walk.value(fn)
+        walk.walk(fn)
     except _NoKey:  # too many values: what was found so far
         pass
     return list(zip(walk.where, walk.tensors))

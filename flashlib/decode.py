@@ -23,6 +23,7 @@ Split-KV (Flash-Decoding): each sequence's visible keys are cut into ``num_split
 from __future__ import annotations
 
 import numbers
+import threading
 from typing import NamedTuple
 
 import torch
@@ -158,7 +159,7 @@ def _check_kernel_call(fn, **tensors):
     """A call on the kernels: no tensor requires grad (decoding is inference only); q as :func:`_check_kernel_q`."""
     if torch.is_grad_enabled():
         for name, t in tensors.items():
-            if t is not None and t.requires_grad:
+            if isinstance(t, torch.Tensor) and t.requires_grad:  # not a tensor: named by its own check
                 raise ValueError(f"{fn}: argument '{name}' requires grad, but decoding is inference only "
                                  "(there is no backward); call it under torch.no_grad() or "
                                  f"torch.inference_mode(), or pass {name}.detach()")
@@ -377,8 +378,20 @@ def _planned(fn, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, pr
 
 
 class _Plan:
-    """What both plans share: made for a call already checked (:meth:`_of`), and a run's tensors held to
-    the layouts the plan was made for (``NAMES``, ``_layouts``)."""
+    """What both plans share: made for a call already checked (:meth:`_of`), a run's tensors held to the
+    layouts the plan was made for (``NAMES``, ``_layouts``), and one run at a time (``_lock``)."""
+
+    def _made(self, layouts: tuple, launches: tuple):
+        """The end of a build: the layouts runs must have, the launches whose copies each run refreshes."""
+        self._layouts, self._lock = layouts, threading.Lock()
+        self._refresh = [launch.refresh for launch in launches if launch.copies]
+
+    def _run(self, launch):
+        """launch() under the plan's lock, after its copies are made again (they read this run's values)."""
+        with self._lock:
+            for refresh in self._refresh:
+                refresh()
+            return launch()
 
     @classmethod
     def _of(cls, fn, *args, **kwargs):
@@ -414,13 +427,33 @@ class DecodePlan(_Plan):
 
     Args: :func:`decode_attention`'s for a cache already written (no append, rotation, pooled rows, left
     padding or packed q). The example call's values are checked here (lengths within the capacity, pages in
-    range), a later step's by :meth:`check` (one synchronisation), not by :meth:`run`. A tensor a score
-    function reads by position must cover the cache's capacity (a plan serves every length up to it); the
-    numbers it captures are the plan's, its tensors are read at every run.
+    range), a later step's by :meth:`check` (one synchronisation), not by :meth:`run`.
 
-    :meth:`run` takes tensors of the plan's layout (shapes, strides, dtypes, devices), any values. The output
-    goes to ``out`` or to ``plan.out``, which the next run overwrites (copy it, or pass ``out``, to keep it);
-    the lse (natural log) to ``plan.lse``.
+    Fixed when the plan is made:
+
+    * the layout of q, the caches, cache_seqlens and block_table (shapes, strides, dtypes, devices), the
+      split count, the grids and the buffers;
+    * causal, scale, window, attention_chunk and softcap;
+    * the score function's code and the numbers it reads (a new temperature needs a new plan), and which
+      tensors it reads: the objects themselves (rebinding a name to a new tensor is not seen);
+    * which tensor holds the sinks.
+
+    Read at every run:
+
+    * the values in the tensors :meth:`run` is given;
+    * the values in the tensors the score function reads, whatever their dtype (an int64 one whose values
+      fit int32 is copied into an int32 buffer of the plan's at every run, as the kernel reads it); an integer
+      one's within what the plan's kernel serves (it was written for the values the tensor held when the plan
+      was made: :meth:`check` traces the function again where they left those, and says if it needs another
+      kernel). A tensor read by position must cover the cache's capacity (a plan serves every length up to it);
+    * the sinks' values, whatever their dtype and strides (copied into a float32 buffer at every run where
+      they are not float32 and contiguous).
+
+    :meth:`run` takes tensors of the plan's layout, any values. The output goes to ``out`` or to ``plan.out``,
+    which the next run overwrites (copy it, or pass ``out``, to keep it); the lse (natural log) to ``plan.lse``.
+    Runs of one plan take turns (a lock: they share its scratch buffers), so threads may share a plan,
+    each passing its own ``out``; ``plan.out`` and ``plan.lse`` hold whichever run was last. The lock orders
+    launches, not their execution on a GPU: threads on different CUDA streams need a plan each.
     """
 
     NAMES = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
@@ -431,20 +464,28 @@ class DecodePlan(_Plan):
                                causal=causal, scale=scale, window=window, softcap=softcap, score_mod=score_mod,
                                sinks=sinks, attention_chunk=attention_chunk)
         self._build("DecodePlan", batch, args, num_splits, regions=None)
+        from .trace import value_bounds
+
+        # the values of the integer tensors the score function reads that its kernel was written for (check())
+        tensors = () if self._score is None else self._score.captured
+        self._integers = [(t, value_bounds(t)) for t in tensors if not (t.is_floating_point() or t.dtype is torch.bool)]
 
     def _build(self, fn, batch: Batch, args: DecodeArgs, num_splits, regions):
         from .kernels.decode import DecodeLaunch
         from .kernels.function import kernel_score
 
         size, heads = batch.q.shape[:2]
-        score = kernel_score(args.options, batch.q.device, batch=size, heads=heads, seq_q=args.capacity,
-                             seq_k=args.capacity, fn=fn, regions=regions)
+        self._compile_score = lambda: kernel_score(args.options, batch.q.device, batch=size, heads=heads,
+                                                   seq_q=args.capacity, seq_k=args.capacity, fn=fn, regions=regions)
+        self._score = score = self._compile_score()
+        self._integers = []  # (tensor, the values its kernel serves): set by __init__, for check()
         self.args, self._starts = args, batch.starts
         self._launch = DecodeLaunch(batch.q, batch.k_cache, batch.v_cache, options=args.options, score=score,
                                     block_table=batch.block_table, num_splits=num_splits,
                                     new_tokens=batch.new_tokens, starts=batch.starts)
         self.out, self.lse = self._launch.out, self._launch.lse
-        self._layouts = tuple(map(_layout, (batch.q, batch.k_cache, batch.v_cache, batch.seqlens, batch.block_table)))
+        self._made(tuple(map(_layout, (batch.q, batch.k_cache, batch.v_cache, batch.seqlens, batch.block_table))),
+                   (self._launch,))
 
     @property
     def launch_shape(self):
@@ -454,7 +495,7 @@ class DecodePlan(_Plan):
     def run(self, q, k_cache, v_cache, cache_seqlens, block_table=None, *, out=None, return_lse: bool = False):
         """Launch both kernels on this step's tensors (the plan's layout, any values); see the class."""
         self._check_run((q, k_cache, v_cache, cache_seqlens, block_table), out)
-        out, lse = self._launch(q, k_cache, v_cache, cache_seqlens, block_table, out)
+        out, lse = self._run(lambda: self._launch(q, k_cache, v_cache, cache_seqlens, block_table, out))
         return (out, lse) if return_lse else out
 
     def bound(self, q, k_cache, v_cache, cache_seqlens, block_table=None) -> list:
@@ -467,6 +508,25 @@ class DecodePlan(_Plan):
         batch = Batch(None, None, None, block_table, cache_seqlens, None, self._starts, None, None)
         pages = self._layouts[1][0][0]  # k_cache's pages (or sequences)
         check_decode_values("DecodePlan", batch, self.args, pages)
+        self._check_integers()
+
+    def _check_integers(self):
+        """Where an integer tensor the score function reads left the values its kernel was written for, the
+        function traced again for the values it holds now: the same kernel (the same source and int32 copies)
+        serves them, else a ValueError."""
+        from .trace import value_bounds
+
+        now = [value_bounds(t) for t, _ in self._integers]
+        if all(lo <= n_lo and n_hi <= hi for (_, (lo, hi)), (n_lo, n_hi) in zip(self._integers, now)):
+            return
+        again = self._compile_score()  # its indices checked for the values now too
+        if again.source != self._score.source or [d.dtype for d in again.data[:len(again.captured)]] != [
+                d.dtype for d in self._score.data[:len(self._score.captured)]]:
+            t, _ = next(i for i, n in zip(self._integers, now) if not i[1][0] <= n[0] <= n[1] <= i[1][1])
+            raise ValueError(f"DecodePlan: argument 'score_mod' reads a {t.dtype} tensor of shape {tuple(t.shape)} "
+                             "whose values now need another kernel than the plan's (made for the values it held "
+                             "then: int32 or int64 arithmetic, which indices need guards); make a new DecodePlan")
+        self._integers = [(t, (min(lo, n[0]), max(hi, n[1]))) for (t, (lo, hi)), n in zip(self._integers, now)]
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True, scale=None, softcap=None, window=None,
@@ -700,7 +760,9 @@ class CascadePlan(_Plan):
         the suffixes' pass  stage 1 over each sequence's own cache
         the merge           each sequence's splits and the prefix's, and the sinks, folded into one output
 
-    :meth:`run` takes tensors of the plan's layout, any values; ``out``/``plan.out`` as :class:`DecodePlan`'s.
+    :meth:`run` takes tensors of the plan's layout, any values; what is fixed when the plan is made and what
+    is read at every run (the sinks' values, whatever their dtype and strides, among them), ``out``/``plan.out``
+    and runs taking turns: as :class:`DecodePlan`'s.
     """
 
     NAMES = ("q", "prefix_k", "prefix_v", "k_cache", "v_cache", "cache_seqlens", "block_table")
@@ -726,7 +788,8 @@ class CascadePlan(_Plan):
                                     num_splits=num_splits, prefix=self._prefix)
         self._prefix_len = torch.full((1,), prefix_k.shape[1], dtype=torch.int32, device=q.device)
         self.out, self.lse = self._suffix.out, self._suffix.lse
-        self._layouts = tuple(map(_layout, (q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table)))
+        self._made(tuple(map(_layout, (q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table))),
+                   (self._prefix, self._suffix))
 
     @property
     def launch_shapes(self) -> dict:
@@ -737,8 +800,12 @@ class CascadePlan(_Plan):
             return_lse: bool = False):
         """Launch the three kernels on this step's tensors (the plan's layout, any values); see the class."""
         self._check_run((q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table), out)
-        self._prefix(q, prefix_k, prefix_v, self._prefix_len)
-        out, lse = self._suffix(q, k_cache, v_cache, cache_seqlens, block_table, out)
+
+        def launch():
+            self._prefix(q, prefix_k, prefix_v, self._prefix_len)
+            return self._suffix(q, k_cache, v_cache, cache_seqlens, block_table, out)
+
+        out, lse = self._run(launch)
         return (out, lse) if return_lse else out
 
     def bound(self, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table=None) -> list:

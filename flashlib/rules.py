@@ -11,6 +11,8 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from .trace import truth_refusal
+
 # what a block mask says of a tile: no pair may attend (never computed), some may, all may
 SKIPPED, PARTIAL, FULL = 0, 1, 2
 
@@ -70,6 +72,17 @@ def _call(mask_mod, b, h, q_idx, kv_idx, seq_q: int, seq_k: int):
         return mask_mod(b, h, q_idx, kv_idx)
     except IndexError as exc:
         raise out_of_bounds(None, "mask_mod", mask_mod, str(exc), seq_q, seq_k) from None
+    except RuntimeError as exc:  # an 'if' on the indices: refused as the kernels refuse it
+        _refuse_truth("mask_mod", mask_mod, exc)
+        raise
+
+
+def _refuse_truth(argument: str, function, exc: RuntimeError):
+    """Raise the kernels' TypeError for a function that asked for a Python truth value of a tensor
+    (:func:`flashlib.trace.truth_refusal`), if that is what ``exc`` is; else return."""
+    refused = truth_refusal(None, argument, function, exc)
+    if refused is not None:
+        raise refused from None
 
 
 def out_of_bounds(fn: str | None, argument: str, function, detail: str, seq_q: int, seq_k: int) -> ValueError:
@@ -227,12 +240,16 @@ class Scoring(NamedTuple):
         except IndexError as exc:  # named as a mask function's is (and as the kernels name it)
             raise out_of_bounds(None, "score_mod", self.score_mod, str(exc), q0 + rows if rows else 0,
                                 k0 + cols if cols else 0) from None
+        except RuntimeError as exc:  # an 'if' on the scores: refused as the kernels refuse it
+            _refuse_truth("score_mod", self.score_mod, exc)
+            raise
         if not isinstance(new, torch.Tensor) or not new.is_floating_point():
             name = getattr(self.score_mod, "__name__", repr(self.score_mod))
             kind = type(new).__name__ if not isinstance(new, torch.Tensor) else f"a {new.dtype} tensor"
             raise TypeError(f"argument 'score_mod': {name} returned {kind}; a score function returns the new "
                             "scores (a floating tensor)")
-        return new.expand(s.shape) if new.shape != s.shape else new
+        # in the scores' dtype, as flex_attention gives it (a float64 bias table on float32 scores)
+        return (new.expand(s.shape) if new.shape != s.shape else new).to(s.dtype)
 
     def slope(self, ds, s, q0: int = 0, k0: int = 0, captured=()):
         """(ds through the function: the gradient of the scaled scores s, [the gradients of the captured

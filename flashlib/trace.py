@@ -308,10 +308,11 @@ def value_bounds(t: torch.Tensor) -> tuple:
     if t.numel() == 0:
         return 0, 0
     with torch._C.DisableTorchFunction():  # the trace's own read, not the function's
-        if t.device.type == "cpu":  # numpy's view: a few microseconds where PyTorch's calls take tens
-            values = t.detach().numpy()
-            return int(values.min()), int(values.max())
-        lo, hi = torch.stack(torch.aminmax(t.detach().reshape(-1))).tolist()  # one transfer from the device
+        # not through numpy: a numpy view of a tensor makes its storage unresizable for good (t.resize_ fails)
+        lo, hi = torch.aminmax(t.detach().reshape(-1))
+        if t.device.type == "cpu":
+            return int(lo), int(hi)
+        lo, hi = torch.stack((lo, hi)).tolist()  # one transfer from the device
         return int(lo), int(hi)
 
 
@@ -336,21 +337,26 @@ def _user_frame():
     return frame
 
 
-def _user_frame_text() -> str:
-    frame = _user_frame()
+def _user_frame_text(frame=None, line_number=None) -> str:
+    """Where a construct is: " (in fn, line n: its source)" of ``frame`` at ``line_number`` (default: the
+    user's frame now, at its current line)."""
+    frame = _user_frame() if frame is None else frame
     if frame is None:
         return ""
-    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
-    return f" (in {frame.f_code.co_name}, line {frame.f_lineno}{': ' + line if line else ''})"
+    number = frame.f_lineno if line_number is None else line_number
+    line = linecache.getline(frame.f_code.co_filename, number).strip()
+    return f" (in {frame.f_code.co_name}, line {number}{': ' + line if line else ''})"
 
 
-def _truth_construct() -> tuple[str, str]:
-    """What asked for a Python truth value, read from the instruction the user's frame is at."""
-    frame = _user_frame()
+def _truth_construct(frame=None, offset=None) -> tuple[str, str]:
+    """What asked for a Python truth value, read from the instruction ``frame`` is at (default: the user's
+    frame now, at its last instruction)."""
+    frame = _user_frame() if frame is None else frame
     name = ""
     if frame is not None:
+        offset = frame.f_lasti if offset is None else offset
         for ins in dis.get_instructions(frame.f_code):
-            if ins.offset == frame.f_lasti:
+            if ins.offset == offset:
                 name = ins.opname
     if "NOT" in name:
         return "'not' of a traced value", "write ~(x)"
@@ -360,6 +366,25 @@ def _truth_construct() -> tuple[str, str]:
     # the kernel evaluates the mask on whole tiles at once: no one truth value to branch on
     return ("a Python truth value of a traced value ('and', 'or', 'if', 'x if c else y', a < b < c)",
             "write (a) & (b), (a) | (b), torch.where(c, x, y); compare two values at a time")
+
+
+def truth_refusal(op: str | None, argument: str, function, exc: RuntimeError) -> TypeError | None:
+    """For a reference op (PyTorch on whole tensors of indices and scores): the TypeError the kernels give a
+    function that asks for a Python truth value of its tensors ('if', 'and', 'not', min...), named and
+    placed as they name it, where PyTorch raised ``exc`` ("Boolean value of Tensor ... is ambiguous");
+    None for any other error."""
+    if "Boolean value of Tensor" not in str(exc):
+        return None
+    tb, place = exc.__traceback__, None
+    while tb is not None:  # the innermost frame outside this module and PyTorch: the function's own line
+        if tb.tb_frame.f_code.co_filename != _HERE and not tb.tb_frame.f_code.co_filename.startswith(_TORCH_DIR):
+            place = tb
+        tb = tb.tb_next
+    if place is None:
+        return None
+    what, fix = _truth_construct(place.tb_frame, place.tb_lasti)
+    return refusal(op, argument, function, TraceError(what, fix, where=_user_frame_text(place.tb_frame,
+                                                                                        place.tb_lineno)))
 
 
 def _refuse(what, fix):
@@ -639,12 +664,12 @@ def function_name(fn) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
-def refusal(op: str, argument: str, function, exc: TraceError) -> TypeError:
-    """The TypeError an op raises for a function the kernels cannot compile: the op called, the argument,
+def refusal(op: str | None, argument: str, function, exc: TraceError) -> TypeError:
+    """The TypeError an op raises for a function the kernels cannot compile: the op called (if named), the argument,
     the construct and where it is (at least the function's name) and the fix."""
     if not exc.where:
         exc = TraceError(exc.what, exc.fix, where=f" (in {function_name(function)})")
-    return TypeError(f"{op}: argument '{argument}': {exc}")
+    return TypeError(f"{op + ': ' if op else ''}argument '{argument}': {exc}")
 
 
 # ----- the indices a graph reads its tensors at, for a call's index ranges ----------------------------

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
+import threading
 
 import pytest
 import torch
@@ -38,7 +40,8 @@ def launches_only():
     launched = []
 
     def record(self, *args, grid, warmup, **kwargs):
-        launched.append((self.fn.__name__, grid, [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]))
+        given = [x for a in (*args, *kwargs.values()) for x in (a if isinstance(a, tuple) else (a,))]  # ScoreData
+        launched.append((self.fn.__name__, grid, [a for a in given if isinstance(a, torch.Tensor)]))
 
     def forbidden(name):
         def fail(*args, **kwargs):
@@ -221,6 +224,142 @@ def test_a_cascade_run_only_launches():
     full_k, full_v = _concatenated(pk, pv, kc, vc)
     torch.testing.assert_close(plan.run(q, pk, pv, k_pages, v_pages, lengths, table).double(),
                                decode.decode_reference(*as64(q, full_k, full_v), lengths + 50), rtol=0, atol=5e-6)
+
+
+# ----- what a plan reads at every run: every value its docstring says it reads -------------------------
+
+def pairwise(q, k, v, lengths, *, score_mod=None, sinks=None):
+    """Decoding in float64 from the definition, one (sequence, head, new token, key) pair at a time: query i
+    of a sequence of length L sits at L - n + i and sees keys 0..L - n + i; score_mod(score, b, h, q_idx,
+    kv_idx) on each scaled score; a head's sink adds e^sink to the softmax's denominator."""
+    batch, heads, n, d = q.shape
+    group = heads // k.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(n):
+                pos = int(lengths[b]) - n + i
+                s = []
+                for j in range(pos + 1):
+                    score = (q[b, h, i].double() @ k[b, h // group, j].double()) / math.sqrt(d)
+                    if score_mod is not None:
+                        score = score_mod(score, torch.tensor(b), torch.tensor(h), torch.tensor(pos),
+                                          torch.tensor(j)).double()
+                    s.append(score)
+                s = torch.stack(s)
+                m = s.max() if sinks is None else torch.maximum(s.max(), sinks[h].double())
+                weights = torch.exp(s - m)
+                denominator = weights.sum() + (0.0 if sinks is None else torch.exp(sinks[h].double() - m))
+                out[b, h, i] = (weights[:, None] * v[b, h // group, :pos + 1].double()).sum(0) / denominator
+    return out
+
+
+def test_a_plan_reads_an_int64_tensor_its_score_function_reads_at_every_run():
+    """Document ids as a data loader gives them (int64): the kernel reads an int32 copy, made again at
+    every run, so that ids written in place between runs are seen."""
+    q, k, v, lengths = case(batch=2, q_heads=4, kv_heads=2, new_tokens=1, capacity=40, lengths=[30, 40])
+    docs = torch.zeros(40, dtype=torch.int64)
+
+    def same_document(score, b, h, q_idx, kv_idx):
+        return score + 1.5 * (docs[kv_idx] == docs[q_idx]).float()
+
+    plan = flashlib.DecodePlan(q, k, v, lengths, score_mod=same_document)
+    for write in (lambda: None, lambda: docs[:10].fill_(1), lambda: docs.copy_(torch.arange(40) // 7),
+                  lambda: docs.data.mul_(3)):
+        write()
+        plan.check(lengths)
+        torch.testing.assert_close(plan.run(q, k, v, lengths).double(),
+                                   pairwise(q, k, v, lengths, score_mod=same_document), rtol=0, atol=5e-6)
+
+
+def test_a_plan_refuses_at_check_what_its_kernel_was_not_written_for():
+    """Integer values past int32 need another kernel (int64 arithmetic): check() says so; new values the
+    same kernel serves are accepted."""
+    q, k, v, lengths = case(batch=2, q_heads=4, kv_heads=2, new_tokens=1, capacity=40, lengths=[30, 40])
+    docs = torch.arange(40) // 10
+    plan = flashlib.DecodePlan(q, k, v, lengths, score_mod=lambda s, b, h, q_idx, kv_idx: s + docs[kv_idx] * 0.5)
+    docs[:5] = 100
+    plan.check(lengths)
+    docs[:5] = 2 ** 40
+    with pytest.raises(ValueError, match="DecodePlan: argument 'score_mod' reads a torch.int64 tensor of shape "
+                                         r"\(40,\) whose values now need another kernel .*make a new DecodePlan"):
+        plan.check(lengths)
+
+
+@pytest.mark.parametrize("kind", ["float64", "float16", "strided", "float32"])
+def test_sinks_of_any_dtype_and_strides_are_read_at_every_run(kind):
+    """Sinks changed in place between runs (an optimizer's step, load_state_dict) are seen by a DecodePlan and
+    a CascadePlan whatever their dtype and strides."""
+    q, k, v, lengths = case(batch=2, q_heads=4, kv_heads=2, new_tokens=2, capacity=40, lengths=[23, 40])
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(8, generator=g)
+    sinks = {"float64": base[:4].double(), "float16": base[:4].half(), "strided": base[::2],
+             "float32": base[:4].clone()}[kind]
+    prefix_k, prefix_v = (torch.randn(2, 12, 16, generator=g) for _ in range(2))
+    full_k, full_v = _concatenated(prefix_k, prefix_v, k, v)
+    plan = flashlib.DecodePlan(q, k, v, lengths, sinks=sinks)
+    cascade = decode.CascadePlan(q, prefix_k, prefix_v, k, v, lengths, sinks=sinks)
+    optimizer = torch.optim.SGD([sinks.requires_grad_()], lr=1.0)
+    for step in range(3):
+        torch.testing.assert_close(plan.run(q, k, v, lengths).double(), pairwise(q, k, v, lengths, sinks=sinks),
+                                   rtol=0, atol=5e-6)
+        torch.testing.assert_close(cascade.run(q, prefix_k, prefix_v, k, v, lengths).double(),
+                                   pairwise(q, full_k, full_v, lengths + 12, sinks=sinks), rtol=0, atol=5e-6)
+        if step == 0:  # a training step: the gradient of a loss through the sinks, then the optimizer's
+            (sinks.double() * torch.arange(4.0, dtype=torch.float64)).sum().backward()
+            optimizer.step()
+        else:  # a checkpoint loaded in place
+            torch.nn.Module.load_state_dict(_holding(sinks), {"sinks": torch.randn(4, generator=g)})
+
+
+def _holding(sinks):
+    module = torch.nn.Module()
+    module.register_buffer("sinks", sinks.detach(), persistent=True)
+    return module
+
+
+def test_the_copies_a_run_makes_go_into_the_plans_own_buffers():
+    """An int64 tensor a score function reads and float64 sinks: each run copies them into the same buffers
+    of the plan's and launches the two kernels, nothing else (no allocation: a CUDA graph can capture it)."""
+    q, k, v, lengths = case(batch=2, q_heads=4, kv_heads=2, new_tokens=1, capacity=40)
+    docs = torch.arange(40) // 8
+    sinks = torch.zeros(4, dtype=torch.float64)
+    plan = flashlib.DecodePlan(q, k, v, lengths, sinks=sinks,
+                               score_mod=lambda s, b, h, q_idx, kv_idx: s + (docs[q_idx] == docs[kv_idx]).float())
+    with torch.no_grad(), launches_only() as launched:
+        plan.run(q, k, v, lengths)
+        plan.run(q, k, v, lengths)
+    assert [name for name, _, _ in launched] == ["_decode_split", "_decode_merge"] * 2
+    first, second = ([t.data_ptr() for t in tensors] for _, _, tensors in launched[:3:2])
+    assert first == second  # the same buffers at every run
+    copies = [t for t in launched[0][2] if t.dtype == torch.int32 and t.shape == docs.shape]
+    assert len(copies) == 1 and docs.data_ptr() not in first  # the ids as an int32 copy
+    read = [t for name, _, tensors in launched if name == "_decode_merge" for t in tensors if t.shape == sinks.shape]
+    assert [t.dtype for t in read] == [torch.float32] * 2 and read[0].data_ptr() == read[1].data_ptr()  # a copy
+
+
+def test_threads_share_a_plan_each_with_its_own_out():
+    """One plan, four threads, each decoding its own queries into its own ``out``: every answer is its own
+    (runs take turns; without that, a run's merge would read another run's partial results)."""
+    q, k, v, lengths = case(batch=2, q_heads=4, kv_heads=2, new_tokens=2, capacity=40, lengths=[33, 40])
+    plan = flashlib.DecodePlan(q, k, v, lengths, num_splits=3)
+    queries = [torch.randn(q.shape, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    failures = []
+
+    def worker(mine):
+        out = torch.empty_like(plan.out)
+        for _ in range(4):
+            got = plan.run(mine, k, v, lengths, out=out)
+            error = (got.double() - pairwise(mine, k, v, lengths)).abs().max().item()
+            if error > 5e-6:
+                failures.append(error)
+
+    threads = [threading.Thread(target=worker, args=(mine,)) for mine in queries]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
 
 
 def test_the_package_exports_the_plan():

@@ -578,6 +578,12 @@ def test_plans_run_from_a_cuda_graph():
     prefix_k, prefix_v = rand(8, 1000, 128), rand(8, 1000, 128)
     latent = rand(4, 1, 2048, 576)
     q_mla = rand(4, 128, 1, 576)
+    docs = torch.arange(2048, device=DEVICE) // 300
+    sinks = torch.randn(64, device=DEVICE, dtype=torch.float64, generator=g)
+
+    def same_document(score, b, h, q_idx, kv_idx):
+        return score + (docs[q_idx] == docs[kv_idx]).float()
+
     cases = {
         "contiguous": ((q, k, v, lengths), DecodePlan(q, k, v, lengths), lambda: decode_attention(q, k, v, lengths)),
         "paged": ((q, k_pages, v_pages, lengths, table), DecodePlan(q, k_pages, v_pages, lengths, block_table=table),
@@ -586,6 +592,9 @@ def test_plans_run_from_a_cuda_graph():
                 lambda: decode_attention(q_mla, latent, latent[..., :512], lengths)),
         "cascade": ((q, prefix_k, prefix_v, k, v, lengths), CascadePlan(q, prefix_k, prefix_v, k, v, lengths),
                     lambda: cascade_attention(q, prefix_k, prefix_v, k, v, lengths)),
+        # int64 ids (the kernel reads an int32 copy) and float64 strided sinks: copied again at every replay
+        "copies": ((q, k, v, lengths), DecodePlan(q, k, v, lengths, score_mod=same_document, sinks=sinks[::2]),
+                   lambda: decode_attention(q, k, v, lengths, score_mod=same_document, sinks=sinks[::2])),
     }
     for name, (args, plan, fresh) in cases.items():
         plan.run(*args)  # compiles, outside the capture
@@ -596,5 +605,7 @@ def test_plans_run_from_a_cuda_graph():
         for tensor in (q, k, v, k_pages, v_pages, prefix_k, latent, q_mla):
             tensor.copy_(torch.randn(tensor.shape, device=DEVICE, generator=g))
         lengths.copy_(torch.tensor([5, 2000, 1, 1024], dtype=torch.int32))
+        docs.copy_(torch.randint(0, 9, (2048,), device=DEVICE, generator=g))
+        sinks.copy_(torch.randn(64, device=DEVICE, dtype=torch.float64, generator=g))
         graph.replay()
         assert _max_err(out, fresh()) <= 1e-2, name

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -591,6 +592,33 @@ def test_a_bias_table_built_for_shorter_sequences_is_refused_by_every_op(op):
     _ops(q, k, v, scores.relative_bias(torch.randn(59)))[op]()
 
 
+@pytest.mark.parametrize("op", ["flash_attention", "flashlib.kernels.attention", "flash_attention_varlen",
+                                "decode_attention", "decode_reference", "dense_attention", "tiled_attention"])
+def test_a_float64_result_is_cast_to_the_scores_dtype_in_every_op(op):
+    """A bias table from torch.from_numpy is float64; on float32 inputs every op casts the function's result to
+    the scores' dtype, as flex_attention does, and gives its answer (and float64 attention's) in float32."""
+    q, k, v = (x[:1].float() for x in _inputs(24, 24, heads_kv=H, seed=21))
+    table = torch.from_numpy(np.random.default_rng(0).standard_normal((24, 24)))
+
+    def biased(score, b, h, q_idx, kv_idx):
+        return score + table[q_idx, kv_idx]
+
+    ops = _ops(q, k, v, biased)
+    for name, run in (("decode_attention", flashlib.decode_attention), ("decode_reference", flashlib.decode_reference)):
+        ops[name] = lambda run=run: run(q[..., -3:, :], k, v, torch.tensor([24], dtype=torch.int32), causal=False,
+                                        score_mod=biased)
+    want = ops["flex_attention"]()
+    exact = plain_attention(q.double(), k.double(), v.double(), biased)
+    got = ops[op]()
+    if op == "flash_attention_varlen":  # packed (total, heads, d)
+        got = got.transpose(0, 1)[None]
+    if op.startswith("decode"):  # the last three queries, at positions 21..23, each seeing every key
+        want, exact = want[..., -3:, :], exact[..., -3:, :]
+    assert got.dtype == torch.float32 and want.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=3e-6, rtol=3e-5)
+    torch.testing.assert_close(got.double(), exact, atol=3e-6, rtol=3e-5)
+
+
 def test_a_negative_index_within_the_tensor_reads_from_its_end_as_pytorch_does():
     q, k, v = (x.float() for x in _inputs(20, 20, seed=15))
     table = torch.randn(20)
@@ -690,5 +718,23 @@ def test_refusals_name_the_op_called_and_the_function():
             run(integer_score)
         with pytest.raises(TypeError, match=rf"^{op}: argument 'score_mod': .*truth value.*\(in branching, line \d+"):
             run(branching)
+
+    def on_the_score(score, b, h, q_idx, kv_idx):
+        if score > 0:
+            return score
+        return score / 2
+
+    def overlapping(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx and q_idx < kv_idx + 3
+
+    for function, argument in ((branching, "score_mod"), (on_the_score, "score_mod"), (overlapping, "mask_mod")):
+        with pytest.raises(TypeError) as kernels:
+            attention(q, k, v, **{argument: function})
+        for run in (flashlib.dense_attention, flashlib.tiled_attention):  # the references, in the same words
+            with pytest.raises(TypeError) as reference:
+                run(q, k, v, **{argument: function})
+            assert f"flashlib.kernels.attention: {reference.value}" == str(kernels.value)
+            assert f"argument '{argument}': a Python truth value" in str(reference.value)
+            assert f"(in {function.__name__}, line" in str(reference.value) and "torch.where" in str(reference.value)
     with pytest.raises(TypeError, match=r"^flash_attention: argument 'mask_mod': .*truth value.*\(in <lambda>"):
         flashlib.flash_attention(q, k, v, mask_mod=lambda b, h, i, j: i >= j and i < j + 3)

@@ -293,8 +293,12 @@ def test_ring_attention_with_sinks():
 ])
 def test_bad_sinks_are_named(bad, error, words):
     (q, k, v, _), _ = inputs()
+    step, lengths = q[..., -1:, :], torch.full((2,), 27, dtype=torch.int32)  # decoding: one new token, a full cache
     for call in (lambda: flash_attention(q, k, v, sinks=bad), lambda: dense_attention(q, k, v, sinks=bad),
-                 lambda: tiled_attention(q, k, v, sinks=bad)):
+                 lambda: tiled_attention(q, k, v, sinks=bad), lambda: decode_attention(step, k, v, lengths, sinks=bad),
+                 lambda: flashlib.decode_reference(step, k, v, lengths, sinks=bad),
+                 lambda: flashlib.DecodePlan(step, k, v, lengths, sinks=bad),
+                 lambda: flashlib.decode.cascade_attention(step, k[0], v[0], k, v, lengths, sinks=bad)):
         with pytest.raises(error, match="argument 'sinks'") as info:
             call()
         assert words in str(info.value)

@@ -11,13 +11,18 @@ import gc
 import importlib
 import json
 import linecache
+import math
+import operator
+import sys
 import tracemalloc
+import warnings
 import weakref
 
 import numpy as np
 
 import pytest
 import torch
+from torch.nn.attention.flex_attention import flex_attention
 
 import flashlib
 from flashlib import masks, scores
@@ -245,6 +250,160 @@ def test_a_submodules_attribute_is_read_afresh(tmp_path, monkeypatch):
     for size in (2, 11, 5):
         monkeypatch.setattr(pkg.settings, "WINDOW", size)
         _fresh(flashlib.flash_attention, q, k, v, mask_mod=scope["windowed"])
+
+
+# ----- a module or class read by the code it is handed to ----------------------------------------------
+
+def pairwise(q, k, v, mask_mod=None, score_mod=None):
+    """Attention in float64 from the definition, one (batch, head, query, key) pair at a time: the score
+    q.k / sqrt(d), score_mod(score, b, h, i, j) on it, mask_mod(b, h, i, j) deciding whether it is seen."""
+    batch, heads, n, d = q.shape
+    group = heads // k.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for b, h, i in np.ndindex(batch, heads, n):
+        index = [torch.tensor(x) for x in (b, h, i)]
+        scores, seen = [], []
+        for j in range(k.shape[2]):
+            if mask_mod is not None and not bool(mask_mod(*index[:2], index[2], torch.tensor(j))):
+                continue
+            score = q[b, h, i].double() @ k[b, h // group, j].double() / math.sqrt(d)
+            scores.append(score if score_mod is None else score_mod(score, *index, torch.tensor(j)).double())
+            seen.append(j)
+        if seen:
+            p = torch.softmax(torch.stack(scores), 0)
+            out[b, h, i] = (p[:, None] * v[b, h // group, seen].double()).sum(0)
+    return out
+
+
+def _flex_score(q, k, v, score_mod):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager flex on a CPU warns that it is unfused
+        return flex_attention(q, k, v, score_mod=score_mod, enable_gqa=True)
+
+
+def _right(q, k, v, *, mask_mod=None, score_mod=None):
+    """flash_attention (the kernels, through the memo) equals float64 attention pair by pair and flex_attention
+    on the functions as they are now."""
+    got = flashlib.flash_attention(q, k, v, mask_mod=mask_mod, score_mod=score_mod)
+    torch.testing.assert_close(got.double(), pairwise(q, k, v, mask_mod, score_mod), atol=3e-6, rtol=3e-5)
+    flex = _flex(q, k, v, mask_mod)[0] if mask_mod is not None else _flex_score(q, k, v, score_mod)
+    torch.testing.assert_close(got, flex, atol=3e-6, rtol=3e-5)
+
+
+@pytest.fixture
+def settings(tmp_path, monkeypatch):
+    """A config module, as a project keeps one: settings.WINDOW and settings.TEMPERATURE."""
+    (tmp_path / "memo_settings.py").write_text("WINDOW = 2\nTEMPERATURE = 0.5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("memo_settings")
+    yield module
+    sys.modules.pop("memo_settings", None)
+
+
+def near(cfg, q_idx, kv_idx):
+    """A helper handed the config (a module or a class): it reads cfg.WINDOW, its caller does not."""
+    return (q_idx >= kv_idx) & (q_idx - kv_idx <= cfg.WINDOW)
+
+
+def scaled(cfg, score):
+    return score * cfg.TEMPERATURE
+
+
+class Named:
+    """A config class whose attributes a function reads by a name it holds elsewhere."""
+
+    WINDOW = 2
+    OTHER = 9
+
+
+NAME = "WINDOW"
+
+
+def test_a_config_module_handed_to_a_helper_is_read_afresh(settings, monkeypatch):
+    q, k, v = _inputs(16, 16)
+
+    def windowed(b, h, q_idx, kv_idx):
+        return near(settings, q_idx, kv_idx)
+
+    def tempered(score, b, h, q_idx, kv_idx):
+        return scaled(settings, score)
+
+    for window, temperature in ((2, 0.5), (9, 2.0), (2, 0.5)):
+        monkeypatch.setattr(settings, "WINDOW", window)
+        monkeypatch.setattr(settings, "TEMPERATURE", temperature)
+        _right(q, k, v, mask_mod=windowed)
+        _right(q, k, v, score_mod=tempered)
+
+
+def test_a_config_class_passed_on_from_a_closure_is_read_afresh(monkeypatch):
+    q, k, v = _inputs(16, 16)
+
+    def make(cfg):
+        def windowed(b, h, q_idx, kv_idx):
+            return near(cfg, q_idx, kv_idx)
+        return windowed
+
+    mask = make(Named)
+    for window in (2, 11, 4):
+        monkeypatch.setattr(Named, "WINDOW", window)
+        _right(q, k, v, mask_mod=mask)
+
+
+def test_an_attribute_read_by_a_computed_name_is_read_afresh(monkeypatch):
+    """getattr, vars and __dict__ with a name held in a global: a new value, or a new name, gives the fresh
+    answer (the name is known only when the function runs: it is traced at every call)."""
+    q, k, v = _inputs(16, 16)
+    readers = {
+        "getattr": lambda b, h, q_idx, kv_idx: (q_idx >= kv_idx) & (q_idx - kv_idx <= getattr(Named, NAME)),
+        "vars": lambda b, h, q_idx, kv_idx: (q_idx >= kv_idx) & (q_idx - kv_idx <= vars(Named)[NAME]),
+        "__dict__": lambda b, h, q_idx, kv_idx: (q_idx >= kv_idx) & (q_idx - kv_idx <= Named.__dict__[NAME]),
+    }
+    for name, window in (("WINDOW", 2), ("WINDOW", 7), ("OTHER", 9), ("WINDOW", 2)):
+        monkeypatch.setattr(f"{__name__}.NAME", name)
+        monkeypatch.setattr(Named, "WINDOW", window)
+        for reader in readers.values():
+            _right(q, k, v, mask_mod=reader)
+
+
+def test_a_name_written_in_the_code_keeps_its_trace(traces, monkeypatch):
+    """getattr(Named, "WINDOW"), vars(Named)["WINDOW"]: the name is in the code, so the memo keys the
+    attribute and traces once while it is unchanged, and again when it changes."""
+    q, k, v = _inputs(16, 16)
+
+    def by_getattr(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx - kv_idx <= getattr(Named, "WINDOW"))
+
+    for window in (2, 2, 5, 5):
+        monkeypatch.setattr(Named, "WINDOW", window)
+        _right(q, k, v, mask_mod=by_getattr)
+    assert traces["mask"] == 2
+
+
+@pytest.mark.parametrize("keyed, body", [
+    (True, 'getattr(Named, "WINDOW")'), (True, 'getattr(Named, "WINDOW", 3)'), (True, 'vars(Named)["WINDOW"]'),
+    (True, 'Named.__dict__["WINDOW"]'), (True, 'getattr(Named, "WIN" "DOW")'),
+    (False, "getattr(Named, NAME)"), (False, "getattr(Named, NAME.upper())"), (False, 'getattr(Named, f"{NAME}")'),
+    (False, 'getattr(Named, "WINDOW" if NAME else "OTHER")'), (False, "vars(Named)[NAME]"),
+    (False, 'vars(Named).get("WINDOW")'), (False, "Named.__dict__[NAME]"), (False, "hasattr(Named, NAME) * 2"),
+    (False, 'operator.attrgetter("WINDOW")(Named)'), (False, "reader(Named, NAME)"),
+])
+def test_a_name_is_keyed_where_the_code_writes_it_and_traced_afresh_where_it_computes_it(keyed, body):
+    scope = {"Named": Named, "NAME": NAME, "operator": operator, "reader": getattr}
+    exec(f"def windowed(b, h, q_idx, kv_idx):\n    return q_idx - kv_idx <= {body}\n", scope)  # noqa: S102
+    assert (tracememo.reads(scope["windowed"]) is not None) == keyed
+
+
+def test_reading_a_captured_tensor_leaves_it_resizable():
+    """The memo reads an integer tensor's bounds and a mask's tensors' digest without a numpy view of them
+    (which would make their storage unresizable for the rest of the process)."""
+    q, k, v = _inputs(24, 24)
+    ids = torch.arange(24) // 5
+    table, index = torch.randn(24), torch.arange(24)
+    flashlib.flash_attention(q, k, v, mask_mod=masks.document(ids))
+    flashlib.flash_attention(q, k, v, score_mod=lambda s, b, h, q_idx, kv_idx: s + table[index[kv_idx]])
+    for t in (ids, table, index):
+        t.resize_(2 * 24)
+        assert t.shape == (48,)
 
 
 def test_a_trace_that_reads_a_captured_tensor_in_python_is_not_kept(traces):

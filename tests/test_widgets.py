@@ -1,14 +1,27 @@
-"""flashlib.widgets: slider moves change the schedule and the picture as they should."""
+"""flashlib.widgets: slider moves change the schedule and the picture as they should; the steppers show their
+picture under ipywidgets 8 (the lock) and under ipywidgets 7.7.1 (Colab's), whose display protocol differs."""
+import base64
 import io
 import math
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
+import nbformat
 import numpy as np
 import PIL.Image
+import pytest
 import torch
+from nbclient import NotebookClient
 
 from flashlib.course import viz
 from flashlib.course.widgets import OnlineSoftmaxStepper, TileStepper, benchmark_redraw
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import execute_notebooks  # noqa: E402
 
 
 def example():
@@ -136,3 +149,60 @@ def test_tile_stepper_neighbours_are_one_move_away():
                    (2, 3, False, "query", 0), (2, 1, False, "query", 0), (2, 2, True, "query", 0),
                    (2, 2, False, "key", 0)]
     stepper.close()
+
+
+# ----- ipywidgets 7 (Colab's 7.7.1): a widget displays through _ipython_display_ -------------------------
+
+IPYWIDGETS_7 = "7.7.1"  # Colab's (googlecolab/backend-info, pip-freeze.gpu.txt, 2026-08-19)
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+# what pip says when it cannot reach the package index (offline, no DNS, a proxy refusing)
+UNREACHABLE = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
+               "Name or service not known", "Network is unreachable", "Connection refused", "ProxyError",
+               "ConnectTimeoutError", "Read timed out", "(from versions: none)")
+
+
+@pytest.fixture(scope="module")
+def ipywidgets_7(tmp_path_factory):
+    """A folder holding ipywidgets 7.7.1, installed by pip (--target), to put first on a kernel's path. Without
+    its dependencies: the kernel's own ipykernel, IPython and traitlets serve it, as Colab's serve its 7.7.1;
+    ipython_genutils, which 7 imports and 8 dropped, is added (widgetsnbextension and jupyterlab_widgets are
+    front-end packages, never imported)."""
+    target = tmp_path_factory.mktemp("ipywidgets-7")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-deps",
+                           "--retries", "1", "--timeout", "20", "--target", str(target),
+                           f"ipywidgets=={IPYWIDGETS_7}", "ipython_genutils==0.2.0"],
+                          capture_output=True, text=True, timeout=600)
+    said = done.stdout + done.stderr
+    if done.returncode != 0 and any(sign in said for sign in UNREACHABLE):
+        pytest.skip(f"pip could not reach the package index to install ipywidgets {IPYWIDGETS_7}: "
+                    + said.strip().splitlines()[-1])
+    assert done.returncode == 0, f"pip could not install ipywidgets {IPYWIDGETS_7}:\n{said}"
+    return target
+
+
+def _steppers(cells) -> list[dict]:
+    """Each displayed widget's bundle, in order."""
+    return [output.data for cell in cells for output in cell.get("outputs", []) if WIDGET_VIEW in output.get("data", {})]
+
+
+@pytest.mark.parametrize("name", ["02_online_softmax", "03_tiled_attention"])
+def test_a_stored_notebooks_steppers_show_their_picture_with_ipywidgets_7(name, ipywidgets_7):
+    """A notebook run in a kernel whose ipywidgets is 7.7.1 (which displays a widget through _ipython_display_
+    and never asks _repr_mimebundle_): each stepper shows the picture beside the widget that the notebook
+    stores from its run under ipywidgets 8, so a reader without a kernel sees it there too."""
+    path = ROOT / "notebooks" / f"{name}.ipynb"
+    stored, run = nbformat.read(path, as_version=4), nbformat.read(path, as_version=4)
+    run.cells.insert(0, nbformat.v4.new_code_cell("import ipywidgets\nprint(ipywidgets.__version__)"))
+    env = {k: v for k, v in execute_notebooks._kernel_env().items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join((str(ipywidgets_7), env["PYTHONPATH"]))
+    env["FLASHLIB_PROGRESS"] = "off"  # a lab's check would leave its record in notebooks/
+    NotebookClient(run, timeout=600, kernel_name="python3", kernel_manager_class=execute_notebooks._ThisPythonKernelManager
+                   ).execute(env=env, cwd=str(ROOT / "notebooks"))
+    assert run.cells[0].outputs[0].text.strip() == IPYWIDGETS_7
+    shown, kept = _steppers(run.cells), _steppers(stored.cells)
+    assert len(shown) == len(kept) >= 1
+    for got, want in zip(shown, kept):
+        assert "image/png" in got, sorted(got)
+        assert got["text/plain"] == want["text/plain"]
+        np.testing.assert_array_equal(pixels(base64.b64decode(got["image/png"])),
+                                      pixels(base64.b64decode(want["image/png"])))

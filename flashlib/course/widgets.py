@@ -81,7 +81,25 @@ class FigureBox(widgets.VBox):
         return ()
 
     def _repr_mimebundle_(self, **kwargs):
-        bundle = super()._repr_mimebundle_(**kwargs)
+        """ipywidgets 8's display of the widget, with the current frame as ``image/png`` beside it."""
+        shown = getattr(super(), "_repr_mimebundle_", None)
+        if shown is None:  # ipywidgets 7: the widget shows through _ipython_display_ (closed: as text)
+            return None
+        return self._with_frame(shown(**kwargs))
+
+    if hasattr(widgets.Widget, "_ipython_display_"):  # ipywidgets 7 (Colab's 7.7.1) displays through this
+        def _ipython_display_(self, **kwargs):
+            """ipywidgets 7's display of the widget (its Widget._ipython_display_), with the current frame
+            as ``image/png`` beside it, as :meth:`_repr_mimebundle_` gives it with ipywidgets 8."""
+            from IPython.display import display
+
+            text = repr(self)
+            view = {"version_major": 2, "version_minor": 0, "model_id": self._model_id}
+            display(self._with_frame({"text/plain": text[:110] + "…" if len(text) > 110 else text,
+                                      "application/vnd.jupyter.widget-view+json": view}), raw=True)
+            self._handle_displayed(**kwargs)
+
+    def _with_frame(self, bundle):
         frame = getattr(self, "image", None)
         if bundle is not None and frame is not None and frame.value:
             bundle["image/png"] = base64.b64encode(bytes(frame.value)).decode("ascii")

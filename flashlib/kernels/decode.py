@@ -39,6 +39,7 @@ from .config import LN2, LOG2E, head_dim_pad
 from .forward import _finish, _finite, _load_rows, _online_update, _scores, triton
 from .rules import (_PARTIAL, _batch_head, _key_range, _key_split, _mod_scores, _no_mask, _sink_state, _stacked_head, _visible,
                     row_chunks)
+from .maskfn import copied
 from .scorefn import score_args
 
 import triton.language as tl  # noqa: E402  (after forward: it chose the interpreter mode)
@@ -406,6 +407,7 @@ class DecodeLaunch:
         kv_heads, dv = k_cache.shape[1], v_cache.shape[-1]
         rows = q_heads // max(kv_heads, 1) * n
         self.empty, self._merge = q.numel() == 0, not stacked
+        self.copies = []  # (buffer, tensor): what the kernels read from a copy, made again by refresh()
         self.out = q.new_zeros(batch, q_heads, n, dv) if self.empty else q.new_empty(batch, q_heads, n, dv)
         self.lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
         if self.empty:  # no batch, heads or new tokens: zeros and -inf, no launch
@@ -454,7 +456,12 @@ class DecodeLaunch:
                                self.partial_ml[parts], new_tokens[seqs], starts[seqs]))
         check_grid(DECODE_FN, self._runs[0][0], q.device, ("query row blocks (query heads per kv head x new tokens)",
                                                            "num_splits", "batch x kv_heads"))  # the largest run
-        extra = {} if options.sinks is None else dict(Sinks=options.sinks.to(torch.float32).contiguous())
+        self.copies = copied(score) if score is not None else []
+        extra = {}
+        if options.sinks is not None:  # float32 contiguous, as the merge reads them: in place, or a copy
+            extra["Sinks"] = sinks = options.sinks.detach().to(torch.float32).contiguous()
+            if sinks.data_ptr() != options.sinks.data_ptr():
+                self.copies.append((sinks, options.sinks))
         if prefix is not None:
             extra.update(Prefix=prefix.partial, PrefixML=prefix.partial_ml, stride_xz=prefix.partial.stride(0),
                          stride_xr=prefix.partial.stride(1), PREFIX_SPLITS=prefix.shape.num_splits, BATCH=batch)
@@ -462,6 +469,14 @@ class DecodeLaunch:
                             self._out_rows.stride(1), splits, rows, dv)
         self._merge_kw = dict(HEAD_DIM_PAD=head_dim_pad(dv), BLOCK_Q=self.shape.merge_block_q,
                               num_warps=self.shape.merge_warps, num_stages=1, KV_HEADS=kv_heads, NEW_TOKENS=n, **extra)
+
+    def refresh(self):
+        """Copy again, into the same buffers, what the kernels read from a copy (:attr:`copies`: a score
+        function's int64 tensors narrowed to int32, sinks that are not float32 contiguous), so that a
+        launch reads their values now; no allocation (a CUDA graph can capture it)."""
+        with torch.no_grad():  # sinks a model trains: the copy is no part of its graph
+            for buffer, tensor in self.copies:
+                buffer.copy_(tensor)
 
     def __call__(self, q, k_cache, v_cache, seqlens, block_table=None, out=None):
         """Launch both stages (a prefix's pass: stage 1 alone, returning None); seqlens (batch,) int32 contiguous.

@@ -186,6 +186,14 @@ def _data(tensors, narrow, device) -> tuple:
     return tuple(t.to(torch.int32) if n else t for t, n in zip(moved, narrow))
 
 
+def copied(kernel: KernelMask) -> list:
+    """(copy, tensor) for each tensor the kernels read from a copy (an int64 one narrowed to int32), which
+    holds the values the tensor had when ``kernel`` was compiled: a caller that launches it again (a plan)
+    copies them again (``copy.copy_(tensor)``)."""
+    return [(data, t) for data, t in zip(kernel.data or (), kernel.captured)
+            if data.dtype != t.dtype or data.data_ptr() != t.data_ptr()]
+
+
 def _mask_source(graph: Graph, tensors: list) -> tuple:
     """(the MASK_MOD source of a mask function's trace, the numbers it is given at launch, None)."""
     if graph.result.dtype is not torch.bool:

@@ -6,10 +6,11 @@ Each memo below keeps what was built under a key and a guard, and returns it onl
 they were when it was built:
 
 * the **key**, :func:`flashlib.captures.reads`: everything the function can read but tensors' values (its
-  code and defaults, its closure, the globals its code names and the attributes its code may read of the
-  modules and classes among them, followed into the functions among those; numbers and strings by value;
-  tensors by identity, dtype, shape, strides, offset, device and requires_grad), with the call's part (the
-  indices' bounds, i.e. the lengths, and the device) and the default dtype.
+  code and defaults, its closure, the globals its code names and, of the modules and classes among them,
+  every attribute that any code the walk reaches may read, followed into the functions among those;
+  numbers and strings by value; tensors by identity, dtype, shape, strides, offset, device and
+  requires_grad), with the call's part (the indices' bounds, i.e. the lengths, and the device) and the
+  default dtype.
 * the **guard**: what the kept thing depends on of the values of the tensors the function reads,
   recomputed at every hit, since values can change without PyTorch knowing (a numpy view's writes,
   ``.data``) and PyTorch's version counter misses those.
@@ -30,8 +31,8 @@ Numbers a function computes with that its code does not spell out (captured, or 
 ones) are given to the kernel at launch, not written into its source (:func:`flashlib.captures.literals`):
 a new temperature or window traces again (its value is in the key) but writes the same source, so compiles
 no new kernel (:func:`flashlib.kernels.maskfn.compiled`; on a GPU Triton keeps each source's compiled
-kernels for the process). What cannot be keyed (an object's attributes, a numpy array) gets no key: such a
-call traces afresh.
+kernels for the process). What cannot be keyed (an object's attributes, a numpy array, an attribute read by
+a name the code computes: ``getattr(cfg, name)``) gets no key: such a call traces afresh.
 
 Memory is bounded, whatever the calls: ``MEMO`` holds at most 256 entries (the key, the source, a few
 numbers and, for a function that indexes tensors, the graph of its loads: 2 KB for a temperature, 5 KB for
@@ -64,11 +65,10 @@ def bounds_guard(read, loaded) -> tuple:
 
 
 def digest(t: torch.Tensor) -> bytes:
-    """sha256 of a tensor's values (its bytes, in order): equal values, equal digests."""
-    if t.device.type == "cpu" and t.dtype is not torch.bfloat16:  # numpy's view, copied in order if strided
-        return hashlib.sha256(t.detach().numpy().tobytes()).digest()
-    flat = t.detach().reshape(-1).contiguous()
-    return hashlib.sha256(flat.view(torch.uint8).cpu().numpy().data).digest() if flat.numel() else b""
+    """sha256 of a tensor's values (its bytes, in order): equal values, equal digests. Read from a copy: a
+    numpy view of the tensor itself would make its storage unresizable for good (``t.resize_`` fails)."""
+    flat = t.detach().reshape(-1).to("cpu", copy=True)  # contiguous, its own storage
+    return hashlib.sha256(flat.view(torch.uint8).numpy()).digest() if flat.numel() else b""
 
 
 def contents_guard(read, loaded) -> tuple:
