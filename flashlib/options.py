@@ -106,9 +106,9 @@ class Options(NamedTuple):
 
     @property
     def rule_numbers(self) -> tuple:
-        """(window left, window right, chunk): the rule's tuple the kernels are given (flashlib.kernels.rules);
-        the chunk None without chunks, a compile-time None to Triton, so that its code is compiled out."""
-        return (*self.window, self.attention_chunk or None)
+        """(window left, window right[, chunk]): the rule's tuple the kernels are given (flashlib.kernels.rules);
+        two integers without chunks, so that the chunk's code is compiled out."""
+        return (*self.window, self.attention_chunk) if self.attention_chunk else tuple(self.window)
 
     # ----- what crosses a custom op's schema: numbers and tensors, each in one list --------------
 

@@ -17,8 +17,10 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-_POINTERS = {"Partial": "*fp32", "PartialML": "*fp32", "Lse": "*fp32", "SeqLens": "*i32", "NewTokens": "*i32",
-             "Starts": "*i32", "Table": "*i32", "Sinks": "*fp32", "Prefix": "*fp32", "PrefixML": "*fp32"}
+_POINTERS = {"Partial": "*fp32", "PartialML": "*fp32", "Lse": "*fp32", "Seqs": ("*i32",) * 3, "Table": "*i32",
+             "Sinks": "*fp32", "Prefix": "*fp32", "PrefixML": "*fp32"}
+# stage 1's strides, one tuple a tensor: q's (sequence, stack, row), the caches' (block, head, row), the partials'
+_STRIDES = {"stride_q": 3, "stride_k": 3, "stride_v": 3, "stride_p": 2}
 
 
 def spec(kernel: str, capability, dtype: str, head_dim: int, *, paged: bool = False, softcap: bool = False,
@@ -50,24 +52,40 @@ def compile_decode(specs, *, triton_path: str | None = None, launch: bool = Fals
     return json.loads(done.stdout)
 
 
-def _signature(fn, dtype: str, constants: dict, runtime: dict):
-    """runtime: arguments typed by their value, as the JIT types them (a score function's numbers, a tuple)."""
-    from triton.runtime.jit import mangle_type
+def _bundle(i: int, bundle, constants: dict):
+    """A bundle of kernels/rules.py as the JIT types it, argument ``i``: its functions compile-time constants,
+    its tensors' pointers unaligned (none is given here), its integers and floats run-time."""
+    from triton.runtime.jit import JITFunction, mangle_type
 
+    def typed(value, path):
+        if isinstance(value, tuple):
+            items = [typed(v, (*path, j)) for j, v in enumerate(value)]
+            return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+        if isinstance(value, JITFunction):
+            constants[path] = value
+            return "constexpr"
+        return mangle_type(value)
+
+    return typed(bundle, (i,))
+
+
+def _signature(fn, dtype: str, constants: dict, runtime: dict):
+    """runtime: arguments typed by their value, as the JIT types them (the mask and score bundles)."""
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constants:
             signature[name] = "constexpr"
         elif name in runtime:
-            signature[name] = mangle_type(runtime[name])
+            signature[name] = _bundle(i, runtime[name], constants)
         elif name in _POINTERS or name in ("Q", "K", "V", "Out"):
             signature[name] = _POINTERS.get(name, f"*{_TYPES[dtype]}")
-            attrs[(i,)] = [["tt.divisibility", 16]]
+            parts = range(len(signature[name])) if isinstance(signature[name], tuple) else [None]
+            attrs.update({(i,) if j is None else (i, j): [["tt.divisibility", 16]] for j in parts})
         elif name in ("qk_scale", "scale"):
             signature[name] = "fp32"
-        elif name == "rule":  # (window left, right, chunk): no chunk, a compile-time None, as a launch binds it
-            signature[name] = ("i32", "i32", "constexpr")
-            constants[(i, 2)] = None
+        elif name in _STRIDES:  # as the JIT sees multiples of 16
+            signature[name] = ("i32",) * _STRIDES[name]
+            attrs.update({(i, j): [["tt.divisibility", 16]] for j in range(_STRIDES[name])})
         else:
             signature[name] = "i32"
             if name.startswith("stride") or name in ("HEAD_DIM", "HEAD_DIM_V"):  # as the JIT sees multiples of 16
@@ -94,18 +112,20 @@ def _kernel(s):
     cfg = (decode.DecodeConfig(*s["config"]) if s.get("config") else
            decode.decode_config(d, getattr(torch, s["dtype"]), tuple(s["capability"]), head_dim_v=dv, paged=s["paged"]))
     from flashlib.kernels.function import kernel_score
+    from flashlib.kernels.rules import mask_bundle, score_bundle
     from flashlib.options import Options
 
-    score = kernel_score(Options(softcap=30.0 if s["softcap"] else 0.0), "cpu")  # soft-capping: a score function
+    score = score_bundle(kernel_score(Options(softcap=30.0 if s["softcap"] else 0.0), "cpu"))  # a score function
     constants = dict(HEAD_DIM_PAD=d_pad, HEAD_DIM_V_PAD=head_dim_pad(dv), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
                      KEY_ROWS=decode._paged_rows if s["paged"] else decode._contiguous_rows,
-                     PAGE_SIZE=s.get("page_size", 16) if s["paged"] else 1,
-                     SCORE_MOD=None if score is None else score.jit, INPUT_PRECISION="tf32", V_FROM_K=v_from_k)
-    if score is None or score.data is None:
-        constants["ScoreData"] = None  # what a launch without them passes: a compile-time None
-    runtime = {} if score is None or score.data is None else dict(ScoreData=score.data)
-    if s.get("chunk"):
-        runtime["rule"] = (-1, -1, 8192)  # a chunk: three run-time integers
+                     PAGE_SIZE=s.get("page_size", 16) if s["paged"] else 1, INPUT_PRECISION="tf32", V_FROM_K=v_from_k)
+    # the rule as a launch binds it: the window's sides (-1: none) run-time integers, a chunk a third
+    runtime = dict(mask=mask_bundle(Options(attention_chunk=8192 if s.get("chunk") else 0),
+                                    always=True))
+    if score is None:
+        constants["score"] = None  # what a launch without one passes: a compile-time None
+    else:
+        runtime["score"] = score
     return decode._decode_split, constants, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), runtime
 
 

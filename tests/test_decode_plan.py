@@ -39,8 +39,11 @@ def launches_only():
 
     launched = []
 
+    def flat(a):  # a bundle of arguments (tuples in tuples), element by element
+        return [x for item in a for x in flat(item)] if isinstance(a, tuple) else [a]
+
     def record(self, *args, grid, warmup, **kwargs):
-        given = [x for a in (*args, *kwargs.values()) for x in (a if isinstance(a, tuple) else (a,))]  # ScoreData
+        given = flat((*args, *kwargs.values()))
         launched.append((self.fn.__name__, grid, [a for a in given if isinstance(a, torch.Tensor)]))
 
     def forbidden(name):

@@ -25,7 +25,7 @@ BIG = 2**31 - 1
 
 
 @triton.jit
-def _rule_kernel(Mask, KeyRange, QueryRange, SEQ_Q, SEQ_K, rule,
+def _rule_kernel(Mask, KeyRange, QueryRange, SEQ_Q, SEQ_K, mask,
                  ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                  CAUSAL: tl.constexpr):
     """Program (i, j): query block i against key tile j; writes the tile's visibility, and once per
@@ -33,16 +33,16 @@ def _rule_kernel(Mask, KeyRange, QueryRange, SEQ_Q, SEQ_K, rule,
     bq, bk = tl.program_id(0), tl.program_id(1)
     q0, k0 = bq * BLOCK_Q, bk * BLOCK_K
     offs_q, offs_k = q0 + tl.arange(0, BLOCK_Q), k0 + tl.arange(0, BLOCK_K)
-    # the element test as a partial tile of the mask path asks it (a window or chunk alone: _no_mask)
-    visible = kr._visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL, rule, kr._PARTIAL, MASK_MOD=kr._no_mask)
+    # the element test as a partial tile of the mask path asks it (a window or chunk alone: its mask bundle)
+    visible = kr._visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL, kr._PARTIAL, mask=mask)
     inside = (offs_q[:, None] < ROWS) & (offs_k[None, :] < COLS)
     tl.store(Mask + offs_q[:, None] * COLS + offs_k[None, :], visible.to(tl.int8), mask=inside)
     if bk == 0:
-        k_start, k_end = kr._key_range(q0, SEQ_Q, SEQ_K, rule, BLOCK_Q, BLOCK_K, CAUSAL, True)
+        k_start, k_end = kr._key_range(q0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL, mask)
         tl.store(KeyRange + bq * 2, k_start)
         tl.store(KeyRange + bq * 2 + 1, k_end)
     if bq == 0:
-        q_start, q_end = kr._query_range(k0, SEQ_Q, SEQ_K, rule, BLOCK_Q, BLOCK_K, CAUSAL, True)
+        q_start, q_end = kr._query_range(k0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL, mask)
         tl.store(QueryRange + bk * 2, q_start)
         tl.store(QueryRange + bk * 2 + 1, q_end)
 
@@ -52,7 +52,8 @@ def _triton_rule(seq_q, seq_k, block_q, block_k, causal, window, chunk=0):
     mask = torch.zeros(max(seq_q, 1), max(seq_k, 1), dtype=torch.int8)
     key_range = torch.zeros(blocks, 2, dtype=torch.int32)
     query_range = torch.zeros(tiles, 2, dtype=torch.int32)
-    _rule_kernel[(blocks, tiles)](mask, key_range, query_range, seq_q, seq_k, (*window, chunk or None),
+    bundle = kr.mask_bundle(Options(window=window, attention_chunk=chunk), always=True)  # as the launchers make it
+    _rule_kernel[(blocks, tiles)](mask, key_range, query_range, seq_q, seq_k, bundle,
                                   ROWS=max(seq_q, 1), COLS=max(seq_k, 1), BLOCK_Q=block_q, BLOCK_K=block_k,
                                   CAUSAL=causal)
     return mask[:seq_q, :seq_k].bool(), key_range.tolist(), query_range.tolist()
@@ -111,10 +112,10 @@ def test_an_unbounded_window_written_as_the_largest_int_is_no_window():
 # ----- soft-capping ------------------------------------------------------------------------------
 
 @triton.jit
-def _softcap_kernel(X, Out, scale, qk_scale, ScoreData, SCORE_MOD: tl.constexpr, N: tl.constexpr):
+def _softcap_kernel(X, Out, scale, qk_scale, score, N: tl.constexpr):
     offs = tl.arange(0, N)
     # soft-capping as the kernels compute it: the score function flashlib.scores.softcap, compiled
-    capped = kr._mod_scores(tl.load(X + offs), scale, qk_scale, 0, 0, offs, offs, ScoreData, SCORE_MOD)
+    capped = kr._mod_scores(tl.load(X + offs), scale, qk_scale, 0, 0, offs, offs, score)
     tl.store(Out + offs, capped)
 
 
@@ -128,7 +129,7 @@ def test_the_kernels_softcap_is_float32_rounding_from_float64(cap):
     scale = 0.125
     out = torch.empty(512)
     score = kernel_score(Options(softcap=cap), "cpu")
-    _softcap_kernel[(1,)](x, out, scale, scale * math.log2(math.e), score.data, score.jit, N=512)
+    _softcap_kernel[(1,)](x, out, scale, scale * math.log2(math.e), kr.score_bundle(score), N=512)
     exact = cap * torch.tanh(x.double() * scale / cap) * math.log2(math.e)
     ulp = torch.finfo(torch.float32).eps
     err = ((out.double() - exact).abs() / exact.abs().clamp_min(1e-30))

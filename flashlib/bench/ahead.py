@@ -50,7 +50,11 @@ class Note:
 def _stand_in(arg):
     """A tensor's stand-in for compiling: Triton specialises a pointer on its dtype and on
     whether its address is a multiple of 16, and a MockTensor's is (address 0). Keeping the
-    tensors themselves would hold every recorded buffer in device memory."""
+    tensors themselves would hold every recorded buffer in device memory. A tuple (a bundle of
+    the kernels' arguments) is stood in for element by element."""
+    if isinstance(arg, tuple):
+        items = [_stand_in(a) for a in arg]
+        return type(arg)(*items) if hasattr(arg, "_fields") else tuple(items)
     if hasattr(arg, "data_ptr") and hasattr(arg, "dtype") and not isinstance(arg, MockTensor):
         return MockTensor(arg.dtype) if arg.data_ptr() % 16 == 0 else arg
     return arg

@@ -18,8 +18,9 @@ The variants use the forward's helpers. Grouped-query attention: a dK/dV program
 kv head's key tile and loops over the BLOCK_H query heads that read it (the kv head's group, a
 block of heads: a compile-time size, so that the loop vanishes for BLOCK_H = 1), summing their
 contributions in registers (no atomics, still deterministic). A score function (soft-capping,
-ALiBi...): dS picks up its slope at the score, derived from the function (:func:`_mod_slope`). A window or a mask function: each key tile
-visits the query blocks of :func:`_query_range` and skips those its block mask row skips.
+ALiBi...), the ``score`` bundle: dS picks up its slope at the score, derived from the function
+(:func:`_mod_slope`). A window, a chunk or a mask function, the ``mask`` bundle: each key tile visits the
+query blocks of :func:`_query_range` and skips those its block mask row skips.
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402
 
 from .forward import _load_rows  # noqa: E402
-from .rules import (_SKIPPED, _batch_head, _key_range, _mod_scores_slope, _mod_slope, _query_range,  # noqa: E402,F401
-                    _query_range_start, _tile_kind, _visible, _visible_slope)
+from .rules import (_SKIPPED, _batch_head, _key_range, _mask_row, _mod_scores_slope, _mod_slope,  # noqa: E402,F401
+                    _query_range, _query_range_start, _tile_kind, _visible, _visible_slope)
 
 
 @triton.jit
@@ -71,20 +72,17 @@ def _lse_base2(Lse, offs_q, SEQ_Q):
 def _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d,
                          q_start, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
                          BLOCK_Q: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                         q_end=None, scale=1.0, rule=None, off_b=0, off_h=0, MaskData=None,
-                         Tiles=None, ScoreData=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
-                         offs_dv=None, HEAD_DIM_V=None):
-    """Accumulate one key tile's dk, dv over the query blocks that can see it, [q_start, q_end)
-    (q_end: SEQ_Q if None); with a mask function, blocks its block mask row (Tiles) skips are passed over.
-    offs_dv, HEAD_DIM_V: dO's columns and v's head dim (None: q's, as the lab's kernel calls it)."""
-    if q_end is None:
-        q_end = SEQ_Q
-    if offs_dv is None:
-        offs_dv = offs_d
+                         k0=0, scale=1.0, off_b=0, off_h=0, mask=None, score=None, HEAD_DIM_V=None):
+    """Accumulate one key tile's (keys k0 ..) dk, dv over the query blocks that can see it, from q_start to
+    SEQ_Q, or with a mask bundle to its :func:`_query_range` end, passing over the blocks its block mask's row
+    skips. dO's columns are dv's; HEAD_DIM_V: v's head dim (None: q's, as the lab's kernel calls it)."""
+    offs_dv = tl.arange(0, dv.shape[1])
     if HEAD_DIM_V is None:
         HEAD_DIM_V = HEAD_DIM
+    _, q_end = _query_range(k0, SEQ_Q, SEQ_K, BLOCK_Q, offs_k.shape[0], CAUSAL, mask)  # SEQ_Q without a mask
+    tiles = _mask_row(off_b, off_h, k0 // offs_k.shape[0], mask)
     for q0 in range(q_start, q_end, BLOCK_Q):
-        kind = _tile_kind(Tiles, q0 // BLOCK_Q, MASK_MOD)  # _FULL without a mask function
+        kind = _tile_kind(tiles, q0 // BLOCK_Q, mask)  # _FULL without a mask bundle
         if kind != _SKIPPED:
             offs_q = q0 + tl.arange(0, BLOCK_Q)
             q_blk = _load_rows(Q, stride_qm, offs_q, offs_d, SEQ_Q, HEAD_DIM)
@@ -94,29 +92,27 @@ def _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, s
             # transposed tiles (BLOCK_K, BLOCK_Q): keys are this program's rows
             x_t = tl.dot(k_tile, tl.trans(q_blk), input_precision=INPUT_PRECISION)
             s_t, slope_t = _mod_scores_slope(x_t, scale, qk_scale, off_b, off_h, offs_q[None, :], offs_k[:, None],
-                                             ScoreData, SCORE_MOD)
+                                             score)
             p_t = tl.math.exp2((s_t - lse[None, :]) - lse_lo[None, :])
-            visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL, rule, kind, off_b, off_h, MaskData, MASK_MOD)
+            visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL, kind, off_b, off_h, mask)
             p_t = tl.where(tl.trans(visible), p_t, 0.0)
-            slope_t = _visible_slope(slope_t, tl.trans(visible), SCORE_MOD)
+            slope_t = _visible_slope(slope_t, tl.trans(visible), score)
             dv += tl.dot(p_t.to(do_blk.dtype), do_blk, input_precision=INPUT_PRECISION)
             dp_t = tl.dot(v_tile, tl.trans(do_blk), input_precision=INPUT_PRECISION)
-            ds_t = _mod_slope(p_t * (dp_t - delta[None, :]), slope_t, SCORE_MOD)
+            ds_t = _mod_slope(p_t * (dp_t - delta[None, :]), slope_t, score)
             dk += tl.dot(ds_t.to(q_blk.dtype), q_blk, input_precision=INPUT_PRECISION)
     return dk, dv
 
 
 @triton.jit
-def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, ScoreData, qk_scale, scale,
-                         stride_qh, stride_qm, stride_kn, stride_vn, stride_doh, stride_dom, stride_dkn, stride_dvn,
-                         stride_lh, k0, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V, rule, off_b, off_h, stride_t,
+def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale, stride_q, stride_kn, stride_vn, stride_do,
+                         stride_dkn, stride_dvn, stride_lh, k0, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V, off_b, off_h,
                          HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
-                         BLOCK_K: tl.constexpr,
-                         BLOCK_H: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                         SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr):
+                         BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, CAUSAL: tl.constexpr,
+                         INPUT_PRECISION: tl.constexpr, mask=None, score=None):
     """One key tile (k0 ..) of one kv head: K, V, DK, DV point at its first key; Q, DO, Lse and Delta
     at the first of the BLOCK_H query heads that read it (query head off_h), the next ones a head
-    stride (stride_qh, stride_doh, stride_lh) further."""
+    stride further: stride_q, stride_do (head, row), stride_lh Lse's and Delta's."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)  # v's, dO's and dV's columns
@@ -126,23 +122,18 @@ def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, Score
     v_tile = _load_rows(V, stride_vn, offs_k, offs_dv, SEQ_K, HEAD_DIM_V)
     dk = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_K, HEAD_DIM_V_PAD], dtype=tl.float32)
-    q_start, q_end = _query_range(k0, SEQ_Q, SEQ_K, rule, BLOCK_Q, BLOCK_K, CAUSAL,
-                                  MASK_MOD is not None)
+    q_start, _ = _query_range(k0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL, mask)
     for g in range(0, BLOCK_H):  # the query heads that share this kv head add to its dk, dv
-        row = Tiles
-        if MASK_MOD is not None:  # the block mask's row of this key tile for query head off_h + g
-            row += off_b * stride_t[0] + (off_h + g) * stride_t[1] + k0 // BLOCK_K * stride_t[2]
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q + g * stride_qh, DO + g * stride_doh,
-                                      Lse + g * stride_lh, Delta + g * stride_lh, stride_qm, stride_dom, offs_k, offs_d,
-                                      q_start, qk_scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, BLOCK_Q=BLOCK_Q,
-                                      CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, q_end=q_end, scale=scale,
-                                      rule=rule, off_b=off_b, off_h=off_h + g,
-                                      MaskData=MaskData, Tiles=row, ScoreData=ScoreData, SCORE_MOD=SCORE_MOD,
-                                      MASK_MOD=MASK_MOD, offs_dv=offs_dv, HEAD_DIM_V=HEAD_DIM_V)
-    mask = (offs_k[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q + g * stride_q[0], DO + g * stride_do[0],
+                                      Lse + g * stride_lh, Delta + g * stride_lh, stride_q[1], stride_do[1], offs_k,
+                                      offs_d, q_start, qk_scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
+                                      BLOCK_Q=BLOCK_Q, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, k0=k0,
+                                      scale=scale, off_b=off_b, off_h=off_h + g, mask=mask, score=score,
+                                      HEAD_DIM_V=HEAD_DIM_V)
+    mask_k = (offs_k[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)
     dk = dk * scale  # s = scale * q kᵀ, so dk picks up the scale once, at the end
     rows = offs_k[:, None].to(tl.int64)  # int64: a row stride times a row can pass 2^31
-    tl.store(DK + rows * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=mask)
+    tl.store(DK + rows * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=mask_k)
     mask_v = (offs_k[:, None] < SEQ_K) & (offs_dv[None, :] < HEAD_DIM_V)
     tl.store(DV + rows * stride_dvn + offs_dv[None, :], dv.to(DV.dtype.element_ty), mask=mask_v)
 
@@ -151,74 +142,64 @@ def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, Tiles, MaskData, Score
 def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale, stride_q, stride_k, stride_v, stride_do, stride_dk,
                    stride_dv, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V,
                    HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
-                   BLOCK_K: tl.constexpr,
-                   CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                   HEADS=1, rule=None, MaskData=None,
-                   Tiles=None, stride_t=None, BLOCK_H: tl.constexpr = 1,
-                   SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, ROW0=0, ScoreData=None):
+                   BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                   HEADS=1, BLOCK_H: tl.constexpr = 1, ROW0=0, mask=None, score=None):
     """One program per key tile of one kv head: the grid is (key tiles, B*H_kv); BLOCK_H = H / H_kv; each
-    tensor's strides one tuple, (head, row). Tiles: the block mask's kinds by key tile, (B or 1, H or 1, key
-    tiles, query blocks), stride_t its (batch, head, row) strides. ROW0: where
-    K's rows start among all B*H_kv, on a batch boundary (a launch takes at most 65,535 rows:
-    rules.row_chunks)."""
+    tensor's strides one tuple, (head, row). mask, score: the launch's bundles (kernels/rules.py) or None, the
+    block mask's kinds by key tile, (B or 1, H or 1, key tiles, query blocks). ROW0: where K's rows start among
+    all B*H_kv, on a batch boundary (a launch takes at most 65,535 rows: rules.row_chunks)."""
     k0 = tl.program_id(0) * BLOCK_K  # the grid replaces the reference's loop over key tiles
     off_z = tl.program_id(1).to(tl.int64)  # batch * kv head
     off_q = off_z * BLOCK_H  # its group's first query head, batch * HEADS + head
     off_b, off_h = _batch_head(off_q, HEADS, ROW0 * BLOCK_H)  # what mask and score functions are told
     _attn_bwd_dkdv_block(Q + off_q * stride_q[0], K + off_z * stride_k[0], V + off_z * stride_v[0],
                          DO + off_q * stride_do[0], DK + off_z * stride_dk[0], DV + off_z * stride_dv[0],
-                         Lse + off_q * SEQ_Q, Delta + off_q * SEQ_Q, Tiles, MaskData, ScoreData, qk_scale, scale,
-                         stride_q[0], stride_qm=stride_q[1], stride_kn=stride_k[1], stride_vn=stride_v[1],
-                         stride_doh=stride_do[0], stride_dom=stride_do[1], stride_dkn=stride_dk[1],
-                         stride_dvn=stride_dv[1], stride_lh=SEQ_Q, k0=k0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
-                         HEAD_DIM_V=HEAD_DIM_V, rule=rule, off_b=off_b, off_h=off_h, stride_t=stride_t,
-                         HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H, CAUSAL=CAUSAL,
-                         INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
+                         Lse + off_q * SEQ_Q, Delta + off_q * SEQ_Q, qk_scale, scale, stride_q, stride_k[1],
+                         stride_v[1], stride_do, stride_dk[1], stride_dv[1], stride_lh=SEQ_Q, k0=k0, SEQ_Q=SEQ_Q,
+                         SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, off_b=off_b, off_h=off_h,
+                         HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K,
+                         BLOCK_H=BLOCK_H, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, mask=mask, score=score)
 
 
 @triton.jit
 def _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end,
                        qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
                        BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                       k_start=0, scale=1.0, rule=None, off_b=0, off_h=0, MaskData=None,
-                       Tiles=None, ScoreData=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
-                       lse_lo=0.0, offs_dv=None, HEAD_DIM_V=None):
-    """Accumulate one query block's dq over the key tiles it can see, [k_start, k_end); with a mask
-    function, tiles its block mask row (Tiles) skips are passed over. lse + lse_lo: the rows' base-2 lse.
-    offs_dv, HEAD_DIM_V: v's columns and head dim (None: q's)."""
-    if offs_dv is None:
-        offs_dv = offs_d
+                       k_start=0, q0=0, scale=1.0, off_b=0, off_h=0, mask=None, score=None, lse_lo=0.0,
+                       HEAD_DIM_V=None):
+    """Accumulate one query block's (rows q0 ..) dq over the key tiles it can see, [k_start, k_end); with a
+    mask bundle, tiles its block mask's row skips are passed over. lse + lse_lo: the rows' base-2 lse.
+    v's columns are do_blk's; HEAD_DIM_V: v's head dim (None: q's)."""
+    offs_dv = tl.arange(0, do_blk.shape[1])
     if HEAD_DIM_V is None:
         HEAD_DIM_V = HEAD_DIM
+    tiles = _mask_row(off_b, off_h, q0 // offs_q.shape[0], mask)
     for k0 in range(k_start, k_end, BLOCK_K):
-        kind = _tile_kind(Tiles, k0 // BLOCK_K, MASK_MOD)  # _FULL without a mask function
+        kind = _tile_kind(tiles, k0 // BLOCK_K, mask)  # _FULL without a mask bundle
         if kind != _SKIPPED:
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_tile = _load_rows(K, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)
             v_tile = _load_rows(V, stride_vn, offs_k, offs_dv, SEQ_K, HEAD_DIM_V)
             x = tl.dot(q_blk, tl.trans(k_tile), input_precision=INPUT_PRECISION)  # (BLOCK_Q, BLOCK_K)
-            s, slope = _mod_scores_slope(x, scale, qk_scale, off_b, off_h, offs_q[:, None], offs_k[None, :], ScoreData,
-                                         SCORE_MOD)
+            s, slope = _mod_scores_slope(x, scale, qk_scale, off_b, off_h, offs_q[:, None], offs_k[None, :], score)
             p = tl.math.exp2((s - lse[:, None]) - lse_lo[:, None])
-            visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL, rule, kind, off_b, off_h, MaskData, MASK_MOD)
+            visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL, kind, off_b, off_h, mask)
             p = tl.where(visible, p, 0.0)
-            slope = _visible_slope(slope, visible, SCORE_MOD)
+            slope = _visible_slope(slope, visible, score)
             dp = tl.dot(do_blk, tl.trans(v_tile), input_precision=INPUT_PRECISION)
-            ds = _mod_slope(p * (dp - delta[:, None]), slope, SCORE_MOD)
+            ds = _mod_slope(p * (dp - delta[:, None]), slope, score)
             dq += tl.dot(ds.to(k_tile.dtype), k_tile, input_precision=INPUT_PRECISION)
     return dq
 
 
 @triton.jit
-def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, Tiles, MaskData, ScoreData, qk_scale, scale,
-                       stride_qm, stride_kn, stride_vn, stride_dom, stride_dqm, q0, SEQ_Q, SEQ_K, HEAD_DIM,
-                       HEAD_DIM_V, rule, off_b, off_h,
+def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale, stride_qm, stride_kn, stride_vn, stride_dom,
+                       stride_dqm, q0, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V, off_b, off_h,
                        HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
-                       BLOCK_K: tl.constexpr,
-                       CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr,
-                       MASK_MOD: tl.constexpr):
+                       BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, mask=None,
+                       score=None):
     """One query block (rows q0 ..) of one sequence and head: Q, DO, DQ, Lse, Delta point at the
-    head's first row, K, V at its kv head's first key, Tiles at the block's row of the block mask."""
+    head's first row, K, V at its kv head's first key; mask, score: the launch's bundles or None."""
     offs_q = q0 + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)  # v's and dO's columns: dP = dO Vᵀ sums over them
@@ -229,41 +210,33 @@ def _attn_bwd_dq_block(Q, K, V, DO, DQ, Lse, Delta, Tiles, MaskData, ScoreData, 
     lse, lse_lo = _lse_base2_split(Lse, offs_q, SEQ_Q)
     delta = tl.load(Delta + offs_q, mask=offs_q < SEQ_Q, other=0.0)
     dq = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
-    k_start, k_end = _key_range(q0, SEQ_Q, SEQ_K, rule, BLOCK_Q, BLOCK_K, CAUSAL,
-                                MASK_MOD is not None)
+    k_start, k_end = _key_range(q0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL, mask)
     dq = _attn_bwd_dq_inner(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end, qk_scale,
                             SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
-                            INPUT_PRECISION=INPUT_PRECISION, k_start=k_start, scale=scale, rule=rule,
-                             off_b=off_b, off_h=off_h, MaskData=MaskData, Tiles=Tiles,
-                            ScoreData=ScoreData, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, lse_lo=lse_lo,
-                            offs_dv=offs_dv, HEAD_DIM_V=HEAD_DIM_V)
-    mask = (offs_q[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
+                            INPUT_PRECISION=INPUT_PRECISION, k_start=k_start, q0=q0, scale=scale, off_b=off_b,
+                            off_h=off_h, mask=mask, score=score, lse_lo=lse_lo, HEAD_DIM_V=HEAD_DIM_V)
+    mask_q = (offs_q[:, None] < SEQ_Q) & (offs_d[None, :] < HEAD_DIM)
     tl.store(DQ + offs_q[:, None].to(tl.int64) * stride_dqm + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
-             mask=mask)
+             mask=mask_q)
 
 
 @triton.jit
 def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale, stride_q, stride_k, stride_v, stride_do, stride_dq,
                  SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V,
                  HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
-                 BLOCK_K: tl.constexpr,
-                 CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                 GROUP=1, HEADS=1, rule=None, MaskData=None,
-                 Tiles=None, stride_t=None,
-                 SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, ROW0=0, ScoreData=None):
+                 BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                 GROUP=1, HEADS=1, ROW0=0, mask=None, score=None):
     """One program per query block of one head: the grid is (query blocks, B*H); each tensor's strides
-    one tuple, (head, row), stride_t the block mask's (batch, head, row). ROW0: where Q's rows start among
-    all B*H, on a batch boundary (a launch takes at most 65,535 rows: rules.row_chunks)."""
+    one tuple, (head, row). mask, score: the launch's bundles (kernels/rules.py) or None. ROW0: where Q's rows
+    start among all B*H, on a batch boundary (a launch takes at most 65,535 rows: rules.row_chunks)."""
     q0 = tl.program_id(0) * BLOCK_Q
     off_z = tl.program_id(1).to(tl.int64)
     off_kv = off_z // GROUP  # grouped-query attention: query head h reads kv head h // GROUP
     off_b, off_h = _batch_head(off_z, HEADS, ROW0)  # what mask and score functions are told
-    if MASK_MOD is not None:  # the block mask's row of this block
-        Tiles += off_b * stride_t[0] + off_h * stride_t[1] + q0 // BLOCK_Q * stride_t[2]
     _attn_bwd_dq_block(Q + off_z * stride_q[0], K + off_kv * stride_k[0], V + off_kv * stride_v[0],
                        DO + off_z * stride_do[0], DQ + off_z * stride_dq[0], Lse + off_z * SEQ_Q, Delta + off_z * SEQ_Q,
-                       Tiles, MaskData, ScoreData, qk_scale, scale, stride_q[1], stride_k[1], stride_vn=stride_v[1],
-                       stride_dom=stride_do[1], stride_dqm=stride_dq[1], q0=q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
-                       HEAD_DIM_V=HEAD_DIM_V, rule=rule, off_b=off_b,
-                       off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
-                       INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
+                       qk_scale, scale, stride_q[1], stride_k[1], stride_vn=stride_v[1], stride_dom=stride_do[1],
+                       stride_dqm=stride_dq[1], q0=q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
+                       HEAD_DIM_V=HEAD_DIM_V, off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
+                       HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
+                       INPUT_PRECISION=INPUT_PRECISION, mask=mask, score=score)

@@ -108,25 +108,20 @@ def compile_kernels(specs, *, triton_path: str | None = None, keep_ptx: bool = F
                         *(["--ptx"] if keep_ptx else []))
 
 
-# Pointer arguments a launch passes only for an option (attention sinks, a score function's data), compiled as None unless a
-# spec gives them; a pointer given is float32.
-OPTIONAL_POINTERS = ("Sinks", "ScoreData")  # ScoreData: a score function's tensors, a tuple
-# the teaching kernels take each tensor's strides as one tuple, (head or token, row or head), and the block
-# mask's as (batch, head, row); the ladder's kernels take them one by one
-STRIDE_TUPLES = {**{f"stride_{t}": 2 for t in ("q", "k", "v", "o", "do", "dk", "dv", "dq")}, "stride_t": 3}
+# the teaching kernels take each tensor's strides as one tuple, (head or token, row or head); the ladder's
+# kernels take them one by one
+STRIDE_TUPLES = {f"stride_{t}": 2 for t in ("q", "k", "v", "o", "do", "dk", "dv", "dq")}
 
 
-def _with_defaults(fn, constexprs: dict, pointers=()) -> dict:
+def _with_defaults(fn, constexprs: dict, bundles=()) -> dict:
     """Every compile-time parameter of fn: given, or its default (as a launch would use). One
     missing without a default is an error: compiled as a runtime integer, a flag tested with
-    ``if FLAG:`` would quietly build both branches."""
+    ``if FLAG:`` would quietly build both branches. A parameter that defaults to None (a bundle of
+    kernels/rules.py: ``mask``, ``score``) is a compile-time None unless named in ``bundles``."""
     out = dict(constexprs)
     for param in getattr(fn, "params", ()):  # none: not a JIT function (nothing to check)
-        # what a launch without them passes, a compile-time None: optional pointers not given, and the
-        # dense kernels' rule and block-mask strides without a window, chunk or block mask
-        if param.name not in out and (param.name in OPTIONAL_POINTERS and param.name not in pointers
-                                      or param.name in ("rule", "stride_t") and param.default is None):
-            out[param.name] = None
+        if param.name not in out and param.name not in bundles and param.default is None:
+            out[param.name] = None  # what a launch without that variant passes
         if param.is_constexpr and param.name not in out:
             if param.default is inspect.Parameter.empty:
                 raise ValueError(f"compile: {fn.__name__} needs the compile-time argument {param.name!r}")
@@ -134,22 +129,32 @@ def _with_defaults(fn, constexprs: dict, pointers=()) -> dict:
     return out
 
 
+def _sinks_bundle(i: int, constexprs: dict, attrs: dict):
+    """The score bundle of a forward with attention sinks alone (kernels/rules.py), as argument ``i``: its
+    type, its function compiled in, its float32 pointer 16-byte aligned."""
+    from .rules import ScoreBundle, _no_score
+
+    constexprs[(i, 0)] = _no_score
+    attrs[(i, 2, 0)] = [["tt.divisibility", 16]]
+    return ScoreBundle("constexpr", (), ("*fp32",))
+
+
 def _signature(fn, dtype: str, constexprs: dict, float32=()):
     """Argument types as the JIT would infer them; pointer and stride args 16-byte aligned.
-    float32: pointer arguments that hold float32 whatever the dtype (besides Lse and Delta)."""
-    float_ptrs = {"Lse", "Delta", *OPTIONAL_POINTERS, *float32}
+    float32: pointer arguments that hold float32 whatever the dtype (besides Lse and Delta); "Sinks" among
+    them: the score bundle holds attention sinks."""
+    float_ptrs = {"Lse", "Delta", *float32}
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
+        elif name == "score" and "Sinks" in float32:
+            signature[name] = _sinks_bundle(i, constexprs, attrs)
         elif name[0].isupper() and not name.isupper() or name in ("Q", "K", "V", "DO", "DK", "DV", "DQ", "X", "Y"):
             signature[name] = "*fp32" if name in float_ptrs else f"*{_DTYPE_NAMES[dtype]}"
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in ("qk_scale", "scale"):
             signature[name] = "fp32"
-        elif name == "rule":  # (window left, right, chunk): no chunk, a compile-time None (kernels/rules.py)
-            signature[name] = ("i32", "i32", "constexpr")
-            constexprs[(i, 2)] = None
         elif name in STRIDE_TUPLES:  # a tensor's strides, one tuple: each a multiple of 16, as the JIT sees them
             signature[name] = ("i32",) * STRIDE_TUPLES[name]
             attrs.update({(i, j): [["tt.divisibility", 16]] for j in range(STRIDE_TUPLES[name])})
@@ -185,7 +190,7 @@ def _kernel_and_constants(s):
     from .config import head_dim_pad, value_dim
 
     ones = {name: 1 for name in s.get("ones", ())}
-    float32 = ("Sinks",) if s.get("sinks") else ()
+    float32 = ("Sinks",) if s.get("sinks") else ()  # the forward's score bundle holds sinks alone
     if s["kernel"] in ("softmax", "vector_add"):
         from . import primer
 
@@ -426,7 +431,7 @@ def compile_and_inspect(report, fn, dtype: str, constants: dict, options: dict, 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    constants = _with_defaults(fn, constants, float32)
+    constants = _with_defaults(fn, constants, ("score",) if "Sinks" in float32 else ())
     signature, attrs = _signature(fn, dtype, constants, float32)
     with ptxas_log() as log:
         compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs),

@@ -37,10 +37,9 @@ from ..rules import key_span
 from ._mode import interpreting
 from .config import LN2, LOG2E, head_dim_pad
 from .forward import _finish, _finite, _load_rows, _online_update, _scores, triton
-from .rules import (_PARTIAL, _batch_head, _key_range, _key_split, _mod_scores, _no_mask, _sink_state, _stacked_head, _visible,
-                    row_chunks)
+from .rules import (_PARTIAL, _batch_head, _key_range, _key_split, _mod_scores, _sink_state, _stacked_head,
+                    _visible, mask_bundle, row_chunks, score_bundle)
 from .maskfn import copied
-from .scorefn import score_args
 
 import triton.language as tl  # noqa: E402  (after forward: it chose the interpreter mode)
 
@@ -96,62 +95,65 @@ def _query_rows(Q, q_rows, offs_r, offs_d, ROWS, HEAD_DIM):
 
 
 @triton.jit
-def _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal, rule):
+def _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal, mask):
     """(BLOCK_Q, BLOCK_K) pairs that exist and may attend: row r is the query of new token r % NEW_TOKENS
     (the rows' stride; the sequence has new_tokens, the rest are padding), seeing this split's keys by the
-    forward's rule (kernels/rules.py) with seq_q = new_tokens, seq_k = seqlen, chunks counted from the
-    sequence's start and no key before it; causal a runtime flag (decoding is bound by memory, not this test)."""
+    forward's rule (kernels/rules.py, the mask bundle's) with seq_q = new_tokens, seq_k = seqlen, chunks counted
+    from the sequence's start and no key before it; causal a runtime flag (decoding is bound by memory, not
+    this test)."""
     tok = offs_r % NEW_TOKENS  # (BLOCK_Q,) each row's new token
     visible = tl.where(causal != 0, _visible(tok, offs_k, new_tokens, seqlen, True),
                        _visible(tok, offs_k, new_tokens, seqlen, False))
-    ruled = _visible(tok, offs_k, new_tokens, seqlen, False, rule, _PARTIAL, MASK_MOD=_no_mask, origin=start)
+    ruled = _visible(tok, offs_k, new_tokens, seqlen, False, _PARTIAL, mask=mask, origin=start)
     visible = visible & ruled & (offs_k[None, :] >= start)
     return visible & (offs_r[:, None] < ROWS) & (offs_k[None, :] < k_hi)
 
 
 @triton.jit
 def _shared_scores(q_blk, q_own, v_tile, k_own, qk_scale, visible, INPUT_PRECISION: tl.constexpr, scale, off_b,
-                   off_h, q_idx, kv_idx, ScoreData, SCORE_MOD: tl.constexpr):
+                   off_h, q_idx, kv_idx, score=None):
     """_scores for a key tile held in two pieces, [shared | own]: q.k = q_blk.v_tileᵀ + q_own.k_ownᵀ, the
     columns the values share and the key's own (MLA's latent 512 and rope 64)."""
     x = tl.dot(q_blk, tl.trans(v_tile), input_precision=INPUT_PRECISION)
     x = tl.dot(q_own, tl.trans(k_own), x, input_precision=INPUT_PRECISION)
-    s = _mod_scores(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, SCORE_MOD)
+    s = _mod_scores(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, score)
     return tl.where(visible, s, float("-inf"))
 
 
 @triton.jit
-def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table, qk_scale, scale, causal, rule,
-                  stride_qz, stride_qs, stride_qr, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                  stride_table, stride_pz, stride_pr, KV_HEADS, NUM_SPLITS, ROWS, SEQ_ROWS, NEW_TOKENS, HEAD_DIM,
+def _decode_split(Q, K, V, Partial, PartialML, Seqs, Table, qk_scale, scale, causal, mask, stride_q, stride_k,
+                  stride_v, stride_table, stride_p, KV_HEADS, NUM_SPLITS, ROWS, SEQ_ROWS, NEW_TOKENS, HEAD_DIM,
                   HEAD_DIM_V, PAGE_SIZE: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
                   BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, KEY_ROWS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                  SCORE_MOD: tl.constexpr = None, ScoreData=None, V_FROM_K: tl.constexpr = False):
+                  score=None, V_FROM_K: tl.constexpr = False):
     """Q: (batch * kv_heads, ROWS, HEAD_DIM), a kv head's query heads x new tokens, row r at (r // SEQ_ROWS) *
-    stride_qs + (r % SEQ_ROWS) * stride_qr (a shared prefix: every sequence's SEQ_ROWS rows; else SEQ_ROWS = ROWS);
-    K, V: caches (blocks, kv_heads, rows per block, HEAD_DIM and HEAD_DIM_V); Partial, PartialML: (batch * kv_heads
-    * NUM_SPLITS, ROWS, HEAD_DIM_V and 2) float32, each split's normalised output and its rows' base-2 max and sum;
-    SeqLens, NewTokens, Starts: (batch,) int32, each sequence's length (new tokens included), new tokens (<= the
-    rows' stride NEW_TOKENS) and first position (left padding before it is never seen). V_FROM_K: V is K's first
-    HEAD_DIM_V columns (absorbed MLA), read with the keys; HEAD_DIM_PAD then pads the rest, HEAD_DIM - HEAD_DIM_V."""
+    stride_q[1] + (r % SEQ_ROWS) * stride_q[2] (a shared prefix: every sequence's SEQ_ROWS rows; else SEQ_ROWS =
+    ROWS), stride_q = (sequence, stack, row); K, V: caches (blocks, kv_heads, rows per block, HEAD_DIM and
+    HEAD_DIM_V), their strides (block, head, row); Partial, PartialML: (batch * kv_heads * NUM_SPLITS, ROWS,
+    HEAD_DIM_V and 2) float32, each split's normalised output and its rows' base-2 max and sum, stride_p
+    Partial's (part, row); Seqs: (SeqLens, NewTokens, Starts), (batch,) int32 each, each sequence's length (new
+    tokens included), new tokens (<= the rows' stride NEW_TOKENS) and first position (left padding before it
+    is never seen). mask: the rule's bundle (kernels/rules.py, always given: its sides are read at run time),
+    score: the score side or None. V_FROM_K: V is K's first HEAD_DIM_V columns (absorbed MLA), read with the
+    keys; HEAD_DIM_PAD then pads the rest, HEAD_DIM - HEAD_DIM_V."""
     split = tl.program_id(1)
     off_z = tl.program_id(2).to(tl.int64)  # batch * KV_HEADS + kv head; int64: offsets from it can pass 2^31
     off_b, kv_head = _batch_head(off_z, KV_HEADS, 0)
-    seqlen = tl.load(SeqLens + off_b)
-    new_tokens = tl.load(NewTokens + off_b)
-    start = tl.load(Starts + off_b)
+    seqlen = tl.load(Seqs[0] + off_b)
+    new_tokens = tl.load(Seqs[1] + off_b)
+    start = tl.load(Seqs[2] + off_b)
     offset = seqlen - new_tokens  # cache position of the first new token (< 0: rows before 0 see nothing)
     # the keys any row sees, [first, seqlen): the rule's key range for seq_q = new_tokens, seq_k = seqlen (chunks
     # counted from the sequence's start), none before that start (its left padding); this program's split of it
-    first, _ = _key_range(0, new_tokens, seqlen, rule, 1, BLOCK_K, False, True, start)
+    first, _ = _key_range(0, new_tokens, seqlen, 1, BLOCK_K, False, mask, start)
     k_lo, k_hi = _key_split(tl.maximum(first, start // BLOCK_K * BLOCK_K), seqlen, split, NUM_SPLITS, BLOCK_K)
-    Q += off_z * stride_qz
-    K += kv_head * stride_kh
-    V += kv_head * stride_vh
+    Q += off_z * stride_q[0]
+    K += kv_head * stride_k[1]
+    V += kv_head * stride_v[1]
     offs_r = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)  # fastest: row blocks reading the same cached rows
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
-    q_rows = (offs_r // SEQ_ROWS).to(tl.int64) * stride_qs + (offs_r % SEQ_ROWS).to(tl.int64) * stride_qr
+    q_rows = (offs_r // SEQ_ROWS).to(tl.int64) * stride_q[1] + (offs_r % SEQ_ROWS).to(tl.int64) * stride_q[2]
     if V_FROM_K:  # q = [q_blk | q_own], against the columns the values share and the key's own
         q_blk = _query_rows(Q, q_rows, offs_r, offs_dv, ROWS, HEAD_DIM_V)
         q_own = _query_rows(Q + HEAD_DIM_V, q_rows, offs_r, offs_d, ROWS, HEAD_DIM - HEAD_DIM_V)
@@ -169,24 +171,24 @@ def _decode_split(Q, K, V, Partial, PartialML, SeqLens, NewTokens, Starts, Table
         valid = offs_k < k_hi
         blocks, rows = KEY_ROWS(Table, stride_table, off_b, k0, offs_k, valid, PAGE_SIZE, BLOCK_K)
         if V_FROM_K:  # one read of each key row: its first HEAD_DIM_V columns are its value
-            v_tile = _load_cache_rows(K, stride_kb, stride_kn, blocks, rows, valid, offs_dv, HEAD_DIM_V)
-            k_own = _load_cache_rows(K + HEAD_DIM_V, stride_kb, stride_kn, blocks, rows, valid, offs_d,
+            v_tile = _load_cache_rows(K, stride_k[0], stride_k[2], blocks, rows, valid, offs_dv, HEAD_DIM_V)
+            k_own = _load_cache_rows(K + HEAD_DIM_V, stride_k[0], stride_k[2], blocks, rows, valid, offs_d,
                                      HEAD_DIM - HEAD_DIM_V)
-            visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal, rule)
+            visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal, mask)
             s = _shared_scores(q_blk, q_own, v_tile, k_own, qk_scale, visible, INPUT_PRECISION, scale, off_b,
-                               heads, positions, offs_k[None, :] - start, ScoreData, SCORE_MOD)
+                               heads, positions, offs_k[None, :] - start, score)
         else:
-            k_tile = _load_cache_rows(K, stride_kb, stride_kn, blocks, rows, valid, offs_d, HEAD_DIM)
-            v_tile = _load_cache_rows(V, stride_vb, stride_vn, blocks, rows, valid, offs_dv, HEAD_DIM_V)
-            visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal, rule)
+            k_tile = _load_cache_rows(K, stride_k[0], stride_k[2], blocks, rows, valid, offs_d, HEAD_DIM)
+            v_tile = _load_cache_rows(V, stride_v[0], stride_v[2], blocks, rows, valid, offs_dv, HEAD_DIM_V)
+            visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal, mask)
             s = _scores(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION, scale, off_b, heads, positions,
-                        offs_k[None, :] - start, ScoreData, SCORE_MOD)
+                        offs_k[None, :] - start, score)
         m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION)
     out, _ = _finish(m_i, l_i, acc)  # an empty chunk: out = 0, m = -inf, l = 0, a weight of 0 in the merge
     part = off_z * NUM_SPLITS + split
     o_mask = (offs_r[:, None] < ROWS) & (offs_dv[None, :] < HEAD_DIM_V)
-    rows = offs_r[:, None].to(tl.int64) * stride_pr
-    tl.store(Partial + part * stride_pz + rows + offs_dv[None, :], out, mask=o_mask)
+    rows = offs_r[:, None].to(tl.int64) * stride_p[1]
+    tl.store(Partial + part * stride_p[0] + rows + offs_dv[None, :], out, mask=o_mask)
     # the state as notebook 02 merges it, m and l, not their lse: its ulp near 72 (base 2), 8e-6, would skew each weight
     stats = PartialML + (part * ROWS + offs_r) * 2
     tl.store(stats, m_i, mask=offs_r < ROWS)
@@ -437,15 +439,15 @@ class DecodeLaunch:
         new_tokens = torch.full((launches,), n, dtype=torch.int32, device=q.device) if new_tokens is None else new_tokens
         starts = torch.zeros(launches, dtype=torch.int32, device=q.device) if starts is None else starts
         shared = values_in_keys(k_cache, v_cache)
-        self._split_args = (options.scale * LOG2E, options.scale, int(options.causal), options.rule_numbers, *q_strides,
-                            *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0) if paged else 0,
-                            *self.partial.stride()[:2], kv_heads, splits, self.rows, rows, n, d, dv)
+        self._split_args = (options.scale * LOG2E, options.scale, int(options.causal), mask_bundle(options, always=True),
+                            q_strides, k_cache.stride()[:3], v_cache.stride()[:3], block_table.stride(0) if paged else 0,
+                            self.partial.stride()[:2], kv_heads, splits, self.rows, rows, n, d, dv)
         # V_FROM_K: HEAD_DIM_PAD pads the key's own columns, past the dv it shares with the values
         self._split_kw = dict(
             PAGE_SIZE=k_cache.shape[2] if paged else 1, HEAD_DIM_PAD=head_dim_pad(d - dv) if shared else head_dim_pad(d),
             HEAD_DIM_V_PAD=head_dim_pad(dv), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
             KEY_ROWS=_paged_rows if paged else _contiguous_rows, INPUT_PRECISION="tf32",
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, V_FROM_K=shared, **score_args(score))
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, V_FROM_K=shared, score=score_bundle(score))
         # grid axis 2, batch x kv_heads, takes at most 65,535 on CUDA (rules.row_chunks): a larger batch launches in
         # runs of whole sequences, each on views of what stage 1 indexes by sequence
         self._runs = []
@@ -501,7 +503,7 @@ class DecodeLaunch:
                 q_run, lens, table_run = q.view(self._q_view)[run], seqlens[seqs], table[seqs]
                 if block_table is None:
                     k_run, v_run = k_cache[seqs], v_cache[seqs]
-            launches.append((_decode_split, grid, (q_run, k_run, v_run, partial, partial_ml, lens, new_tokens, starts,
+            launches.append((_decode_split, grid, (q_run, k_run, v_run, partial, partial_ml, (lens, new_tokens, starts),
                                                    table_run, *self._split_args), self._split_kw))
         if self._merge:
             out_rows = self._out_rows if out is None else out.view(self._out_rows_shape)

@@ -18,15 +18,16 @@ one multiply and one exp2; normalisation by l_i happens once, after the loop, an
 log-sum-exp (natural log) is stored for the backward pass.
 
 The variants enter through small helpers, each a no-op for the defaults, so that the loop
-compiles as before without them:
+compiles as before without them. A launch passes each side of them as one argument, a bundle
+(:mod:`flashlib.kernels.rules`), None where it has none:
 
     grouped-query attention   K, V point at kv head h // GROUP (the kernel's first lines)
-    a score function          _dot_scores: SCORE_MOD(scale * q.k, b, h, q_idx, kv_idx, data), e.g.
-      (SCORE_MOD)             soft-capping, ALiBi, a bias table (flashlib.scores), compiled from
-                              what the function does (flashlib.kernels.scorefn)
-    a window or a mask        _key_range: the window's key tiles only; _tile_kind: the block
-      function (MASK_MOD)     mask's word for a tile (skipped, partial, full); _visible_mod: the
-                              window's band and MASK_MOD(b, h, q_idx, kv_idx, data) in partial tiles
+    a score function, sinks   ``score``: _dot_scores: SCORE_MOD(scale * q.k, b, h, q_idx, kv_idx, data),
+                              e.g. soft-capping, ALiBi, a bias table (flashlib.scores), compiled from
+                              what the function does (flashlib.kernels.scorefn); _start_state: the sinks
+    a window, a chunk or a    ``mask``: _key_range: the window's key tiles only; _tile_kind: the block
+      mask function           mask's word for a tile (skipped, partial, full); _visible: the window's
+                              band, the chunk and MASK_MOD(b, h, q_idx, kv_idx, data) in partial tiles
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ import triton.language as tl  # noqa: E402
 
 # which keys a query sees and soft-capping: the course's rules, written once (kernels/rules.py)
 from .rules import (_FULL, _PARTIAL, _SKIPPED, _batch_head, _key_range, _key_range_end,  # noqa: E402,F401
-                    _mod_scores, _no_mask, _sink_state, _tile_kind, _visible)
+                    _mask_row, _mod_scores, _start_state, _tile_kind, _visible)
 
 
 @triton.jit
@@ -56,20 +57,19 @@ def _load_rows(Ptr, stride, offs_rows, offs_d, n_rows, HEAD_DIM):
 
 @triton.jit
 def _dot_scores(a, b, qk_scale, INPUT_PRECISION: tl.constexpr, scale=1.0, off_b=0, off_h=0, q_idx=0, kv_idx=0,
-                ScoreData=None, SCORE_MOD: tl.constexpr = None):
-    """a bᵀ in base-2 units, through the score function if SCORE_MOD (told the pairs' b, h, q_idx,
+                score=None):
+    """a bᵀ in base-2 units, through the score bundle's function if any (told the pairs' b, h, q_idx,
     kv_idx): the scores (a = q_blk, b = k_tile) or their transpose (a = k_tile, b = q_blk)."""
     x = tl.dot(a, tl.trans(b), input_precision=INPUT_PRECISION)
-    return _mod_scores(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, SCORE_MOD)
+    return _mod_scores(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, score)
 
 
 @triton.jit
 def _scores(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION: tl.constexpr, scale=1.0, off_b=0, off_h=0, q_idx=0,
-            kv_idx=0, ScoreData=None, SCORE_MOD: tl.constexpr = None):
-    """(BLOCK_Q, BLOCK_K) scores in base-2 units, through the score function if SCORE_MOD; pairs that
+            kv_idx=0, score=None):
+    """(BLOCK_Q, BLOCK_K) scores in base-2 units, through the score bundle's function if any; pairs that
     may not attend get -inf."""
-    s = _dot_scores(q_blk, k_tile, qk_scale, INPUT_PRECISION, scale, off_b, off_h, q_idx, kv_idx, ScoreData,
-                    SCORE_MOD)
+    s = _dot_scores(q_blk, k_tile, qk_scale, INPUT_PRECISION, scale, off_b, off_h, q_idx, kv_idx, score)
     return tl.where(visible, s, float("-inf"))
 
 
@@ -108,38 +108,35 @@ def _finish(m_i, l_i, acc):
 def _attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end,
                     qk_scale, SEQ_Q, SEQ_K, HEAD_DIM,
                     BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                    k_start=0, scale=1.0, rule=None, off_b=0, off_h=0, MaskData=None,
-                    Tiles=None, ScoreData=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
-                    offs_dv=None, HEAD_DIM_V=None):
+                    k_start=0, q0=0, scale=1.0, off_b=0, off_h=0, mask=None, score=None, HEAD_DIM_V=None):
     """Fold every key/value tile of [k_start, k_end) into (m_i, l_i, acc); q_blk stays in registers.
-    With a mask function, the tiles the block mask's row (Tiles) marks skipped are passed over.
-    offs_dv, HEAD_DIM_V: v's columns and head dim (None: q's, as the lab's kernel calls it)."""
-    if offs_dv is None:
-        offs_dv = offs_d
+    With a mask bundle, the tiles its block mask's row (query block q0 // BLOCK_Q) marks skipped are passed
+    over. v's columns are acc's; HEAD_DIM_V: v's head dim (None: q's, as the lab's kernel calls it)."""
+    offs_dv = tl.arange(0, acc.shape[1])
     if HEAD_DIM_V is None:
         HEAD_DIM_V = HEAD_DIM
+    tiles = _mask_row(off_b, off_h, q0 // offs_q.shape[0], mask)
     for k0 in range(k_start, k_end, BLOCK_K):
-        kind = _tile_kind(Tiles, k0 // BLOCK_K, MASK_MOD)  # _FULL without a mask function
+        kind = _tile_kind(tiles, k0 // BLOCK_K, mask)  # _FULL without a mask bundle
         if kind != _SKIPPED:
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_tile = _load_rows(K, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)
             v_tile = _load_rows(V, stride_vn, offs_k, offs_dv, SEQ_K, HEAD_DIM_V)
-            visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL, rule, kind, off_b, off_h, MaskData, MASK_MOD)
+            visible = _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL, kind, off_b, off_h, mask)
             s = _scores(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION, scale, off_b, off_h, offs_q[:, None],
-                        offs_k[None, :], ScoreData, SCORE_MOD)
+                        offs_k[None, :], score)
             m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION)
     return m_i, l_i, acc
 
 
 @triton.jit
-def _attn_fwd_block(Q, K, V, Out, Lse, Tiles, MaskData, qk_scale, scale, stride_qm, stride_kn, stride_vn, stride_om,
-                    q0, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V, rule, off_b, off_h,
+def _attn_fwd_block(Q, K, V, Out, Lse, qk_scale, scale, stride_qm, stride_kn, stride_vn, stride_om,
+                    q0, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V, off_b, off_h,
                     HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                     BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                    SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, Sinks=None, ScoreData=None):
+                    mask=None, score=None):
     """One query block (rows q0 ..) of one sequence and head: Q, Out point at the head's first row,
-    K, V at its kv head's first key, Lse at its first lse, Tiles at the block's row of the block mask;
-    Sinks: the attention sinks (one logit per query head) or None; ScoreData: what SCORE_MOD reads.
+    K, V at its kv head's first key, Lse at its first lse; mask, score: the launch's bundles or None.
     Rows and keys are numbered from the sequence's start: what a score or mask function is told."""
     offs_q = q0 + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # HEAD_DIM padded to a power of two; the pad is masked
@@ -148,16 +145,13 @@ def _attn_fwd_block(Q, K, V, Out, Lse, Tiles, MaskData, qk_scale, scale, stride_
         HEAD_DIM_V = HEAD_DIM
     q_blk = _load_rows(Q, stride_qm, offs_q, offs_d, SEQ_Q, HEAD_DIM)
 
-    m_i, l_i = _sink_state(Sinks, tl.zeros([BLOCK_Q], dtype=tl.int64) + off_h)  # (-inf, 0) without sinks
+    m_i, l_i = _start_state(tl.zeros([BLOCK_Q], dtype=tl.int64) + off_h, score)  # (-inf, 0) without sinks
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_V_PAD], dtype=tl.float32)
-    k_start, k_end = _key_range(q0, SEQ_Q, SEQ_K, rule, BLOCK_Q, BLOCK_K, CAUSAL,
-                                MASK_MOD is not None)
+    k_start, k_end = _key_range(q0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL, mask)
     m_i, l_i, acc = _attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end, qk_scale,
                                     SEQ_Q, SEQ_K, HEAD_DIM=HEAD_DIM, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
-                                    INPUT_PRECISION=INPUT_PRECISION, k_start=k_start, scale=scale,
-                                    rule=rule, off_b=off_b, off_h=off_h,
-                                    MaskData=MaskData, Tiles=Tiles, ScoreData=ScoreData, SCORE_MOD=SCORE_MOD,
-                                    MASK_MOD=MASK_MOD, offs_dv=offs_dv, HEAD_DIM_V=HEAD_DIM_V)
+                                    INPUT_PRECISION=INPUT_PRECISION, k_start=k_start, q0=q0, scale=scale, off_b=off_b,
+                                    off_h=off_h, mask=mask, score=score, HEAD_DIM_V=HEAD_DIM_V)
 
     out, lse = _finish(m_i, l_i, acc)
     o_mask = (offs_q[:, None] < SEQ_Q) & (offs_dv[None, :] < HEAD_DIM_V)
@@ -167,30 +161,24 @@ def _attn_fwd_block(Q, K, V, Out, Lse, Tiles, MaskData, qk_scale, scale, stride_
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, Out, Lse, qk_scale, stride_q, stride_k, stride_v, stride_o, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V,
-              HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-              CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-              GROUP=1, HEADS=1, scale=1.0, rule=None, MaskData=None,
-              Tiles=None, stride_t=None,
-              SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, ROW0=0, Sinks=None, ScoreData=None):
+def _attn_fwd(Q, K, V, Out, Lse, qk_scale, scale, stride_q, stride_k, stride_v, stride_o, SEQ_Q, SEQ_K, HEAD_DIM,
+              HEAD_DIM_V, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+              BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+              GROUP=1, HEADS=1, ROW0=0, mask=None, score=None):
     """Q: (B*H, seq, HEAD_DIM), Out: (B*H, seq, HEAD_DIM_V); K: (B*H_kv, seq, HEAD_DIM), V: (B*H_kv,
     seq, HEAD_DIM_V), H = GROUP * H_kv; last dims contiguous; HEAD_DIM_V None: HEAD_DIM; their strides one
-    tuple each, (head, row). Lse: (B*H, SEQ_Q) float32. Tiles: the block mask's kinds (B or 1, H or 1, query
-    blocks, key tiles), stride_t its (batch, head, row) strides, 0 where broadcast; MaskData: what MASK_MOD reads (or None); Sinks:
-    (H,) attention sinks (or None); scale, ScoreData: the natural scale and what SCORE_MOD reads.
+    tuple each, (head, row). Lse: (B*H, SEQ_Q) float32. scale: the natural scale (qk_scale = scale * log2 e).
+    mask: the mask side (a window, chunk or mask function, its block mask of (B or 1, H or 1, query blocks,
+    key tiles)), score: the score side (a score function, sinks (H,)), bundles of kernels/rules.py, or None.
     ROW0: where Q's rows start among all B*H, on a batch boundary (a launch takes at most 65,535
     rows: rules.row_chunks)."""
     q0 = tl.program_id(0) * BLOCK_Q  # the grid replaces the reference's loop over query blocks
     off_z = tl.program_id(1).to(tl.int64)  # batch * head index; int64 so large tensors index safely
     off_kv = off_z // GROUP  # grouped-query attention: query head h reads kv head h // GROUP
     off_b, off_h = _batch_head(off_z, HEADS, ROW0)  # what mask and score functions are told
-    if MASK_MOD is not None:  # the block mask's row of this block
-        Tiles += off_b * stride_t[0] + off_h * stride_t[1] + q0 // BLOCK_Q * stride_t[2]
     _attn_fwd_block(Q + off_z * stride_q[0], K + off_kv * stride_k[0], V + off_kv * stride_v[0],
-                    Out + off_z * stride_o[0], Lse + off_z * SEQ_Q, Tiles, MaskData, qk_scale, scale, stride_q[1],
-                    stride_k[1], stride_v[1], stride_o[1],
-                    q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, rule=rule,
-                     off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
-                    HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K,
-                    CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD,
-                    Sinks=Sinks, ScoreData=ScoreData)
+                    Out + off_z * stride_o[0], Lse + off_z * SEQ_Q, qk_scale, scale, stride_q[1], stride_k[1],
+                    stride_v[1], stride_o[1], q0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V,
+                    off_b=off_b, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD,
+                    BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, mask=mask,
+                    score=score)

@@ -25,9 +25,9 @@ from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess, triton
 from .config import LOG2E, FlashConfig, default_config, head_dim_pad, lse_base2, lse_natural, value_dim
 from .forward import _attn_fwd
 from .maskfn import compile_mask, symbol_bounds
-from .scorefn import check_indices, compile_score, score_args, score_bounds, score_tensors
+from .scorefn import check_indices, compile_score, score_bounds, score_tensors
 from .tracememo import TraceMemo, contents_guard
-from .rules import _no_mask, row_chunks
+from .rules import mask_bundle, row_chunks, score_bundle
 
 
 FN = "flashlib.kernels.attention"
@@ -153,22 +153,16 @@ def rows_of_16(kinds: torch.Tensor) -> torch.Tensor:
 def variant_args(options: Options, *, group: int = 1, heads: int = 1, kinds=None, data=None, sinks=None,
                  score=None) -> dict:
     """The keyword arguments a kernel launch adds for grouped heads and the variants (none for the
-    defaults, so that their launch is the one it always was). kinds: (B or 1, H or 1, rows,
-    tiles) as the kernel walks them, broadcast over the batch and heads by zero strides; data: the
-    mask function compiled (a :class:`~flashlib.kernels.maskfn.KernelMask`), None for a window alone;
-    sinks: the forward's attention sinks (H,), float32 contiguous, or None; score: the score
-    function compiled (:func:`kernel_score`), or None."""
+    defaults, so that their launch is the one it always was): the mask and score bundles
+    (:func:`~flashlib.kernels.rules.mask_bundle`, :func:`~flashlib.kernels.rules.score_bundle`). kinds: (B or 1,
+    H or 1, rows, tiles) as the kernel walks them; data: the mask function compiled (a
+    :class:`~flashlib.kernels.maskfn.KernelMask`), None for a window alone; sinks: the forward's attention sinks
+    (H,), float32 contiguous, or None; score: the score function compiled (:func:`kernel_score`), or None."""
     args = {}
     if group > 1 or options.mask_mod is not None or sinks is not None or score is not None:
         args.update(GROUP=group, HEADS=heads)  # the kernels tell mask and score functions the head
-    if sinks is not None:
-        args.update(Sinks=sinks)
-    args.update(score_args(score))
-    if options.masked:
-        args.update(rule=options.rule_numbers, MaskData=None if data is None else data.data, Tiles=kinds,
-                    stride_t=tuple(s if n > 1 else 0 for s, n in zip(kinds.stride(), kinds.shape[:2])) + (kinds.stride(2),),
-                    MASK_MOD=_no_mask if data is None else data.jit)
-    return args
+    mask, score = mask_bundle(options, kinds, data), score_bundle(score, sinks)
+    return dict(args, **({} if mask is None else dict(mask=mask)), **({} if score is None else dict(score=score)))
 
 
 def _tells_head(options: Options, sinks=None, score=None) -> bool:
@@ -196,15 +190,13 @@ def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None, fn=FN):
                     CAUSAL=options.causal, INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages, **variant_args(options, group=group, heads=heads, kinds=kinds, data=data,
                                                               sinks=sinks, score=score))
-    if score is not None:
-        switches.update(scale=scale)  # a score function gets the natural scaled score
     # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where the
     # kernel is told the head (masks, sinks and score functions)
     for rows in row_chunks(bh, heads if _tells_head(options, sinks, score) else group):
         kv = slice(rows.start // group, rows.stop // group)
         _attn_fwd[(triton.cdiv(seq_q, cfg.block_q), rows.stop - rows.start)](
-            q[rows], k[kv], v[kv], out[rows], lse[rows], scale * LOG2E, *_strides(q, k, v, out), seq_q, k.shape[1], d,
-            ROW0=rows.start, **switches)
+            q[rows], k[kv], v[kv], out[rows], lse[rows], scale * LOG2E, scale, *_strides(q, k, v, out), seq_q,
+            k.shape[1], d, ROW0=rows.start, **switches)
     return out, lse
 
 

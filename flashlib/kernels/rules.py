@@ -1,14 +1,22 @@
 """The rules the course teaches, written once in Triton: which keys a query sees, score functions
-(soft-capping among them) and their slope, and PyTorch's integer division for mask functions.
+(soft-capping among them) and their slope, and PyTorch's integer division for mask functions; and the two
+bundles a launch hands them, its mask side and its score side.
 
 Every kernel asks these helpers; :mod:`flashlib.rules` is their PyTorch counterpart (its ``Visibility``
-states the rule; ``tests/test_rules.py`` checks the two). A kernel gets the rule as the compile-time
-CAUSAL and MASK_MOD and one tuple, ``rule = (window left, window right, chunk)`` (Options.rule_numbers),
-run-time integers but for a chunk of None (compiled out). :func:`_key_range` gives the key tiles a query
-block visits (:func:`_key_split`: split-KV), :func:`_query_range` the query blocks a key tile visits,
-:func:`_visible` the pairs that attend; ``diag = i + SEQ_K - SEQ_Q`` is the key on query i's diagonal.
+states the rule; ``tests/test_rules.py`` checks the two). A kernel gets the rule as the compile-time CAUSAL
+and, on its mask path, a :class:`MaskBundle`: the mask function MASK_MOD (``_no_mask`` for a window or chunk
+alone) with what it reads, the block mask, and one tuple, ``rule = (window left, window right[, chunk])``
+(Options.rule_numbers), run-time integers; without a chunk the tuple has two and the chunk's code is
+compiled out. :func:`_key_range` gives the key tiles a query block visits (:func:`_key_split`: split-KV),
+:func:`_query_range` the query blocks a key tile visits, :func:`_visible` the pairs that attend;
+``diag = i + SEQ_K - SEQ_Q`` is the key on query i's diagonal. The score side, a :class:`ScoreBundle`, holds
+the score function SCORE_MOD with what it reads and the attention sinks. Each bundle is None where a launch
+has none: its code is then compiled out. :func:`mask_bundle` and :func:`score_bundle` make them, for every
+launcher.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from ..rules import FULL, PARTIAL, SKIPPED
 from ._mode import require_triton
@@ -50,24 +58,23 @@ def _chunk_of(rel, chunk, SEQ_Q, SEQ_K):
 
 
 @triton.jit
-def _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL: tl.constexpr, rule=None, kind=_FULL, off_b=0, off_h=0,
-             MaskData=None, MASK_MOD: tl.constexpr = None, origin=0):
-    """(BLOCK_Q, BLOCK_K): the pairs that exist and may attend: the causal rule, and in a _PARTIAL tile the
-    window's band, the chunk (counted from ``origin``, a sequence's start) and MASK_MOD."""
-    mask = (offs_q[:, None] < SEQ_Q) & (offs_k[None, :] < SEQ_K)
+def _visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL: tl.constexpr, kind=_FULL, off_b=0, off_h=0, mask=None, origin=0):
+    """(BLOCK_Q, BLOCK_K): the pairs that exist and may attend: the causal rule, and with a mask bundle, in a
+    _PARTIAL tile, the window's band, the chunk (counted from ``origin``, a sequence's start) and its MASK_MOD."""
+    seen = (offs_q[:, None] < SEQ_Q) & (offs_k[None, :] < SEQ_K)
     if CAUSAL:
         # bottom-right diagonal: query i sees key j when j <= i + SEQ_K - SEQ_Q
-        mask = mask & (offs_k[None, :] <= offs_q[:, None] + (SEQ_K - SEQ_Q))
-    if MASK_MOD is not None:
+        seen = seen & (offs_k[None, :] <= offs_q[:, None] + (SEQ_K - SEQ_Q))
+    if mask is not None:
         if kind == _PARTIAL:
-            mask = mask & _band(offs_q, offs_k, SEQ_Q, SEQ_K, rule)
-            if rule[2] is not None:  # a query at diag (rel = diag - origin < 0: in no chunk) sees its chunk
+            seen = seen & _band(offs_q, offs_k, SEQ_Q, SEQ_K, mask.rule)
+            if len(mask.rule) > 2:  # a chunk; a query at diag (rel = diag - origin < 0: in no chunk) sees its own
                 rel = offs_q + (SEQ_K - SEQ_Q) - origin
-                first, size = _chunk_of(rel, rule[2], SEQ_Q, SEQ_K)
+                first, size = _chunk_of(rel, mask.rule[2], SEQ_Q, SEQ_K)
                 keys = offs_k[None, :] - origin
-                mask = mask & (rel >= 0)[:, None] & (keys >= first[:, None]) & (keys < (first + size)[:, None])
-            mask = mask & MASK_MOD(off_b, off_h, offs_q[:, None], offs_k[None, :], MaskData)
-    return mask
+                seen = seen & (rel >= 0)[:, None] & (keys >= first[:, None]) & (keys < (first + size)[:, None])
+            seen = seen & mask.fn(off_b, off_h, offs_q[:, None], offs_k[None, :], mask.data)
+    return seen
 
 
 @triton.jit
@@ -86,18 +93,19 @@ def _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, CAUSAL: tl.constexpr
 
 
 @triton.jit
-def _key_range(q0, SEQ_Q, SEQ_K, rule, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
-               MASKED: tl.constexpr, origin=0):
-    """[k_start, k_end): the keys rows q0 .. q0 + BLOCK_Q - 1 can see under the causal rule and, if MASKED,
-    the window and the chunks (counted from ``origin``), k_start on a tile boundary."""
+def _key_range(q0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, mask=None,
+               origin=0):
+    """[k_start, k_end): the keys rows q0 .. q0 + BLOCK_Q - 1 can see under the causal rule and, with a mask
+    bundle, its window and chunks (counted from ``origin``), k_start on a tile boundary."""
     k_start = 0
     k_end = _key_range_end(q0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
-    if MASKED:
+    if mask is not None:
+        rule = mask.rule
         left, right = _side(rule[0], SEQ_Q, SEQ_K), _side(rule[1], SEQ_Q, SEQ_K)
         diag = q0 + (SEQ_K - SEQ_Q)  # the key on the first row's diagonal
         k_start = tl.where(left >= 0, tl.maximum(diag - left, 0) // BLOCK_K * BLOCK_K, 0)
         k_end = tl.where(right >= 0, tl.minimum(k_end, tl.maximum(diag + BLOCK_Q + right, 0)), k_end)
-        if rule[2] is not None:  # from the first row's chunk to the end of the last row's
+        if len(rule) > 2:  # a chunk: from the first row's chunk to the end of the last row's
             first, size = _chunk_of(diag - origin, rule[2], SEQ_Q, SEQ_K)
             k_start = tl.maximum(k_start, (first + origin) // BLOCK_K * BLOCK_K)
             last = diag + (BLOCK_Q - 1) - origin
@@ -116,19 +124,19 @@ def _query_range_start(k0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, CAUSAL: tl.const
 
 
 @triton.jit
-def _query_range(k0, SEQ_Q, SEQ_K, rule, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
-                 MASKED: tl.constexpr):
+def _query_range(k0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, mask=None):
     """[q_start, q_end): the query rows that see some key of k0 .. k0 + BLOCK_K - 1 under the causal
-    rule and, if MASKED, the window and the chunks; q_start on a block boundary."""
+    rule and, with a mask bundle, its window and chunks; q_start on a block boundary."""
     q_start = _query_range_start(k0, SEQ_Q, SEQ_K, BLOCK_Q, CAUSAL)
     q_end = SEQ_Q
-    if MASKED:  # query i sees keys i + o - left .. i + o + right, o = SEQ_K - SEQ_Q
+    if mask is not None:  # query i sees keys i + o - left .. i + o + right, o = SEQ_K - SEQ_Q
+        rule = mask.rule
         left, right = _side(rule[0], SEQ_Q, SEQ_K), _side(rule[1], SEQ_Q, SEQ_K)
         first = tl.maximum(k0 - (SEQ_K - SEQ_Q) - right, 0) // BLOCK_Q * BLOCK_Q
         q_start = tl.where(right >= 0, tl.maximum(q_start, first), q_start)
         last = k0 + BLOCK_K - (SEQ_K - SEQ_Q) + left  # one past the last row whose window reaches the tile
         q_end = tl.where(left >= 0, tl.minimum(q_end, tl.maximum(last, 0)), q_end)
-        if rule[2] is not None:  # the rows whose chunk is the first key's, through the last key's
+        if len(rule) > 2:  # a chunk: the rows whose chunk is the first key's, through the last key's
             own, size = _chunk_of(k0, rule[2], SEQ_Q, SEQ_K)
             q_start = tl.maximum(q_start, tl.maximum(own - (SEQ_K - SEQ_Q), 0) // BLOCK_Q * BLOCK_Q)
             own, _ = _chunk_of(k0 + (BLOCK_K - 1), rule[2], SEQ_Q, SEQ_K)
@@ -145,10 +153,23 @@ def _key_split(k_start, k_end, split, NUM_SPLITS, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _tile_kind(Tiles, tile, MASK_MOD: tl.constexpr):
-    """What the block mask says of a tile: _SKIPPED, _PARTIAL or _FULL; _FULL without a mask."""
+def _mask_row(off_b, off_h, row, mask=None):
+    """Where a program's row of the block mask starts: mask.tiles advanced to (batch row off_b, head off_h, row
+    ``row``) by mask.strides (none: the launch's one row); 0 without a mask bundle."""
+    tiles = 0
+    if mask is not None:
+        tiles = mask.tiles
+        if len(mask.strides) > 0:
+            tiles += off_b * mask.strides[0] + off_h * mask.strides[1] + row * mask.strides[2]
+    return tiles
+
+
+@triton.jit
+def _tile_kind(Tiles, tile, mask=None):
+    """What the block mask says of a tile (Tiles: the program's row, :func:`_mask_row`): _SKIPPED, _PARTIAL or
+    _FULL; _FULL without a mask bundle."""
     kind = _FULL
-    if MASK_MOD is not None:
+    if mask is not None:
         kind = tl.load(Tiles + tile)
     return kind
 
@@ -171,21 +192,30 @@ def _tanh(y):
 
 
 @triton.jit
-def _mod_scores(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, SCORE_MOD: tl.constexpr):
-    """Scores in base-2 units from x = q.k: x * qk_scale (qk_scale = scale * log2 e), or SCORE_MOD's
-    (flashlib.kernels.scorefn), which takes x and both scales: it may fold them."""
-    if SCORE_MOD is not None:
-        s = SCORE_MOD(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, False)
+def _no_score(x, scale, qk_scale, b, h, q_idx, kv_idx, data, GRAD: tl.constexpr):
+    """The score function of attention sinks alone: the scaled score, x * qk_scale (slope 1)."""
+    if GRAD:
+        return x * qk_scale, 1.0
+    else:
+        return x * qk_scale
+
+
+@triton.jit
+def _mod_scores(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, score=None):
+    """Scores in base-2 units from x = q.k: x * qk_scale (qk_scale = scale * log2 e), or the score bundle's
+    SCORE_MOD's (flashlib.kernels.scorefn), which takes x and both scales: it may fold them."""
+    if score is not None:
+        s = score.fn(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, score.data, False)
     else:
         s = x * qk_scale
     return s
 
 
 @triton.jit
-def _mod_scores_slope(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, SCORE_MOD: tl.constexpr):
+def _mod_scores_slope(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, score=None):
     """(the scores of :func:`_mod_scores`, the score function's slope at x * scale: 1 without one)."""
-    if SCORE_MOD is not None:
-        s, slope = SCORE_MOD(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData, True)
+    if score is not None:
+        s, slope = score.fn(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, score.data, True)
     else:
         s = x * qk_scale
         slope = 1.0
@@ -193,18 +223,18 @@ def _mod_scores_slope(x, scale, qk_scale, off_b, off_h, q_idx, kv_idx, ScoreData
 
 
 @triton.jit
-def _visible_slope(slope, visible, SCORE_MOD: tl.constexpr):
+def _visible_slope(slope, visible, score=None):
     """The slope where the pair may attend, 0 elsewhere (p = 0 there, but a slope may be inf or NaN):
     masked where P is, so that the mask need not stay alive until dS."""
-    if SCORE_MOD is not None:
+    if score is not None:
         slope = tl.where(visible, slope, 0.0)
     return slope
 
 
 @triton.jit
-def _mod_slope(ds, slope, SCORE_MOD: tl.constexpr):
+def _mod_slope(ds, slope, score=None):
     """dS times the score function's slope: the gradient of the scaled scores before it (the chain rule)."""
-    if SCORE_MOD is not None:
+    if score is not None:
         ds = ds * slope
     return ds
 
@@ -239,6 +269,18 @@ def _sink_state(Sinks, heads):
     else:
         m_i = tl.load(Sinks + heads).to(tl.float32) * _LOG2E
         l_i = tl.zeros(heads.shape, dtype=tl.float32) + 1.0
+    return m_i, l_i
+
+
+@triton.jit
+def _start_state(heads, score=None):
+    """:func:`_sink_state` of a forward's query rows, from the sinks its score bundle holds (none without)."""
+    if score is None:
+        m_i, l_i = _sink_state(None, heads)
+    elif len(score.sinks) == 0:
+        m_i, l_i = _sink_state(None, heads)
+    else:
+        m_i, l_i = _sink_state(score.sinks[0], heads)
     return m_i, l_i
 
 
@@ -283,6 +325,52 @@ def _query_tiles(k0, SEQ_Q, SEQ_K, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     q_full_start = tl.minimum(tl.maximum(first_full, q_start), q_rows_full)
     q_full_end = tl.where(k0 + BLOCK_K <= SEQ_K, q_rows_full, q_full_start)  # a ragged key tile: masked throughout
     return q_start, q_full_start, q_full_end
+
+
+# ----- the two bundles a launch passes: its mask side and its score side --------------------------------
+
+class MaskBundle(NamedTuple):
+    """A launch's mask side, one kernel argument (``mask``): what its mask path reads. Nothing in it is None
+    (Triton 3.6 cannot test a tuple that holds a None): what is absent is an empty tuple."""
+
+    fn: object      # MASK_MOD(b, h, q_idx, kv_idx, data) -> bool, compiled (maskfn); _no_mask for a window or chunk alone
+    data: tuple     # what fn reads: the tensors it captures, then its numbers; () for none
+    rule: tuple     # (window left, window right[, chunk]): Options.rule_numbers
+    tiles: object   # the block mask's kinds, uint8 (B or 1, H or 1, rows, tiles) or one row; () for none (decoding)
+    strides: tuple  # tiles' (batch, head, row) strides, 0 where broadcast; () for one row or none
+
+
+class ScoreBundle(NamedTuple):
+    """A launch's score side, one kernel argument (``score``): what its scores get besides q.k and the scale."""
+
+    fn: object      # SCORE_MOD(x, scale, qk_scale, b, h, q_idx, kv_idx, data, GRAD), compiled (scorefn); _no_score
+    data: tuple     # what fn reads: the tensors it captures, then its numbers; () for none
+    sinks: tuple    # (the attention sinks, (H,) float32 contiguous,) that start each row's softmax, or ()
+
+
+def mask_bundle(options, kinds=None, compiled=None, always: bool = False) -> MaskBundle | None:
+    """The mask side of a launch with ``options`` (flashlib.options): None without a window, chunk or mask
+    function, unless ``always`` (decoding's one kernel takes the rule, whatever it is). compiled: the mask
+    function compiled (a :class:`~flashlib.kernels.maskfn.KernelMask`); a window or chunk alone takes the mask
+    path with ``_no_mask``, every pair its band and chunk leave visible. kinds: the block mask's kinds, (B or 1,
+    H or 1, rows, tiles) broadcast by zero strides, or one row every program reads; None: no block mask."""
+    if not (options.masked or always):
+        return None
+    tiles, strides = () if kinds is None else kinds, ()
+    if kinds is not None and kinds.dim() > 1:
+        strides = tuple(s if n > 1 else 0 for s, n in zip(kinds.stride(), kinds.shape[:2])) + (kinds.stride(2),)
+    fn, data = (_no_mask, ()) if compiled is None else (compiled.jit, compiled.data or ())
+    return MaskBundle(fn, data, options.rule_numbers, tiles, strides)
+
+
+def score_bundle(compiled=None, sinks=None) -> ScoreBundle | None:
+    """The score side of a launch: a score function compiled (a :class:`~flashlib.kernels.scorefn.KernelScore`)
+    and the attention sinks ((H,) float32 contiguous, as the kernels read them); None without either. Sinks
+    alone take the score path with ``_no_score``, the scaled score itself."""
+    if compiled is None and sinks is None:
+        return None
+    fn, data = (_no_score, ()) if compiled is None else (compiled.jit, compiled.data or ())
+    return ScoreBundle(fn, data, () if sinks is None else (sinks,))
 
 
 # ----- which (batch, head) rows a launch owns ---------------------------------------------------------

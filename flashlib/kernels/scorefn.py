@@ -29,11 +29,6 @@ from ..trace import FLOAT_FUNCTIONS, Graph, IndexCheck, Node, TraceError, _nodes
 KernelScore = KernelMask  # a score function as the kernels call it: its SCORE_MOD, data, source, captured, indices
 
 
-def score_args(score: KernelScore | None) -> dict:
-    """The keyword arguments a launch adds for a compiled score function (none without one)."""
-    return {} if score is None else dict(SCORE_MOD=score.jit, ScoreData=score.data)
-
-
 def score_bounds(batch=None, heads=None, seq_q=None, seq_k=None) -> dict:
     """The symbols of a score function: the score (a float) and the four indices' bounds."""
     return {"score": (None, None), **symbol_bounds(batch, heads, seq_q, seq_k)}

@@ -11,9 +11,9 @@ and how long it is::
                                                          sequence's end does nothing: no FLOPs
                                                          on padding
 
-Grouped-query attention, score functions (soft-capping among them), windows and chunks work as in the
-dense kernels (a window or chunk takes the mask path with no mask function: every tile of its key range is
-partial); a score function is told positions within each sequence, never within the packed buffer.
+Grouped-query attention, score functions (soft-capping among them), sinks, windows and chunks work as in the
+dense kernels, through the same two bundles (a window or chunk's block mask is one row, every tile of its key
+range partial); a score function is told positions within each sequence, never within the packed buffer.
 """
 from __future__ import annotations
 
@@ -25,11 +25,10 @@ from ..varlen import check_varlen_inputs, sequence_score, sequences
 from .backward import _attn_bwd_dkdv_block, _attn_bwd_dq_block
 from .config import LOG2E, head_dim_pad, lse_natural, value_dim
 from .forward import _attn_fwd_block, triton
-from .rules import _batch_head, _no_mask, row_chunks
+from .rules import _batch_head, mask_bundle, row_chunks, score_bundle
 from ..options import Options, checked_options
 from .function import (DEFAULT, _strides, check_kernel_inputs, kernel_score, preprocess, resolve_config, save_lse,
                        score_grads)
-from .scorefn import score_args
 
 import triton.language as tl  # noqa: E402  (after the kernels: they chose the interpreter mode)
 
@@ -50,15 +49,15 @@ def _at(Ptr, stride, token, head):
 
 
 @triton.jit
-def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale, stride_q, stride_k, stride_v,
-                     stride_o, TOTAL_Q, HEADS, GROUP, HEAD_DIM, HEAD_DIM_V, rule,
+def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, qk_scale, scale, stride_q, stride_k, stride_v,
+                     stride_o, TOTAL_Q, HEADS, GROUP, HEAD_DIM, HEAD_DIM_V,
                      HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
-                     BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                     MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr = None, Sinks=None, ScoreData=None, B0=0):
+                     BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, mask=None,
+                     score=None, B0=0):
     """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS);
-    each tensor's strides one tuple, (token, head). Sinks: (HEADS,) attention sinks or None. B0: the
-    launch's first sequence in the batch (a score function is told b = B0 + the sequence's index in this
-    launch)."""
+    each tensor's strides one tuple, (token, head). mask, score: the launch's bundles (kernels/rules.py) or
+    None, the block mask one row; sinks (HEADS,). B0: the launch's first sequence in the batch (a score
+    function is told b = B0 + the sequence's index in this launch)."""
     q0 = tl.program_id(0) * BLOCK_Q
     off_z = tl.program_id(1).to(tl.int64)  # int64: heads x total tokens (the lse offset) can pass 2^31
     off_b, off_h = _batch_head(off_z, HEADS, 0)
@@ -68,22 +67,20 @@ def _attn_fwd_varlen(Q, K, V, Out, Lse, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale,
         off_kv = off_h // GROUP  # grouped-query attention: query head h reads kv head h // GROUP
         _attn_fwd_block(_at(Q, stride_q, q_start, off_h), _at(K, stride_k, k_start, off_kv),
                         _at(V, stride_v, k_start, off_kv), _at(Out, stride_o, q_start, off_h),
-                        Lse + off_h * TOTAL_Q + q_start, Tiles, None, qk_scale, scale, stride_q[0], stride_k[0],
-                        stride_v[0], stride_o[0], q0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM,
-                        HEAD_DIM_V=HEAD_DIM_V, rule=rule, off_b=off_b + B0, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD,
-                        HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL,
-                        INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD, Sinks=Sinks,
-                        ScoreData=ScoreData)
+                        Lse + off_h * TOTAL_Q + q_start, qk_scale, scale, stride_q[0], stride_k[0], stride_v[0],
+                        stride_o[0], q0, SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V,
+                        off_b=off_b + B0, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD,
+                        BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, mask=mask,
+                        score=score)
 
 
 @triton.jit
-def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale,
+def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlensK, qk_scale, scale,
                           stride_q, stride_k, stride_v, stride_do, stride_dk, stride_dv,
-                          TOTAL_Q, KV_HEADS, HEAD_DIM, HEAD_DIM_V, rule,
+                          TOTAL_Q, KV_HEADS, HEAD_DIM, HEAD_DIM_V,
                           HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
-                          BLOCK_K: tl.constexpr,
-                          BLOCK_H: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                          MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr = None, ScoreData=None, B0=0):
+                          BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, CAUSAL: tl.constexpr,
+                          INPUT_PRECISION: tl.constexpr, mask=None, score=None, B0=0):
     """One key tile of one sequence and kv head: the grid is (ceil(max_seqlen_k / BLOCK_K), batch * KV_HEADS);
     BLOCK_H: the query heads of a kv head; each tensor's strides one tuple, (token, head)."""
     k0 = tl.program_id(0) * BLOCK_K
@@ -96,23 +93,20 @@ def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlens
         _attn_bwd_dkdv_block(_at(Q, stride_q, q_start, off_h), _at(K, stride_k, k_start, off_kv),
                              _at(V, stride_v, k_start, off_kv), _at(DO, stride_do, q_start, off_h),
                              _at(DK, stride_dk, k_start, off_kv), _at(DV, stride_dv, k_start, off_kv),
-                             Lse + off_h * TOTAL_Q + q_start, Delta + off_h * TOTAL_Q + q_start, Tiles, None, ScoreData,
-                             qk_scale, scale, stride_q[1], stride_qm=stride_q[0], stride_kn=stride_k[0],
-                             stride_vn=stride_v[0], stride_doh=stride_do[1], stride_dom=stride_do[0],
-                             stride_dkn=stride_dk[0], stride_dvn=stride_dv[0], stride_lh=TOTAL_Q, k0=k0, SEQ_Q=seq_q,
-                             SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, rule=rule, off_b=off_b + B0,
-                             off_h=off_h, stride_t=(0, 0, 0), HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD,
-                             BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H, CAUSAL=CAUSAL,
-                             INPUT_PRECISION=INPUT_PRECISION, SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
+                             Lse + off_h * TOTAL_Q + q_start, Delta + off_h * TOTAL_Q + q_start, qk_scale, scale,
+                             (stride_q[1], stride_q[0]), stride_k[0], stride_v[0], (stride_do[1], stride_do[0]),
+                             stride_dk[0], stride_dv[0], stride_lh=TOTAL_Q, k0=k0, SEQ_Q=seq_q, SEQ_K=seq_k,
+                             HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, off_b=off_b + B0, off_h=off_h,
+                             HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K,
+                             BLOCK_H=BLOCK_H, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, mask=mask, score=score)
 
 
 @triton.jit
-def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Tiles, qk_scale, scale,
+def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, qk_scale, scale,
                         stride_q, stride_k, stride_v, stride_do, stride_dq, TOTAL_Q, HEADS, GROUP, HEAD_DIM, HEAD_DIM_V,
-                        rule, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
-                        BLOCK_K: tl.constexpr,
-                        CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, MASK_MOD: tl.constexpr,
-                        SCORE_MOD: tl.constexpr = None, ScoreData=None, B0=0):
+                        HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                        BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, mask=None,
+                        score=None, B0=0):
     """One query block of one sequence and head: the grid is (ceil(max_seqlen_q / BLOCK_Q), batch * HEADS);
     each tensor's strides one tuple, (token, head)."""
     q0 = tl.program_id(0) * BLOCK_Q
@@ -125,23 +119,20 @@ def _attn_bwd_dq_varlen(Q, K, V, DO, DQ, Lse, Delta, CuSeqlensQ, CuSeqlensK, Til
         _attn_bwd_dq_block(_at(Q, stride_q, q_start, off_h), _at(K, stride_k, k_start, off_kv),
                            _at(V, stride_v, k_start, off_kv), _at(DO, stride_do, q_start, off_h),
                            _at(DQ, stride_dq, q_start, off_h), Lse + off_h * TOTAL_Q + q_start,
-                           Delta + off_h * TOTAL_Q + q_start, Tiles, None, ScoreData, qk_scale, scale, stride_q[0],
-                           stride_k[0], stride_vn=stride_v[0], stride_dom=stride_do[0], stride_dqm=stride_dq[0], q0=q0,
-                           SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, rule=rule,
-                           off_b=off_b + B0, off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD,
-                           BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION,
-                           SCORE_MOD=SCORE_MOD, MASK_MOD=MASK_MOD)
+                           Delta + off_h * TOTAL_Q + q_start, qk_scale, scale, stride_q[0], stride_k[0],
+                           stride_vn=stride_v[0], stride_dom=stride_do[0], stride_dqm=stride_dq[0], q0=q0,
+                           SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, off_b=off_b + B0,
+                           off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q,
+                           BLOCK_K=BLOCK_K, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, mask=mask, score=score)
 
 
 # ----- launchers ------------------------------------------------------------------------------
 
-def _variant_args(options: Options, tiles: int, device, score=None) -> tuple:
-    """(Tiles, rule) and the keyword arguments of a launch. A window or a chunk takes the mask path with
-    no mask function: its block mask row says "partial" for each of ``tiles``. rule: the rule's run-time
-    integers (Options.rule_numbers). score: the call's score function compiled
-    (:func:`flashlib.kernels.function.kernel_score`)."""
-    tiles_row = torch.full((max(tiles, 1),), PARTIAL, dtype=torch.uint8, device=device) if options.masked else None
-    return (tiles_row, options.rule_numbers), dict(MASK_MOD=_no_mask if options.masked else None, **score_args(score))
+def _mask(options: Options, tiles: int, device):
+    """The mask side of a launch over ``tiles`` tiles: a window or chunk's block mask is one row, every tile
+    partial (its key range skips the rest); None without a window or chunk."""
+    row = torch.full((max(tiles, 1),), PARTIAL, dtype=torch.uint8, device=device) if options.masked else None
+    return mask_bundle(options, row)
 
 
 def _positions(cu_q, cu_k, heads: int):
@@ -155,14 +146,14 @@ def _positions(cu_q, cu_k, heads: int):
     return regions
 
 
-def _launch(kernel, blocks, heads, cu_q, cu_k, before, after, score, **switches):
+def _launch(kernel, blocks, heads, cu_q, cu_k, before, after, **switches):
     """kernel on grid (blocks, sequences x heads) with the lengths between its arguments before and after: grid
     axis 1 holds batch x heads rows and CUDA takes at most 65,535 (rules.row_chunks), so a larger batch is
     launched in runs of whole sequences. The kernels read absolute token offsets, so a run is just its slice
     of the lengths; a score function is told the run's first sequence, B0."""
     for rows in row_chunks((cu_q.shape[0] - 1) * heads, heads):
         b0, b1 = rows.start // heads, rows.stop // heads
-        if score is not None:
+        if switches.get("score") is not None:
             switches.update(B0=b0)
         kernel[(blocks, (b1 - b0) * heads)](*before, cu_q[b0:b1 + 1], cu_k[b0:b1 + 1], *after, **switches)
 
@@ -173,16 +164,14 @@ def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, cfg, options: Options):
     scale, sinks = options.scale, options.sinks
     out = q.new_empty(total_q, heads, dv)  # (total_q, heads, dv)
     lse = torch.empty(heads, total_q, dtype=torch.float64, device=q.device)  # float64: forward._finish says why
-    score = kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k,
-                         fn=VARLEN_FN, regions=_positions(cu_q, cu_k, heads))
-    (tiles, rule), switches = _variant_args(options, triton.cdiv(max_k, cfg.block_k), q.device, score)
-    if sinks is not None:
-        switches.update(Sinks=sinks.detach().to(torch.float32).contiguous())
+    compiled = kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k,
+                            fn=VARLEN_FN, regions=_positions(cu_q, cu_k, heads))
+    score = score_bundle(compiled, None if sinks is None else sinks.detach().to(torch.float32).contiguous())
     _launch(_attn_fwd_varlen, triton.cdiv(max_q, cfg.block_q), heads, cu_q, cu_k, (q, k, v, out, lse),
-            (tiles, scale * LOG2E, scale, *_strides(q, k, v, out), total_q, heads, heads // k.shape[1], d), score,
-            rule=rule, HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, dv), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k,
+            (scale * LOG2E, scale, *_strides(q, k, v, out), total_q, heads, heads // k.shape[1], d),
+            HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, dv), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k,
             CAUSAL=options.causal, INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages, **switches)
+            num_stages=cfg.num_stages, mask=_mask(options, triton.cdiv(max_k, cfg.block_k), q.device), score=score)
     return out, lse
 
 
@@ -193,20 +182,19 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, cf
     # delta = rowsum(dO * O) in lse's (heads, total_q) layout: the dense preprocess on (heads, tokens, d) views
     delta = preprocess(out.transpose(0, 1), dout.transpose(0, 1), dlse, cfg)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    score = score_bundle(kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q,
+                                      seq_k=max_k, fn=VARLEN_FN, regions=_positions(cu_q, cu_k, heads)))
     common = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, v.shape[-1]), BLOCK_Q=cfg.bwd_block_q,
                   BLOCK_K=cfg.bwd_block_k, CAUSAL=options.causal, INPUT_PRECISION=cfg.input_precision,
-                  num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages)
-    score = kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q, seq_k=max_k,
-                         fn=VARLEN_FN, regions=_positions(cu_q, cu_k, heads))
-    (tiles, rule), switches = _variant_args(options, triton.cdiv(max_q, cfg.bwd_block_q), q.device, score)
+                  num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages, score=score)
     _launch(_attn_bwd_dkdv_varlen, triton.cdiv(max_k, cfg.bwd_block_k), kv_heads, cu_q, cu_k,
-            (q, k, v, dout, dk, dv, lse, delta), (tiles, scale * LOG2E, scale, *_strides(q, k, v, dout, dk, dv),
-                                                  total_q, kv_heads, d), score, rule=rule, BLOCK_H=group, **common,
-            **switches)
-    tiles, *_ = _variant_args(options, triton.cdiv(max_k, cfg.bwd_block_k), q.device)[0]
+            (q, k, v, dout, dk, dv, lse, delta), (scale * LOG2E, scale, *_strides(q, k, v, dout, dk, dv), total_q,
+                                                  kv_heads, d), BLOCK_H=group,
+            mask=_mask(options, triton.cdiv(max_q, cfg.bwd_block_q), q.device), **common)
     _launch(_attn_bwd_dq_varlen, triton.cdiv(max_q, cfg.bwd_block_q), heads, cu_q, cu_k,
-            (q, k, v, dout, dq, lse, delta), (tiles, scale * LOG2E, scale, *_strides(q, k, v, dout, dq), total_q, heads,
-                                              group, d), score, rule=rule, **common, **switches)
+            (q, k, v, dout, dq, lse, delta), (scale * LOG2E, scale, *_strides(q, k, v, dout, dq), total_q, heads,
+                                              group, d), mask=_mask(options, triton.cdiv(max_k, cfg.bwd_block_k),
+                                                                    q.device), **common)
     # the lse (heads, total_q) holds the sinks: the kernels are unchanged; the sinks' gradient from delta
     dsinks = None if sinks is None else sink_grad(sinks, lse_natural(lse), delta)
     return dq, dk, dv, dsinks
