@@ -5,7 +5,11 @@
 - no call (a kernel launch, a jit call) that passes more than 20 arguments by position: past that a
   reader cannot check which value lands in which slot, so the rest go by name;
 - no Triton kernel or helper that selects its code path with more than four compile-time
-  switches (``tl.constexpr`` parameters other than sizes: BLOCK_*, HEAD_DIM*, PAGE_SIZE);
+  switches: ``tl.constexpr`` parameters and parameters that default to None (a bundle of arguments
+  that a launch may leave out, ``mask`` or ``score``, an optional pointer), other than sizes
+  (BLOCK_*, HEAD_DIM*, PAGE_SIZE);
+- no Triton kernel or helper with more than 32 parameters: past that its arguments travel in
+  bundles, as the strides (one tuple a tensor) and the mask and score sides do;
 - the rooms stay in their order: reference modules import no room, kernels import no ladder,
   bench or course, the ladder no bench or course, nothing but bench imports bench, and nothing in the
   package imports labs (notebooks and tests do).
@@ -25,6 +29,7 @@ SIZE_CONSTEXPRS = ("BLOCK", "HEAD_DIM", "PAGE_SIZE")
 MAX_FUNCTION_LINES = 70
 MAX_SWITCHES = 4
 MAX_POSITIONAL = 20
+MAX_TRITON_PARAMETERS = 32
 ROOMS = ("course", "labs", "kernels", "ladder", "bench")
 
 
@@ -107,14 +112,28 @@ def functions():
     return out
 
 
+def none_defaulted(fn: ast.FunctionDef) -> list[str]:
+    """The parameters of a function that default to None."""
+    positional = fn.args.posonlyargs + fn.args.args
+    pairs = list(zip(positional[len(positional) - len(fn.args.defaults):], fn.args.defaults))
+    pairs += [(a, d) for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults) if d is not None]
+    return [a.arg for a, d in pairs if isinstance(d, ast.Constant) and d.value is None]
+
+
 def switches(fn: ast.FunctionDef) -> list[str]:
-    """The compile-time parameters of a Triton function that are not sizes."""
+    """What selects a Triton function's code path, sizes aside: its compile-time parameters, and its
+    parameters that default to None (whether a launch gives them is decided when compiling)."""
+    optional = set(none_defaulted(fn))
     names = []
     for arg in fn.args.args + fn.args.kwonlyargs:
-        if arg.annotation is not None and "constexpr" in ast.unparse(arg.annotation):
-            if not arg.arg.startswith(SIZE_CONSTEXPRS):
-                names.append(arg.arg)
+        compile_time = arg.annotation is not None and "constexpr" in ast.unparse(arg.annotation)
+        if (compile_time or arg.arg in optional) and not arg.arg.startswith(SIZE_CONSTEXPRS):
+            names.append(arg.arg)
     return names
+
+
+def parameters(fn: ast.FunctionDef) -> int:
+    return len(fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs)
 
 
 def is_triton(fn: ast.FunctionDef) -> bool:
@@ -154,6 +173,19 @@ def test_no_call_passes_more_than_20_arguments_by_position():
 def test_no_kernel_selects_its_code_path_with_more_than_four_switches():
     many = [(where, switches(node)) for _, where, node in functions()
             if is_triton(node) and len(switches(node)) > MAX_SWITCHES]
+    assert many == []
+
+
+def test_parameters_that_default_to_none_count_as_switches():
+    """A kernel whose bundles a launch may leave out selects its path by them, as by a constexpr."""
+    found = {where.rsplit(" ", 1)[1]: switches(node) for _, where, node in functions() if is_triton(node)}
+    assert found["_attn_fwd"] == ["CAUSAL", "INPUT_PRECISION", "mask", "score"]
+    assert "HEAD_DIM_V" not in found["_attn_fwd_inner"]  # a size, None or not
+
+
+def test_no_triton_function_takes_more_than_32_parameters():
+    many = [(where, parameters(node)) for _, where, node in functions()
+            if is_triton(node) and parameters(node) > MAX_TRITON_PARAMETERS]
     assert many == []
 
 
@@ -228,6 +260,20 @@ def test_the_kernels_take_the_rule_as_one_tuple():
     assert sorted(taking) == ["autotune._config", "function.attention", "rules._chunk_of", "rules._side"]
 
 
+def test_a_window_or_chunk_takes_the_mask_path_in_one_place():
+    """The rule that a window or chunk alone needs the mask function _no_mask is stated once, where the mask
+    bundles are made (kernels/rules.py: mask_bundle): no launcher or kernel names _no_mask."""
+    naming = []
+    for path in sorted((ROOT / "flashlib").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                if "_no_mask" in names:
+                    naming.append(f"{path.stem}.{node.name}")
+    assert naming == ["rules.mask_bundle"]
+
+
 def facts() -> str:
     lines = [f"import cycles: {len(cycles(import_graph()))}"]
     funcs = sorted(functions(), key=lambda f: -f[0])
@@ -235,6 +281,8 @@ def facts() -> str:
     kernels = sorted(((len(switches(node)), where, switches(node)) for _, where, node in funcs if is_triton(node)),
                      key=lambda k: -k[0])
     lines.append("most code-path switches: " + "; ".join(f"{n} {where} {names}" for n, where, names in kernels[:3]))
+    widest = sorted(((parameters(node), where) for _, where, node in funcs if is_triton(node)), reverse=True)
+    lines.append("most parameters of a Triton function: " + "; ".join(f"{n} {where}" for n, where in widest[:3]))
     per_room: dict[str, int] = {}
     for m, path in modules().items():
         per_room[room(m)] = per_room.get(room(m), 0) + len(path.read_text().splitlines())

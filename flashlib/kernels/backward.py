@@ -105,21 +105,22 @@ def _attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, s
 
 
 @triton.jit
-def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale, stride_q, stride_kn, stride_vn, stride_do,
-                         stride_dkn, stride_dvn, stride_lh, k0, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V, off_b, off_h,
+def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale, stride_q, stride_do, stride_lh, stride_kv,
+                         stride_dkv, k0, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_V, off_b, off_h,
                          HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                          BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, CAUSAL: tl.constexpr,
                          INPUT_PRECISION: tl.constexpr, mask=None, score=None):
-    """One key tile (k0 ..) of one kv head: K, V, DK, DV point at its first key; Q, DO, Lse and Delta
-    at the first of the BLOCK_H query heads that read it (query head off_h), the next ones a head
-    stride further: stride_q, stride_do (head, row), stride_lh Lse's and Delta's."""
+    """One key tile (k0 ..) of one kv head: K, V, DK, DV point at its first key, their rows stride_kv (K's,
+    V's) and stride_dkv (dK's, dV's) apart; Q, DO, Lse and Delta at the first of the BLOCK_H query heads
+    that read it (query head off_h), the next ones a head stride further: stride_q, stride_do (head, row),
+    stride_lh Lse's and Delta's."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)  # v's, dO's and dV's columns
     if HEAD_DIM_V is None:  # v's head dim is q's (the launchers pass None): the code of before
         HEAD_DIM_V = HEAD_DIM
-    k_tile = _load_rows(K, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)  # stays resident
-    v_tile = _load_rows(V, stride_vn, offs_k, offs_dv, SEQ_K, HEAD_DIM_V)
+    k_tile = _load_rows(K, stride_kv[0], offs_k, offs_d, SEQ_K, HEAD_DIM)  # stays resident
+    v_tile = _load_rows(V, stride_kv[1], offs_k, offs_dv, SEQ_K, HEAD_DIM_V)
     dk = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_K, HEAD_DIM_V_PAD], dtype=tl.float32)
     q_start, _ = _query_range(k0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL, mask)
@@ -133,9 +134,9 @@ def _attn_bwd_dkdv_block(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale, strid
     mask_k = (offs_k[:, None] < SEQ_K) & (offs_d[None, :] < HEAD_DIM)
     dk = dk * scale  # s = scale * q kᵀ, so dk picks up the scale once, at the end
     rows = offs_k[:, None].to(tl.int64)  # int64: a row stride times a row can pass 2^31
-    tl.store(DK + rows * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=mask_k)
+    tl.store(DK + rows * stride_dkv[0] + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=mask_k)
     mask_v = (offs_k[:, None] < SEQ_K) & (offs_dv[None, :] < HEAD_DIM_V)
-    tl.store(DV + rows * stride_dvn + offs_dv[None, :], dv.to(DV.dtype.element_ty), mask=mask_v)
+    tl.store(DV + rows * stride_dkv[1] + offs_dv[None, :], dv.to(DV.dtype.element_ty), mask=mask_v)
 
 
 @triton.jit
@@ -154,11 +155,11 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale, stride_q, s
     off_b, off_h = _batch_head(off_q, HEADS, ROW0 * BLOCK_H)  # what mask and score functions are told
     _attn_bwd_dkdv_block(Q + off_q * stride_q[0], K + off_z * stride_k[0], V + off_z * stride_v[0],
                          DO + off_q * stride_do[0], DK + off_z * stride_dk[0], DV + off_z * stride_dv[0],
-                         Lse + off_q * SEQ_Q, Delta + off_q * SEQ_Q, qk_scale, scale, stride_q, stride_k[1],
-                         stride_v[1], stride_do, stride_dk[1], stride_dv[1], stride_lh=SEQ_Q, k0=k0, SEQ_Q=SEQ_Q,
-                         SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, off_b=off_b, off_h=off_h,
-                         HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K,
-                         BLOCK_H=BLOCK_H, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, mask=mask, score=score)
+                         Lse + off_q * SEQ_Q, Delta + off_q * SEQ_Q, qk_scale, scale, stride_q, stride_do,
+                         stride_lh=SEQ_Q, stride_kv=(stride_k[1], stride_v[1]), stride_dkv=(stride_dk[1], stride_dv[1]),
+                         k0=k0, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, off_b=off_b,
+                         off_h=off_h, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q,
+                         BLOCK_K=BLOCK_K, BLOCK_H=BLOCK_H, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, mask=mask, score=score)
 
 
 @triton.jit

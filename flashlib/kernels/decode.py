@@ -128,14 +128,12 @@ def _decode_split(Q, K, V, Partial, PartialML, Seqs, Table, qk_scale, scale, cau
                   score=None, V_FROM_K: tl.constexpr = False):
     """Q: (batch * kv_heads, ROWS, HEAD_DIM), a kv head's query heads x new tokens, row r at (r // SEQ_ROWS) *
     stride_q[1] + (r % SEQ_ROWS) * stride_q[2] (a shared prefix: every sequence's SEQ_ROWS rows; else SEQ_ROWS =
-    ROWS), stride_q = (sequence, stack, row); K, V: caches (blocks, kv_heads, rows per block, HEAD_DIM and
-    HEAD_DIM_V), their strides (block, head, row); Partial, PartialML: (batch * kv_heads * NUM_SPLITS, ROWS,
-    HEAD_DIM_V and 2) float32, each split's normalised output and its rows' base-2 max and sum, stride_p
-    Partial's (part, row); Seqs: (SeqLens, NewTokens, Starts), (batch,) int32 each, each sequence's length (new
-    tokens included), new tokens (<= the rows' stride NEW_TOKENS) and first position (left padding before it
-    is never seen). mask: the rule's bundle (kernels/rules.py, always given: its sides are read at run time),
-    score: the score side or None. V_FROM_K: V is K's first HEAD_DIM_V columns (absorbed MLA), read with the
-    keys; HEAD_DIM_PAD then pads the rest, HEAD_DIM - HEAD_DIM_V."""
+    ROWS); K, V: caches (blocks, kv_heads, rows per block, HEAD_DIM and HEAD_DIM_V); Partial, PartialML: (batch *
+    kv_heads * NUM_SPLITS, ROWS, HEAD_DIM_V and 2) float32, each split's normalised output and its rows' base-2
+    max and sum; Seqs: (batch,) int32 each, each sequence's length (new tokens included), new tokens (<= the
+    rows' stride NEW_TOKENS) and first position (left padding before it is never seen). mask: the rule's bundle
+    (kernels/rules.py; always given, its sides read at run time), score: the score side or None. V_FROM_K: V
+    is K's first HEAD_DIM_V columns (absorbed MLA), read with the keys; HEAD_DIM_PAD then pads the rest."""
     split = tl.program_id(1)
     off_z = tl.program_id(2).to(tl.int64)  # batch * KV_HEADS + kv head; int64: offsets from it can pass 2^31
     off_b, kv_head = _batch_head(off_z, KV_HEADS, 0)
@@ -439,9 +437,12 @@ class DecodeLaunch:
         new_tokens = torch.full((launches,), n, dtype=torch.int32, device=q.device) if new_tokens is None else new_tokens
         starts = torch.zeros(launches, dtype=torch.int32, device=q.device) if starts is None else starts
         shared = values_in_keys(k_cache, v_cache)
-        self._split_args = (options.scale * LOG2E, options.scale, int(options.causal), mask_bundle(options, always=True),
-                            q_strides, k_cache.stride()[:3], v_cache.stride()[:3], block_table.stride(0) if paged else 0,
-                            self.partial.stride()[:2], kv_heads, splits, self.rows, rows, n, d, dv)
+        # the rule, whatever it is (its sides read at run time: one kernel for every window), and the strides of q
+        # (sequence, stack, row), the caches (block, head, row) and the partials (part, row), one tuple each
+        self._split_args = (options.scale * LOG2E, options.scale, int(options.causal),
+                            mask_bundle(options, always=True), q_strides, k_cache.stride()[:3], v_cache.stride()[:3],
+                            block_table.stride(0) if paged else 0, self.partial.stride()[:2], kv_heads, splits,
+                            self.rows, rows, n, d, dv)
         # V_FROM_K: HEAD_DIM_PAD pads the key's own columns, past the dv it shares with the values
         self._split_kw = dict(
             PAGE_SIZE=k_cache.shape[2] if paged else 1, HEAD_DIM_PAD=head_dim_pad(d - dv) if shared else head_dim_pad(d),

@@ -333,7 +333,7 @@ class MaskBundle(NamedTuple):
     """A launch's mask side, one kernel argument (``mask``): what its mask path reads. Nothing in it is None
     (Triton 3.6 cannot test a tuple that holds a None): what is absent is an empty tuple."""
 
-    fn: object      # MASK_MOD(b, h, q_idx, kv_idx, data) -> bool, compiled (maskfn); _no_mask for a window or chunk alone
+    fn: object      # MASK_MOD(b, h, q_idx, kv_idx, data) -> bool, compiled (maskfn); _no_mask: a window or chunk alone
     data: tuple     # what fn reads: the tensors it captures, then its numbers; () for none
     rule: tuple     # (window left, window right[, chunk]): Options.rule_numbers
     tiles: object   # the block mask's kinds, uint8 (B or 1, H or 1, rows, tiles) or one row; () for none (decoding)

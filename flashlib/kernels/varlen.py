@@ -94,8 +94,9 @@ def _attn_bwd_dkdv_varlen(Q, K, V, DO, DK, DV, Lse, Delta, CuSeqlensQ, CuSeqlens
                              _at(V, stride_v, k_start, off_kv), _at(DO, stride_do, q_start, off_h),
                              _at(DK, stride_dk, k_start, off_kv), _at(DV, stride_dv, k_start, off_kv),
                              Lse + off_h * TOTAL_Q + q_start, Delta + off_h * TOTAL_Q + q_start, qk_scale, scale,
-                             (stride_q[1], stride_q[0]), stride_k[0], stride_v[0], (stride_do[1], stride_do[0]),
-                             stride_dk[0], stride_dv[0], stride_lh=TOTAL_Q, k0=k0, SEQ_Q=seq_q, SEQ_K=seq_k,
+                             (stride_q[1], stride_q[0]), (stride_do[1], stride_do[0]), stride_lh=TOTAL_Q,
+                             stride_kv=(stride_k[0], stride_v[0]), stride_dkv=(stride_dk[0], stride_dv[0]), k0=k0,
+                             SEQ_Q=seq_q, SEQ_K=seq_k,
                              HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, off_b=off_b + B0, off_h=off_h,
                              HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K,
                              BLOCK_H=BLOCK_H, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, mask=mask, score=score)

@@ -109,40 +109,39 @@ def _dkdv_loop(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, stride_dom,
 
 
 @triton.jit
-def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale,
-                         stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
-                         stride_doz, stride_dom, stride_dkz, stride_dkn, stride_dvz, stride_dvn, SEQ_Q, SEQ_K,
+def _attn_bwd_dkdv_split(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale, stride_q, stride_k, stride_v, stride_do,
+                         stride_dk, stride_dv, SEQ_Q, SEQ_K,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                          BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                          TMA: tl.constexpr = False):
-    """dK, dV of one key tile (TMA: Q and dO streamed by descriptors). Key tiles are launched
-    in order: under a causal mask the first see the most queries."""
+    """dK, dV of one key tile (TMA: Q and dO streamed by descriptors); each tensor's strides one tuple,
+    (head, row). Key tiles are launched in order: under a causal mask the first see the most queries."""
     k0 = tl.program_id(0) * BLOCK_K
     off_z = tl.program_id(1).to(tl.int64)
     offs_k = k0 + tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    k_tile = _load_rows(K + off_z * stride_kz, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)  # stays resident
-    v_tile = _load_rows(V + off_z * stride_vz, stride_vn, offs_k, offs_d, SEQ_K, HEAD_DIM)
+    k_tile = _load_rows(K + off_z * stride_k[0], stride_k[1], offs_k, offs_d, SEQ_K, HEAD_DIM)  # stays resident
+    v_tile = _load_rows(V + off_z * stride_v[0], stride_v[1], offs_k, offs_d, SEQ_K, HEAD_DIM)
     dk = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
-    q_src = _rows_source(Q + off_z * stride_qz, stride_qm, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, TMA)
-    do_src = _rows_source(DO + off_z * stride_doz, stride_dom, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, TMA)
+    q_src = _rows_source(Q + off_z * stride_q[0], stride_q[1], SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, TMA)
+    do_src = _rows_source(DO + off_z * stride_do[0], stride_do[1], SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, TMA)
     Lse += off_z * SEQ_Q
     Delta += off_z * SEQ_Q
     q_start, q_full, q_end = _query_tiles(k0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
     # masked [q_start, q_full), unmasked [q_full, q_end), masked [q_end, SEQ_Q)
-    dk, dv = _dkdv_loop(dk, dv, k_tile, v_tile, q_src, do_src, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d,
+    dk, dv = _dkdv_loop(dk, dv, k_tile, v_tile, q_src, do_src, Lse, Delta, stride_q[1], stride_do[1], offs_k, offs_d,
                         q_start, q_full, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, MASKED=True,
                         CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
-    dk, dv = _dkdv_loop(dk, dv, k_tile, v_tile, q_src, do_src, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d,
+    dk, dv = _dkdv_loop(dk, dv, k_tile, v_tile, q_src, do_src, Lse, Delta, stride_q[1], stride_do[1], offs_k, offs_d,
                         q_full, q_end, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, MASKED=False,
                         CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
-    dk, dv = _dkdv_loop(dk, dv, k_tile, v_tile, q_src, do_src, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d,
+    dk, dv = _dkdv_loop(dk, dv, k_tile, v_tile, q_src, do_src, Lse, Delta, stride_q[1], stride_do[1], offs_k, offs_d,
                         q_end, SEQ_Q, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, MASKED=True,
                         CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
     dk = dk * scale  # s = scale * q kᵀ, so dk picks up the scale once, at the end
-    _store_rows(DK + off_z * stride_dkz, stride_dkn, offs_k, offs_d, SEQ_K, dk, HEAD_DIM)
-    _store_rows(DV + off_z * stride_dvz, stride_dvn, offs_k, offs_d, SEQ_K, dv, HEAD_DIM)
+    _store_rows(DK + off_z * stride_dk[0], stride_dk[1], offs_k, offs_d, SEQ_K, dk, HEAD_DIM)
+    _store_rows(DV + off_z * stride_dv[0], stride_dv[1], offs_k, offs_d, SEQ_K, dv, HEAD_DIM)
 
 
 @triton.jit
@@ -166,32 +165,32 @@ def _dq_loop(dq, q_blk, do_blk, lse, delta, K, V, stride_kn, stride_vn, offs_q, 
 
 
 @triton.jit
-def _attn_bwd_dq_split(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale,
-                       stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
-                       stride_doz, stride_dom, stride_dqz, stride_dqm, SEQ_Q, SEQ_K,
+def _attn_bwd_dq_split(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale, stride_q, stride_k, stride_v, stride_do,
+                       stride_dq, SEQ_Q, SEQ_K,
                        HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                        BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                        TMA: tl.constexpr = False, LONGEST_FIRST: tl.constexpr = False):
-    """dQ of one query block (TMA: K and V streamed by descriptors)."""
+    """dQ of one query block (TMA: K and V streamed by descriptors); each tensor's strides one tuple,
+    (head, row)."""
     q0 = _query_block(CAUSAL, LONGEST_FIRST) * BLOCK_Q
     off_z = tl.program_id(1).to(tl.int64)
     offs_q = q0 + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    q_blk = _load_rows(Q + off_z * stride_qz, stride_qm, offs_q, offs_d, SEQ_Q, HEAD_DIM)  # stays resident
-    do_blk = _load_rows(DO + off_z * stride_doz, stride_dom, offs_q, offs_d, SEQ_Q, HEAD_DIM)
+    q_blk = _load_rows(Q + off_z * stride_q[0], stride_q[1], offs_q, offs_d, SEQ_Q, HEAD_DIM)  # stays resident
+    do_blk = _load_rows(DO + off_z * stride_do[0], stride_do[1], offs_q, offs_d, SEQ_Q, HEAD_DIM)
     # padding rows and rows without keys get lse = +inf: their p is 0 even in unmasked tiles
     lse, delta = _lse_delta(Lse + off_z * SEQ_Q, Delta + off_z * SEQ_Q, offs_q, SEQ_Q, True)
     dq = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
-    k_src = _rows_source(K + off_z * stride_kz, stride_kn, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, TMA)
-    v_src = _rows_source(V + off_z * stride_vz, stride_vn, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, TMA)
+    k_src = _rows_source(K + off_z * stride_k[0], stride_k[1], SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, TMA)
+    v_src = _rows_source(V + off_z * stride_v[0], stride_v[1], SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, TMA)
     k_full, k_end = _key_tiles(q0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
-    dq = _dq_loop(dq, q_blk, do_blk, lse, delta, k_src, v_src, stride_kn, stride_vn, offs_q, offs_d, 0, k_full,
+    dq = _dq_loop(dq, q_blk, do_blk, lse, delta, k_src, v_src, stride_k[1], stride_v[1], offs_q, offs_d, 0, k_full,
                   qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, MASKED=False, CAUSAL=CAUSAL,
                   INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
-    dq = _dq_loop(dq, q_blk, do_blk, lse, delta, k_src, v_src, stride_kn, stride_vn, offs_q, offs_d, k_full, k_end,
+    dq = _dq_loop(dq, q_blk, do_blk, lse, delta, k_src, v_src, stride_k[1], stride_v[1], offs_q, offs_d, k_full, k_end,
                   qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, MASKED=True, CAUSAL=CAUSAL,
                   INPUT_PRECISION=INPUT_PRECISION, TMA=TMA)
-    _store_rows(DQ + off_z * stride_dqz, stride_dqm, offs_q, offs_d, SEQ_Q, dq * scale, HEAD_DIM)
+    _store_rows(DQ + off_z * stride_dq[0], stride_dq[1], offs_q, offs_d, SEQ_Q, dq * scale, HEAD_DIM)
 
 
 # ----- "bulk": dK/dV and dQ, one kernel ------------------------------------------------------
@@ -265,47 +264,46 @@ def _dq_destination(DQ, stride_dq, SEQ_Q, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: 
 
 
 @triton.jit
-def _attn_bwd_fused(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale,
-                    stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
-                    stride_doz, stride_dom, stride_dkz, stride_dkn, stride_dvz, stride_dvn,
-                    stride_dqz, stride_dqm, stride_dqt, SEQ_Q, SEQ_K,
+def _attn_bwd_fused(Q, K, V, DO, DK, DV, DQ, Lse, Delta, qk_scale, scale, stride_q, stride_k, stride_v, stride_do,
+                    stride_dk, stride_dv, stride_dq, stride_dqt, SEQ_Q, SEQ_K,
                     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                     BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                     BULK_DQ: tl.constexpr, DQ_T: tl.constexpr = False):
-    """dK, dV of one key tile and its share of every dQ row. DQ: float32, zeroed, (SEQ_Q, HEAD_DIM)
-    per head with rows stride_dqm apart, or with DQ_T its transpose, rows stride_dqt apart;
-    BULK_DQ: added by bulk reductions of the TMA, else by atomics. Delta holds delta * scale."""
+    """dK, dV of one key tile and its share of every dQ row; each tensor's strides one tuple, (head, row).
+    DQ: float32, zeroed, (SEQ_Q, HEAD_DIM) per head with rows stride_dq[1] apart, or with DQ_T its transpose,
+    rows stride_dqt apart; BULK_DQ: added by bulk reductions of the TMA, else by atomics. Delta holds delta *
+    scale."""
     k0 = tl.program_id(0) * BLOCK_K
     off_z = tl.program_id(1).to(tl.int64)
     offs_k = k0 + tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    k_tile = _load_rows(K + off_z * stride_kz, stride_kn, offs_k, offs_d, SEQ_K, HEAD_DIM)
-    v_tile = _load_rows(V + off_z * stride_vz, stride_vn, offs_k, offs_d, SEQ_K, HEAD_DIM)
+    k_tile = _load_rows(K + off_z * stride_k[0], stride_k[1], offs_k, offs_d, SEQ_K, HEAD_DIM)
+    v_tile = _load_rows(V + off_z * stride_v[0], stride_v[1], offs_k, offs_d, SEQ_K, HEAD_DIM)
     dk = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
-    q_desc = _rows_source(Q + off_z * stride_qz, stride_qm, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, True)
-    do_desc = _rows_source(DO + off_z * stride_doz, stride_dom, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, True)
-    stride_dq = stride_dqt if DQ_T else stride_dqm
+    q_desc = _rows_source(Q + off_z * stride_q[0], stride_q[1], SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, True)
+    do_desc = _rows_source(DO + off_z * stride_do[0], stride_do[1], SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, True)
+    dq_rows = stride_dqt if DQ_T else stride_dq[1]  # how far apart the rows dQ is added by are
     if BULK_DQ:  # a compile-time branch: a descriptor here, a pointer there
-        dq_dst = _dq_destination(DQ + off_z * stride_dqz, stride_dq, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, DQ_T)
+        dq_dst = _dq_destination(DQ + off_z * stride_dq[0], dq_rows, SEQ_Q, HEAD_DIM, HEAD_DIM_PAD, BLOCK_Q, DQ_T)
     else:
-        dq_dst = DQ + off_z * stride_dqz
+        dq_dst = DQ + off_z * stride_dq[0]
     ADD_DQ: tl.constexpr = ((_bulk_add_dq_t if DQ_T else _bulk_add_dq) if BULK_DQ
                             else (_atomic_add_dq_t if DQ_T else _atomic_add_dq))
     Lse += off_z * SEQ_Q
     Delta += off_z * SEQ_Q
     q_start, q_full, q_end = _query_tiles(k0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL)
-    dk, dv = _fused_loop(dk, dv, k_tile, v_tile, q_desc, do_desc, Lse, Delta, dq_dst, stride_dq, offs_k, offs_d,
+    dk, dv = _fused_loop(dk, dv, k_tile, v_tile, q_desc, do_desc, Lse, Delta, dq_dst, dq_rows, offs_k, offs_d,
                          q_start, q_full, qk_scale=qk_scale, scale=scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
                          BLOCK_Q=BLOCK_Q, MASKED=True, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, ADD_DQ=ADD_DQ)
-    dk, dv = _fused_loop(dk, dv, k_tile, v_tile, q_desc, do_desc, Lse, Delta, dq_dst, stride_dq, offs_k, offs_d, q_full,
+    dk, dv = _fused_loop(dk, dv, k_tile, v_tile, q_desc, do_desc, Lse, Delta, dq_dst, dq_rows, offs_k, offs_d, q_full,
                          q_end, qk_scale=qk_scale, scale=scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
                          BLOCK_Q=BLOCK_Q, MASKED=False, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, ADD_DQ=ADD_DQ)
-    dk, dv = _fused_loop(dk, dv, k_tile, v_tile, q_desc, do_desc, Lse, Delta, dq_dst, stride_dq, offs_k, offs_d, q_end,
+    dk, dv = _fused_loop(dk, dv, k_tile, v_tile, q_desc, do_desc, Lse, Delta, dq_dst, dq_rows, offs_k, offs_d, q_end,
                          SEQ_Q, qk_scale=qk_scale, scale=scale, SEQ_Q=SEQ_Q, SEQ_K=SEQ_K, HEAD_DIM=HEAD_DIM,
                          BLOCK_Q=BLOCK_Q, MASKED=True, CAUSAL=CAUSAL, INPUT_PRECISION=INPUT_PRECISION, ADD_DQ=ADD_DQ)
-    _store_rows(DK + off_z * stride_dkz, stride_dkn, offs_k, offs_d, SEQ_K, dk, HEAD_DIM)  # scaled through dS
-    _store_rows(DV + off_z * stride_dvz, stride_dvn, offs_k, offs_d, SEQ_K, dv, HEAD_DIM)
+    _store_rows(DK + off_z * stride_dk[0], stride_dk[1], offs_k, offs_d, SEQ_K, dk, HEAD_DIM)  # scaled through dS
+    _store_rows(DV + off_z * stride_dv[0], stride_dv[1], offs_k, offs_d, SEQ_K, dv, HEAD_DIM)
 
 
 # ----- launching --------------------------------------------------------------------------
@@ -392,7 +390,7 @@ def launch_backward(q, k, v, out, lse, dout, causal, scale, cfg: FlashConfig | N
 
     def args(*outputs, delta=delta, lengths=(seq_q, seq_k)):  # the kernels' arguments, strides (head, row) each
         tensors = (q, k, v, dout, *outputs)
-        return (*tensors, lse, delta, scale * LOG2E, scale, *(s for t in tensors for s in t.stride()[:2]), *lengths)
+        return (*tensors, lse, delta, scale * LOG2E, scale, *(t.stride()[:2] for t in tensors), *lengths)
 
     if "fused" in chosen.tiles:
         # float32 atomics start from zero, in a buffer that holds dQ either way: (B*H, seq_pad, d)
