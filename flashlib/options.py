@@ -71,7 +71,7 @@ class Options(NamedTuple):
 
     @property
     def masked(self) -> bool:
-        """A window, a chunk or a mask function: the kernels take their mask path (MASK_MOD set)."""
+        """A window, a chunk or a mask function: the kernels take their mask path (a mask bundle)."""
         return self.visibility.banded or self.mask_mod is not None
 
     @property

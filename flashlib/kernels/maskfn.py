@@ -5,9 +5,9 @@ references, the block masks, ``flex_attention``). For a kernel it is traced (:mo
 called once on symbolic indices, so what counts is what it does, not how its source is laid out) and
 written out as one ``@triton.jit`` function ``MASK_MOD(b, h, q_idx, kv_idx, data)``:
 
-* what it reads from outside is read again at every call, from ``data``, a tuple passed at launch: the
-  tensors it captures, then the numbers it captures (a window, a length: any number its code does not
-  spell out); a new value needs no new kernel, nor do new values in a tensor unless they leave the
+* what it reads from outside is read again at every call, from ``data``, a tuple passed at launch (in the
+  mask bundle, kernels.rules.MaskBundle): the tensors it captures, then the numbers it captures (a window, a
+  length: any number its code does not spell out); a new value needs no new kernel, nor do new values in a tensor unless they leave the
   bounds the source was written for;
 * ``t[q_idx]``, ``t[b, h]``, ``t[h][q_idx - 5]``... index a captured tensor (any dtype, any strides,
   negative indices counted from the end, as PyTorch does);
