@@ -161,17 +161,18 @@ def _attn_fwd_block(Q, K, V, Out, Lse, qk_scale, scale, stride_qm, stride_kn, st
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, Out, Lse, qk_scale, scale, stride_q, stride_k, stride_v, stride_o, SEQ_Q, SEQ_K, HEAD_DIM,
+def _attn_fwd(Q, K, V, Out, Lse, qk_scale, stride_q, stride_k, stride_v, stride_o, SEQ_Q, SEQ_K, HEAD_DIM,
               HEAD_DIM_V, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
               BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-              GROUP=1, HEADS=1, ROW0=0, mask=None, score=None):
+              GROUP=1, HEADS=1, scale=1.0, mask=None, ROW0=0, score=None):
     """Q: (B*H, seq, HEAD_DIM), Out: (B*H, seq, HEAD_DIM_V); K: (B*H_kv, seq, HEAD_DIM), V: (B*H_kv,
     seq, HEAD_DIM_V), H = GROUP * H_kv; last dims contiguous; HEAD_DIM_V None: HEAD_DIM; their strides one
-    tuple each, (head, row). Lse: (B*H, SEQ_Q) float32. scale: the natural scale (qk_scale = scale * log2 e).
-    mask: the mask side (a window, chunk or mask function, its block mask of (B or 1, H or 1, query blocks,
-    key tiles)), score: the score side (a score function, sinks (H,)), bundles of kernels/rules.py, or None.
-    ROW0: where Q's rows start among all B*H, on a batch boundary (a launch takes at most 65,535
-    rows: rules.row_chunks)."""
+    tuple each, (head, row). Lse: (B*H, SEQ_Q) float32. scale: the natural scale, which a score function is
+    given (qk_scale = scale * log2 e). mask: the mask side (a window, chunk or mask function, its block mask of
+    (B or 1, H or 1, query blocks, key tiles)), score: the score side (a score function, sinks (H,)), bundles of
+    kernels/rules.py, or None. ROW0: where Q's rows start among all B*H, on a batch boundary (a launch takes at
+    most 65,535 rows: rules.row_chunks). The run-time parameters keep the order they had before the bundles
+    (scale, the rule, the block mask, ROW0): ptxas allocates registers by it (data/bench/LOG.md, 2026-12-07)."""
     q0 = tl.program_id(0) * BLOCK_Q  # the grid replaces the reference's loop over query blocks
     off_z = tl.program_id(1).to(tl.int64)  # batch * head index; int64 so large tensors index safely
     off_kv = off_z // GROUP  # grouped-query attention: query head h reads kv head h // GROUP

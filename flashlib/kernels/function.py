@@ -195,8 +195,8 @@ def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None, fn=FN):
     for rows in row_chunks(bh, heads if _tells_head(options, sinks, score) else group):
         kv = slice(rows.start // group, rows.stop // group)
         _attn_fwd[(triton.cdiv(seq_q, cfg.block_q), rows.stop - rows.start)](
-            q[rows], k[kv], v[kv], out[rows], lse[rows], scale * LOG2E, scale, *_strides(q, k, v, out), seq_q,
-            k.shape[1], d, ROW0=rows.start, **switches)
+            q[rows], k[kv], v[kv], out[rows], lse[rows], scale * LOG2E, *_strides(q, k, v, out), seq_q, k.shape[1], d,
+            scale=scale, ROW0=rows.start, **switches)
     return out, lse
 
 

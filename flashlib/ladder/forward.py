@@ -298,8 +298,8 @@ def _launch(kernel, switches, tuner_variant, tiles, q, k, v, out, lse, options: 
     bh, seq_q, d = q.shape
     strides = [t.stride()[:2] for t in (q, k, v, out)]  # (head, row) each
     head_dim = dict(HEAD_DIM_PAD=head_dim_pad(d))
-    if kernel is _attn_fwd:  # the teaching kernel takes the natural scale, a tuple a tensor, and HEAD_DIM at run time
-        rest = (options.scale, *strides, seq_q, k.shape[1], d)
+    if kernel is _attn_fwd:  # the teaching kernel takes a tuple a tensor, and HEAD_DIM at run time
+        rest = (*strides, seq_q, k.shape[1], d)
         head_dim.update(HEAD_DIM_V=None, HEAD_DIM_V_PAD=head_dim["HEAD_DIM_PAD"])  # v's head dim is q's
     else:
         rest = (*(s for pair in strides for s in pair), seq_q, k.shape[1])
