@@ -50,10 +50,16 @@ TEST_WORKERS ?= 2
 PYTEST := FLASHLIB_TRITON36=$(abspath $(TRITON36)) $(PY) -m pytest
 ONE_THREAD := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 
+# Each phase keeps its junit XML in test-output/; tools/test_durations.py sums it per file into
+# test-output/durations.json and prints the slowest files (a run worth keeping goes to data/tests/).
+JUNIT := -o junit_family=xunit1 --junitxml=test-output/junit
+
 test: $(STAMP) $(TRITON36)/.stamp browser-deps
 	$(ONE_THREAD) $(PYTEST) tests notebooks --nbval --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout 600 \
-		-m "not timed" -n $(TEST_WORKERS) --dist loadfile --durations=20; first=$$?; \
-	$(PYTEST) tests -m timed --durations=5; second=$$?; \
+		-m "not timed" -n $(TEST_WORKERS) --dist loadfile --durations=20 $(JUNIT)-parallel.xml; first=$$?; \
+	$(PYTEST) tests -m timed --durations=5 $(JUNIT)-timed.xml; second=$$?; \
+	$(PY) tools/test_durations.py test-output/junit-parallel.xml test-output/junit-timed.xml \
+		--out test-output/durations.json; \
 	test $$first -eq 0 -a $$second -eq 0
 
 test-fast: $(STAMP)
