@@ -450,7 +450,8 @@ def fused(q, k, v, block_q, block_k, causal):
 
 
 def test_pytorchs_fused_attention_is_not_a_tiled_forward(capsys):
-    assert "scaled_dot_product_attention was called" in labs.check("tiled_forward", fused).message
+    result = labs.check("tiled_forward", fused)
+    assert result.mistake == "library_attention" and "called torch's scaled_dot_product_attention" in result.message
 
 
 def raises(*args):

@@ -23,6 +23,7 @@ from ..course.exercises import PASS, RETRY
 from .catalog import LABS, MISTAKES, Lab
 from . import own_code, progress_file
 from .common import Report
+from .remote import beside_answer
 
 
 @dataclass(frozen=True)
@@ -126,25 +127,57 @@ def _message(spec: Lab, report: Report) -> str:
     return "\n".join(lines)
 
 
+@beside_answer
+def answer_facts(fn, name: str) -> dict:
+    """What the checker needs to know of an answer before running it, found where the answer is: whether it
+    is a stub, callable, its type and repr, and how it is the course's own code (None if not)."""
+    facts = dict(stub=fn is None or fn is Ellipsis or is_stub(fn), callable=callable(fn), type=type(fn).__name__,
+                 text=f"{fn!r:.60}", borrowed=None)
+    if facts["callable"] and not facts["stub"]:
+        facts["borrowed"] = own_code.used(fn, own_code.course_functions(lab(name).answers))
+    return facts
+
+
+def _refused(name: str, what: str, mistake: str) -> LabResult:
+    if mistake == "library_attention":
+        why = "This lab asks for the loop written out, tile by tile; a fused attention is what it teaches you to write."
+    else:
+        why = ("The lab asks you to write this step yourself; the course's version is what you are checked against, "
+               "not an answer.")
+    return LabResult(name, False, f"{RETRY}: {name}: {what}. {why} labs.hint(\"{name}\") gives a hint.", mistake)
+
+
+def verdict(name: str, fn) -> LabResult:
+    """Lab ``name``'s verdict on the learner's ``fn``, printing nothing and keeping nothing: what :func:`check`
+    prints, and what the grader records (``fn`` may be held in the student's process, :mod:`.remote`)."""
+    spec = lab(name)
+    with own_code.checking(name):
+        try:
+            return _verdict(spec, fn)
+        except own_code.Refused as refused:
+            return _refused(name, refused.text, refused.mistake)
+
+
+def _verdict(spec: Lab, fn) -> LabResult:
+    name = spec.name
+    facts = answer_facts(fn, name)
+    if facts["stub"]:
+        return LabResult(name, False, f"{RETRY}: no answer yet; expected a function {spec.signature}.")
+    if not facts["callable"]:
+        return LabResult(name, False, f"{RETRY}: expected a function {spec.signature}; got "
+                                      f"{facts['type']} {facts['text']}.")
+    if facts["borrowed"] is not None:
+        return _refused(name, facts["borrowed"], "course_code")
+    report = _run_checker(name, fn)
+    if isinstance(report, str):
+        return LabResult(name, False, f"{RETRY}: {report}")
+    return LabResult(name, report.problem is None, _message(spec, report),
+                     None if report.problem is None else report.problem.mistake, report.failed)
+
+
 def check(name: str, fn) -> LabResult:
     """Run the learner's ``fn`` over lab ``name``'s cases; print and return the verdict."""
-    spec = lab(name)
-    if fn is None or fn is Ellipsis or is_stub(fn):
-        result = LabResult(name, False, f"{RETRY}: no answer yet; expected a function {spec.signature}.")
-    elif not callable(fn):
-        result = LabResult(name, False, f"{RETRY}: expected a function {spec.signature}; got "
-                                        f"{type(fn).__name__} {fn!r:.60}.")
-    elif (borrowed := own_code.used(fn, own_code.course_functions(spec.answers))) is not None:
-        result = LabResult(name, False, f"{RETRY}: {name}: {borrowed}. The lab asks you to write this step "
-                                        f"yourself; the course's version is what you are checked against, not an "
-                                        f"answer. labs.hint(\"{name}\") gives a hint.", "course_code")
-    else:
-        report = _run_checker(name, fn)
-        if isinstance(report, str):
-            result = LabResult(name, False, f"{RETRY}: {report}")
-        else:
-            result = LabResult(name, report.problem is None, _message(spec, report),
-                               None if report.problem is None else report.problem.mistake, report.failed)
+    result = verdict(name, fn)
     if result.passed:
         _SEEN.add(name)
         progress_file.record(name)
