@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
+import weakref
 
 import torch
 
@@ -32,10 +34,28 @@ class HintSteps:
     """An exercise's hints in order, from the idea to the structure to code: each wrong try
     shows the next one (the last repeats), so the answer comes only after repeated tries.
     ``answer`` names the exercise's worked answer, the last step (:mod:`flashlib.course.answers`, which
-    the student edition leaves out); the student edition gives at most :data:`flashlib.edition.HINTS` steps."""
+    the student edition leaves out); the student edition gives at most :data:`flashlib.edition.HINTS` steps.
+    How many were given is kept per thread: a grader checks several students' answers at once."""
+
+    _ALL: "weakref.WeakSet[HintSteps]" = weakref.WeakSet()
 
     def __init__(self, *hints: str, answer: str | None = None):
-        self.written, self.key, self.given = hints, answer, 0
+        self.written, self.key, self._given = hints, answer, threading.local()
+        HintSteps._ALL.add(self)
+
+    @property
+    def given(self) -> int:
+        return getattr(self._given, "count", 0)
+
+    @given.setter
+    def given(self, count: int) -> None:
+        self._given.count = count
+
+    @classmethod
+    def reset_all(cls) -> None:
+        """Every exercise's hints from the first again, in this thread."""
+        for steps in list(cls._ALL):
+            steps.reset()
 
     @property
     def hints(self) -> tuple[str, ...]:

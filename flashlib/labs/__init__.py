@@ -22,8 +22,9 @@ The labs, each at the end of its notebook:
 
 The student edition (``make student``) has no worked solutions: ``solution`` and ``reveal`` say so.
 The grader, ``python -m flashlib labs grade PATH...`` (:mod:`.grade`), runs every lab and checked
-exercise cell of a class's saved notebooks, each in a process and an empty folder of its own
-(:mod:`.gradecell`), credited only by its own checker's report (:mod:`flashlib.course.verdicts`).
+exercise cell of a class's saved notebooks, each in a sandboxed process of its own (:mod:`.zygote`,
+:mod:`.sandbox`), while the checkers run in the grader's own process (:mod:`.judge`), which owns the
+verdicts and writes the gradebook (:mod:`.gradebook`).
 
 Expected results come from the definitions in float64 (:mod:`.reference`), never from the
 course's own implementation of the same step. The Triton labs run inside a harness kernel
