@@ -30,6 +30,7 @@ from . import own_code, wire
 from .remote import Link, RemoteGone
 from .sandbox import COURSE, Sandbox
 
+_OUT_OF_MEMORY = ("MemoryError", "can't allocate memory", "out of memory", "Cannot allocate memory")
 START_S = 300  # seconds a worker may take to import what the cells need
 GRACE_S = 60  # beyond a cell's own limit, for the worker to clean up and report
 
@@ -134,8 +135,8 @@ class Cell:
 class Hearing:
     """The judge's side of one cell: answers its checks, keeps the first verdict for the item graded."""
 
-    def __init__(self, cell: Cell):
-        self.cell, self.first, self.others = cell, None, set()
+    def __init__(self, cell: Cell, memory_mib: float = 0):
+        self.cell, self.first, self.others, self.memory_mib = cell, None, set(), memory_mib
         self.raised = self.gone = self.internal = None
         self.printed = ""
 
@@ -191,6 +192,9 @@ class Hearing:
         stopped = (end or {}).get("stopped")
         if stopped:
             return Outcome(False, stopped, printed=self.printed)
+        if self.raised and any(clue in self.raised for clue in _OUT_OF_MEMORY):
+            return Outcome(False, f"the cell used more than {self.memory_mib:.0f} MiB of memory ({self.raised[:200]})",
+                           printed=self.printed)
         if self.raised:
             return Outcome(False, f"the cell raised {self.raised}", printed=self.printed)
         if self.others:
@@ -277,7 +281,7 @@ class Worker:
             self.stop()
             self.start()
         start = time.perf_counter()
-        hearing = Hearing(cell)
+        hearing = Hearing(cell, memory_mib)
         try:
             end = self._run(cell, hearing, timeout, memory_mib)
         except (EOFError, OSError, wire.WireError) as error:

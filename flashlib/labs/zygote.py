@@ -272,7 +272,7 @@ def _limits(memory_mib: float) -> None:
     if not any(Path("/dev").glob("nvidia[0-9]*")):  # a GPU's driver maps far more address space than it uses
         with open("/proc/self/status") as f:
             size = next(int(line.split()[1]) for line in f if line.startswith("VmSize")) * 1024
-        limit = size + int((memory_mib + 1024) * 2**20)
+        limit = size + int(memory_mib * 2**20)  # an allocation past the limit fails at once, in this process
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
