@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .exercises import HintSteps, print_solution, _check_number, _failed, _passed, _unanswered
+from .exercises import Digest, HintSteps, print_solution, _check_number, _failed, _passed, _unanswered
 
 WINDOW_TILES = dict(n=4096, left=300, block=64)
 
@@ -12,23 +12,19 @@ WINDOW_TILES = dict(n=4096, left=300, block=64)
 def check_window_tiles(answer) -> bool:
     """Tiles computed (not skipped) by causal attention with window=(300, 0), N = 4096, 64 x 64 tiles."""
     n, left, block = WINDOW_TILES.values()
-    tiles = n // block
-    expected = 0
-    for qb in range(tiles):  # query rows q0 .. q0 + block - 1 see keys i - left .. i
-        first_key, last_key = max(qb * block - left, 0), qb * block + block - 1
-        expected += last_key // block - first_key // block + 1
-    causal_only = tiles * (tiles + 1) // 2
-    span = -(-left // block) + 1  # key tiles a block's rows reach once the window is cut by nothing
     return _check_number(
-        answer, expected, kind="a whole number of tiles", exact=True,
+        answer, Digest("window_tiles:e28624ecf593f017"), kind="a whole number of tiles", exact=True,
         hint=f"query block qb holds rows qb·{block} .. qb·{block} + {block - 1}; its first row sees keys from "
              f"qb·{block} - {left}, its last row up to itself: count the key tiles between, for every block (the "
              "first blocks are cut at key 0)",
-        known_mistakes=[(causal_only, f"that is causal attention without the window: the window skips the tiles "
-                                      f"more than {left} keys back"),
-                        (tiles * (left // block + 1), f"the window does not start on a tile's edge: {left} keys "
-                                                      f"back reach into one more tile than {left} // {block} + 1"),
-                        (tiles * span, "close: the first few query blocks cannot look back the whole window")])
+        known_mistakes=[(Digest("window_tiles:88bc00d6ae384ca6"),
+                         f"that is causal attention without the window: the window skips the tiles "
+                         f"more than {left} keys back"),
+                        (Digest("window_tiles:0956e3392ad5a15e"),
+                         f"the window does not start on a tile's edge: {left} keys "
+                         f"back reach into one more tile than {left} // {block} + 1"),
+                        (Digest("window_tiles:1d463ba995b373f4"),
+                         "close: the first few query blocks cannot look back the whole window")])
 
 
 KV_CACHE = dict(layers=32, q_heads=32, kv_heads=8, head_dim=128, element_size=2)
@@ -36,16 +32,15 @@ KV_CACHE = dict(layers=32, q_heads=32, kv_heads=8, head_dim=128, element_size=2)
 
 def check_kv_bytes_per_token(answer) -> bool:
     """Bytes of K and V one token adds to the cache of a 32-layer model, 8 kv heads of 128, bf16."""
-    layers, q_heads, kv_heads, d, size = KV_CACHE.values()
-    expected = 2 * layers * kv_heads * d * size
     return _check_number(
-        answer, expected, kind="a whole number of bytes", exact=True,
+        answer, Digest("kv_bytes_per_token:b2f7a1282ea3c036"), kind="a whole number of bytes",
+        exact=True,
         hint="every layer keeps one key and one value vector per kv head for every token: 2 x layers x kv heads x "
              "head dim x bytes per element",
-        known_mistakes=[(2 * layers * q_heads * d * size, "the cache holds the kv heads only: grouped-query "
-                                                           "attention shares each among 4 query heads"),
-                        (layers * kv_heads * d * size, "both K and V are cached"),
-                        (2 * kv_heads * d * size, "every layer has a cache of its own")])
+        known_mistakes=[(Digest("kv_bytes_per_token:1bd36ae15eddbf8c"), "the cache holds the kv heads only: "
+                         "grouped-query attention shares each among 4 query heads"),
+                        (Digest("kv_bytes_per_token:5f4c5b25fda4e352"), "both K and V are cached"),
+                        (Digest("kv_bytes_per_token:2639ebfa3f35f852"), "every layer has a cache of its own")])
 
 
 SINK_WINDOW = dict(sink=4, window=128, n=300)

@@ -285,6 +285,7 @@ def _one(control, job: dict) -> None:
         try:
             control.close()
             mine.close()
+            _prctl(_PR_SET_DUMPABLE, 1)  # the cell's own processes: this one may read their memory's size
             os.setsid()
             os.chdir(folder)
             _limits(job["memory_mib"])
