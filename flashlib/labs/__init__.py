@@ -5,6 +5,7 @@
     hint(name)             print the next of three hints, from gentle to nearly the answer
     solution(name)         print a worked solution; solution_source(name) returns its text
     reveal(name)           print the course's own code of the lab, once it has passed here
+    yours(name)            print the function written in the lab's cell, from its notebook saved beside this one
     progress()             print which labs this student has passed (kept beside the notebooks)
     LABS, MISTAKES         the labs in course order, and the mistakes the checkers name
     LOG2E                  log2 e as a Triton constant, for a kernel lab's @triton.jit code (needs Triton)
@@ -34,7 +35,7 @@ every load checked against the tensor it belongs to (:mod:`.memory`).
 from ..kernels._mode import ensure_mode, triton_installed
 from .catalog import LABS, MISTAKES, Lab
 from .core import (LabResult, check, has_solutions, hint, reset_hints, reveal, reveal_source, solution,
-                   solution_source)
+                   solution_source, yours)
 from .progress_file import progress
 
 if triton_installed():
@@ -43,7 +44,7 @@ if triton_installed():
     ensure_mode()
 
 __all__ = ["LABS", "MISTAKES", "Lab", "LabResult", "check", "has_solutions", "hint", "progress", "reset_hints",
-           "reveal", "reveal_source", "solution", "solution_source"]
+           "reveal", "reveal_source", "solution", "solution_source", "yours"]
 
 
 def __getattr__(name):

@@ -9,6 +9,7 @@ cannot make a sandbox here, :func:`find` says why, and the grader says that it r
 """
 from __future__ import annotations
 
+import ast
 import compileall
 import os
 import shutil
@@ -43,16 +44,54 @@ class Sandbox:
         return self.prefix is not None
 
 
-def package_copy(dest: Path, source: Path = PACKAGE) -> Path:
+def package_copy(dest: Path, source: Path = PACKAGE, *, hints: int | None = None, compiled: bool = True) -> Path:
     """The student edition's package: ``source`` copied to ``dest``/flashlib without the worked solutions and
-    answers, compiled (a read-only copy cannot write its own bytecode). Returns ``dest``/flashlib."""
+    answers; with ``hints``, the hints past the first ``hints`` of every lab and exercise are emptied in its
+    files (:func:`strip_hints`); ``compiled``, with its bytecode (a read-only copy cannot write its own).
+    Returns ``dest``/flashlib."""
     out = Path(dest) / "flashlib"
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(source, out, ignore=shutil.ignore_patterns(*_LEFT_OUT))
     shutil.rmtree(out / SOLUTIONS, ignore_errors=True)
     (out / ANSWERS).unlink(missing_ok=True)
-    compileall.compile_dir(out, quiet=2, workers=1)
+    if hints is not None:
+        for path in sorted(out.rglob("*.py")):
+            strip_hints(path, hints)
+    if compiled:
+        compileall.compile_dir(out, quiet=2, workers=1)
     return out
+
+
+_HINTED = {"Lab": 7, "HintSteps": 0}  # a call of these, and the position of its first hint argument
+
+
+def strip_hints(path: Path, hints: int) -> bool:
+    """Empty, in the file ``path``, every hint past the first ``hints`` of a lab (the tuple ``Lab(...)`` is
+    given) and of an exercise's steps (``HintSteps(...)``); whether the file changed."""
+    source = path.read_bytes()
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    spans = []
+    for node in ast.walk(tree):
+        name = getattr(node.func, "id", None) if isinstance(node, ast.Call) else None
+        if name not in _HINTED:
+            continue
+        given = node.args[_HINTED[name]:]
+        if name == "Lab":
+            given = given[0].elts if given and isinstance(given[0], ast.Tuple) else []
+        spans += [(n.lineno, n.col_offset, n.end_lineno, n.end_col_offset) for n in given[hints:]
+                  if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    if not spans:
+        return False
+    starts = [0]
+    for line in source.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    for line, col, end_line, end_col in sorted(spans, reverse=True):  # offsets are in bytes, as ast gives them
+        source = source[:starts[line - 1] + col] + b'""' + source[starts[end_line - 1] + end_col:]
+    path.write_bytes(source)
+    return True
 
 
 def _python_roots() -> list[str]:
