@@ -34,8 +34,9 @@ every load checked against the tensor it belongs to (:mod:`.memory`).
 """
 from ..kernels._mode import ensure_mode, triton_installed
 from .catalog import LABS, MISTAKES, Lab
+from .cells import yours
 from .core import (LabResult, check, has_solutions, hint, reset_hints, reveal, reveal_source, solution,
-                   solution_source, yours)
+                   solution_source)
 from .progress_file import progress
 
 if triton_installed():

@@ -13,11 +13,9 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-import json
 import textwrap
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 
 from .. import edition
 from ..course import verdicts
@@ -265,31 +263,3 @@ def reveal(name: str) -> None:
     else:
         print(reveal_source(name))
 
-
-def yours(name: str) -> None:
-    """Print the function you wrote in lab ``name``'s cell, read from its notebook as saved in this folder (the
-    student edition shows it where the full edition shows the course's own)."""
-    from .cells import marked
-
-    spec = lab(name, "labs.yours")
-    path = Path(f"{spec.notebook}.ipynb")
-    try:
-        notebook = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        print(f"{path} is not in this folder: your {name} is printed here once notebook {spec.notebook[:2]} is saved "
-              "beside this one.")
-        return
-    sources = ["".join(c.get("source", "")) for c in notebook.get("cells", []) if c.get("cell_type") == "code"]
-    source = next((s for s in sources if marked(s) == name), "")
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        tree = ast.parse("")
-    found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
-    body = found[0].body[1:] if found and ast.get_docstring(found[0]) is not None else (found[0].body if found else [])
-    if not body or all(isinstance(s, ast.Pass) or isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
-                       for s in body):
-        print(f"The lab cell of {name} in {path} has no answer yet: write your {name} there, save the notebook, and "
-              "run this cell again.")
-        return
-    print(ast.get_source_segment(source, found[0]))
