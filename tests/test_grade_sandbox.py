@@ -137,6 +137,13 @@ def _routes(folder: Path) -> dict[str, tuple[str, str]]:
                            "answer = eval(re.search(r'expected = (.*?)  #', source).group(1))\n"
                            "passed = exercises.check_new_denominator(answer)"),
         "z-honest": ("02_online_softmax", cells.code_cell("merge_states", solved=True)),
+        "z-honest-delta": ("04_backward", "from flashlib.course import exercises\n\n"
+                           "def delta(dout, out):\n    return (dout * out).sum(dim=-1)\n\n"
+                           "passed = exercises.check_delta(delta)"),
+        "z-honest-mask": ("09_masks_and_variants", "from flashlib.course import variant_exercises as exercises\n\n"
+                          "def sink_window(b, h, q_idx, kv_idx):\n"
+                          "    return (kv_idx <= q_idx) & ((kv_idx < 4) | (q_idx - kv_idx < 128))\n\n"
+                          "passed = exercises.check_sink_window(sink_window)"),
     }
 
 
@@ -161,7 +168,8 @@ def test_the_class_ran_sandboxed_and_the_honest_cell_passed(routes):
     assert book.sandboxed and book.sandbox.startswith("sandboxed with bubblewrap")
     assert _row(rows, "z-honest").passed and not book.ungraded()
     earned = {s: e for s, (e, _) in book.totals().items() if e}
-    assert earned == {"z-honest": 30}
+    assert earned == {"z-honest": 30, "z-honest-delta": 5, "z-honest-mask": 5}  # functions judged across the sandbox
+    assert "compiled into the kernel it gives dense attention's output" in _row(rows, "z-honest-mask").message
 
 
 def test_nothing_a_cell_writes_or_replaces_is_a_verdict(routes):

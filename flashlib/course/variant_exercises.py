@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .exercises import Digest, HintSteps, print_solution, _check_number, _failed, _passed, _unanswered
+from .remote import beside_answer
 
 WINDOW_TILES = dict(n=4096, left=300, block=64)
 
@@ -114,26 +115,35 @@ def _sink_window_mistake(got, want, n, sink, window) -> str:
 
 def _compiled(mask_mod, want, hint) -> bool:
     """The same function compiled into the kernel (or interpreted without a GPU), against the mask."""
-    from .. import dense_attention, flash_attention
     from ..kernels import kernel_status
 
     status = kernel_status()
     if not status.can_run:
         hint.reset()
         return _passed(f"the mask is right on index tensors ({status}: the kernel check needs Triton).")
-    device = "cuda" if status.mode == "gpu" else "cpu"
-    n = want.shape[0]
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, n, 16, generator=g).to(device) for _ in range(3))  # (B, H, N, D)
-    try:
-        got = flash_attention(q, k, v, mask_mod=mask_mod)
-    except Exception as error:
-        return _failed(f"on index tensors the mask is right, but it did not compile into the kernel: "
-                       f"{type(error).__name__}: {str(error).splitlines()[0][:300]}", hint)
-    ref = dense_attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), mask_mod=mask_mod)
-    if not torch.allclose(got.double().cpu(), ref, atol=2e-3, rtol=2e-3):
+    outputs = _kernel_and_dense(mask_mod, want.shape[0], "cuda" if status.mode == "gpu" else "cpu")
+    if isinstance(outputs, str):
+        return _failed(f"on index tensors the mask is right, but it did not compile into the kernel: {outputs}", hint)
+    got, ref = outputs
+    if not torch.allclose(got, ref, atol=2e-3, rtol=2e-3):
         return _failed("on index tensors the mask is right, but the kernel's output differs from dense "
                        "attention with the same mask.", hint)
     hint.reset()
     return _passed("the mask is right on index tensors, and compiled into the kernel it gives dense "
                    "attention's output.")
+
+
+@beside_answer
+def _kernel_and_dense(mask_mod, n: int, device: str):
+    """(the kernel's output, dense attention's) with ``mask_mod`` on (1, 2, n, 16) inputs, in float64 on the CPU;
+    or what the kernel raised. Run where ``mask_mod`` is (in the student's process, while a class is graded)."""
+    from .. import dense_attention, flash_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g).to(device) for _ in range(3))  # (B, H, N, D)
+    try:
+        got = flash_attention(q, k, v, mask_mod=mask_mod)
+    except Exception as error:  # the learner's function: report, never raise
+        return f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+    ref = dense_attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), mask_mod=mask_mod)
+    return got.double().cpu(), ref

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from . import own_code
-from .remote import beside_answer
+from ..course.remote import beside_answer
 from .watch import TensorWatch
 
 

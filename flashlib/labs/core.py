@@ -23,7 +23,7 @@ from ..course.exercises import PASS, RETRY
 from .catalog import LABS, MISTAKES, Lab
 from . import own_code, progress_file
 from .common import Report
-from .remote import beside_answer
+from ..course.remote import beside_answer
 
 
 @dataclass(frozen=True)

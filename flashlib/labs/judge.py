@@ -26,8 +26,9 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import own_code, wire
-from .remote import Link, RemoteGone
+from . import own_code
+from ..course import wire
+from ..course.remote import Link, RemoteGone
 from .sandbox import COURSE, Sandbox
 
 _OUT_OF_MEMORY = ("MemoryError", "can't allocate memory", "out of memory", "Cannot allocate memory")

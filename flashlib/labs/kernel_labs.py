@@ -24,7 +24,7 @@ from .attention_cases import Case, backward_problem, expected_backward, forward_
 from .common import Problem, Report, error_text, first_failure
 from .harness import lab_attn_bwd_dkdv, lab_attn_fwd, triton
 from .memory import AccessWatch, guarded
-from .remote import beside_answer
+from ..course.remote import beside_answer
 
 NAN = float("nan")
 

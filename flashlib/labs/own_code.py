@@ -24,14 +24,14 @@ What it cannot see: code run in another thread or process, or a function that sw
 from __future__ import annotations
 
 import cProfile
-import contextlib
 import dis
 import functools
 import importlib
 import sys
-import threading
 import types
 from pathlib import Path
+
+from ..course.remote import Refused, checked, checking  # noqa: F401  what a check refuses, and of which lab
 
 _GLOBAL_LOADS = {"LOAD_GLOBAL", "LOAD_NAME"}
 # forms the interpreter may rewrite once code has run (specialised method loads, cache slots): compared alike
@@ -164,34 +164,6 @@ def _reached(value, attrs, depth: int = 4) -> list:
             if member is not None and member is not value:
                 out += _reached(member, attrs, depth - 1)
     return out
-
-
-class Refused(BaseException):
-    """An answer refused for what it is or what it ran (a BaseException, so that no checker's ``except
-    Exception`` around the learner's code keeps it); ``mistake`` is its key in MISTAKES."""
-
-    def __init__(self, text: str, mistake: str = "course_code"):
-        super().__init__(text)
-        self.text, self.mistake = text, mistake
-
-
-_STATE = threading.local()
-
-
-@contextlib.contextmanager
-def checking(name: str | None):
-    """While lab ``name`` is being checked in this thread: what :class:`Ran` watches for."""
-    before = getattr(_STATE, "lab", None)
-    _STATE.lab = name
-    try:
-        yield
-    finally:
-        _STATE.lab = before
-
-
-def checked() -> str | None:
-    """The lab being checked in this thread, if any."""
-    return getattr(_STATE, "lab", None)
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,7 +12,7 @@ import torch
 from . import diagnose
 from .common import Problem, Report, call, first_failure, rows_summary, unpack, wrong_rows
 from .reference import max_moves
-from .remote import beside_answer
+from ..course.remote import beside_answer
 from .watch import Stream
 
 NEG_INF = float("-inf")

@@ -30,7 +30,7 @@ import time
 import traceback
 from pathlib import Path
 
-from . import wire
+from ..course import wire
 
 CHECKER_MODULES = ("flashlib.course.exercises", "flashlib.course.kernel_exercises", "flashlib.course.perf_exercises",
                    "flashlib.course.score_exercises", "flashlib.course.variant_exercises", "flashlib.course.inference",
@@ -96,7 +96,7 @@ class Student:
 
     def _apply(self, message: dict) -> dict:
         from . import own_code
-        from .remote import RUNNERS
+        from ..course.remote import RUNNERS
 
         try:
             args, kwargs = message["args"], message["kwargs"]

@@ -1,22 +1,53 @@
 """The student's functions seen from the judge: handles that run them in the student's process.
 
 While a class is graded, a checker runs in the judge and the student's code in a process of its own
-(:mod:`.grade`, :mod:`.zygote`). An answer that is a function reaches the checker as a :class:`Remote`:
+(:mod:`flashlib.labs.grade`, :mod:`flashlib.labs.zygote`). An answer that is a function reaches the checker as a :class:`Remote`:
 calling it sends the arguments to the student's process, which calls the function and sends the result
 back (:mod:`.wire`). What must run beside the student's function (the watches on what it creates, reads
 and runs, a kernel lab's harness) is a course function marked :func:`beside_answer`: called with a
 :class:`Remote` among its arguments, it runs in the student's process with the student's function in its
 place; called with a local function (a notebook's own check), it runs here. Only marked functions can be
-run that way (:data:`RUNNERS`).
+run that way (:data:`RUNNERS`). What is being checked in a thread (:func:`checking`) travels with
+each call, and an answer refused there (:class:`Refused`) is refused here.
 """
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
+import threading
 
-from . import own_code, wire
+from . import wire
 
 RUNNERS: dict[str, object] = {}  # "module:qualname" -> the course function the student's process may be asked to run
+
+
+class Refused(BaseException):
+    """An answer refused for what it is or what it ran (a BaseException, so that no checker's ``except
+    Exception`` around the learner's code keeps it); ``mistake`` is its key in the labs' MISTAKES."""
+
+    def __init__(self, text: str, mistake: str = "course_code"):
+        super().__init__(text)
+        self.text, self.mistake = text, mistake
+
+
+_STATE = threading.local()
+
+
+@contextlib.contextmanager
+def checking(name: str | None):
+    """While lab ``name`` is being checked in this thread (what the watches beside the answer look for)."""
+    before = getattr(_STATE, "lab", None)
+    _STATE.lab = name
+    try:
+        yield
+    finally:
+        _STATE.lab = before
+
+
+def checked() -> str | None:
+    """The lab being checked in this thread, if any."""
+    return getattr(_STATE, "lab", None)
 
 
 class RemoteGone(BaseException):
@@ -71,7 +102,7 @@ class Link:
     def apply(self, runner: str | None, args: tuple, kwargs: dict):
         """Run ``runner`` (a marked course function; None: call ``args[0]``) in the student's process."""
         self.send({"op": "apply", "runner": runner, "args": tuple(args), "kwargs": dict(kwargs),
-                   "lab": own_code.checked()})
+                   "lab": checked()})
         reply = self.receive()
         op = reply.get("op")
         if op == "result":
@@ -79,7 +110,7 @@ class Link:
         if op == "raised":
             raise _exception(str(reply.get("type")), str(reply.get("text")))
         if op == "refused":
-            raise own_code.Refused(str(reply.get("text")), str(reply.get("mistake") or "course_code"))
+            raise Refused(str(reply.get("text")), str(reply.get("mistake") or "course_code"))
         raise RemoteGone(f"the student's process answered {op!r} where a result was expected")
 
 

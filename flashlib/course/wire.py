@@ -27,6 +27,7 @@ _TEXT = 2000  # characters of a repr kept
 KEPT = {name: f"flashlib.labs.{where}" for name, where in (
     ("Call", "common:Call"), ("Problem", "common:Problem"), ("Case", "attention_cases:Case"),
     ("KernelCase", "kernel_labs:KernelCase"), ("RowCase", "softmax_labs:RowCase"))}
+WATCH = "flashlib.labs.watch:TensorWatch"  # what a lab's dispatch mode saw travels as its record
 
 
 class WireError(Exception):
@@ -90,8 +91,7 @@ def pack(value, hold=None, depth: int = 0):
 
 def _nested(value, hold, depth):
     """Containers, dtypes, dataclasses and watches as tagged dicts; None for what is none of these."""
-    from .watch import TensorWatch
-
+    TensorWatch = _kept_class(WATCH)
     if isinstance(value, (list, tuple, set, frozenset)):
         items = [pack(v, hold, depth) for v in value]
         if isinstance(value, list):
@@ -112,9 +112,13 @@ def _nested(value, hold, depth):
     return None
 
 
-def _kept(name: str):
-    module, _, cls = KEPT[name].partition(":")
+def _kept_class(where: str):
+    module, _, cls = where.partition(":")
     return getattr(importlib.import_module(module), cls)
+
+
+def _kept(name: str):
+    return _kept_class(KEPT[name])
 
 
 def unpack(tree, remote=None, depth: int = 0):
@@ -143,9 +147,7 @@ def _tagged(tree: dict, remote, depth: int):
     if "__dtype__" in tree:
         return _dtype(tree["__dtype__"])
     if "__watch__" in tree:
-        from .watch import TensorWatch
-
-        watch = TensorWatch()
+        watch = _kept_class(WATCH)()
         watch.created = [(tuple(int(n) for n in shape), _dtype(dtype)) for shape, dtype in tree["__watch__"]]
         watch.ops = {str(op) for op in tree["ops"]}
         return watch
