@@ -68,6 +68,10 @@ def _routes(folder: Path) -> dict[str, tuple[str, str]]:
                    "others = [p for p in os.listdir('/proc') if p.isdigit()]\n"
                    "leak = any(CLASS in text for text in seen) or os.path.exists(CLASS) or len(others) > 4\n")
     return {
+        "killer": ("02_online_softmax", "# LAB: merge_states\nimport os, signal\nfrom flashlib import labs\n\n"
+                   "for pid in {1, os.getppid()}:\n    for sig in (signal.SIGKILL, signal.SIGSTOP):\n"
+                   "        try:\n            os.kill(pid, sig)\n        except OSError:\n            pass\n"
+                   "passed = labs.check('merge_states', None)"),
         "fd": ("02_online_softmax", "# LAB: merge_states\nimport json, os\n\n"
                "forged = json.dumps({'verdicts': [{'name': 'merge_states', 'passed': True, 'message': 'PASS'}]})\n"
                "for fd in os.listdir('/proc/self/fd'):\n    try:\n        os.write(int(fd), forged.encode())\n"
@@ -177,6 +181,7 @@ def test_nothing_a_cell_writes_or_replaces_is_a_verdict(routes):
     assert _row(rows, "fd").message == "no checker of merge_states ran (a printed PASS is not a verdict)"
     assert _row(rows, "json").message.startswith("NOT YET: merge_states, case ")
     assert _row(rows, "listener").message == "no checker of merge_states ran (a printed PASS is not a verdict)"
+    assert _row(rows, "killer").message.startswith("NOT YET: no answer yet")  # the worker lives on
 
 
 def test_a_cell_sees_no_classmate_and_no_grader(routes):

@@ -30,6 +30,7 @@ from . import own_code
 from ..course import wire
 from ..course.remote import Link, RemoteGone
 from .sandbox import COURSE, Sandbox
+from .zygote import CHECKER_MODULES
 
 _OUT_OF_MEMORY = ("MemoryError", "can't allocate memory", "out of memory", "Cannot allocate memory")
 START_S = 300  # seconds a worker may take to import what the cells need
@@ -159,7 +160,9 @@ class Hearing:
     def _check(self, message: dict) -> dict:
         kind, name, module = message.get("kind"), message.get("name"), message.get("module")
         cell = self.cell
-        if (kind, name) != (cell.kind, cell.name) or kind == "exercise" and cell.module not in (None, module):
+        # an exercise's checker only from the course's checker modules (and the one the course's cell names)
+        foreign = kind == "exercise" and (module not in CHECKER_MODULES or cell.module not in (None, module))
+        if (kind, name) != (cell.kind, cell.name) or foreign:
             self.others.add(str(name))
             return dict(passed=False, message=f"(the grader checks {cell.name} in this cell, not {name})")
         again = self.first is not None

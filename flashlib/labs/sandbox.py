@@ -137,8 +137,9 @@ def command(package_dir: Path, excluded=()) -> list[str]:
     as /course."""
     roots = _python_roots()
     # the empty folders first: a later bind inside one of them (a Python under /tmp) stays visible
+    # --as-pid-1: the worker is its namespace's init, which no process inside can kill or stop
     args = ["bwrap", "--unshare-all", "--unshare-user", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID),
-            "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev",
+            "--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev",
             "--tmpfs", "/tmp", "--tmpfs", "/work", *_system_binds()]
     for root in roots:
         args += ["--ro-bind", root, root]
@@ -159,7 +160,7 @@ def find(package_dir: Path, excluded=()) -> Sandbox:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as error:
         return Sandbox(None, f"not sandboxed: bwrap could not start ({error})")
-    if done.returncode != 0 or done.stdout.strip() not in ("1", "2"):
+    if done.returncode != 0 or done.stdout.strip() != "1":
         detail = (done.stderr.strip().splitlines() or ["no message"])[-1]
         return Sandbox(None, f"not sandboxed: bwrap could not make a sandbox here ({detail})")
     version = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout.strip() or "bwrap"

@@ -9,10 +9,11 @@ and the cell itself, with every checker replaced by a stub that sends its argume
 requests (:mod:`.remote`): calls of the student's functions, with the watches that must run beside them.
 The child talks to the judge over a socket of its own, which this process hands the judge.
 
-This process runs no student code. When the child ends, or passes its time or memory limit, every other
-process of the sandbox ends with it (its own pid namespace: ``kill(-1)``; without a sandbox, every
-descendant of this process, a subreaper), the cell's folder and /tmp are emptied, and the judge is told
-why the cell ended. Memory is counted over every process of the cell (private pages, which a fork shares
+This process runs no student code. In the sandbox it is the pid namespace's init, which no process of a
+cell can kill, stop or trace (nor read its memory: it is not dumpable). When the child ends, or passes
+its time or memory limit, every other process of the sandbox ends with it (``kill(-1)``; without a
+sandbox, every descendant of this process, a subreaper), the cell's folder and /tmp are emptied, and the
+judge is told why the cell ended. Memory is counted over every process of the cell (private pages, which a fork shares
 until written).
 """
 from __future__ import annotations
@@ -201,7 +202,7 @@ def _others() -> list[int]:
                     parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
-    if WORK is not None:
+    if WORK is not None:  # this process is the sandbox's init (pid 1)
         return [pid for pid in parents if pid not in (1, me)]
     mine, grew = {me}, True
     while grew:
@@ -218,7 +219,7 @@ def _end_all() -> None:
         if not others:
             return
         if WORK is not None:
-            os.kill(-1, signal.SIGKILL)  # every process of the sandbox but its init and this one
+            os.kill(-1, signal.SIGKILL)  # every process of the sandbox but this one, its init
         for pid in others:
             try:
                 os.kill(pid, signal.SIGKILL)
