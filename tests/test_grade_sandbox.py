@@ -54,6 +54,16 @@ def _renamed_sink_grad() -> str:
     return source
 
 
+def _kernel_loop_copy() -> str:
+    """The course's loop of notebook 06's kernel, pasted into the lab's cell under the lab's name."""
+    from flashlib.kernels import forward
+
+    source = inspect.getsource(forward._attn_fwd_inner.fn).replace("def _attn_fwd_inner(", "def attn_fwd_inner(")
+    return ("# LAB: attn_fwd_inner\nfrom flashlib import labs\nimport triton\nimport triton.language as tl\n"
+            "from flashlib.kernels.forward import *\n\n" + source + "\n\npassed = labs.check('attn_fwd_inner', "
+            "attn_fwd_inner)")
+
+
 def _routes(folder: Path) -> dict[str, tuple[str, str]]:
     """{student: (notebook, the cell)}."""
     honest = folder / "z-honest" / "02_online_softmax.ipynb"
@@ -113,6 +123,7 @@ def _routes(folder: Path) -> dict[str, tuple[str, str]]:
                      "        o = flashlib.flash_attention(q, k, v, causal=causal)\n"
                      "        return torch.autograd.grad(o, (q, k, v), dout)")),
         "renamed": ("12_real_models", _lab("sink_grad", _renamed_sink_grad())),
+        "kernel-copy": ("06_fused_forward", _kernel_loop_copy()),
         "body-import": ("03_tiled_attention", _lab("tiled_forward",
                         "def tiled_forward(q, k, v, block_q, block_k, causal):\n"
                         "    from flashlib.tiled import tiled_forward as mine\n"
@@ -213,6 +224,7 @@ def test_memory_is_counted_over_every_process_of_a_cell(routes):
     ("op", "ran the course's own flashlib.op.flash_attention"),
     ("autograd", "ran the course's own flashlib.op."),
     ("renamed", "is a copy of the course's own flashlib.rules.sink_grad"),
+    ("kernel-copy", "is a copy of the course's own flashlib.kernels.forward._attn_fwd_inner"),
     ("body-import", "ran the course's own flashlib.tiled.tiled_forward"),
     ("getattr", "ran the course's own flashlib.backward.tiled_backward"),
     ("attribute", "ran the course's own flashlib.softmax.merge_states"),

@@ -113,7 +113,7 @@ def is_stub(fn) -> bool:
                and s.value.value is Ellipsis for s in body)
 
 
-def _message(spec: Lab, report: Report) -> str:
+def _message(spec: Lab, report: Report, solutions: bool) -> str:
     if report.problem is None:
         return f"{PASS}: {spec.name} is right in all {report.cases} cases, which between them try " \
                f"{', '.join(spec.tries)}."
@@ -122,7 +122,7 @@ def _message(spec: Lab, report: Report) -> str:
     if problem.mistake is not None:
         title, why = MISTAKES[problem.mistake]
         lines.append(f"  mistake: {title} — {problem.why or why}")
-    more = f'; labs.solution("{spec.name}") a worked solution' if has_solutions() else ""
+    more = f'; labs.solution("{spec.name}") a worked solution' if solutions else ""
     lines.append(f'  labs.hint("{spec.name}") gives a hint{more}.')
     return "\n".join(lines)
 
@@ -147,18 +147,20 @@ def _refused(name: str, what: str, mistake: str) -> LabResult:
     return LabResult(name, False, f"{RETRY}: {name}: {what}. {why} labs.hint(\"{name}\") gives a hint.", mistake)
 
 
-def verdict(name: str, fn) -> LabResult:
+def verdict(name: str, fn, *, solutions: bool | None = None) -> LabResult:
     """Lab ``name``'s verdict on the learner's ``fn``, printing nothing and keeping nothing: what :func:`check`
-    prints, and what the grader records (``fn`` may be held in the student's process, :mod:`.remote`)."""
+    prints, and what the grader records (``fn`` may be held in the student's process,
+    :mod:`flashlib.course.remote`). ``solutions``: whether the message may point at a worked solution
+    (default: whether this edition has them; the grader's students have the student edition)."""
     spec = lab(name)
     with own_code.checking(name):
         try:
-            return _verdict(spec, fn)
+            return _verdict(spec, fn, has_solutions() if solutions is None else solutions)
         except own_code.Refused as refused:
             return _refused(name, refused.text, refused.mistake)
 
 
-def _verdict(spec: Lab, fn) -> LabResult:
+def _verdict(spec: Lab, fn, solutions: bool) -> LabResult:
     name = spec.name
     facts = answer_facts(fn, name)
     if facts["stub"]:
@@ -171,7 +173,7 @@ def _verdict(spec: Lab, fn) -> LabResult:
     report = _run_checker(name, fn)
     if isinstance(report, str):
         return LabResult(name, False, f"{RETRY}: {report}")
-    return LabResult(name, report.problem is None, _message(spec, report),
+    return LabResult(name, report.problem is None, _message(spec, report, solutions),
                      None if report.problem is None else report.problem.mistake, report.failed)
 
 

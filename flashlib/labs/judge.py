@@ -89,7 +89,7 @@ def assess_lab(name: str, fn, source: str | None = None) -> Assessment:
         if copy is not None:
             result = _refused(name, copy, "course_code")
             return Assessment(False, result.message, result.mistake)
-    result = verdict(name, fn)
+    result = verdict(name, fn, solutions=False)  # the students have the student edition
     return Assessment(result.passed, result.message, result.mistake)
 
 
