@@ -207,6 +207,21 @@ def test_a_cell_past_its_time_or_memory_is_stopped(tmp_path):
     assert rows["c"].passed and fine.exists()
 
 
+def test_without_bubblewrap_the_run_says_it_is_not_sandboxed(tmp_path, monkeypatch, capsys):
+    from flashlib.labs import sandbox
+
+    _notebook(tmp_path / "class" / "ada" / "x.ipynb", "from flashlib.course import inference\n\n"
+                                                       "inference.check_cache_gib(10)")
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    assert grade.main([str(tmp_path / "class")], tmp_path / "g.json", csv_path=tmp_path / "g.csv") == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("labs grade: NOT SANDBOXED: bubblewrap (bwrap) is not installed here")
+    data = json.loads((tmp_path / "g.json").read_text())
+    assert data["sandboxed"] is False and data["sandbox"].startswith("NOT SANDBOXED")
+    (row,) = csv.DictReader(io.StringIO((tmp_path / "g.csv").read_text()))
+    assert row["sandboxed"] == "False" and row["passed"] == "True"  # the judge still owns the verdict
+
+
 def test_a_cell_that_could_not_be_graded_makes_the_exit_status_one(tmp_path, monkeypatch, capsys):
     from flashlib.labs import judge
 

@@ -342,7 +342,7 @@ def main(paths, json_path=None, timeout: int = TIMEOUT_S, *, csv_path=None, jobs
     roster = gradebook.read_roster(roster_path) if roster_path is not None else None
     students = submissions(paths)
     with course_copy([*paths, *outputs, *([roster_path] if roster_path else [])]) as (package_dir, sandbox):
-        print(f"labs grade: {'' if sandbox.sandboxed else 'NOT SANDBOXED: '}{sandbox.why}", flush=True)
+        print(f"labs grade: {sandbox.why}", flush=True)
         items, course_cells = assignment(students, names)
         work = tasks(students, roster, items, course_cells, sandbox.sandboxed)
         progress = Progress(sum(t.cell is not None for t in work), csv_path)

@@ -152,17 +152,17 @@ def find(package_dir: Path, excluded=()) -> Sandbox:
     """The sandbox this machine can give (tried once with this Python), or why there is none."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        return Sandbox(None, "not sandboxed: bubblewrap (bwrap) is not installed here (Debian: apt-get install "
+        return Sandbox(None, "NOT SANDBOXED: bubblewrap (bwrap) is not installed here (Debian: apt-get install "
                              "bubblewrap); every cell can read and write what the grader can")
     prefix = command(package_dir, excluded)
     probe = [*prefix, sys.executable, "-I", "-c", "import os; print(os.getpid())"]
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as error:
-        return Sandbox(None, f"not sandboxed: bwrap could not start ({error})")
+        return Sandbox(None, f"NOT SANDBOXED: bwrap could not start ({error})")
     if done.returncode != 0 or done.stdout.strip() != "1":
         detail = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        return Sandbox(None, f"not sandboxed: bwrap could not make a sandbox here ({detail})")
+        return Sandbox(None, f"NOT SANDBOXED: bwrap could not make a sandbox here ({detail})")
     version = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout.strip() or "bwrap"
     return Sandbox(tuple(prefix), f"sandboxed with {version}: each worker in its own namespaces (no network, no "
                                   "other process, read-only package and Python), one cell at a time",
