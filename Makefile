@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed-stamp
 # compile the kernels for GPU targets with it; nothing imports it otherwise.
 TRITON36 := $(VENV)/triton-3.6.0
 
-.PHONY: lab test test-fast notebooks site wheel student gpu-check bench demo browser-deps clean
+.PHONY: lab test test-fast notebooks site wheel student gpu-check bench demo browser-deps sandbox-deps clean
 
 # Everything through constraints.txt, the exact tested set (pyproject.toml declares ranges).
 # --no-compile: Python compiles a module when it first imports it; byte-compiling every file of
@@ -40,6 +40,10 @@ lab: $(STAMP)
 browser-deps: $(STAMP)
 	bash tools/ensure_chromium.sh
 
+# Debian's bubblewrap: the grader's sandbox for students' cells (flashlib/labs/sandbox.py) and its tests.
+sandbox-deps:
+	bash tools/ensure_bubblewrap.sh
+
 # Two phases. Everything but the timed tests runs on TEST_WORKERS processes (pytest-xdist), a
 # file's tests on one of them: a module's compile fixtures run once and a notebook's cells in
 # order, in one kernel. Then the timed tests alone (the browser's slider moves, each within
@@ -54,7 +58,7 @@ ONE_THREAD := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 # test-output/durations.json and prints the slowest files (a run worth keeping goes to data/tests/).
 JUNIT := -o junit_family=xunit1 --junitxml=test-output/junit
 
-test: $(STAMP) $(TRITON36)/.stamp browser-deps
+test: $(STAMP) $(TRITON36)/.stamp browser-deps sandbox-deps
 	$(ONE_THREAD) $(PYTEST) tests notebooks --nbval --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout 600 \
 		-m "not timed" -n $(TEST_WORKERS) --dist loadfile --durations=20 $(JUNIT)-parallel.xml; first=$$?; \
 	$(PYTEST) tests -m timed --durations=5 $(JUNIT)-timed.xml; second=$$?; \

@@ -489,8 +489,16 @@ def fused(q, k, v, block_q, block_k, causal):
     return out, out.sum(dim=-1)
 
 
-def test_pytorchs_fused_attention_is_not_a_tiled_forward(capsys):
-    assert "scaled_dot_product_attention was called" in labs.check("tiled_forward", fused).message
+def flexed(q, k, v, block_q, block_k, causal):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(q, k, v, return_lse=True)
+
+
+@pytest.mark.parametrize("fn, called", [(fused, "scaled_dot_product_attention"), (flexed, "flex_attention")])
+def test_pytorchs_fused_attention_is_not_a_tiled_forward(fn, called, capsys):
+    result = labs.check("tiled_forward", fn)
+    assert result.mistake == "library_attention" and f"called torch's {called}" in result.message
 
 
 def raises(*args):
