@@ -5,7 +5,7 @@ meets the next): a cell that writes a pass into its open files and exits, replac
 verdicts' listener, looks for the class through the grader's /proc, runs or rewrites a classmate's notebook,
 leaves a process behind for the next cell, allocates memory in a child, hands in the course's own code by
 every route (the public op, autograd through it, a renamed copy, an import in the body, a name built at run
-time, an attribute of an object), hands in SDPA as split_kv, imports the worked solutions, loops over a
+time, an attribute of an object), hands in SDPA or plain attention as split_kv, imports the worked solutions, loops over a
 checker, or reads an answer out of a checker. None earns a point; an honest classmate's do.
 
 The sandbox is bubblewrap's: CI installs it (make test); elsewhere without it these tests are skipped.
@@ -142,6 +142,9 @@ def _routes(folder: Path) -> dict[str, tuple[str, str]]:
                  "def split_kv(q, k, v, num_splits):\n"
                  "    return F.scaled_dot_product_attention(q[None, None, None], k[None, None], v[None, None])"
                  "[0, 0, 0]")),
+        "plain-split": ("10_inference", _lab("split_kv", "def split_kv(q, k, v, num_splits):\n"
+                        "    return torch.softmax(k @ q / q.shape[-1] ** 0.5, dim=0) @ v")),
+        "z-honest-split": ("10_inference", cells.code_cell("split_kv", solved=True)),
         "solutions": ("02_online_softmax", _lab("merge_states", "from flashlib.labs.solutions.merge_states import "
                                                                 "merge_states")),
         "loop": ("03_tiled_attention", "from flashlib.course import exercises\n\nfor guess in range(100):\n"
@@ -183,7 +186,7 @@ def test_the_class_ran_sandboxed_and_the_honest_cell_passed(routes):
     assert book.sandboxed and book.sandbox.startswith("sandboxed with bubblewrap")
     assert _row(rows, "z-honest").passed and not book.ungraded()
     earned = {s: e for s, (e, _) in book.totals().items() if e}
-    assert earned == {"z-honest": 30, "z-honest-delta": 5, "z-honest-mask": 5}  # functions judged across the sandbox
+    assert earned == {"z-honest": 30, "z-honest-delta": 5, "z-honest-mask": 5, "z-honest-split": 30}  # functions judged across the sandbox
     assert "compiled into the kernel it gives dense attention's output" in _row(rows, "z-honest-mask").message
 
 
@@ -240,6 +243,13 @@ def test_sdpa_is_not_a_split_kv(routes):
     row = _row(rows, "sdpa")
     assert not row.passed and row.mistake == "library_attention"
     assert "called torch's scaled_dot_product_attention" in row.message
+
+
+def test_keys_never_split_are_named_across_the_sandbox(routes):
+    """What the lab's watch saw beside the answer reaches the judge whole: plain attention is no split."""
+    _, rows, _, _ = routes
+    row = _row(rows, "plain-split")
+    assert not row.passed and row.mistake == "no_split", row.message
 
 
 def test_no_answer_comes_from_the_course(routes):

@@ -105,7 +105,7 @@ def _nested(value, hold, depth):
         return {"__dtype__": str(value).removeprefix("torch.")}
     if isinstance(value, TensorWatch):
         return {"__watch__": [[list(shape), str(dtype).removeprefix("torch.")] for shape, dtype in value.created],
-                "ops": sorted(value.ops)}
+                "ops": sorted(value.ops), "operands": [[op, list(shape)] for op, shape in value.operands]}
     if type(value).__name__ in KEPT and dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {"__dc__": type(value).__name__,
                 "fields": {f.name: pack(getattr(value, f.name), hold, depth) for f in dataclasses.fields(value)}}
@@ -150,6 +150,7 @@ def _tagged(tree: dict, remote, depth: int):
         watch = _kept_class(WATCH)()
         watch.created = [(tuple(int(n) for n in shape), _dtype(dtype)) for shape, dtype in tree["__watch__"]]
         watch.ops = {str(op) for op in tree["ops"]}
+        watch.operands = [(str(op), tuple(int(n) for n in shape)) for op, shape in tree.get("operands", [])]
         return watch
     if "__dc__" in tree:
         if tree["__dc__"] not in KEPT:
