@@ -7,16 +7,8 @@ import json
 import sys
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flashlib", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="replay the six-token, 2x2-tile example and run its three checks")
-    bench = sub.add_parser("bench", help="measure and record benchmarks under data/bench/")
-    bench.add_argument("target", choices=["cpu", "cascade", "calls", "widgets"])
-    bench.add_argument("--sizes", type=int, nargs="+", help="sequence lengths (cpu; default 1k to 16k)")
-    bench.add_argument("--out-dir", help="where to write the JSON (default data/bench/)")
-    sub.add_parser("gpu-check", help="GPU tests, the notebooks and the ladder benchmark (CUDA machine only)",
-                   add_help=False)
+def _labs_parsers(sub) -> None:
+    """``labs grade`` and ``labs autograder``."""
     labs = sub.add_parser("labs", help="the labs: grade saved notebooks, or build an autograder that does")
     labs_sub = labs.add_subparsers(dest="labs_command", required=True)
     grade = labs_sub.add_parser("grade", help="run every lab and checked exercise cell of the notebooks, each in a "
@@ -51,6 +43,19 @@ def main(argv=None) -> int:
     autograder.add_argument("--timeout", type=int, default=600, help="seconds a cell may run (default 600)")
     autograder.add_argument("--memory", type=int, default=4096, metavar="MIB",
                             help="memory a cell's processes may hold together, in MiB (default 4096)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashlib", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("demo", help="replay the six-token, 2x2-tile example and run its three checks")
+    bench = sub.add_parser("bench", help="measure and record benchmarks under data/bench/")
+    bench.add_argument("target", choices=["cpu", "cascade", "calls", "widgets"])
+    bench.add_argument("--sizes", type=int, nargs="+", help="sequence lengths (cpu; default 1k to 16k)")
+    bench.add_argument("--out-dir", help="where to write the JSON (default data/bench/)")
+    sub.add_parser("gpu-check", help="GPU tests, the notebooks and the ladder benchmark (CUDA machine only)",
+                   add_help=False)
+    _labs_parsers(sub)
     args, rest = parser.parse_known_args(argv)
 
     if args.command == "demo":
