@@ -63,9 +63,11 @@ def _lab(nb, name: str, source: str) -> None:
 
 
 def _ada(folder: Path, marker: Path) -> Path:
-    """Notebook 02: an honest exercise and lab, a wrong lab printing PASS, a wrong exercise printing PASS; as a
-    zip with planted files, each of which leaves ``marker`` behind if anything runs it."""
+    """Notebook 02: an honest exercise and lab, a wrong lab printing PASS, a wrong exercise printing PASS, a cell
+    that is not graded; as a zip with planted files. The cell and each file leave ``marker`` behind if run."""
     nb = _edition("02_online_softmax")
+    plant = f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+    nb.cells.insert(3, nbformat.v4.new_code_cell(plant))  # not a graded cell: nothing may run it
     _answer(nb, "online_state", repr((7.0, sum(math.exp(x - 7.0) for x in (2.0, 5.0, 1.0, 7.0)))))
     _answer(nb, "new_denominator", "1.0", '\nprint("PASS: new_denominator is right")')
     _lab(nb, "online_softmax", cells.code_cell("online_softmax", solved=True))
@@ -74,7 +76,6 @@ def _ada(folder: Path, marker: Path) -> Path:
     path = folder / "ada" / "02_online_softmax.ipynb"
     path.parent.mkdir(parents=True)
     nbformat.write(nb, path)
-    plant = f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
     log = subprocess.run([sys.executable, "-c", "import dill, sys; sys.stdout.buffer.write(dill.dumps("
                           f"type('L', (), {{'__reduce__': lambda self: (exec, ({plant!r},))}})()))"],
                          capture_output=True, check=True).stdout
@@ -195,7 +196,7 @@ def test_feedback_is_the_checkers_verdict_and_names_the_mistake(graded):
 
 def test_the_students_files_never_run_and_the_sandbox_is_said(graded):
     results, _, marker = graded
-    assert not marker.exists()  # neither the planted otter, flashlib nor the otter log ran
+    assert not marker.exists()  # neither the ungraded cell nor the planted otter, flashlib or otter log ran
     for result in results.values():
         assert result["output"].startswith("flashlib autograder: sandboxed with bubblewrap" if
                                            _has_bwrap() else "flashlib autograder: NOT SANDBOXED: ")

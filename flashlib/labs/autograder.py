@@ -55,7 +55,7 @@ def {function}():
 
     otter_plugin.check({item!r})
 '''
-# what the autograder adds to two of otter's files (after otter's own text)
+# what the autograder adds to two of otter's files: setup.sh's last lines, run_otter.py's first
 SETUP_ADDITION = """
 # flashlib: bubblewrap, the sandbox of the students' cells (the grader says when the container cannot use it)
 apt-get install -y bubblewrap
