@@ -24,7 +24,6 @@ import atexit
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import grade
@@ -67,17 +66,11 @@ def feedback(row: Row) -> str:
     return f"{head}\n{row.message.strip()}"
 
 
-@dataclass
-class _Limits:
-    timeout: float
-    memory_mib: float
-
-
 class Session:
     """One submission's grading in the kernel: the course's tasks for its items, one warm worker."""
 
     def __init__(self, submission: Path, notebooks: list[str], timeout: float, memory_mib: float):
-        self.limits = _Limits(timeout, memory_mib)
+        self.timeout, self.memory_mib = timeout, memory_mib  # a cell's limits
         self.scratch = tempfile.TemporaryDirectory(prefix="flashlib-otter-")
         root = Path(self.scratch.name)
         folder = root / "submission"
@@ -104,7 +97,7 @@ class Session:
             raise Verdict(f"{item}: not graded: this autograder has no such item ({', '.join(self.tasks)})")
         if task.cell is not None and self.worker is None:
             self.worker = Worker(self.sandbox, self.package_dir, self.preload)
-        self.rows[item] = grade.judged(task, self.worker, self.limits.timeout, self.limits.memory_mib)
+        self.rows[item] = grade.judged(task, self.worker, self.timeout, self.memory_mib)
         if len(self.rows) == len(self.tasks):
             self.close()
         return self.rows[item]
