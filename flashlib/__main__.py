@@ -1,4 +1,5 @@
-"""Command line: ``python -m flashlib {demo, bench cpu, bench cascade, bench calls, bench widgets, gpu-check, labs grade}``."""
+"""Command line: ``python -m flashlib {demo, bench cpu, bench cascade, bench calls, bench widgets, gpu-check, labs grade,
+labs autograder}``."""
 from __future__ import annotations
 
 import argparse
@@ -6,17 +7,9 @@ import json
 import sys
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flashlib", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="replay the six-token, 2x2-tile example and run its three checks")
-    bench = sub.add_parser("bench", help="measure and record benchmarks under data/bench/")
-    bench.add_argument("target", choices=["cpu", "cascade", "calls", "widgets"])
-    bench.add_argument("--sizes", type=int, nargs="+", help="sequence lengths (cpu; default 1k to 16k)")
-    bench.add_argument("--out-dir", help="where to write the JSON (default data/bench/)")
-    sub.add_parser("gpu-check", help="GPU tests, the notebooks and the ladder benchmark (CUDA machine only)",
-                   add_help=False)
-    labs = sub.add_parser("labs", help="the labs: grade saved notebooks")
+def _labs_parsers(sub) -> None:
+    """``labs grade`` and ``labs autograder``."""
+    labs = sub.add_parser("labs", help="the labs: grade saved notebooks, or build an autograder that does")
     labs_sub = labs.add_subparsers(dest="labs_command", required=True)
     grade = labs_sub.add_parser("grade", help="run every lab and checked exercise cell of the notebooks, each in a "
                                               "sandboxed process of its own, and write the gradebook")
@@ -40,6 +33,29 @@ def main(argv=None) -> int:
     grade.add_argument("--timeout", type=int, default=600, help="seconds a cell may run (default 600)")
     grade.add_argument("--memory", type=int, default=4096, metavar="MIB",
                        help="memory a cell's processes may hold together, in MiB (default 4096)")
+    autograder = labs_sub.add_parser("autograder", help="build an otter-grader autograder for Gradescope (otter run, "
+                                                        "otter grade): one hidden test per lab and checked exercise, "
+                                                        "judged by this grader")
+    autograder.add_argument("out", metavar="OUT.zip", help="the autograder's zip, to upload to Gradescope")
+    autograder.add_argument("--notebooks", metavar="02,03", help="the course notebooks it grades, by number or name "
+                                                                 "(default: all; Gradescope takes one notebook per "
+                                                                 "submission, so one per assignment)")
+    autograder.add_argument("--timeout", type=int, default=600, help="seconds a cell may run (default 600)")
+    autograder.add_argument("--memory", type=int, default=4096, metavar="MIB",
+                            help="memory a cell's processes may hold together, in MiB (default 4096)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashlib", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("demo", help="replay the six-token, 2x2-tile example and run its three checks")
+    bench = sub.add_parser("bench", help="measure and record benchmarks under data/bench/")
+    bench.add_argument("target", choices=["cpu", "cascade", "calls", "widgets"])
+    bench.add_argument("--sizes", type=int, nargs="+", help="sequence lengths (cpu; default 1k to 16k)")
+    bench.add_argument("--out-dir", help="where to write the JSON (default data/bench/)")
+    sub.add_parser("gpu-check", help="GPU tests, the notebooks and the ladder benchmark (CUDA machine only)",
+                   add_help=False)
+    _labs_parsers(sub)
     args, rest = parser.parse_known_args(argv)
 
     if args.command == "demo":
@@ -66,6 +82,9 @@ def main(argv=None) -> int:
         from .course.widgets import benchmark_redraw
         benchmark_redraw()
         return 0
+    if args.command == "labs" and args.labs_command == "autograder":
+        from .labs.autograder import main as autograder_main
+        return autograder_main(args.out, args.notebooks, args.timeout, args.memory)
     if args.command == "labs":
         from .labs.grade import main as grade_main
         return grade_main(args.notebooks, args.json, args.timeout, csv_path=args.csv, jobs=args.jobs,

@@ -234,6 +234,18 @@ def _finished(task: Task, outcome: Outcome) -> Row:
                    seconds=round(outcome.seconds, 2), graded_at=gradebook.now())
 
 
+def judged(task: Task, worker: Worker, timeout: float, memory_mib: float) -> Row:
+    """The task's row once ``worker`` has run its cell and the judge has checked it (a task with no cell: its
+    row as it is)."""
+    if task.cell is None:
+        return task.row
+    try:
+        outcome = worker.grade(task.cell, timeout, memory_mib)
+    except RuntimeError as error:  # the worker could not start
+        outcome = Outcome(False, f"not graded: {error}", status="error")
+    return _finished(task, outcome)
+
+
 def run(work: list[Task], sandbox: Sandbox, package_dir: Path, modules, *, jobs: int, timeout: float,
         memory_mib: float, done=None) -> list[Row]:
     """Grade the tasks' cells, ``jobs`` at a time; ``done(row)`` as each finishes; the rows in task order."""
@@ -245,11 +257,7 @@ def run(work: list[Task], sandbox: Sandbox, package_dir: Path, modules, *, jobs:
             worker = local.worker = Worker(sandbox, package_dir, modules)
             with lock:
                 workers.append(worker)
-        try:
-            outcome = worker.grade(task.cell, timeout, memory_mib)
-        except RuntimeError as error:  # the worker could not start
-            outcome = Outcome(False, f"not graded: {error}", status="error")
-        return _finished(task, outcome)
+        return judged(task, worker, timeout, memory_mib)
 
     rows = [task.row for task in work]
     try:
