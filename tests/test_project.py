@@ -35,7 +35,8 @@ def _constraints() -> dict:
 def _declared() -> list[Requirement]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    return [Requirement(r) for r in project["dependencies"] + extras["course"] + extras["test"] + extras["site"]]
+    return [Requirement(r) for r in project["dependencies"] + extras["course"] + extras["test"] + extras["site"]
+            + extras["grading"]]
 
 
 def test_every_declared_range_holds_its_pin_in_the_lock():

@@ -263,3 +263,49 @@ def test_the_editions_badges_and_setup_cells_install_the_edition(edition, tmp_pa
     assert "https://github.com/example.invalid/edition" in nb.cells[1].source
     with pytest.raises(SystemExit, match="Repository"):
         student_edition.build(tmp_path / "bad", address="https://example.org/not-github")
+
+
+def _hints_in(path: Path) -> dict[str, list[str]]:
+    """The hints written in a file of the package: each Lab(...)'s tuple, each HintSteps(...)'s steps."""
+    found = {}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        name = getattr(node.func, "id", None) if isinstance(node, ast.Call) else None
+        if name == "Lab":
+            found[ast.literal_eval(node.args[0])] = list(ast.literal_eval(node.args[7]))
+        elif name == "HintSteps":
+            found[f"{path.stem}:{node.lineno}"] = [ast.literal_eval(a) for a in node.args]
+    return found
+
+
+def test_the_editions_files_hold_no_more_hints_than_it_gives(edition, tmp_path):
+    """A lab's third hint, close to code, is in no file of the edition that gives two; with one, the second of
+    every lab's and every exercise's steps is gone too."""
+    catalog = _hints_in(edition / "flashlib" / "labs" / "catalog.py")
+    assert catalog == {name: [*spec.hints[:2], ""] for name, spec in labs.LABS.items()}
+    one = student_edition.build(tmp_path / "one", hints=1)
+    catalog = _hints_in(one / "flashlib" / "labs" / "catalog.py")
+    assert catalog == {name: [spec.hints[0], "", ""] for name, spec in labs.LABS.items()}
+    for module in ("serving", "score_exercises", "variant_exercises"):
+        (steps,) = _hints_in(one / "flashlib" / "course" / f"{module}.py").values()
+        (full,) = _hints_in(ROOT / "flashlib" / "course" / f"{module}.py").values()
+        assert steps == [full[0], *[""] * (len(full) - 1)], module
+    flat = [_squash(text) for _, text in _texts(one)]
+    assert not any(_squash(labs.LABS["tiled_forward"].hints[2][:40]) in text for text in flat)
+
+
+def test_notebook_06_shows_the_students_own_loop_from_03(edition, tmp_path, capsys, monkeypatch):
+    nb = nbformat.read(edition / "notebooks" / "06_fused_forward.ipynb", as_version=4)
+    shown = [c for c in nb.cells if c.cell_type == "code" and 'labs.yours("tiled_forward")' in c.source]
+    assert len(shown) == 1 and shown[0].outputs == []
+    assert not any("def _online_update" in "".join(o.get("text", "") for o in c.get("outputs", []))
+                   for c in nb.cells if c.cell_type == "code")  # the course's loop of 03 is not printed
+    monkeypatch.chdir(tmp_path)
+    labs.yours("tiled_forward")
+    assert "03_tiled_attention.ipynb is not in this folder" in capsys.readouterr().out
+    from flashlib.labs import cells
+
+    for solved, said in ((False, "has no answer yet"), (True, "def tiled_forward(q, k, v, block_q, block_k, causal):")):
+        cell = nbformat.v4.new_code_cell(cells.code_cell("tiled_forward", solved=solved))
+        nbformat.write(nbformat.v4.new_notebook(cells=[cell]), tmp_path / "03_tiled_attention.ipynb")
+        labs.yours("tiled_forward")
+        assert said in capsys.readouterr().out

@@ -5,12 +5,15 @@
 OUT gets what a student needs to run the course (`make lab` there): the notebooks, the package,
 the recorded runs, pyproject.toml, constraints.txt, environment.yml, the Makefile and a README of
 its own. Left out: flashlib/labs/solutions/ (the labs' worked solutions, and its entry in
-pyproject.toml's packages) and flashlib/course/answers.py (the exercises' worked answers), so that labs.solution, labs.reveal and the
-exercises' solution() say this edition has none; in the notebooks, each lab's "After the lab" cells,
-which print the course's own code once the lab passes, and the sentences that promise them. Each
-lab's task says only that labs.hint gives hints; its code cell is the stub. Labs and exercises give
-at most N hints (flashlib/edition.py's HINTS): the last of a lab's three is close to code, so 2 by
-default stops before it; the teacher chooses. Running it twice gives the same tree.
+pyproject.toml's packages) and flashlib/course/answers.py (the exercises' worked answers), so that labs.solution,
+labs.reveal and the exercises' solution() say this edition has none; in the notebooks, each lab's "After the
+lab" cells, which print the course's own code once the lab passes, and the sentences that promise them; in
+notebook 06, the course's loop of notebook 03 (its lab's answer), replaced by the student's own (labs.yours).
+Each lab's task says only that labs.hint gives hints; its code cell is the stub. Labs and exercises give at
+most N hints (flashlib/edition.py's HINTS), and the package's files hold no more (a lab's and an exercise's
+later hints are emptied there): the last of a lab's three is close to code, so 2 by default stops before it;
+the teacher chooses. The package is the grader's own edition copy (flashlib.labs.sandbox.package_copy).
+Running it twice gives the same tree.
 """
 from __future__ import annotations
 
@@ -27,19 +30,22 @@ sys.path.insert(0, str(ROOT))
 
 import notebook_setup  # noqa: E402
 from flashlib.labs import cells  # noqa: E402
+from flashlib.labs.sandbox import package_copy  # noqa: E402
 
 FILES = ("pyproject.toml", "constraints.txt", "environment.yml", "Makefile", "README.md", "LICENSE")
-FOLDERS = ("flashlib", "notebooks", "data")
+FOLDERS = ("notebooks", "data")
 LEFT_OUT = ("__pycache__", "*.egg-info", ".ipynb_checkpoints", ".flashlib-progress.json")
-SOLUTIONS = Path("flashlib") / "labs" / "solutions"
-ANSWERS = Path("flashlib") / "course" / "answers.py"  # the exercises' worked answers
 HINTS = 2  # by default: a lab's third hint is close to code
 # the edition's own address (its badges and setup cells install it, never the full course): unpublished
 # until the teacher gives one (--address https://github.com/<owner>/<repo>)
 UNPUBLISHED = "https://unpublished.invalid/flashlib-course-student-edition"
 # sentences of the full edition that promise what the edition leaves out ("After the lab" cells): each
 # must be found, so that a rewording of the notebook is noticed here
-PROSE = {"06_fused_forward": [("so its code is printed after the lab.", "so its code is yours to write.")],
+PROSE = {"06_fused_forward": [("so its code is printed after the lab.", "so its code is yours to write."),
+                              ("What the loop has to do is notebook 03's inner loop, one key tile per trip, whose tile "
+                               "update is `_online_update`:", "What the loop has to do is notebook 03's inner loop, one "
+                               "key tile per trip: the one you wrote in its lab, as you saved notebook 03 beside this "
+                               "one:")],
          "07_backward_kernels": [("so its code is printed after the lab:", "so its code is yours to write:"),
                                  ("so it too is printed after the lab; here is the program around it:",
                                   "so it is not shown either; here is the program around it:")]}
@@ -77,14 +83,17 @@ import lines of the cells before it, so a cell must define everything it checks.
 """
 
 
-def _copy(out: Path) -> None:
+# cells that show another lab's answer, by notebook and cell id: what the edition shows there instead
+CELLS = {"06_fused_forward": {"ad35e1d4-07": 'from flashlib import labs\n\nlabs.yours("tiled_forward")  # notebook 03\'s lab'}}
+
+
+def _copy(out: Path, hints: int) -> None:
     for name in FILES:
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, out / name)
     for name in FOLDERS:
         shutil.copytree(ROOT / name, out / name, ignore=shutil.ignore_patterns(*LEFT_OUT))
-    shutil.rmtree(out / SOLUTIONS)
-    (out / ANSWERS).unlink()
+    package_copy(out, ROOT / "flashlib", hints=hints, compiled=False)
 
 
 def _pyproject(out: Path) -> None:
@@ -130,6 +139,14 @@ def _prose(name: str, nb) -> None:
             cell.source = cell.source.replace(old, new)
 
 
+def _cells(name: str, nb) -> None:
+    for cell_id, source in CELLS.get(name, {}).items():
+        found = [c for c in nb.cells if c.get("id") == cell_id]
+        if not found:
+            raise SystemExit(f"notebooks/{name}.ipynb has no cell {cell_id}: update tools/student_edition.py's CELLS")
+        found[0].source, found[0].outputs, found[0].execution_count = source, [], None
+
+
 def _is_reveal(cell) -> bool:
     return "-reveal" in (cell.get("id") or "") or (cell.cell_type == "code" and "labs.reveal(" in cell.source)
 
@@ -139,6 +156,7 @@ def student_notebook(nb, name: str = "", hints: int = HINTS):
     task without a solution."""
     nb.cells = [c for c in nb.cells if not _is_reveal(c)]
     _prose(name, nb)
+    _cells(name, nb)
     for cell in nb.cells:
         name = cells.marked(cell.source)
         if name is None:
@@ -160,7 +178,7 @@ def build(out: Path, hints: int = HINTS, address: str = UNPUBLISHED) -> Path:
         raise SystemExit(f"argument OUT is {out}, which holds the course itself: choose a new folder")
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    _copy(out)
+    _copy(out, hints)
     _pyproject(out)
     _readme(out, hints)
     _edition(out, hints)

@@ -1,8 +1,9 @@
 """Checkers for the exercises of the kernel notebooks (05-07).
 
 Each checker takes the student's answer, never raises, prints PASS or NOT YET (with a hint
-once there is an answer to react to), and returns True or False. Expected values come from
-definitions, not from the code the exercise is about.
+once there is an answer to react to), and returns True or False. A number's checker keeps a
+digest of the answer, not the answer (:func:`flashlib.course.exercises.digest`); a function's
+checker computes what it expects from definitions, not from the code the exercise is about.
 """
 from __future__ import annotations
 
@@ -11,15 +12,20 @@ import math
 import torch
 
 from ..roofline import WGMMA_ROWS  # a Hopper warpgroup product (wgmma) covers at least 64 rows
-from .exercises import _check_number, _failed, _passed, _unanswered
+from .exercises import Digest, _check_number, _failed, _passed, _unanswered
+
+PROGRAM_COUNT = dict(n=1000, block=128)
 
 
-def check_program_count(answer, n: int = 1000, block: int = 128) -> bool:
-    """How many programs does vector_add launch for n elements, BLOCK elements each?"""
-    return _check_number(answer, -(-n // block), kind="a whole number of programs", exact=True,
-                         hint=f"every program covers BLOCK = {block} elements; the last one may be partly "
-                              "masked (round up, not down)",
-                         known_mistakes=[(n // block, "the last, partly filled block needs a program too.")])
+def check_program_count(answer) -> bool:
+    """How many programs does vector_add launch for n = 1000 elements, BLOCK = 128 elements each?"""
+    return _check_number(answer, Digest("program_count:576cf4d074f73a27"), kind="a whole number of programs",
+                         exact=True,
+                         hint=f"every program covers BLOCK = {PROGRAM_COUNT['block']} elements; the last one may be "
+                              "partly masked (round up, not down)",
+                         known_mistakes=[(Digest("program_count:4b5aaa342dddeb21"),
+                                          "the last, partly filled block needs a "
+                                          "program too.")])
 
 
 def check_scale_launcher(scale, sizes=(1, 17, 256, 1000)) -> bool:
@@ -75,29 +81,28 @@ def check_tensor_core_instruction(answer, rows: int = 16) -> bool:
     return _failed(f"{answer!r} is not a tensor-core instruction.", hint)
 
 
-def check_qk_scale(answer, head_dim: int = 64) -> bool:
-    """The one multiplier the forward kernel applies to q kᵀ, for the default scale."""
-    return _check_number(answer, (1 / math.sqrt(head_dim)) / math.log(2), kind="a float", rel=1e-6,
+def check_qk_scale(answer) -> bool:
+    """The one multiplier the forward kernel applies to q kᵀ, for the default scale and head dim 64."""
+    return _check_number(answer, Digest("qk_scale:fa778bcbe6c4d7be"), kind="a float", rel=1e-6,
                          hint="exp(x) = 2^(x · log2(e)), and log2(e) = 1 / ln(2); fold in scale = 1/sqrt(head_dim)",
-                         known_mistakes=[(1 / math.sqrt(head_dim), "that is the scale alone: the kernel's exp2 "
-                                          "needs it in base-2 units, times log2(e)."),
-                                         ((1 / math.sqrt(head_dim)) * math.log(2), "multiply by log2(e) = 1 / ln 2, "
-                                          "not by ln 2.")])
+                         known_mistakes=[(Digest("qk_scale:0a177c636d66a56c"), "that is the scale alone: the kernel's "
+                                          "exp2 needs it in base-2 units, times log2(e)."),
+                                         (Digest("qk_scale:5acf5137d3a8ae0a"), "multiply by log2(e) = 1 / ln 2, not "
+                                          "by ln 2.")])
 
 
-def check_causal_tiles(answer, seq: int = 1500, block_q: int = 128, block_k: int = 64) -> bool:
-    """Total key tiles all forward programs compute for causal attention, seq_q = seq_k = seq."""
-    total = 0
-    for start in range(0, seq, block_q):
-        last_row = min(start + block_q, seq) - 1
-        total += last_row // block_k + 1  # tiles 0 .. the one holding the last row's diagonal key
-    full = -(-seq // block_q) * -(-seq // block_k)
-    return _check_number(answer, total, kind="a whole number of tiles", exact=True,
+def check_causal_tiles(answer) -> bool:
+    """Total key tiles all forward programs compute for causal attention, seq_q = seq_k = 1500, BLOCK_Q = 128,
+    BLOCK_K = 64."""
+    return _check_number(answer, Digest("causal_tiles:03618ebced9c8d5d"), kind="a whole number of tiles", exact=True,
                          hint="query block i sees keys up to its last row, (i + 1)·BLOCK_Q - 1; count the key "
                               "tiles up to the one holding that key, and add over the blocks",
-                         known_mistakes=[(full, "that is every tile: causal programs stop at their diagonal."),
-                                         (full // 2, "half the grid is close but not it: count the diagonal "
-                                                     "tiles in full.")])
+                         known_mistakes=[(Digest("causal_tiles:ed7982a3aabc1104"),
+                                          "that is every tile: causal programs "
+                                          "stop at their diagonal."),
+                                         (Digest("causal_tiles:b245b41bc531c9b4"),
+                                          "half the grid is close but not it: count the diagonal "
+                                          "tiles in full.")])
 
 
 def check_natural_lse(fn) -> bool:
@@ -126,15 +131,19 @@ def check_natural_lse(fn) -> bool:
 
 def check_backward_matmuls(answer) -> bool:
     """How many (tile x tile) matrix products per (query block, key tile) pair in both backward kernels?"""
-    return _check_number(answer, 7, kind="a whole number", exact=True,
+    return _check_number(answer, Digest("backward_matmuls:72c3892cf27a430c"), kind="a whole number", exact=True,
                          hint="dK/dV kernel: S, dV, dP, dK; dQ kernel recomputes S and dP, then dQ",
-                         known_mistakes=[(5, "five is what the math needs; the two kernels each recompute S "
-                                             "and dP.")])
+                         known_mistakes=[(Digest("backward_matmuls:4c60a997ae0a4926"),
+                                          "five is what the math needs; the two kernels each recompute S "
+                                          "and dP.")])
 
 
 def check_backward_flops_ratio(answer) -> bool:
     """Backward FLOPs over forward FLOPs of attention (matmuls only), as benchmarks count them."""
-    return _check_number(answer, 2.5, kind="a ratio", rel=1e-6,
+    return _check_number(answer, Digest("backward_flops_ratio:180531566c0ec6bb"), kind="a ratio", rel=1e-6,
                          hint="forward: 2 products (S, O); backward in principle: 5 (S again, dV, dP, dQ, dK)",
-                         known_mistakes=[(3.5, "that is forward + backward over forward."),
-                                         (2.0, "count the backward's products again: S, dV, dP, dQ, dK.")])
+                         known_mistakes=[(Digest("backward_flops_ratio:5ff6c82eeb3001f9"),
+                                          "that is forward + backward over "
+                                          "forward."),
+                                         (Digest("backward_flops_ratio:da44d3e2a87a166a"),
+                                          "count the backward's products again: S, dV, dP, dQ, dK.")])

@@ -1,22 +1,24 @@
-"""Exercise checkers of notebook 08: FLOPs, intensity, the ridge point, the ladder's savings."""
+"""Exercise checkers of notebook 08: FLOPs, intensity, the ridge point, the ladder's savings.
+
+Each keeps a digest of its answer, not the answer (:func:`flashlib.course.exercises.digest`); the ridge
+point's answer comes from the recorded GPU run the cell passes."""
 from __future__ import annotations
 
-from ..roofline import WGMMA_ROWS, backward_products
-from .exercises import _check_number
+from .exercises import Digest, _check_number
 
 FLOPS_EXERCISE = dict(batch=2, heads=16, n=4096, head_dim=128, causal=True)
 
 
 def check_attention_flops(answer) -> bool:
     """FLOPs of a causal forward for batch 2, 16 heads, N = 4096, head dim 128."""
-    b, h, n, d = (FLOPS_EXERCISE[k] for k in ("batch", "heads", "n", "head_dim"))
-    expected = 2 * b * h * n * n * d  # two matmuls of 2·N·N·d FLOPs each, half the scores kept
     return _check_number(
-        answer, expected, kind="a number (FLOPs)",
+        answer, Digest("attention_flops:658a68638a22619f"), kind="a number (FLOPs)",
         hint="Q Kᵀ and P V each cost 2·N·N·d FLOPs per head (a multiply and an add); causal keeps half.",
-        known_mistakes=[(4 * b * h * n * n * d, "causal attention computes only about half of the scores."),
-                        (b * h * n * n * d, "a multiply-add is two FLOPs, and there are two matmuls."),
-                        (2 * h * n * n * d, "every batch element has its own heads.")])
+        known_mistakes=[(Digest("attention_flops:f294a272e5fdd38e"),
+                         "causal attention computes only about half of the scores."),
+                        (Digest("attention_flops:1b6d3a11eb94743f"),
+                         "a multiply-add is two FLOPs, and there are two matmuls."),
+                        (Digest("attention_flops:1b6d3a11eb94743f"), "every batch element has its own heads.")])
 
 
 INTENSITY_EXERCISE = dict(n=8192, head_dim=64, block_q=64, element_size=2)
@@ -24,15 +26,11 @@ INTENSITY_EXERCISE = dict(n=8192, head_dim=64, block_q=64, element_size=2)
 
 def check_intensity(answer) -> bool:
     """FLOPs per HBM byte of one head's non-causal forward (FlashAttention-2 IO model)."""
-    n, d, block_q, size = INTENSITY_EXERCISE.values()
-    query_blocks = -(-n // block_q)
-    nbytes = (n * d + query_blocks * 2 * n * d + n * d + n) * size  # Q; K, V per block; O, lse
-    expected = 4 * n * n * d / nbytes
     return _check_number(
-        answer, expected, kind="a number (FLOPs per byte)", rel=1e-3,
+        answer, Digest("intensity:4496f69f3fbb4750"), kind="a number (FLOPs per byte)", rel=1e-3,
         hint="FLOPs = 4·N²·d; bytes: Q read once, K and V read once per query block "
              "(N / BLOCK_Q blocks), O and lse written once; 2 bytes an element.",
-        known_mistakes=[(4 * n * n * d / ((4 * n * d + n) * size), "K and V are read once per query block, "
+        known_mistakes=[(Digest("intensity:2f167b662b673c55"), "K and V are read once per query block, "
                          "not once in all.")])
 
 
@@ -41,16 +39,14 @@ MINIMUM_EXERCISE = dict(n=8192, head_dim=64, element_size=2)
 
 def check_minimum_intensity(answer) -> bool:
     """FLOPs per byte of one head's non-causal forward if Q, K, V are read once and O written once."""
-    n, d, size = MINIMUM_EXERCISE.values()
-    nbytes = (4 * n * d + n) * size  # Q, K, V read once; O and lse written once
-    expected = 4 * n * n * d / nbytes
     return _check_number(
-        answer, expected, kind="a number (FLOPs per byte)", rel=1e-3,
+        answer, Digest("minimum_intensity:1cc8d13791c51544"), kind="a number (FLOPs per byte)", rel=1e-3,
         hint="FLOPs = 4·N²·d as before; bytes: Q, K and V read once, O and the log-sum-exp (one number per row) "
              "written once, 2 bytes an element.",
-        known_mistakes=[(4 * n * n * d / (4 * n * d * size), "almost: the log-sum-exp is written too, one number "
+        known_mistakes=[(Digest("minimum_intensity:5a91a65da9aa2be9"),
+                         "almost: the log-sum-exp is written too, one number "
                          "per row."),
-                        (4 * n * n * d / (3 * n * d * size), "O is written as well as Q, K, V read.")])
+                        (Digest("minimum_intensity:680ec3fc86da1884"), "O is written as well as Q, K, V read.")])
 
 
 LEAN_EXERCISE = dict(n=4096, block_q=128, block_k=64, num_warps=8)
@@ -58,17 +54,16 @@ LEAN_EXERCISE = dict(n=4096, block_q=128, block_k=64, num_warps=8)
 
 def check_saved_multiplies(answer) -> bool:
     """Multiplies one thread saves with rung 4 over one query block's non-causal key loop."""
-    n, block_q, block_k, warps = LEAN_EXERCISE.values()
-    threads = warps * 32
-    per_tile = block_q * block_k // threads  # scores of one tile each thread holds
-    expected = per_tile * (n // block_k)
     return _check_number(
-        answer, expected, kind="a number (multiplies per thread)",
+        answer, Digest("saved_multiplies:e012ee73e57f0aa0"), kind="a number (multiplies per thread)",
         hint="One multiply per score; a tile's BLOCK_Q x BLOCK_K scores are shared by warps x 32 threads, "
              "and the loop visits N / BLOCK_K key tiles.",
-        known_mistakes=[(per_tile, "that is one key tile; the loop visits N / BLOCK_K of them."),
-                        (block_q * n, "that is the whole query block: its scores are shared by all the threads."),
-                        (block_q * n // warps, "a warp is 32 threads: divide by threads, not by warps.")])
+        known_mistakes=[(Digest("saved_multiplies:c940a29e4f425a4a"),
+                         "that is one key tile; the loop visits N / BLOCK_K of them."),
+                        (Digest("saved_multiplies:4738a271ea2adad3"),
+                         "that is the whole query block: its scores are shared by all the threads."),
+                        (Digest("saved_multiplies:72880dd2c6fde52d"),
+                         "a warp is 32 threads: divide by threads, not by warps.")])
 
 
 SWAP_EXERCISE = dict(block_q=16, block_k=64, head_dim=128)
@@ -77,16 +72,16 @@ SWAP_EXERCISE = dict(block_q=16, block_k=64, head_dim=128)
 def check_mma_sync_fraction(answer) -> bool:
     """The fraction of one tile pair's matrix-multiply FLOPs whose product has fewer rows than
     a warpgroup product needs (so runs on mma.sync), dQ not transposed, SWAP_EXERCISE's tiles."""
-    products = backward_products(**SWAP_EXERCISE)
-    flops = [2 * rows * cols * inner for _, rows, cols, inner in products]
-    short = sum(f for f, (_, rows, _, _) in zip(flops, products) if rows < WGMMA_ROWS)
     return _check_number(
-        answer, short / sum(flops), kind="a fraction between 0 and 1", rel=1e-3,
+        answer, Digest("mma_sync_fraction:d3e6a61ffc02d7f0"), kind="a fraction between 0 and 1", rel=1e-3,
         hint="Write down the five products with their shapes (rows x inner times inner x columns); each costs "
              "2 x rows x columns x inner FLOPs. Which of them has fewer than 64 rows?",
-        known_mistakes=[(1 / 4, "there are five products per tile pair, not four: dQ is one of them."),
-                        (1 / 7, "seven is the teaching backward's count; the fused one recomputes nothing."),
-                        (0.0, "one product has the query tile's 16 rows: which?")])
+        known_mistakes=[(Digest("mma_sync_fraction:d7ca5f1c1649efd3"),
+                         "there are five products per tile pair, not four: dQ is one of them."),
+                        (Digest("mma_sync_fraction:9bbfef69451be971"),
+                         "seven is the teaching backward's count; the fused one recomputes nothing."),
+                        (Digest("mma_sync_fraction:63313c33af16e9d5"),
+                         "one product has the query tile's 16 rows: which?")])
 
 
 def check_ridge(answer, run: dict | None) -> bool:

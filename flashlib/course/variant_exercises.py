@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .exercises import HintSteps, print_solution, _check_number, _failed, _passed, _unanswered
+from .exercises import Digest, HintSteps, print_solution, _check_number, _failed, _passed, _unanswered
+from .remote import beside_answer
 
 WINDOW_TILES = dict(n=4096, left=300, block=64)
 
@@ -12,23 +13,19 @@ WINDOW_TILES = dict(n=4096, left=300, block=64)
 def check_window_tiles(answer) -> bool:
     """Tiles computed (not skipped) by causal attention with window=(300, 0), N = 4096, 64 x 64 tiles."""
     n, left, block = WINDOW_TILES.values()
-    tiles = n // block
-    expected = 0
-    for qb in range(tiles):  # query rows q0 .. q0 + block - 1 see keys i - left .. i
-        first_key, last_key = max(qb * block - left, 0), qb * block + block - 1
-        expected += last_key // block - first_key // block + 1
-    causal_only = tiles * (tiles + 1) // 2
-    span = -(-left // block) + 1  # key tiles a block's rows reach once the window is cut by nothing
     return _check_number(
-        answer, expected, kind="a whole number of tiles", exact=True,
+        answer, Digest("window_tiles:e28624ecf593f017"), kind="a whole number of tiles", exact=True,
         hint=f"query block qb holds rows qb·{block} .. qb·{block} + {block - 1}; its first row sees keys from "
              f"qb·{block} - {left}, its last row up to itself: count the key tiles between, for every block (the "
              "first blocks are cut at key 0)",
-        known_mistakes=[(causal_only, f"that is causal attention without the window: the window skips the tiles "
-                                      f"more than {left} keys back"),
-                        (tiles * (left // block + 1), f"the window does not start on a tile's edge: {left} keys "
-                                                      f"back reach into one more tile than {left} // {block} + 1"),
-                        (tiles * span, "close: the first few query blocks cannot look back the whole window")])
+        known_mistakes=[(Digest("window_tiles:88bc00d6ae384ca6"),
+                         f"that is causal attention without the window: the window skips the tiles "
+                         f"more than {left} keys back"),
+                        (Digest("window_tiles:0956e3392ad5a15e"),
+                         f"the window does not start on a tile's edge: {left} keys "
+                         f"back reach into one more tile than {left} // {block} + 1"),
+                        (Digest("window_tiles:1d463ba995b373f4"),
+                         "close: the first few query blocks cannot look back the whole window")])
 
 
 KV_CACHE = dict(layers=32, q_heads=32, kv_heads=8, head_dim=128, element_size=2)
@@ -36,16 +33,15 @@ KV_CACHE = dict(layers=32, q_heads=32, kv_heads=8, head_dim=128, element_size=2)
 
 def check_kv_bytes_per_token(answer) -> bool:
     """Bytes of K and V one token adds to the cache of a 32-layer model, 8 kv heads of 128, bf16."""
-    layers, q_heads, kv_heads, d, size = KV_CACHE.values()
-    expected = 2 * layers * kv_heads * d * size
     return _check_number(
-        answer, expected, kind="a whole number of bytes", exact=True,
+        answer, Digest("kv_bytes_per_token:b2f7a1282ea3c036"), kind="a whole number of bytes",
+        exact=True,
         hint="every layer keeps one key and one value vector per kv head for every token: 2 x layers x kv heads x "
              "head dim x bytes per element",
-        known_mistakes=[(2 * layers * q_heads * d * size, "the cache holds the kv heads only: grouped-query "
-                                                           "attention shares each among 4 query heads"),
-                        (layers * kv_heads * d * size, "both K and V are cached"),
-                        (2 * kv_heads * d * size, "every layer has a cache of its own")])
+        known_mistakes=[(Digest("kv_bytes_per_token:1bd36ae15eddbf8c"), "the cache holds the kv heads only: "
+                         "grouped-query attention shares each among 4 query heads"),
+                        (Digest("kv_bytes_per_token:5f4c5b25fda4e352"), "both K and V are cached"),
+                        (Digest("kv_bytes_per_token:2639ebfa3f35f852"), "every layer has a cache of its own")])
 
 
 SINK_WINDOW = dict(sink=4, window=128, n=300)
@@ -119,26 +115,35 @@ def _sink_window_mistake(got, want, n, sink, window) -> str:
 
 def _compiled(mask_mod, want, hint) -> bool:
     """The same function compiled into the kernel (or interpreted without a GPU), against the mask."""
-    from .. import dense_attention, flash_attention
     from ..kernels import kernel_status
 
     status = kernel_status()
     if not status.can_run:
         hint.reset()
         return _passed(f"the mask is right on index tensors ({status}: the kernel check needs Triton).")
-    device = "cuda" if status.mode == "gpu" else "cpu"
-    n = want.shape[0]
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, n, 16, generator=g).to(device) for _ in range(3))  # (B, H, N, D)
-    try:
-        got = flash_attention(q, k, v, mask_mod=mask_mod)
-    except Exception as error:
-        return _failed(f"on index tensors the mask is right, but it did not compile into the kernel: "
-                       f"{type(error).__name__}: {str(error).splitlines()[0][:300]}", hint)
-    ref = dense_attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), mask_mod=mask_mod)
-    if not torch.allclose(got.double().cpu(), ref, atol=2e-3, rtol=2e-3):
+    outputs = _kernel_and_dense(mask_mod, want.shape[0], "cuda" if status.mode == "gpu" else "cpu")
+    if isinstance(outputs, str):
+        return _failed(f"on index tensors the mask is right, but it did not compile into the kernel: {outputs}", hint)
+    got, ref = outputs
+    if not torch.allclose(got, ref, atol=2e-3, rtol=2e-3):
         return _failed("on index tensors the mask is right, but the kernel's output differs from dense "
                        "attention with the same mask.", hint)
     hint.reset()
     return _passed("the mask is right on index tensors, and compiled into the kernel it gives dense "
                    "attention's output.")
+
+
+@beside_answer
+def _kernel_and_dense(mask_mod, n: int, device: str):
+    """(the kernel's output, dense attention's) with ``mask_mod`` on (1, 2, n, 16) inputs, in float64 on the CPU;
+    or what the kernel raised. Run where ``mask_mod`` is (in the student's process, while a class is graded)."""
+    from .. import dense_attention, flash_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g).to(device) for _ in range(3))  # (B, H, N, D)
+    try:
+        got = flash_attention(q, k, v, mask_mod=mask_mod)
+    except Exception as error:  # the learner's function: report, never raise
+        return f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+    ref = dense_attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), mask_mod=mask_mod)
+    return got.double().cpu(), ref

@@ -1,15 +1,13 @@
-"""Verdicts told to a grader directly by the checkers, not read back from what a cell printed.
+"""Verdicts told directly by the checkers to a listener in the same process, not read back from what they printed.
 
 A checker ends by printing PASS or NOT YET for the student, and by calling :func:`report`. Outside
-the grader nothing listens and :func:`report` returns at once. The grader's harness
-(:mod:`flashlib.labs.gradecell`) installs a listener before the student's cell runs, and credits a
-cell only from what the listener heard: a printed "PASS" is not a verdict, nor is a function of the
-student's own that replaces a checker, since a report is taken only from flashlib's own code, named
-after the checker that ran (``check_<name>`` for an exercise, the lab's name for a lab).
+a listener nothing happens and :func:`report` returns at once. A listener (a tool, a test) hears a
+report only from flashlib's own code, named after the checker that ran (``check_<name>`` for an
+exercise, the lab's name for a lab): a printed "PASS" is not a verdict, nor is a function of one's own
+that replaces a checker.
 
-What this does not defend against: code written to reach into the checkers' internals (replacing a
-private function of flashlib, say). The harness runs each cell in a fresh process with the course's
-own package, so such code would have to be written for the purpose.
+The grader does not rely on this: it runs the checkers in a process of its own, apart from the students'
+code (:mod:`flashlib.labs.judge`), and nothing a student's cell calls here reaches it.
 """
 from __future__ import annotations
 

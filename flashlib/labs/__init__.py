@@ -5,6 +5,7 @@
     hint(name)             print the next of three hints, from gentle to nearly the answer
     solution(name)         print a worked solution; solution_source(name) returns its text
     reveal(name)           print the course's own code of the lab, once it has passed here
+    yours(name)            print the function written in the lab's cell, from its notebook saved beside this one
     progress()             print which labs this student has passed (kept beside the notebooks)
     LABS, MISTAKES         the labs in course order, and the mistakes the checkers name
     LOG2E                  log2 e as a Triton constant, for a kernel lab's @triton.jit code (needs Triton)
@@ -22,8 +23,9 @@ The labs, each at the end of its notebook:
 
 The student edition (``make student``) has no worked solutions: ``solution`` and ``reveal`` say so.
 The grader, ``python -m flashlib labs grade PATH...`` (:mod:`.grade`), runs every lab and checked
-exercise cell of a class's saved notebooks, each in a process and an empty folder of its own
-(:mod:`.gradecell`), credited only by its own checker's report (:mod:`flashlib.course.verdicts`).
+exercise cell of a class's saved notebooks, each in a sandboxed process of its own (:mod:`.zygote`,
+:mod:`.sandbox`), while the checkers run in the grader's own process (:mod:`.judge`), which owns the
+verdicts and writes the gradebook (:mod:`.gradebook`).
 
 Expected results come from the definitions in float64 (:mod:`.reference`), never from the
 course's own implementation of the same step. The Triton labs run inside a harness kernel
@@ -32,6 +34,7 @@ every load checked against the tensor it belongs to (:mod:`.memory`).
 """
 from ..kernels._mode import ensure_mode, triton_installed
 from .catalog import LABS, MISTAKES, Lab
+from .cells import yours
 from .core import (LabResult, check, has_solutions, hint, reset_hints, reveal, reveal_source, solution,
                    solution_source)
 from .progress_file import progress
@@ -42,7 +45,7 @@ if triton_installed():
     ensure_mode()
 
 __all__ = ["LABS", "MISTAKES", "Lab", "LabResult", "check", "has_solutions", "hint", "progress", "reset_hints",
-           "reveal", "reveal_source", "solution", "solution_source"]
+           "reveal", "reveal_source", "solution", "solution_source", "yours"]
 
 
 def __getattr__(name):

@@ -22,6 +22,7 @@ class Lab:
     hints: tuple[str, str, str]
     triton: bool = False
     reveal: tuple[str, ...] = ()  # "module:function" of the course's code the lab rewrites
+    loop: bool = False  # its text asks for the loop written out: torch's fused attention is no answer either
 
     @property
     def answers(self) -> tuple[str, ...]:
@@ -50,6 +51,9 @@ MISTAKES = {
     "course_code": ("the course's own code handed in",
                     "the checker compares a lab's answer with the definition; the course's own function (or a "
                     "call to it) is not an answer to the lab."),
+    "library_attention": ("PyTorch's fused attention handed in",
+                          "this lab asks for the loop written out: torch's scaled_dot_product_attention and "
+                          "flex_attention compute the whole answer in one call."),
     "no_rescale": ("no rescale when the max grew",
                    "the running sum was not rescaled when the row max grew: rows whose max is in a later block "
                    "come out too large. Multiply what was accumulated under the old max by exp(m_old - m_new)."),
@@ -250,7 +254,7 @@ LABS = {lab.name: lab for lab in (
           "m_new = torch.maximum(m_i, s.amax(-1)); shift = torch.where(m_new == float(\"-inf\"), 0.0, m_new); "
           "alpha = torch.exp(m_i - shift); p = torch.exp(s - shift[..., None]); l_i = alpha * l_i + p.sum(-1); "
           "acc = alpha[..., None] * acc + p @ v[..., k0:k1, :]; m_i = m_new. Rows whose l_i ends at 0 give "
-          "out = 0 and lse = -inf.")),
+          "out = 0 and lse = -inf."), loop=True),
     Lab("tiled_backward", "04_backward", "The tiled backward pass",
          "tiled_backward(q, k, v, out, lse, dout, block_q, block_k, causal) -> (dq, dk, dv)",
          "From the forward's `out` and `lse` (never from a stored P), compute the gradients tile by tile: "
@@ -273,7 +277,7 @@ LABS = {lab.name: lab for lab in (
           "so that rows that saw no key get p = 0. Per tile: s = q_blk @ k_tile.transpose(-2, -1) * scale "
           "(causal pairs -inf), p = torch.exp(s - lse_blk[..., None]), dv_j += p.transpose(-2, -1) @ do_blk, "
           "dp = do_blk @ v_tile.transpose(-2, -1), ds = p * (dp - delta_blk[..., None]), "
-          "dq[..., q0:q1, :] += ds @ k_tile * scale, dk_j += ds.transpose(-2, -1) @ q_blk * scale.")),
+          "dq[..., q0:q1, :] += ds @ k_tile * scale, dk_j += ds.transpose(-2, -1) @ q_blk * scale."), loop=True),
     Lab("attn_fwd_inner", "06_fused_forward", "The kernel's loop over key tiles",
          "attn_fwd_inner(m_i, l_i, acc, q_blk, K, V, stride_kn, stride_vn, offs_q, offs_d, k_end, qk_scale, "
          "SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_K, CAUSAL, INPUT_PRECISION) -> (m_i, l_i, acc)",
@@ -307,7 +311,8 @@ LABS = {lab.name: lab for lab in (
           "alpha = tl.math.exp2(m_i - shift); p = tl.math.exp2(s - shift[:, None]); l_i = alpha * l_i + "
           "tl.sum(p, 1); acc = alpha[:, None] * acc + tl.dot(p.to(v_tile.dtype), v_tile, "
           "input_precision=INPUT_PRECISION); m_i = m_new."),
-         triton=True, reveal=("flashlib.kernels.forward:_online_update", "flashlib.kernels.forward:_attn_fwd_inner")),
+         triton=True, reveal=("flashlib.kernels.forward:_online_update", "flashlib.kernels.forward:_attn_fwd_inner"),
+         loop=True),
     Lab("attn_bwd_dkdv_inner", "07_backward_kernels", "The dK/dV kernel's loop over query blocks",
          "attn_bwd_dkdv_inner(dk, dv, k_tile, v_tile, Q, DO, Lse, Delta, stride_qm, stride_dom, offs_k, offs_d, "
          "q_start, qk_scale, SEQ_Q, SEQ_K, HEAD_DIM, BLOCK_Q, CAUSAL, INPUT_PRECISION) -> (dk, dv)",
@@ -342,7 +347,7 @@ LABS = {lab.name: lab for lab in (
           "do_blk.dtype), do_blk, ...); dp_t = tl.dot(v_tile, tl.trans(do_blk), ...); ds_t = p_t * (dp_t - "
           "delta[None, :]); dk += tl.dot(ds_t.to(q_blk.dtype), q_blk, ...). Return dk, dv."),
          triton=True, reveal=("flashlib.kernels.backward:_attn_bwd_dkdv_inner",
-                              "flashlib.kernels.backward:_attn_bwd_dq_inner")),
+                              "flashlib.kernels.backward:_attn_bwd_dq_inner"), loop=True),
     Lab("split_kv", "10_inference", "Split-KV for one query",
          "split_kv(q, k, v, num_splits) -> out",
          "`q` has shape `(d,)`, `k` and `v` `(L, d)`, float64. Cut the L keys into chunks of "
@@ -363,7 +368,7 @@ LABS = {lab.name: lab for lab in (
           "size = -(-L // num_splits); for each start in range(0, L, size): s = k[start:start + size] @ q / "
           "math.sqrt(d), keep torch.softmax(s, 0) @ v[start:start + size] and torch.logsumexp(s, 0); then "
           "weights = torch.exp(lses - torch.logsumexp(lses, 0)) over the stacked lse_s, and the output is the "
-          "weighted sum of the stacked partial outputs.")),
+          "weighted sum of the stacked partial outputs."), loop=True),
     Lab("sink_grad", "12_real_models", "The sink's gradient",
          "sink_grad(sinks, lse, delta) -> dsinks",
          "`sinks` has shape `(heads,)`; `lse` (the log-sum-exp, the sink in it) and `delta = rowsum(dO ∘ O)` "

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import own_code
+from ..course.remote import beside_answer
 from .watch import TensorWatch
 
 
@@ -48,18 +50,25 @@ class Call:
     watch: TensorWatch | None = None
 
 
+@beside_answer
 def call(fn, name: str, *args, watch: bool = True) -> Call:
-    """Run the learner's ``fn(*args)``, recording the tensors it creates; an exception becomes text."""
+    """Run the learner's ``fn(*args)``, recording the tensors it creates; an exception becomes text. While a
+    lab is checked, what the function ran is watched too: the course's own code is refused
+    (:class:`~.own_code.Refused`). Given a function held in the student's process, it runs there."""
     recorder = TensorWatch() if watch else None
-    try:
-        if recorder is None:
-            result = fn(*args)
-        else:
-            with recorder:
+    with own_code.Ran() as ran:
+        try:
+            if recorder is None:
                 result = fn(*args)
-    except Exception as error:  # the learner's bug is feedback, never a traceback
-        return Call(error=f"{name} raised {error_text(error)}", watch=recorder)
-    return Call(result=result, watch=recorder)
+            else:
+                with recorder:
+                    result = fn(*args)
+        except Exception as error:  # the learner's bug is feedback, never a traceback
+            done = Call(error=f"{name} raised {error_text(error)}", watch=recorder)
+        else:
+            done = Call(result=result, watch=recorder)
+    ran.refuse()
+    return done
 
 
 def error_text(error: BaseException) -> str:

@@ -23,6 +23,7 @@ from ..course.exercises import PASS, RETRY
 from .catalog import LABS, MISTAKES, Lab
 from . import own_code, progress_file
 from .common import Report
+from ..course.remote import beside_answer
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def is_stub(fn) -> bool:
                and s.value.value is Ellipsis for s in body)
 
 
-def _message(spec: Lab, report: Report) -> str:
+def _message(spec: Lab, report: Report, solutions: bool) -> str:
     if report.problem is None:
         return f"{PASS}: {spec.name} is right in all {report.cases} cases, which between them try " \
                f"{', '.join(spec.tries)}."
@@ -121,30 +122,64 @@ def _message(spec: Lab, report: Report) -> str:
     if problem.mistake is not None:
         title, why = MISTAKES[problem.mistake]
         lines.append(f"  mistake: {title} — {problem.why or why}")
-    more = f'; labs.solution("{spec.name}") a worked solution' if has_solutions() else ""
+    more = f'; labs.solution("{spec.name}") a worked solution' if solutions else ""
     lines.append(f'  labs.hint("{spec.name}") gives a hint{more}.')
     return "\n".join(lines)
 
 
+@beside_answer
+def answer_facts(fn, name: str) -> dict:
+    """What the checker needs to know of an answer before running it, found where the answer is: whether it
+    is a stub, callable, its type and repr, and how it is the course's own code (None if not)."""
+    facts = dict(stub=fn is None or fn is Ellipsis or is_stub(fn), callable=callable(fn), type=type(fn).__name__,
+                 text=f"{fn!r:.60}", borrowed=None)
+    if facts["callable"] and not facts["stub"]:
+        facts["borrowed"] = own_code.used(fn, own_code.course_functions(lab(name).answers))
+    return facts
+
+
+def _refused(name: str, what: str, mistake: str) -> LabResult:
+    if mistake == "library_attention":
+        why = "This lab asks for the loop written out, tile by tile; a fused attention is what it teaches you to write."
+    else:
+        why = ("The lab asks you to write this step yourself; the course's version is what you are checked against, "
+               "not an answer.")
+    return LabResult(name, False, f"{RETRY}: {name}: {what}. {why} labs.hint(\"{name}\") gives a hint.", mistake)
+
+
+def verdict(name: str, fn, *, solutions: bool | None = None) -> LabResult:
+    """Lab ``name``'s verdict on the learner's ``fn``, printing nothing and keeping nothing: what :func:`check`
+    prints, and what the grader records (``fn`` may be held in the student's process,
+    :mod:`flashlib.course.remote`). ``solutions``: whether the message may point at a worked solution
+    (default: whether this edition has them; the grader's students have the student edition)."""
+    spec = lab(name)
+    with own_code.checking(name):
+        try:
+            return _verdict(spec, fn, has_solutions() if solutions is None else solutions)
+        except own_code.Refused as refused:
+            return _refused(name, refused.text, refused.mistake)
+
+
+def _verdict(spec: Lab, fn, solutions: bool) -> LabResult:
+    name = spec.name
+    facts = answer_facts(fn, name)
+    if facts["stub"]:
+        return LabResult(name, False, f"{RETRY}: no answer yet; expected a function {spec.signature}.")
+    if not facts["callable"]:
+        return LabResult(name, False, f"{RETRY}: expected a function {spec.signature}; got "
+                                      f"{facts['type']} {facts['text']}.")
+    if facts["borrowed"] is not None:
+        return _refused(name, facts["borrowed"], "course_code")
+    report = _run_checker(name, fn)
+    if isinstance(report, str):
+        return LabResult(name, False, f"{RETRY}: {report}")
+    return LabResult(name, report.problem is None, _message(spec, report, solutions),
+                     None if report.problem is None else report.problem.mistake, report.failed)
+
+
 def check(name: str, fn) -> LabResult:
     """Run the learner's ``fn`` over lab ``name``'s cases; print and return the verdict."""
-    spec = lab(name)
-    if fn is None or fn is Ellipsis or is_stub(fn):
-        result = LabResult(name, False, f"{RETRY}: no answer yet; expected a function {spec.signature}.")
-    elif not callable(fn):
-        result = LabResult(name, False, f"{RETRY}: expected a function {spec.signature}; got "
-                                        f"{type(fn).__name__} {fn!r:.60}.")
-    elif (borrowed := own_code.used(fn, own_code.course_functions(spec.answers))) is not None:
-        result = LabResult(name, False, f"{RETRY}: {name}: {borrowed}. The lab asks you to write this step "
-                                        f"yourself; the course's version is what you are checked against, not an "
-                                        f"answer. labs.hint(\"{name}\") gives a hint.", "course_code")
-    else:
-        report = _run_checker(name, fn)
-        if isinstance(report, str):
-            result = LabResult(name, False, f"{RETRY}: {report}")
-        else:
-            result = LabResult(name, report.problem is None, _message(spec, report),
-                               None if report.problem is None else report.problem.mistake, report.failed)
+    result = verdict(name, fn)
     if result.passed:
         _SEEN.add(name)
         progress_file.record(name)
@@ -229,3 +264,4 @@ def reveal(name: str) -> None:
               f'labs.solution("{name}")): run this cell again then.')
     else:
         print(reveal_source(name))
+

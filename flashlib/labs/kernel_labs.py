@@ -19,10 +19,12 @@ import torch
 
 from ..kernels._mode import interpreting
 from ..kernels.config import LOG2E, head_dim_pad
+from . import own_code
 from .attention_cases import Case, backward_problem, expected_backward, forward_problem
 from .common import Problem, Report, error_text, first_failure
 from .harness import lab_attn_bwd_dkdv, lab_attn_fwd, triton
 from .memory import AccessWatch, guarded
+from ..course.remote import beside_answer
 
 NAN = float("nan")
 
@@ -81,10 +83,26 @@ def _raised(error) -> Problem:
     return Problem(f"the kernel raised {text}", mistake)
 
 
-def _launch(launch, tensors: dict, outputs, case: Case, strides: dict, counts: dict | None = None) -> Problem | None:
-    """Run ``launch()`` watching memory; a stray access, an exception or a written guard becomes a Problem.
-    In the interpreter, ``counts`` (if given) receives how many loads touched each tensor."""
+def _launch(launch, tensors: dict, outputs, case: Case, strides: dict) -> tuple[Problem | None, dict]:
+    """Run ``launch()`` watching memory and what runs; a stray access, an exception or a written guard becomes
+    a Problem. Also how many loads touched each tensor (in the interpreter; empty compiled)."""
     watch = AccessWatch(tensors.values(), strides) if interpreting() else None
+    with own_code.Ran() as ran:
+        problem = _watched(launch, watch)
+    ran.refuse()
+    if problem is not None:
+        return problem, {}
+    for name in outputs:
+        if not tensors[name].guards_intact(NAN):
+            return Problem(f"something was stored outside {name}.", "store_outside"), {}
+    if watch is not None and watch.float32_dots - {_PRECISION}:
+        asked = ", ".join(sorted(watch.float32_dots - {_PRECISION}))
+        return Problem(f"a tl.dot of float32 tiles ran with input_precision {asked!r}, not INPUT_PRECISION "
+                       f"({_PRECISION!r} here).", "no_input_precision"), {}
+    return None, dict(watch.loads) if watch is not None else {}
+
+
+def _watched(launch, watch) -> Problem | None:
     try:
         # the interpreter computes with numpy, which warns where a GPU silently gives inf (masked off later)
         with np.errstate(over="ignore", invalid="ignore"):
@@ -102,15 +120,6 @@ def _launch(launch, tensors: dict, outputs, case: Case, strides: dict, counts: d
                 return Problem(f"a tl.load read {name} {side}.", "masked_loads_missing")
             return Problem(f"a tl.store wrote {name} {side}.", "store_outside")
         return _raised(error)
-    if watch is not None and counts is not None:
-        counts.update(watch.loads)
-    for name in outputs:
-        if not tensors[name].guards_intact(NAN):
-            return Problem(f"something was stored outside {name}.", "store_outside")
-    if watch is not None and watch.float32_dots - {_PRECISION}:
-        asked = ", ".join(sorted(watch.float32_dots - {_PRECISION}))
-        return Problem(f"a tl.dot of float32 tiles ran with input_precision {asked!r}, not INPUT_PRECISION "
-                       f"({_PRECISION!r} here).", "no_input_precision")
     return None
 
 
@@ -126,8 +135,10 @@ def _strides(*views):
     return [s for v in views for s in v.stride()[:2]]
 
 
-def _run_forward(fn, case: Case, fill: float, counts: dict | None = None):
-    """(out, lse) of the harness with ``fn`` as its loop, or the Problem that stopped it."""
+@beside_answer
+def _run_forward(fn, case: Case, fill: float):
+    """((out, lse) of the harness with ``fn`` as its loop, or the Problem that stopped it; the loads per
+    tensor). Run where ``fn`` is: in the student's process while a class is graded."""
     q, k, v, _ = case.inputs()
     bh = case.batch * case.heads
     t = _layout(case, {"Q": _flat(q), "K": _flat(k), "V": _flat(v), "Out": torch.empty_like(_flat(q)),
@@ -139,20 +150,19 @@ def _run_forward(fn, case: Case, fill: float, counts: dict | None = None):
             *views, case.scale * LOG2E, *_strides(*views[:4]), views[4].stride(0), case.seq_q, case.seq_k,
             case.head_dim, **_sizes(case), INNER=fn)
 
-    problem = _launch(launch, t, ("Out", "Lse"), case, {n: _STRIDES[n] for n in ("K", "V")}, counts)
+    problem, counts = _launch(launch, t, ("Out", "Lse"), case, {n: _STRIDES[n] for n in ("K", "V")})
     if problem is not None:
-        return problem
-    return views[3].reshape(q.shape).double().cpu(), views[4].reshape(q.shape[:-1]).double().cpu()
+        return problem, counts
+    return (views[3].reshape(q.shape).double().cpu(), views[4].reshape(q.shape[:-1]).double().cpu()), counts
 
 
 def _forward_case(fn, case: Case, fill: float):
-    counts: dict = {}
-    got = _run_forward(fn, case, fill, counts)
+    got, counts = _run_forward(fn, case, fill)
     if isinstance(got, Problem):
         return got, False
 
     def probe(other: Case):
-        again = _run_forward(fn, other, NAN)
+        again, _ = _run_forward(fn, other, NAN)
         return None if isinstance(again, Problem) else again
 
     q, k, v, _ = case.inputs()
@@ -193,9 +203,10 @@ def _tiles_problem(case: Case, loaded: int, forward: bool) -> Problem | None:
     return Problem(what + f" Load each of the {tiles} once, and only those the kernel's {bound} leaves the loop.")
 
 
-def _run_dkdv(fn, case: Case, fill: float, counts: dict | None = None):
-    """{"dk", "dv"} of the harness with ``fn`` as its loop (dk scaled, as the kernel stores it), or the Problem
-    that stopped it."""
+@beside_answer
+def _run_dkdv(fn, case: Case, fill: float):
+    """({"dk", "dv"} of the harness with ``fn`` as its loop (dk scaled, as the kernel stores it), or the Problem
+    that stopped it; the loads per tensor). Run where ``fn`` is."""
     q, k, v, dout = case.inputs()
     out, lse, _ = expected_backward(case, q, k, v, dout)
     bh = case.batch * case.heads
@@ -209,20 +220,19 @@ def _run_dkdv(fn, case: Case, fill: float, counts: dict | None = None):
             *views, case.scale * LOG2E, case.scale, *_strides(*views[:6]), views[6].stride(0),
             case.seq_q, case.seq_k, case.head_dim, **_sizes(case), INNER=fn)
 
-    problem = _launch(launch, t, ("DK", "DV"), case, {n: _STRIDES[n] for n in ("Q", "DO")}, counts)
+    problem, counts = _launch(launch, t, ("DK", "DV"), case, {n: _STRIDES[n] for n in ("Q", "DO")})
     if problem is not None:
-        return problem
-    return {"dk": views[4].reshape(k.shape).double().cpu(), "dv": views[5].reshape(v.shape).double().cpu()}
+        return problem, counts
+    return {"dk": views[4].reshape(k.shape).double().cpu(), "dv": views[5].reshape(v.shape).double().cpu()}, counts
 
 
 def _dkdv_case(fn, case: Case, fill: float):
-    counts: dict = {}
-    got = _run_dkdv(fn, case, fill, counts)
+    got, counts = _run_dkdv(fn, case, fill)
     if isinstance(got, Problem):
         return got, False
 
     def probe(other: Case):
-        again = _run_dkdv(fn, other, NAN)
+        again, _ = _run_dkdv(fn, other, NAN)
         return None if isinstance(again, Problem) else again
 
     problem = backward_problem(case, case.inputs(), got, kernel=True, probe=probe)
@@ -242,10 +252,17 @@ def _run_case(run, fn, case: Case) -> Problem | None:
     return problem
 
 
+@beside_answer
+def _kind(fn) -> tuple[bool, str]:
+    """(whether ``fn`` is a @triton.jit function, its type's name), where ``fn`` is."""
+    return isinstance(fn, triton.runtime.jit.KernelInterface), type(fn).__name__
+
+
 def _check(fn, run) -> Report:
-    if not isinstance(fn, triton.runtime.jit.KernelInterface):
+    jit, kind = _kind(fn)
+    if not jit:
         return Report(len(CASES), 1, CASES[0].describe(),
-                      Problem(f"expected a @triton.jit function; got {type(fn).__name__}. Put @triton.jit on the line "
+                      Problem(f"expected a @triton.jit function; got {kind}. Put @triton.jit on the line "
                               "above def."))
     return first_failure(CASES, lambda case: _run_case(run, fn, case))
 

@@ -12,6 +12,7 @@ import torch
 from . import diagnose
 from .common import Problem, Report, call, first_failure, rows_summary, unpack, wrong_rows
 from .reference import max_moves
+from ..course.remote import beside_answer
 from .watch import Stream
 
 NEG_INF = float("-inf")
@@ -58,15 +59,17 @@ ROW_CASES = (RowCase(6, (3, 5, 2, 4), "normal", 0), RowCase(5, (4, 1, 7), "negat
              RowCase(4, (2, 3, 3), "infinite", 2), RowCase(3, (1,) * 9, "normal", 3))
 
 
+@beside_answer
 def _run_online(fn, case, x, *, wipe=True):
+    """(the call, how many times blocks was asked for more after its last block)."""
     stream = Stream(case.blocks(x), wipe=wipe)
-    return call(fn, "online_softmax", stream), stream
+    return call(fn, "online_softmax", stream), stream.reads_after_end
 
 
 def _online_case(fn, case: RowCase) -> Problem | None:
     x = case.matrix()
-    run, stream = _run_online(fn, case, x)
-    if stream.reads_after_end > 1:
+    run, reads_after_end = _run_online(fn, case, x)
+    if reads_after_end > 1:
         return Problem("blocks was asked for more after its last block, a second time.", "read_twice")
     if run.error:
         return Problem(run.error)
