@@ -460,18 +460,23 @@ class DecodeLaunch:
         check_grid(DECODE_FN, self._runs[0][0], q.device, ("query row blocks (query heads per kv head x new tokens)",
                                                            "num_splits", "batch x kv_heads"))  # the largest run
         self.copies = copied(score) if score is not None else []
-        extra = {}
-        if options.sinks is not None:  # float32 contiguous, as the merge reads them: in place, or a copy
-            extra["Sinks"] = sinks = options.sinks.detach().to(torch.float32).contiguous()
-            if sinks.data_ptr() != options.sinks.data_ptr():
-                self.copies.append((sinks, options.sinks))
-        if prefix is not None:
-            extra.update(Prefix=prefix.partial, PrefixML=prefix.partial_ml, stride_xz=prefix.partial.stride(0),
-                         stride_xr=prefix.partial.stride(1), PREFIX_SPLITS=prefix.shape.num_splits, BATCH=batch)
+        extra = self._merge_inputs(options.sinks, prefix, batch)
         self._merge_tail = (self.partial.stride(0), self.partial.stride(1), self._out_rows.stride(0),
                             self._out_rows.stride(1), splits, rows, dv)
         self._merge_kw = dict(HEAD_DIM_PAD=head_dim_pad(dv), BLOCK_Q=self.shape.merge_block_q,
                               num_warps=self.shape.merge_warps, num_stages=1, KV_HEADS=kv_heads, NEW_TOKENS=n, **extra)
+
+    def _merge_inputs(self, sinks, prefix, batch) -> dict:
+        """What the merge reads besides the partials: the sinks and a cascade's prefix pass."""
+        extra = {}
+        if sinks is not None:  # float32 contiguous, as the merge reads them: in place, or a copy
+            extra["Sinks"] = read = sinks.detach().to(torch.float32).contiguous()
+            if read.data_ptr() != sinks.data_ptr():
+                self.copies.append((read, sinks))
+        if prefix is not None:
+            extra.update(Prefix=prefix.partial, PrefixML=prefix.partial_ml, stride_xz=prefix.partial.stride(0),
+                         stride_xr=prefix.partial.stride(1), PREFIX_SPLITS=prefix.shape.num_splits, BATCH=batch)
+        return extra
 
     def refresh(self):
         """Copy again, into the same buffers, what the kernels read from a copy (:attr:`copies`: a score
