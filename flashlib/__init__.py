@@ -5,11 +5,13 @@ import without Triton; ``flash_attention`` and ``flash_attention_varlen``, the p
 (:mod:`flashlib.op`), and ``decode_attention``, split-KV decoding over a KV cache, with ``DecodePlan``,
 its launches planned once per batch layout (:mod:`flashlib.decode`), are imported on first use. The rooms of the package:
 
-    flashlib.dense, softmax, tiled, backward, iomodel, roofline   the reference algorithms
+    flashlib.rules, scores, softmax, iomodel, roofline   the rules the course teaches, written once
+    flashlib.dense, tiled, backward   the reference algorithms
     flashlib.masks       mask functions, the dense mask and the block mask (windows, documents, ...)
     flashlib.varlen      packed sequences of different lengths: their layout and reference
+    flashlib.splitkv     split-KV decoding over a KV cache (flashlib.kvcache): the reference
     flashlib.op          the public ops flash_attention, flash_attention_varlen (torch.library custom ops)
-    flashlib.decode      decoding with a KV cache: its reference and the public decode_attention
+    flashlib.decode      the public decoding ops: decode_attention and DecodePlan, MLA's, cascades
     flashlib.distributed ring attention across processes (torch.distributed)
     flashlib.hf          flashlib's attention inside Hugging Face transformers; the course's real model
     flashlib.course      figures, widgets and exercise checkers of the notebooks
@@ -17,6 +19,8 @@ its launches planned once per batch layout (:mod:`flashlib.decode`), are importe
     flashlib.kernels     the Triton kernels the notebooks teach (05-07, and decoding's)
     flashlib.ladder      the faster rungs of notebook 08, forward and backward
     flashlib.bench       the CPU and GPU benchmarks, the GPU check, recorded runs
+    flashlib.machinery   what the ops run on: the trace of mask and score functions, the walk over what
+                         they capture, the checks of every argument, the options of a call
 """
 from . import kernels as _kernels  # noqa: F401  cheap: chooses Triton's interpreter on CPU builds of torch
 from .dense import Visibility, attention_mask, causal_mask, dense_attention

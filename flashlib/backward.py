@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from ._autograd import save, saved
-from ._checks import check_block, check_loop
 from .dense import expand_kv
+from .machinery.autograd import save, saved
+from .machinery.captures import captured_tensors
+from .machinery.checks import check_block, check_loop
+from .machinery.options import Options, check_options
 from .rules import sink_grad, softmax_delta
-from .scores import captured_tensors, trainable
-from .options import Options, check_options
+from .scores import trainable
 from .tiled import NEG_INF, _compute_dtype, _query_range, _skipped, _tile_visible, canonical, forward_pass
 
 
@@ -121,7 +122,7 @@ def _group_sum(grad, kv_shape):
 
 class TiledAttentionFunction(torch.autograd.Function):
     """Autograd around the tiled pair: saves (q, k, v, out, lse), never P. options: the call's, checked
-    (flashlib.options); tiles: (block_q, block_k, loop); tensors: the options' tensors, then those the
+    (flashlib.machinery.options); tiles: (block_q, block_k, loop); tensors: the options' tensors, then those the
     score function reads that require grad (inputs, so that autograd returns their gradients)."""
 
     @staticmethod

@@ -1,4 +1,4 @@
-"""Decoding with a KV cache: a few new queries against a long cache, cut into chunks and merged.
+"""Decoding with a KV cache: a few new queries against a long cache, cut into splits and merged.
 
 A model that generates text runs one step per new token. The keys and values of earlier positions never
 change, so they are kept in a **KV cache**: each step computes q, k, v for its new tokens only, appends k and
@@ -15,310 +15,34 @@ Conventions (flash-attn's ``flash_attn_with_kvcache``, vLLM's paged cache):
                    sits at position cache_seqlens[b] - new_tokens + i (:func:`decode_attention`)
     GQA            q_heads a multiple of kv_heads; query head h reads kv head h // (q_heads // kv_heads)
 
-Split-KV (Flash-Decoding): each sequence's visible keys are cut into ``num_splits`` chunks
-(:func:`split_bounds`), each giving a partial output and its log-sum-exp, which notebook 02's
-:func:`flashlib.merge_partials` combines: :func:`decode_reference` in plain PyTorch (a loop over chunks),
-:func:`decode_attention` with the two Triton kernels of :mod:`flashlib.kernels.decode` (imported on first use).
+Split-KV (Flash-Decoding): each sequence's visible keys are cut into ``num_splits`` splits
+(:func:`flashlib.splitkv.split_bounds`), each giving a partial output and its log-sum-exp, which notebook 02's
+:func:`flashlib.merge_partials` combines: :func:`flashlib.splitkv.decode_reference` in plain PyTorch (a loop
+over splits), :func:`decode_attention` with the two Triton kernels of :mod:`flashlib.kernels.decode` (imported
+on first use). Here: the public ops (:func:`decode_attention` and :class:`DecodePlan`, absorbed MLA's
+:func:`mla_decode_attention`, shared prefixes' :func:`cascade_attention` and :class:`CascadePlan`); their
+reference in :mod:`flashlib.splitkv`, their checks in :mod:`flashlib.machinery.decode_checks`.
 """
 from __future__ import annotations
 
 import numbers
 import threading
-from typing import NamedTuple
 
 import torch
 
 from . import kvcache
-from ._checks import check_index_tensor, resolve_scale
 from .kvcache import Batch
-from .options import Options, checked_options
-from .rules import Visibility, key_range_start
+from .machinery.decode_checks import (DecodeArgs, _check_caches, _check_num_splits, _check_tensor,
+                                      check_decode_values, decode_options)
+from .machinery.decode_checks import check_decode_inputs  # noqa: F401  (re-exported: flashlib.decode's names)
+from .machinery.options import Options, checked_options
+from .rules import Visibility
 from .softmax import merge_partials, merge_sink
+from .splitkv import _prepared, split_bounds
+from .splitkv import (KVCACHE_ARGUMENTS, decode_partials, decode_reference, gather_cache,  # noqa: F401  (re-exported)
+                      kv_cache_bytes, paged_cache, split_attention)
 
 FN = "decode_attention"
-REFERENCE_FN = "decode_reference"
-
-
-class DecodeArgs(NamedTuple):
-    """The checked options and layout of one call."""
-
-    options: Options     # causal, scale, window, score function (soft-capping is one), sinks: flashlib.options
-    paged: bool
-    page_size: int       # paged: the page size; contiguous: the capacity (one "page" per sequence)
-    capacity: int        # positions a sequence can hold: capacity, or max_pages * page_size
-
-
-# ----- checks ---------------------------------------------------------------------------
-
-def _check_tensor(fn, name, t, ndim):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{fn}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
-    if t.ndim != ndim:
-        raise ValueError(f"{fn}: argument '{name}' must have {ndim} dims, got shape {tuple(t.shape)}")
-
-
-def _check_int32(fn, name, t, ndim, batch, device, what):
-    """An index tensor the kernels read, a row per sequence: int32, any strides (the kernels read a contiguous copy)."""
-    _check_tensor(fn, name, t, ndim)
-    check_index_tensor(fn, name, t, device, what=what)
-    if t.shape[0] != batch:
-        raise ValueError(f"{fn}: argument '{name}' has shape {tuple(t.shape)}; expected {(batch, *t.shape[1:])}")
-
-
-def _check_caches(fn, q, k_cache, v_cache, block_table):
-    """Shapes, dtypes and devices of q and the caches; returns (page_size, capacity)."""
-    _check_tensor(fn, "q", q, 4)
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        _check_tensor(fn, name, t, 4)
-        if t.dtype != q.dtype:
-            raise TypeError(f"{fn}: argument '{name}' has dtype {t.dtype} but 'q' has {q.dtype}; "
-                            "cast q and the caches to one dtype")
-        if t.device != q.device:
-            raise ValueError(f"{fn}: argument '{name}' is on {t.device} but 'q' is on {q.device}; "
-                             "move q and the caches to one device")
-    if not q.is_floating_point():
-        raise TypeError(f"{fn}: argument 'q' has dtype {q.dtype}; expected a floating-point dtype")
-    if k_cache.shape[:-1] != v_cache.shape[:-1] or v_cache.shape[-1] < 1:
-        raise ValueError(f"{fn}: arguments 'k_cache' {tuple(k_cache.shape)} and 'v_cache' {tuple(v_cache.shape)} "
-                         "must have the same shape but for the head dim (v's may differ, as MLA's, and is >= 1)")
-    batch, q_heads, _, head_dim = q.shape
-    blocks, kv_heads, block_len, cache_dim = k_cache.shape
-    if cache_dim != head_dim or head_dim < 1:
-        raise ValueError(f"{fn}: argument 'k_cache' has head_dim {cache_dim} but 'q' has {head_dim}; "
-                         "they must be equal and >= 1")
-    if q_heads and kv_heads < 1:
-        raise ValueError(f"{fn}: argument 'k_cache' has 0 heads but 'q' has {q_heads}; each query head needs a "
-                         "key/value head to read")
-    if q_heads and q_heads % kv_heads:  # no query heads: an empty result, as with an empty batch
-        raise ValueError(f"{fn}: argument 'q' has {q_heads} heads and 'k_cache' {kv_heads}; the query "
-                         "heads must be a multiple of the key/value heads (grouped-query attention)")
-    if block_table is None:
-        if blocks != batch:
-            raise ValueError(f"{fn}: argument 'k_cache' holds {blocks} sequences but 'q' has batch {batch}; a "
-                             "contiguous cache is (batch, kv_heads, capacity, head_dim) (pass 'block_table' for a "
-                             "paged cache)")
-        return block_len, block_len
-    _check_int32(fn, "block_table", block_table, 2, batch, q.device, "page numbers")
-    if blocks < 1 or block_len < 1:
-        raise ValueError(f"{fn}: argument 'k_cache' has shape {tuple(k_cache.shape)}; a paged cache is "
-                         "(num_pages >= 1, kv_heads, page_size >= 1, head_dim)")
-    return block_len, block_table.shape[1] * block_len
-
-
-def _check_num_splits(fn, num_splits, name="num_splits"):
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral)):
-        raise TypeError(f"{fn}: argument '{name}' must be None or an int >= 1, got {num_splits!r}")
-    if num_splits is not None and num_splits < 1:
-        raise ValueError(f"{fn}: argument '{name}' is {num_splits}; it must be >= 1 (or None to choose)")
-
-
-def check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, *, block_table, num_splits, causal=True, scale=None,
-                        window=None, softcap=None, score_mod=None, sinks=None, attention_chunk=None) -> DecodeArgs:
-    """Everything its shapes, dtypes and options say of a call (no values read); a mixed batch's q already spread."""
-    page_size, capacity = _check_caches(fn, q, k_cache, v_cache, block_table)
-    _check_int32(fn, "cache_seqlens", cache_seqlens, 1, q.shape[0], q.device, "lengths")
-    _check_num_splits(fn, num_splits)
-    if not isinstance(causal, bool):
-        raise TypeError(f"{fn}: argument 'causal' must be True or False, got {causal!r}")
-    options = checked_options(fn, q.shape[1], q.device, causal=causal, scale=resolve_scale(fn, scale, q.shape[-1]),
-                              window=window, softcap=softcap, score_mod=score_mod, sinks=sinks,
-                              attention_chunk=attention_chunk)
-    return DecodeArgs(options, block_table is not None, page_size, capacity)
-
-
-def check_decode_values(fn, batch: Batch, args: DecodeArgs, num_pages: int, table_name: str = "block_table"):
-    """The checks that read the lengths and the block table: one transfer from the device. batch:
-    the call's (:func:`flashlib.kvcache.prepare`), its lengths counting the new tokens it appends."""
-    lengths, starts, block_table = batch.seqlens.long(), batch.starts.long(), batch.block_table
-    flags = [(lengths > args.capacity).any(), (starts > lengths).any() | (starts < 0).any()]
-    bad_pages = None
-    if args.paged:
-        pages = torch.arange(block_table.shape[1], device=lengths.device)
-        used = pages[None, :] < (lengths[:, None] + args.page_size - 1).clamp(min=0) // args.page_size
-        bad_pages = used & ((block_table < 0) | (block_table >= num_pages))
-        flags.append(bad_pages.any())
-    if not any(torch.stack(flags).tolist()):
-        return
-    values = lengths.tolist()
-    long = [(b, n) for b, n in enumerate(values) if n > args.capacity]
-    if long:
-        raise ValueError(f"{fn}: argument 'cache_seqlens' gives sequence {long[0][0]} {long[0][1]} positions (its new "
-                         f"keys appended), more than the cache holds ({args.capacity} positions); grow the cache"
-                         + (" or its block table" if args.paged else ""))
-    wrong = [(b, s) for b, (s, n) in enumerate(zip(starts.tolist(), values)) if not 0 <= s <= n]
-    if wrong:
-        raise ValueError(f"{fn}: argument 'cache_leftpad' is {wrong[0][1]} for sequence {wrong[0][0]}, outside its "
-                         f"{values[wrong[0][0]]} valid positions; a sequence starts at 0 .. its length")
-    b, j = (int(x) for x in bad_pages.nonzero()[0])
-    raise ValueError(f"{fn}: argument '{table_name}' sends page {j} of sequence {b} to {int(block_table[b, j])}, "
-                     f"outside the cache's {num_pages} {'rows' if table_name == 'cache_batch_idx' else 'pages'}; "
-                     f"entries for what a sequence uses must lie in 0..{num_pages - 1}")
-
-
-def _check_kernel_call(fn, **tensors):
-    """A call on the kernels: no tensor requires grad (decoding is inference only); q as :func:`_check_kernel_q`."""
-    if torch.is_grad_enabled():
-        for name, t in tensors.items():
-            if isinstance(t, torch.Tensor) and t.requires_grad:  # not a tensor: named by its own check
-                raise ValueError(f"{fn}: argument '{name}' requires grad, but decoding is inference only "
-                                 "(there is no backward); call it under torch.no_grad() or "
-                                 f"torch.inference_mode(), or pass {name}.detach()")
-    _check_kernel_q(fn, tensors["q"])
-
-
-# ----- the pieces the reference and the kernels share -------------------------------------
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def split_bounds(seqlen: int, new_tokens: int, num_splits: int, *, rule: Visibility = Visibility(),
-                 block: int = 1, start: int = 0) -> list[tuple[int, int]]:
-    """[start, stop) of each of the ``num_splits`` chunks of one sequence's keys.
-
-    The keys any of its queries can see, [first, seqlen) (first: the sequence's start, or where the first
-    new token's keys start under ``rule``, its window or chunk, if later; rounded down to a multiple of
-    ``block``), are cut into chunks of ceil(span / num_splits) keys rounded up to a multiple of ``block``
-    (the kernels' BLOCK_K: no tile straddles two chunks); trailing chunks may be empty (start == stop).
-    """
-    # the new tokens are the last queries of the cache: the forward's rule with seq_q = new_tokens,
-    # seq_k = seqlen - start, positions from the sequence's start; its first row's key range
-    first = (key_range_start(0, new_tokens, seqlen - start, rule, 1) + start) // block * block
-    chunk = _cdiv(_cdiv(seqlen - first, num_splits), block) * block
-    starts = [min(first + s * chunk, seqlen) for s in range(num_splits)]
-    return [(start, min(start + chunk, seqlen)) for start in starts]
-
-
-def gather_cache(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """A paged cache's first ``length`` positions of every sequence, contiguous, reading only their pages:
-    (num_pages, kv_heads, page_size, d) with block_table (batch, max_pages) -> (batch, kv_heads, length, d)."""
-    pages = cache[block_table[:, :_cdiv(length, cache.shape[2])].long()]  # (B, n_pages, Hkv, page_size, d)
-    return pages.transpose(1, 2).flatten(2, 3)[:, :, :length]
-
-
-def paged_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, page_size: int, *, spare_pages: int = 0,
-                generator: torch.Generator | None = None):
-    """A contiguous cache (batch, kv_heads, capacity, d) copied into pages scattered at random (v_cache's d may differ
-    from k_cache's). Returns (k_pages, v_pages, block_table): pages (num_pages, kv_heads, page_size, d), num_pages =
-    batch * ceil(capacity / page_size) + spare_pages (spare pages hold zeros and belong to no sequence; so do the
-    positions past capacity), and block_table (batch, ceil(capacity / page_size)) int32."""
-    batch, kv_heads, capacity, _ = k_cache.shape
-    per_seq = _cdiv(capacity, page_size)
-    num_pages = batch * per_seq + spare_pages
-    order = torch.randperm(num_pages, generator=generator)[: batch * per_seq].to(k_cache.device)
-    block_table = order.reshape(batch, per_seq).to(torch.int32)
-    out = []
-    for cache in (k_cache, v_cache):  # v's head dim may differ (MLA)
-        padded = torch.nn.functional.pad(cache, (0, 0, 0, per_seq * page_size - capacity))
-        pages = cache.new_zeros(num_pages, kv_heads, page_size, cache.shape[-1])
-        # (B, Hkv, per_seq * P, d) -> (B * per_seq, Hkv, P, d), in block-table order
-        pages[order] = padded.unflatten(2, (per_seq, page_size)).transpose(1, 2).flatten(0, 1)
-        out.append(pages)
-    return out[0], out[1], block_table
-
-
-def kv_cache_bytes(*, layers: int, batch: int, kv_heads: int, tokens: int, head_dim: int,
-                   element_size: int = 2) -> int:
-    """Bytes of a KV cache: a key and a value vector per layer, sequence, kv head and position."""
-    return 2 * layers * batch * kv_heads * tokens * head_dim * element_size
-
-
-# ----- the reference ------------------------------------------------------------------------
-
-def chunk_attention(q, k, v, positions, offset: int, options: Options, *, start: int = 0, batch_row: int = 0):
-    """Attention of one sequence's new queries over one chunk of its keys: (out, lse).
-
-    q (heads, new_tokens, d); k, v (heads, chunk, d) at the consecutive cache positions ``positions`` (chunk,); query
-    i sits at position offset + i; the sequence starts at ``start`` (no key before it is seen). out is normalised over
-    the chunk alone, lse (heads, new_tokens) its log-sum-exp, -inf (out 0) where a row sees none of it. options: the
-    call's (a score function is told batch_row, the head and the positions counted from the sequence's start).
-    """
-    s = (q @ k.transpose(-2, -1)) * options.scale  # (H, Nnew, chunk)
-    if options.score_function is not None and s.numel():
-        s = options.scoring.modded(s[None], offset - start, int(positions[0]) - start, batch_row)[0]
-    new_tokens = q.shape[-2]
-    rows = torch.arange(new_tokens, device=q.device)[:, None]  # (Nnew, 1); query i sits at offset + i
-    # the forward's rule with seq_q = Nnew, seq_k = offset + Nnew - start: positions from the sequence's
-    # start (chunks begin there), keys before it never seen
-    visible = options.visibility.pairs(rows, positions[None, :] - start, new_tokens, offset + new_tokens - start)
-    visible = positions[None, :] >= start if visible is None else visible & (positions[None, :] >= start)
-    s = s.masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)  # (H, Nnew); -inf for a row that sees no key of the chunk
-    shift = torch.where(lse == float("-inf"), torch.zeros_like(lse), lse)
-    return torch.exp(s - shift[..., None]) @ v, lse
-
-
-def decode_partials(q, k_cache, v_cache, cache_seqlens, *, num_splits: int = 1, block_table=None, **options):
-    """Each sequence's partial results, one per chunk of :func:`split_bounds`, in plain PyTorch.
-
-    Returns a list over the batch of lists over the splits of (start, stop, out, lse): out (q_heads,
-    new_tokens, d) is attention over keys [start, stop) alone, lse (q_heads, new_tokens) its log-sum-exp
-    (a mixed batch's padding rows, past a sequence's own new tokens, see nothing). In float64 for float64
-    inputs, else float32. options: :func:`decode_attention`'s (its KV-cache contract's too)."""
-    batch, args = _prepared(REFERENCE_FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, options)
-    return _partials(batch, args, num_splits or 1)
-
-
-def _partials(batch: Batch, args: DecodeArgs, num_splits: int):
-    q = batch.q
-    work = torch.float64 if q.dtype == torch.float64 else torch.float32
-    group = q.shape[1] // batch.k_cache.shape[1]
-    result = []
-    where = zip(*(t.tolist() for t in (batch.seqlens, batch.new_tokens, batch.starts)))
-    for b, (seqlen, n, start) in enumerate(where):
-        # its cached (kv_heads, seqlen, d) -> (q_heads, seqlen, d): query head h reads kv head h // group
-        k, v = ((gather_cache(c, batch.block_table[b:b + 1], seqlen)[0] if args.paged else c[b, :, :seqlen])
-                .to(work).repeat_interleave(group, dim=0) for c in (batch.k_cache, batch.v_cache))
-        parts = []
-        for lo, hi in split_bounds(seqlen, n, num_splits, rule=args.options.visibility, start=start):
-            positions = torch.arange(lo, hi, device=q.device)
-            out, lse = chunk_attention(q[b, :, :n].to(work), k[:, lo:hi], v[:, lo:hi], positions, seqlen - n,
-                                       args.options, start=start, batch_row=b)
-            pad = q.shape[2] - n  # a mixed batch's padding rows: zeros, lse -inf
-            parts.append((lo, hi, torch.nn.functional.pad(out, (0, 0, 0, pad)),
-                          torch.nn.functional.pad(lse, (0, pad), value=float("-inf"))))
-        result.append(parts)
-    return result
-
-
-def _prepared(fn, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, options):
-    """(the call's Batch after its append, its DecodeArgs): the KV-cache arguments read by
-    flashlib.kvcache, the rest checked, the values checked before anything is written."""
-    contract = {name: options.pop(name) for name in KVCACHE_ARGUMENTS if name in options}
-    batch = kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table, **contract,
-                            causal=options.get("causal", True), window=options.get("window") or (-1, -1),
-                            attention_chunk=options.get("attention_chunk"))
-    args = check_decode_inputs(fn, batch.q, k_cache, v_cache, cache_seqlens, block_table=batch.block_table,
-                               num_splits=num_splits, **options)
-    table_name = "cache_batch_idx" if contract.get("cache_batch_idx") is not None else "block_table"
-    check_decode_values(fn, batch, args, k_cache.shape[0], table_name)
-    return batch.write(), args
-
-
-KVCACHE_ARGUMENTS = ("k_new", "v_new", "rotary_cos", "rotary_sin", "rotary_interleaved", "cache_batch_idx",
-                     "cache_leftpad", "cu_seqlens_q", "max_seqlen_q")
-
-
-def decode_reference(q, k_cache, v_cache, cache_seqlens, *, num_splits: int = 1, block_table=None,
-                     return_lse: bool = False, **options):
-    """:func:`decode_attention` in plain PyTorch, every argument of it: the chunks of :func:`decode_partials` folded
-    with notebook 02's :func:`flashlib.merge_partials`, and the attention sinks, if any, with
-    :func:`flashlib.softmax.merge_sink` (a partial with no value). Any device and dtype; the result in q's dtype
-    (computed in float64 for float64, else float32); lse (batch, q_heads, new_tokens) (packed: (q_heads, total_q))."""
-    batch, args = _prepared(REFERENCE_FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, options)
-    merged = []
-    for parts in _partials(batch, args, num_splits or 1):
-        _, _, out, lse = parts[0]
-        for _, _, part_out, part_lse in parts[1:]:
-            out, lse = merge_partials(out, lse, part_out, part_lse)
-        merged.append(merge_sink(out, lse, args.options.sinks))
-    if not merged:  # batch 0
-        out = batch.q.new_zeros(*batch.q.shape[:-1], batch.v_cache.shape[-1])
-        lse = batch.q.new_zeros(batch.q.shape[:-1], dtype=torch.float32)
-    else:  # (B, Hq, Nnew, d), (B, Hq, Nnew)
-        out, lse = torch.stack([o for o, _ in merged]).to(q.dtype), torch.stack([lse for _, lse in merged])
-    out, lse = batch.unpack(out, lse)
-    return (out, lse) if return_lse else out
 
 
 # ----- the public function ------------------------------------------------------------------
@@ -346,6 +70,18 @@ def _check_kernel_q(fn, q):
     check_kernel_inputs(fn, q[..., :min(head_dim, 1)])  # the rest of its checks, on one column
 
 
+def _check_kernel_call(fn, **tensors):
+    """A call on the kernels: no tensor requires grad (decoding is inference only); q as :func:`_check_kernel_q`."""
+    if torch.is_grad_enabled():
+        for name, t in tensors.items():
+            if isinstance(t, torch.Tensor) and t.requires_grad:  # not a tensor: named by its own check
+                raise ValueError(f"{fn}: argument '{name}' requires grad, but decoding is inference only "
+                                 "(there is no backward); call it under torch.no_grad() or "
+                                 f"torch.inference_mode(), or pass {name}.detach()")
+    _check_kernel_q(fn, tensors["q"])
+
+
+
 # ----- plan once, run many ---------------------------------------------------------------------------
 
 def _layout(t):
@@ -360,19 +96,18 @@ def _describe(layout) -> str:
     return f"shape {tuple(shape)}, strides {stride}, {dtype} on {device}" + (", requiring grad" if grad else "")
 
 
-def _planned(fn, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, prefix: dict, **options):
+def _planned(fn, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, prefix: dict, options: Options):
     """A plan's checks of its example call, on a cache already written and read in place: (its Batch, its
-    DecodeArgs); prefix: a cascade's shared prefix_k and prefix_v, checked alike."""
-    _check_kernel_call(fn, q=q, **prefix, k_cache=k_cache, v_cache=v_cache, sinks=options.get("sinks"))
+    DecodeArgs); prefix: a cascade's shared prefix_k and prefix_v, checked alike; options: checked already."""
     args = check_decode_inputs(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table, num_splits=num_splits,
-                               **options)
+                               options=options)
     for name, t in dict(prefix, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
                         block_table=block_table).items():
         if t is not None and t.stride(-1) != 1:
             raise ValueError(f"{fn}: argument '{name}' has strides {t.stride()}; a plan reads it in place, so its "
                              f"last dim must be contiguous: pass {name}.contiguous()")
-    batch = kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=args.options.causal,
-                            window=args.options.window, attention_chunk=args.options.attention_chunk).write()
+    batch = kvcache.prepare(fn, q, k_cache, v_cache, cache_seqlens, block_table=block_table,
+                            rule=options.visibility).write()
     check_decode_values(fn, batch, args, k_cache.shape[0])
     return batch, args
 
@@ -460,11 +195,12 @@ class DecodePlan(_Plan):
 
     def __init__(self, q, k_cache, v_cache, cache_seqlens, *, causal: bool = True, scale=None, softcap=None,
                  window=None, block_table=None, num_splits=None, sinks=None, score_mod=None, attention_chunk=None):
-        batch, args = _planned("DecodePlan", q, k_cache, v_cache, cache_seqlens, block_table, num_splits, {},
-                               causal=causal, scale=scale, window=window, softcap=softcap, score_mod=score_mod,
-                               sinks=sinks, attention_chunk=attention_chunk)
+        _check_kernel_call("DecodePlan", q=q, k_cache=k_cache, v_cache=v_cache, sinks=sinks)
+        options = decode_options("DecodePlan", q, causal=causal, scale=scale, window=window, softcap=softcap,
+                                 score_mod=score_mod, sinks=sinks, attention_chunk=attention_chunk)
+        batch, args = _planned("DecodePlan", q, k_cache, v_cache, cache_seqlens, block_table, num_splits, {}, options)
         self._build("DecodePlan", batch, args, num_splits, regions=None)
-        from .trace import value_bounds
+        from .machinery.trace import value_bounds
 
         # the values of the integer tensors the score function reads that its kernel was written for (check())
         tensors = () if self._score is None else self._score.captured
@@ -514,7 +250,7 @@ class DecodePlan(_Plan):
         """Where an integer tensor the score function reads left the values its kernel was written for, the
         function traced again for the values it holds now: the same kernel (the same source and int32 copies)
         serves them, else a ValueError."""
-        from .trace import value_bounds
+        from .machinery.trace import value_bounds
 
         now = [value_bounds(t) for t, _ in self._integers]
         if all(lo <= n_lo and n_hi <= hi for (_, (lo, hi)), (n_lo, n_hi) in zip(self._integers, now)):
@@ -557,7 +293,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
         attention_chunk: C > 0 (0 or None: none): chunked local attention (Llama 4's), either way too: query i
             sees key j only when j // C == (L - n + i) // C, positions from the sequence's start (``cache_leftpad``).
         scale, softcap, sinks: as :func:`flashlib.flash_attention` (scale 1/sqrt(head_dim) by default).
-        num_splits: chunks per sequence, each read by its own program and merged by a second kernel;
+        num_splits: splits per sequence, each read by its own program and merged by a second kernel;
             None chooses (:func:`flashlib.kernels.decode.choose_num_splits`; 1 in the interpreter).
         score_mod: score_mod(score, b, h, q_idx, kv_idx) -> score (:mod:`flashlib.scores`) on the scaled
             scores before the mask; q_idx and kv_idx: positions in the sequence (L - n + i, not i) from its
@@ -576,11 +312,12 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, causal: bool = True,
     _check_kernel_call(FN, q=q, k_cache=k_cache, v_cache=v_cache, sinks=sinks, k_new=k_new, v_new=v_new)
     from .kernels.decode import as_kernels_read
 
-    batch, args = _prepared(FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, dict(
-        causal=causal, scale=scale, softcap=softcap, window=window, sinks=sinks, score_mod=score_mod,
-        attention_chunk=attention_chunk, k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-        rotary_interleaved=rotary_interleaved, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-        cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q))
+    options = decode_options(FN, q, causal=causal, scale=scale, softcap=softcap, window=window, sinks=sinks,
+                             score_mod=score_mod, attention_chunk=attention_chunk)
+    batch, args = _prepared(FN, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, options, dict(
+        k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
+        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_q=max_seqlen_q))
     ready = as_kernels_read(batch)
     plan = DecodePlan._of(FN, ready, args, num_splits, regions=lambda: _positions(ready, args.options.visibility))
     out, lse = batch.unpack(*plan._launch(ready.q, ready.k_cache, ready.v_cache, ready.seqlens, ready.block_table))
@@ -719,7 +456,7 @@ def cascade_attention(q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *,
         k_cache, v_cache, cache_seqlens, block_table, num_splits: each sequence's own suffix as
             :func:`decode_attention` takes a cache; suffix position j is sequence position prefix_len + j;
             cache_seqlens >= new_tokens (the new tokens follow the prefix).
-        prefix_splits: chunks of the prefix's keys, each read by its own programs (None chooses, as num_splits).
+        prefix_splits: splits of the prefix's keys, each read by its own programs (None chooses, as num_splits).
         scale, softcap, sinks, return_lse: as :func:`decode_attention`. A score function of the
             positions is not taken (the prefix's rows would each need their sequence's offset).
         reference: compute in PyTorch (:func:`flashlib.tiled_forward` over the prefix,
@@ -756,7 +493,7 @@ class CascadePlan(_Plan):
 
         the prefix's pass   stage 1 of split-KV decoding over the prefix's keys, its query rows every
                             sequence's queries of a kv head (read in place), its keys cut into
-                            ``prefix_splits`` chunks so that the launch fills the GPU
+                            ``prefix_splits`` splits so that the launch fills the GPU
         the suffixes' pass  stage 1 over each sequence's own cache
         the merge           each sequence's splits and the prefix's, and the sinks, folded into one output
 
@@ -775,8 +512,10 @@ class CascadePlan(_Plan):
     def _build(self, fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, *, scale, softcap, block_table,
                num_splits, prefix_splits, sinks):
         _check_cascade(fn, q, prefix_k, prefix_v, k_cache, v_cache, cache_seqlens, block_table, prefix_splits)
-        _, args = _planned(fn, q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
-                           dict(prefix_k=prefix_k, prefix_v=prefix_v), scale=scale, softcap=softcap, sinks=sinks)
+        prefix = dict(prefix_k=prefix_k, prefix_v=prefix_v)
+        _check_kernel_call(fn, q=q, **prefix, k_cache=k_cache, v_cache=v_cache, sinks=sinks)
+        options = decode_options(fn, q, scale=scale, softcap=softcap, sinks=sinks)
+        _, args = _planned(fn, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, prefix, options)
         from .kernels.decode import DecodeLaunch
         from .kernels.function import kernel_score
 

@@ -13,8 +13,8 @@ import math
 
 import torch
 
-from ._checks import batch_and_heads, check_chunk, check_mask_mod, check_window  # noqa: F401 (batch_and_heads: re-exported)
-from .options import check_options
+from .machinery.checks import batch_and_heads, check_chunk, check_mask_mod, check_window  # noqa: F401 (re-exported)
+from .machinery.options import check_options
 from .rules import Visibility
 
 

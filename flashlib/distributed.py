@@ -47,10 +47,11 @@ import torch
 import torch.distributed as dist
 
 from . import merge_partials, tiled_backward, tiled_forward
-from ._autograd import save, saved
-from .options import Options, checked_options
+from .machinery.autograd import save, saved
+from .machinery.captures import captured_tensors
+from .machinery.options import Options, checked_options
 from .rules import Visibility, sink_grad, softmax_delta
-from .scores import captured_tensors, trainable
+from .scores import trainable
 from .softmax import merge_sink
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -511,7 +512,7 @@ def ring_backward(q, k, v, out, lse, dout, *, causal: bool = False, scale: float
 
 class RingAttentionFunction(torch.autograd.Function):
     """Autograd around the ring pair: saves this rank's (q, k, v, out, lse). options: the call's
-    (flashlib.options: causal, scale, score_mod, sinks); ring: (layout, group); tensors: the options'
+    (flashlib.machinery.options: causal, scale, score_mod, sinks); ring: (layout, group); tensors: the options'
     tensors (Options.tensors), then those the score function reads that require grad."""
 
     @staticmethod

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from ._checks import resolve_scale
-from .options import Options, checked_options
+from .machinery.checks import resolve_scale
+from .machinery.options import Options, checked_options
 
 NAME = "tiled"
 MODEL_PACKAGE = "all_minilm_l6_v2"

@@ -31,8 +31,9 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from ._checks import check_cu_seqlens, check_index_tensor
+from .machinery.checks import check_cu_seqlens, check_index_tensor
 from .rotary import apply_rotary
+from .rules import Visibility
 
 
 class Batch(NamedTuple):
@@ -82,7 +83,7 @@ def _unpacker(seq_of, tok_of):
     return unpack
 
 
-def prepare(fn, q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, window=(-1, -1), attention_chunk=None,
+def prepare(fn, q, k_cache, v_cache, cache_seqlens, *, block_table=None, rule: Visibility = Visibility(causal=True),
             k_new=None, v_new=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
             cache_batch_idx=None, cache_leftpad=None, cu_seqlens_q=None, max_seqlen_q=None) -> Batch:
     """The :class:`Batch` of a call. Shapes, dtypes and devices are checked here, and the rotary tables'
@@ -123,7 +124,7 @@ def prepare(fn, q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=
     dv = v_cache.shape[-1] if isinstance(v_cache, torch.Tensor) and v_cache.ndim == 4 else d
     tokens, seq_of, offsets = _new_tokens(fn, k_new, v_new, cu, batch, kv_heads, d, k_cache, dv)
     positions = seqlens.long()[seq_of] + offsets  # each new key's cache position
-    moving = causal or tuple(window) != (-1, -1) or bool(attention_chunk)  # queries rotated at their own positions
+    moving = not rule.everything  # queries rotated at their own positions
     if rotary_cos is not None:
         _check_rotary(fn, rotary_cos, rotary_sin, d, k_cache)
         reach = max(int(positions.max()) + 1 if positions.numel() else 0,

@@ -35,7 +35,7 @@ captures is read afresh at every call: a number it captures is given to the kern
 tensor's values are read by it, so neither compiles a new kernel (a call that reads what the last one
 read reuses its trace, however the values were written: :mod:`flashlib.kernels.tracememo`). The
 tensors it reads live on q's device (``torch.tensor(..., device=q.device)``): every op refuses one on
-another device by name before anything runs (:mod:`flashlib.captures` finds them). Not compiled (a TypeError says what to write instead): anything that needs one Python truth
+another device by name before anything runs (:mod:`flashlib.machinery.captures` finds them). Not compiled (a TypeError says what to write instead): anything that needs one Python truth
 value (``and``/``or``/``not``, ``if``, ``x if c else y``, ``a < b < c``, ``min``/``max``), loops over
 the indices, conversions to Python numbers, other libraries.
 """

@@ -18,7 +18,7 @@ Registered with ``torch.library`` as ``flashlib::flash_attention`` (forward) and
 ``flashlib::flash_attention_backward``, each with a fake implementation, so that
 ``torch.compile(fullgraph=True)`` and ``torch.export`` see one opaque op whose output shapes
 they know, and autograd uses the backward op. The call's options, checked once into one
-:class:`flashlib.options.Options`, cross each op's schema as one list of numbers
+:class:`flashlib.machinery.options.Options`, cross each op's schema as one list of numbers
 (``Options.op_numbers``) and one list of tensors (``Options.tensors``: the sinks), read back by
 ``Options.from_op``; the backward returns one gradient per tensor of that list. A new option
 changes no schema. A mask or score function is not an op argument (it is Python code): with
@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import torch
 
-from ._autograd import save, saved
+from .machinery.autograd import save, saved
 from .kernels import function as teaching
 from .kernels import varlen as packed
 from .kernels.config import lse_base2, lse_natural
 from .kernels.function import capability, check_kernel_inputs
-from .options import Options, check_options
+from .machinery.options import Options, check_options
 from .varlen import check_varlen_values
 
 FN = "flash_attention"
@@ -48,7 +48,7 @@ def path_for(q: torch.Tensor, k: torch.Tensor | None = None, options: Options | 
              **keywords) -> tuple[str, str]:
     """(forward, backward) that :func:`flash_attention` runs for inputs like q (and k: fewer heads
     than q is grouped-query attention; v: a head dim of its own, which only the teaching kernels take) with
-    these options (an :class:`~flashlib.options.Options`,
+    these options (an :class:`~flashlib.machinery.options.Options`,
     or its keywords: window=, softcap=, mask_mod=, score_mod=, sinks=): the options say whether
     anything beyond the causal rule is asked for, so no option can be dropped on the way."""
     if options is None:

@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .trace import truth_refusal
+from .machinery.refusals import truth_refusal
 
 # what a block mask says of a tile: no pair may attend (never computed), some may, all may
 SKIPPED, PARTIAL, FULL = 0, 1, 2
@@ -79,7 +79,7 @@ def _call(mask_mod, b, h, q_idx, kv_idx, seq_q: int, seq_k: int):
 
 def _refuse_truth(argument: str, function, exc: RuntimeError):
     """Raise the kernels' TypeError for a function that asked for a Python truth value of a tensor
-    (:func:`flashlib.trace.truth_refusal`), if that is what ``exc`` is; else return."""
+    (:func:`flashlib.machinery.refusals.truth_refusal`), if that is what ``exc`` is; else return."""
     refused = truth_refusal(None, argument, function, exc)
     if refused is not None:
         raise refused from None

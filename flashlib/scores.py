@@ -156,24 +156,6 @@ def trainable(tensors) -> list[torch.Tensor]:
     return [t for t in tensors if t.is_floating_point() and t.requires_grad]
 
 
-def captured_tensors(fn: str, score_mod, *, compiles: bool = True) -> list[torch.Tensor]:
-    """The tensors a score function reads, found by calling it once on stand-ins (the translator the
-    kernels use, :mod:`flashlib.trace`; no Triton needed): the same functions work in the
-    references and the kernels, and what cannot be traced is refused by name. compiles=False (a
-    reference, which calls the function as it is, as dense attention does): what cannot be traced is
-    taken too, its tensors those its closure, defaults and globals hold (:func:`flashlib.captures.captured`)."""
-    from .captures import captured
-    from .trace import TraceError, refusal, trace
-
-    bounds = {"score": (None, None), **{name: (0, 2**31 - 1) for name in ("b", "h", "q_idx", "kv_idx")}}
-    try:
-        return list(trace(score_mod, bounds, floats=("score",)).tensors)
-    except TraceError as exc:
-        if not compiles:
-            return [t for _, t in captured(score_mod)]
-        raise refusal(fn, "score_mod", score_mod, exc) from None
-
-
 def captured_grads(score_mod, tensors, q, k, v, lse, dout, delta, *, scale: float, visible_of,
                    block_q: int = 128) -> list[torch.Tensor]:
     """d loss / d t for each tensor t the score function captures, from the forward's lse (natural)

@@ -26,11 +26,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_block, check_chunk, check_loop, check_mask_mod, check_window
+from .machinery.checks import check_block, check_chunk, check_loop, check_mask_mod, check_window
 from .dense import batch_and_heads, expand_kv, head_indices
 from .rules import (FULL, PARTIAL, SKIPPED, BlockMask, Scoring, Visibility, key_range_end, key_range_start,  # noqa: F401
                     query_range, tile_kinds)
-from .options import Options, check_options
+from .machinery.options import Options, check_options
 
 NEG_INF = float("-inf")
 

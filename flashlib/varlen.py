@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import (check_attention_inputs, check_chunk, check_cu_seqlens, check_max_seqlen, check_score_mod,
-                      check_softcap,
-                      check_window)
 from .backward import tiled_attention
+from .machinery.checks import (check_attention_inputs, check_chunk, check_cu_seqlens, check_max_seqlen,
+                               check_score_mod, check_softcap, check_window)
 
 FN = "varlen_reference"
 

@@ -113,7 +113,7 @@ def _kernel(s):
            decode.decode_config(d, getattr(torch, s["dtype"]), tuple(s["capability"]), head_dim_v=dv, paged=s["paged"]))
     from flashlib.kernels.function import kernel_score
     from flashlib.kernels.rules import mask_bundle, score_bundle
-    from flashlib.options import Options
+    from flashlib.machinery.options import Options
 
     score = score_bundle(kernel_score(Options(softcap=30.0 if s["softcap"] else 0.0), "cpu"))  # a score function
     constants = dict(HEAD_DIM_PAD=d_pad, HEAD_DIM_V_PAD=head_dim_pad(dv), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
@@ -205,12 +205,12 @@ def launch_path() -> dict:
     lengths = torch.full((2,), 4096, dtype=torch.int32)
     config = decode.decode_config(128, torch.bfloat16, (9, 0))
     with ahead.recording() as notes:
-        from flashlib.options import Options
+        from flashlib.machinery.options import Options
 
         # a value cache of its own, then (paged) the keys' own tensor as values: both stage-1 paths
         decode_forward(q, k, torch.zeros_like(k), lengths, options=Options(True, 0.1), num_splits=33, config=config)
         from flashlib.kernels.function import kernel_score
-        from flashlib.options import Options
+        from flashlib.machinery.options import Options
 
         decode_forward(q, k_pages, k_pages, lengths, options=Options(True, 0.1, (256, -1)), block_table=table,
                        score=kernel_score(Options(softcap=30.0), "cpu"), num_splits=1, config=config)

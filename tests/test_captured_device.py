@@ -19,8 +19,8 @@ from torch.nn.attention.flex_attention import flex_attention
 
 import flashlib
 from flashlib import masks
-from flashlib._checks import check_mask_mod
-from flashlib.options import check_options
+from flashlib.machinery.checks import check_mask_mod
+from flashlib.machinery.options import check_options
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton ships Linux wheels only")
 

@@ -18,7 +18,7 @@ import flashlib
 from flashlib import masks
 from flashlib.decode import decode_attention, decode_reference
 from flashlib.kernels import attention as kernel_attention
-from flashlib.options import Options, check_options
+from flashlib.machinery.options import Options, check_options
 
 
 def chunk_mask(seq_q, seq_k, chunk, causal=False, window=None):

@@ -26,7 +26,7 @@ if importlib.util.find_spec("triton") is None:  # the kernels need Triton (Linux
 
 from flashlib.kernels import decode as kernels  # noqa: E402
 from flashlib.kernels.function import kernel_score  # noqa: E402
-from flashlib.options import Options  # noqa: E402
+from flashlib.machinery.options import Options  # noqa: E402
 from tests.decode_compile import compile_decode, decode_forward, spec  # noqa: E402
 from tests.triton_versions import side_by_side, triton36_dir  # noqa: E402
 

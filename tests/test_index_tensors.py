@@ -207,7 +207,7 @@ def test_decode_clamps_a_huge_window_and_split_count_exactly():
 
 
 def test_a_cuda_grid_past_its_limits_is_refused_before_launch():
-    from flashlib._checks import check_grid
+    from flashlib.machinery.checks import check_grid
 
     check_grid("f", (10, 70_000), torch.device("cpu"), ("a", "b"))  # the interpreter has no such limit
     check_grid("f", (2 ** 31 - 1, 65_535, 65_535), torch.device("cuda"), ("a", "b", "c"))

@@ -17,7 +17,7 @@ if importlib.util.find_spec("triton") is None:
 import flashlib  # noqa: E402
 from flashlib import causal_mask, flash_attention  # noqa: E402
 from flashlib.op import path_for  # noqa: E402
-from flashlib.options import Options  # noqa: E402
+from flashlib.machinery.options import Options  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests; tests/test_gpu.py covers CUDA")
 

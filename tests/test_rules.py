@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import flashlib
 from flashlib.kernels.function import kernel_score  # noqa: E402
-from flashlib.options import Options  # noqa: E402
+from flashlib.machinery.options import Options  # noqa: E402
 from flashlib import rules
 from flashlib.kernels import attention
 from flashlib.kernels import rules as kr

@@ -660,7 +660,7 @@ def test_an_index_computed_from_the_score_must_be_clamped():
 def test_the_index_check_refuses_exactly_what_pytorch_refuses(a, c, shift, size, form, seq_q, seq_k):
     """For index expressions of many forms, IndexCheck finds an index outside the tensor exactly when
     PyTorch's indexing of the same function on every (q_idx, kv_idx) raises IndexError."""
-    from flashlib.trace import IndexCheck, trace
+    from flashlib.machinery.trace import IndexCheck, trace
 
     table = torch.arange(size)
     inner = torch.arange(size) - size // 2

@@ -113,7 +113,7 @@ def test_padding_costs_no_flops(monkeypatch):
     q, k, v, cu_q, cu_k, max_q, max_k = _packed([64, 1, 0, 17], [64, 1, 5, 17])
     counter = DotCounter(monkeypatch)
     import flashlib.kernels.varlen as packed
-    from flashlib.options import Options
+    from flashlib.machinery.options import Options
 
     with torch.no_grad():
         packed.varlen_forward_base2(q, k, v, cu_q, cu_k, max_q, max_k, Options(scale=0.1), config=cfg)

@@ -96,7 +96,7 @@ def _launch(s):
 
     from flashlib.kernels import function, varlen
     from flashlib.kernels.config import default_config
-    from flashlib.options import checked_options
+    from flashlib.machinery.options import checked_options
 
     dtype = getattr(torch, s["dtype"])
     cfg = default_config(s["head_dim"], dtype, tuple(s["capability"]), head_dim_v=s.get("head_dim_v"))

@@ -104,14 +104,16 @@ class Inputs:
 def ours_call(x: Inputs, *, num_splits=None, config=None):
     """f() -> out running flashlib's kernels on x (paged when x holds pages): a DecodePlan made once and
     its run; with config (the tile sweep), the kernels' own DecodeLaunch, made once with those tiles."""
-    from ..decode import DecodePlan, check_decode_inputs
+    from ..decode import DecodePlan
+    from ..machinery.decode_checks import check_decode_inputs, decode_options
     from ..kernels.decode import DecodeLaunch
 
     k, v, table = x.pages if x.pages is not None else (x.k, x.v, None)
     if config is None:
         plan = DecodePlan(x.q, k, v, x.lengths, block_table=table, num_splits=num_splits)
         return lambda: plan.run(x.q, k, v, x.lengths, table)
-    args = check_decode_inputs(OURS, x.q, k, v, x.lengths, block_table=table, num_splits=num_splits)
+    args = check_decode_inputs(OURS, x.q, k, v, x.lengths, block_table=table, num_splits=num_splits,
+                               options=decode_options(OURS, x.q))
     launch = DecodeLaunch(x.q, k, v, options=args.options, block_table=table, num_splits=num_splits, config=config)
     return lambda: launch(x.q, k, v, x.lengths, table)[0]
 

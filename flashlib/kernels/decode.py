@@ -31,8 +31,8 @@ from typing import NamedTuple
 
 import torch
 
-from .._checks import check_grid
-from ..options import Options
+from ..machinery.checks import check_grid
+from ..machinery.options import Options
 from ..rules import key_span
 from ._mode import interpreting
 from .config import LN2, LOG2E, head_dim_pad

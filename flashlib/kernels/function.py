@@ -13,9 +13,9 @@ import math
 
 import torch
 
-from .._autograd import save, saved
 from ..dense import batch_and_heads, expand_kv, head_indices
-from ..options import Options, check_options
+from ..machinery.autograd import save, saved
+from ..machinery.options import Options, check_options
 from ..scores import captured_grads, trainable
 from ..rules import PARTIAL, sink_grad, softmax_delta
 from ..softmax import merge_sink
@@ -283,7 +283,7 @@ def forward_base2(q, k, v, *, config=None, fn=FN, **keywords):
 
 
 def forward_pass(q, k, v, options: Options, cfg: FlashConfig, fn: str = FN):
-    """:func:`forward_base2` on checked inputs and options (flashlib.options); fn: the op called, as
+    """:func:`forward_base2` on checked inputs and options (flashlib.machinery.options); fn: the op called, as
     refusals name it."""
     sinks = options.sinks
     if q.numel() == 0 or (q.shape[-2] > 0 and k.shape[-2] == 0 and sinks is None):
@@ -349,7 +349,7 @@ def score_grads(q, k, v, out, lse, dout, dlse, options: Options, tensors):
 
 class AttentionFunction(torch.autograd.Function):
     """Saves (q, k, v, out, lse, lse2) — never the (seq_q, seq_k) probabilities. options: the call's,
-    checked (flashlib.options); fn: the op called (refusals name it); tensors: the options' tensors (Options.tensors), then those the score
+    checked (flashlib.machinery.options); fn: the op called (refusals name it); tensors: the options' tensors (Options.tensors), then those the score
     function reads that require grad, inputs so that autograd returns their gradients."""
 
     @staticmethod

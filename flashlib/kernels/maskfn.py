@@ -1,7 +1,7 @@
 """Mask functions, as FlexAttention users write them, compiled into the kernels.
 
 A mask function ``mask_mod(b, h, q_idx, kv_idx) -> bool`` runs as it is on PyTorch index tensors (the
-references, the block masks, ``flex_attention``). For a kernel it is traced (:mod:`flashlib.trace`:
+references, the block masks, ``flex_attention``). For a kernel it is traced (:mod:`flashlib.machinery.trace`:
 called once on symbolic indices, so what counts is what it does, not how its source is laid out) and
 written out as one ``@triton.jit`` function ``MASK_MOD(b, h, q_idx, kv_idx, data)``:
 
@@ -35,8 +35,8 @@ import torch
 from ._mode import interpreting, require_triton
 from .rules import _FLOAT32_MAX, _LOG2E, _floordiv, _floormod, _tanh
 from .tracememo import TraceMemo, bounds_guard
-from ..captures import literals
-from ..trace import INT32, Graph, IndexCheck, Node, TraceError, _nodes, refusal, trace
+from ..machinery.captures import literals
+from ..machinery.trace import INT32, Graph, IndexCheck, Node, TraceError, _nodes, refusal, trace
 
 triton = require_triton()
 import triton.language as tl  # noqa: E402

@@ -349,7 +349,7 @@ class ScoreBundle(NamedTuple):
 
 
 def mask_bundle(options, kinds=None, compiled=None, always: bool = False) -> MaskBundle | None:
-    """The mask side of a launch with ``options`` (flashlib.options): None without a window, chunk or mask
+    """The mask side of a launch with ``options`` (flashlib.machinery.options): None without a window, chunk or mask
     function, unless ``always`` (decoding's one kernel takes the rule, whatever it is). compiled: the mask
     function compiled (a :class:`~flashlib.kernels.maskfn.KernelMask`); a window or chunk alone takes the mask
     path with ``_no_mask``, every pair its band and chunk leave visible. kinds: the block mask's kinds, (B or 1,

@@ -23,7 +23,7 @@ import torch
 from .config import LOG2E
 from .maskfn import KernelMask, _Writer, compile_traced, memo_get, symbol_bounds
 from ..rules import out_of_bounds
-from ..trace import FLOAT_FUNCTIONS, Graph, IndexCheck, Node, TraceError, _nodes, trace
+from ..machinery.trace import FLOAT_FUNCTIONS, Graph, IndexCheck, Node, TraceError, _nodes, trace
 
 
 KernelScore = KernelMask  # a score function as the kernels call it: its SCORE_MOD, data, source, captured, indices

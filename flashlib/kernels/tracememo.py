@@ -1,11 +1,11 @@
 """What was built from a mask or score function, kept for exactly what it was built from.
 
-Tracing a function (:mod:`flashlib.trace`) and writing its kernel's source costs 60-200 µs of Python at
+Tracing a function (:mod:`flashlib.machinery.trace`) and writing its kernel's source costs 60-200 µs of Python at
 every call that takes one, and a mask function's block mask an evaluation of every (query, key) pair.
 Each memo below keeps what was built under a key and a guard, and returns it only while both are what
 they were when it was built:
 
-* the **key**, :func:`flashlib.captures.reads`: everything the function can read but tensors' values (its
+* the **key**, :func:`flashlib.machinery.captures.reads`: everything the function can read but tensors' values (its
   code and defaults, its closure, the globals its code names and, of the modules and classes among them,
   every attribute that any code the walk reaches may read, followed into the functions among those;
   numbers and strings by value; tensors by identity, dtype, shape, strides, offset, device and
@@ -28,7 +28,7 @@ What each kept thing depends on, and so its guard:
   reads. Guard: a sha256 digest of each (about 20 µs per 32 KB here; on a GPU one transfer).
 
 Numbers a function computes with that its code does not spell out (captured, or computed from captured
-ones) are given to the kernel at launch, not written into its source (:func:`flashlib.captures.literals`):
+ones) are given to the kernel at launch, not written into its source (:func:`flashlib.machinery.captures.literals`):
 a new temperature or window traces again (its value is in the key) but writes the same source, so compiles
 no new kernel (:func:`flashlib.kernels.maskfn.compiled`; on a GPU Triton keeps each source's compiled
 kernels for the process). What cannot be keyed (an object's attributes, a numpy array, an attribute read by
@@ -53,8 +53,8 @@ from typing import Callable
 
 import torch
 
-from ..captures import reads  # the walk over what a function reads, shared with the device check
-from ..trace import value_bounds
+from ..machinery.captures import reads  # the walk over what a function reads, shared with the device check
+from ..machinery.trace import value_bounds
 
 
 def bounds_guard(read, loaded) -> tuple:

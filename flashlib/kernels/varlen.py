@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import torch
 
-from .._autograd import save, saved
+from ..machinery.autograd import save, saved
 from ..rules import PARTIAL, sink_grad, softmax_delta
 from ..varlen import check_varlen_inputs, sequence_score, sequences
 from .backward import _attn_bwd_dkdv_block, _attn_bwd_dq_block
 from .config import LOG2E, head_dim_pad, lse_natural, value_dim
 from .forward import _attn_fwd_block, triton
 from .rules import _batch_head, mask_bundle, row_chunks, score_bundle
-from ..options import Options, checked_options
+from ..machinery.options import Options, checked_options
 from .function import (DEFAULT, _strides, check_kernel_inputs, kernel_score, preprocess, resolve_config, save_lse,
                        score_grads)
 

@@ -41,7 +41,7 @@ COURSE_ANSWERS = {
                       "flashlib.dense:dense_attention"),
     "tiled_backward": ("flashlib.backward:tiled_backward", "flashlib.backward:backward_pass",
                        "flashlib.backward:tiled_attention"),
-    "split_kv": ("flashlib.decode:decode_partials", "flashlib.decode:decode_reference", "flashlib.decode:chunk_attention",
+    "split_kv": ("flashlib.splitkv:decode_partials", "flashlib.splitkv:decode_reference", "flashlib.splitkv:split_attention",
                  "flashlib.softmax:merge_partials", "flashlib.dense:dense_attention"),
 }
 

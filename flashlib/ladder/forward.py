@@ -18,10 +18,10 @@ from contextvars import ContextVar
 
 import torch
 
-from .._checks import check_attention_inputs
+from ..machinery.checks import check_attention_inputs
 from ..kernels._mode import require_triton
 from ..kernels.config import LOG2E, FlashConfig, head_dim_pad, lse_natural, seq_bucket
-from ..options import Options
+from ..machinery.options import Options
 from . import autotune
 from .rungs import LADDER, SPLIT_FORWARD, TEACHING_FORWARD, TMA_FORWARD, Rung, kernel_function, rung as rung_named
 
@@ -294,7 +294,7 @@ def variant(rung: Rung, descriptors: bool, scale: float = 1.0):
 
 def _launch(kernel, switches, tuner_variant, tiles, q, k, v, out, lse, options: Options, cfg):
     """kernel with the tiles of cfg, or autotuned over ``tiles`` (GPU only) when cfg is None. options:
-    the call's (flashlib.options; a rung has the causal rule and the scale only)."""
+    the call's (flashlib.machinery.options; a rung has the causal rule and the scale only)."""
     bh, seq_q, d = q.shape
     strides = [t.stride()[:2] for t in (q, k, v, out)]  # (head, row) each
     head_dim = dict(HEAD_DIM_PAD=head_dim_pad(d))

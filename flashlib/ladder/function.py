@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_attention_inputs
-from .._autograd import save, saved
+from ..machinery.checks import check_attention_inputs
+from ..machinery.autograd import save, saved
 from ..kernels import function as teaching
 from ..kernels.function import flat, resolve_config, save_lse
-from ..options import Options
+from ..machinery.options import Options
 from .autotune import autotunes
 from .backward import launch_backward
 from .forward import FN, RUNGS, forward_base2 as rung_forward

@@ -234,7 +234,7 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 
 def check_captured_devices(fn: str, argument: str, function, device, *, built_on: bool = False) -> None:
     """Every tensor a mask or score function reads besides its arguments (in its closure, defaults or
-    globals, or those of the functions it calls: flashlib.captures) is on ``device``, q's; one on
+    globals, or those of the functions it calls: flashlib.machinery.captures) is on ``device``, q's; one on
     another device is refused by name before anything runs, not moved (which would copy it between
     devices at every call). built_on: ``device`` is the one a mask is built on (argument 'device'; None:
     the default device)."""

@@ -26,32 +26,20 @@ No Triton here: the graph is turned into a kernel's source by :mod:`flashlib.ker
 """
 from __future__ import annotations
 
-import dis
 import functools
-import linecache
 import numbers
 import operator
-import sys
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .refusals import TraceError, _truth_construct, refusal  # noqa: F401 (refusal: re-exported)
+
 INT_RANGES = {dtype: (int(torch.iinfo(dtype).min), int(torch.iinfo(dtype).max))
               for dtype in (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)}
 INT32 = INT_RANGES[torch.int32]
-_HERE = __file__
-_TORCH_DIR = torch.__file__.rpartition("/")[0]
-
-
-class TraceError(TypeError):
-    """A construct the kernels cannot compile: what it is, where (function and line) and the fix."""
-
-    def __init__(self, what: str, fix: str, where: str | None = None):
-        self.what, self.fix = what, fix
-        self.where = _user_frame_text() if where is None else where
-        super().__init__(f"{what}{self.where} cannot be compiled into the kernels; {fix}")
 
 
 @dataclass(eq=False)
@@ -328,65 +316,6 @@ def _shaped(example: torch.Tensor, operands) -> torch.Tensor:
 
 # ----- the stand-in ------------------------------------------------------------------------------
 
-def _user_frame():
-    """The innermost frame outside this module and PyTorch: the mask function's own line."""
-    frame = sys._getframe(1)
-    while frame is not None and (frame.f_code.co_filename == _HERE
-                                 or frame.f_code.co_filename.startswith(_TORCH_DIR)):
-        frame = frame.f_back
-    return frame
-
-
-def _user_frame_text(frame=None, line_number=None) -> str:
-    """Where a construct is: " (in fn, line n: its source)" of ``frame`` at ``line_number`` (default: the
-    user's frame now, at its current line)."""
-    frame = _user_frame() if frame is None else frame
-    if frame is None:
-        return ""
-    number = frame.f_lineno if line_number is None else line_number
-    line = linecache.getline(frame.f_code.co_filename, number).strip()
-    return f" (in {frame.f_code.co_name}, line {number}{': ' + line if line else ''})"
-
-
-def _truth_construct(frame=None, offset=None) -> tuple[str, str]:
-    """What asked for a Python truth value, read from the instruction ``frame`` is at (default: the user's
-    frame now, at its last instruction)."""
-    frame = _user_frame() if frame is None else frame
-    name = ""
-    if frame is not None:
-        offset = frame.f_lasti if offset is None else offset
-        for ins in dis.get_instructions(frame.f_code):
-            if ins.offset == offset:
-                name = ins.opname
-    if "NOT" in name:
-        return "'not' of a traced value", "write ~(x)"
-    if "CALL" in name:
-        return ("a builtin that compares traced values in Python (min, max, sorted, any, all)",
-                "write torch.minimum(a, b) or torch.maximum(a, b), and & or | for all or any")
-    # the kernel evaluates the mask on whole tiles at once: no one truth value to branch on
-    return ("a Python truth value of a traced value ('and', 'or', 'if', 'x if c else y', a < b < c)",
-            "write (a) & (b), (a) | (b), torch.where(c, x, y); compare two values at a time")
-
-
-def truth_refusal(op: str | None, argument: str, function, exc: RuntimeError) -> TypeError | None:
-    """For a reference op (PyTorch on whole tensors of indices and scores): the TypeError the kernels give a
-    function that asks for a Python truth value of its tensors ('if', 'and', 'not', min...), named and
-    placed as they name it, where PyTorch raised ``exc`` ("Boolean value of Tensor ... is ambiguous");
-    None for any other error."""
-    if "Boolean value of Tensor" not in str(exc):
-        return None
-    tb, place = exc.__traceback__, None
-    while tb is not None:  # the innermost frame outside this module and PyTorch: the function's own line
-        if tb.tb_frame.f_code.co_filename != _HERE and not tb.tb_frame.f_code.co_filename.startswith(_TORCH_DIR):
-            place = tb
-        tb = tb.tb_next
-    if place is None:
-        return None
-    what, fix = _truth_construct(place.tb_frame, place.tb_lasti)
-    return refusal(op, argument, function, TraceError(what, fix, where=_user_frame_text(place.tb_frame,
-                                                                                        place.tb_lineno)))
-
-
 def _refuse(what, fix):
     def method(self, *args, **kwargs):
         raise TraceError(what, fix)
@@ -641,7 +570,7 @@ _METADATA = {torch.Tensor.__len__, torch.Tensor.size, torch.Tensor.dim, torch.Te
 def trace(fn, symbols: dict, *, device=None, floats=(), literals=None) -> Graph:
     """The graph of ``fn(*symbols)``; symbols: {name: (lo, hi)} in the order fn takes them, each an
     int64 index whose values lie in lo..hi, but those named in floats: float32 values (lo, hi None).
-    literals: ids of the numbers written in the code fn runs (:func:`flashlib.captures.literals`):
+    literals: ids of the numbers written in the code fn runs (:func:`flashlib.machinery.captures.literals`):
     any other number becomes a constant given at launch (None: every number is written into the source)."""
     tracer = Tracer(device, literals)
     nodes = {name: tracer.symbol(name, lo, hi, torch.float32 if name in floats else torch.int64)
@@ -657,19 +586,6 @@ def trace(fn, symbols: dict, *, device=None, floats=(), literals=None) -> Graph:
         return Graph(nodes, _as_node(tracer, result), tracer.tensors, tracer, frozenset(tracer.read))
     except TraceError as exc:
         raise TraceError(f"the returned {exc.what}", exc.fix, where="") from None
-
-
-def function_name(fn) -> str:
-    """How an error names a user's function: its name, or its type's."""
-    return getattr(fn, "__name__", None) or type(fn).__name__
-
-
-def refusal(op: str | None, argument: str, function, exc: TraceError) -> TypeError:
-    """The TypeError an op raises for a function the kernels cannot compile: the op called (if named), the argument,
-    the construct and where it is (at least the function's name) and the fix."""
-    if not exc.where:
-        exc = TraceError(exc.what, exc.fix, where=f" (in {function_name(function)})")
-    return TypeError(f"{op + ': ' if op else ''}argument '{argument}': {exc}")
 
 
 # ----- the indices a graph reads its tensors at, for a call's index ranges ----------------------------

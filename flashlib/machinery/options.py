@@ -20,10 +20,10 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from ._checks import (batch_and_heads, check_attention_inputs, check_chunk, check_mask_mod, check_score_mod,
+from .checks import (batch_and_heads, check_attention_inputs, check_chunk, check_mask_mod, check_score_mod,
                       check_sinks, check_softcap, check_window)
-from .rules import BlockMask, Scoring, Visibility
-from .scores import softcap as softcap_score
+from ..rules import BlockMask, Scoring, Visibility
+from ..scores import softcap as softcap_score
 
 
 class TensorOption(NamedTuple):

@@ -7,7 +7,7 @@ same way): a module handed to a helper (``near(settings, q_idx, kv_idx)``) is re
 not by the code that holds it. :func:`reads` turns all of that into one hashable key for the memo of
 traced functions (:mod:`flashlib.kernels.tracememo`); :func:`captured` lists the tensors among it with
 the names they are read by, for the check that they sit on q's device
-(:func:`flashlib._checks.check_captured_devices`); :func:`literals` names the numbers written in the
+(:func:`flashlib.machinery.checks.check_captured_devices`); :func:`literals` names the numbers written in the
 code it runs (the rest are given to a kernel at launch). Pure PyTorch: the checks of every op import it.
 
 Numbers, strings and dtypes enter the key by value; a tensor by identity, dtype, shape, strides,
@@ -28,8 +28,10 @@ import types
 
 import torch
 
+from .trace import TraceError, refusal, trace
+
 _MAX_PARTS = 512  # past this many values a function gets no key (and the device check looks no further)
-_STABLE = ("torch", "math", "operator", "functools", "builtins", "numbers", "typing", "flashlib.trace")
+_STABLE = ("torch", "math", "operator", "functools", "builtins", "numbers", "typing", "flashlib.machinery.trace")
 _BY_VALUE = (bool, int, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 _GLOBAL_LOADS = {"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"}
 _MISSING = object()
@@ -368,3 +370,18 @@ def describe(path: tuple) -> tuple[str, str]:
     holder = path[holders[-1]][1]
     return name, {"closure": f"in the closure of {holder}", "global": f"a global of {holder}",
                   "default": f"a default argument of {holder}"}[kind] + ", which it calls"
+
+
+def captured_tensors(fn: str, score_mod, *, compiles: bool = True) -> list[torch.Tensor]:
+    """The tensors a score function reads, found by calling it once on stand-ins (the translator the
+    kernels use, :mod:`flashlib.machinery.trace`; no Triton needed): the same functions work in the
+    references and the kernels, and what cannot be traced is refused by name. compiles=False (a
+    reference, which calls the function as it is, as dense attention does): what cannot be traced is
+    taken too, its tensors those its closure, defaults and globals hold (:func:`captured`)."""
+    bounds = {"score": (None, None), **{name: (0, 2**31 - 1) for name in ("b", "h", "q_idx", "kv_idx")}}
+    try:
+        return list(trace(score_mod, bounds, floats=("score",)).tensors)
+    except TraceError as exc:
+        if not compiles:
+            return [t for _, t in captured(score_mod)]
+        raise refusal(fn, "score_mod", score_mod, exc) from None
