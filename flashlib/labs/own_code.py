@@ -8,7 +8,9 @@ be seen without running anything (:func:`used`):
   Triton ``@jit`` wrapper or a callable object's ``__call__``);
 - its code is the course's code object, or a copy of it: the same instructions, local names aside;
 - it reaches the course's function: through the globals its code names (``flashlib.tiled.tiled_forward``
-  is followed attribute by attribute), its closure, its defaults, and the functions among them in turn.
+  is followed attribute by attribute), its closure, its defaults, and the functions among them in turn
+  (the walk over what a function reads that the kernels' memo and the device check take too,
+  :func:`flashlib.machinery.captures.functions_reached`).
 
 Then by what runs (:class:`Ran`, around every call of the learner's function while a lab is checked):
 a profiler records every function that ran, so a call into any of the course's implementations (its
@@ -32,19 +34,20 @@ import types
 from pathlib import Path
 
 from ..course.remote import Refused, checked, checking  # noqa: F401  what a check refuses, and of which lab
+from ..machinery.captures import functions_reached
 
 _GLOBAL_LOADS = {"LOAD_GLOBAL", "LOAD_NAME"}
 # forms the interpreter may rewrite once code has run (specialised method loads, cache slots): compared alike
 _SAME_OP = {"LOAD_METHOD": "LOAD_ATTR"}
 _NO_OP = {"CACHE", "PRECALL", "NOP", "RESUME", "EXTENDED_ARG"}
-_MAX_VALUES = 2000  # values looked at, at most: a function that reaches further is not refused for it
+_MAX_PARTS = 4000  # what the walk looks at (values and their parts), at most: reaching further is not refused
 # instructions that name a local variable (or a cell): compared by position, so a renamed local is the same code
 _LOCAL_OPS = {"LOAD_FAST", "STORE_FAST", "DELETE_FAST", "LOAD_FAST_CHECK", "MAKE_CELL", "LOAD_CLOSURE", "LOAD_DEREF",
               "STORE_DEREF", "DELETE_DEREF", "LOAD_CLASSDEREF", "COPY_FREE_VARS"}
 _PACKAGE = Path(__file__).resolve().parent.parent  # flashlib/
 # the course's files that are not its implementations: course support, measurement, set-up
 _SUPPORT = ("labs", "course", "bench")
-_SUPPORT_FILES = ("__init__.py", "__main__.py", "edition.py", "_checks.py", "_mode.py", "config.py")
+_SUPPORT_FILES = ("__init__.py", "__main__.py", "edition.py", "checks.py", "_mode.py", "config.py")
 HELPERS = frozenset({"_finite"})  # a one-line helper a mistake's explanation points at: not an answer alone
 MIN_COPY = 40  # instructions: a course function shorter than this may be written alike by chance
 
@@ -117,53 +120,27 @@ def _names(code) -> tuple[frozenset, frozenset]:
     return frozenset(loads), frozenset(attrs)
 
 
+class _Found(Exception):
+    """How the learner's function is or calls the course's own code, in words: stops the walk."""
+
+
 def used(fn, codes: dict) -> str | None:
-    """How ``fn`` is or calls one of the course functions ``codes`` ({code: name}), in words; None if not."""
-    seen, todo, looked = set(), [(fn, False)], 0
-    while todo and looked < _MAX_VALUES:
-        obj, calls = todo.pop()
-        looked += 1
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        target = _unwrap(obj)
-        if isinstance(obj, functools.partial):  # what a partial binds is read too
-            todo += [(v, True) for v in (*obj.args, *obj.keywords.values())]
-        if not isinstance(target, types.FunctionType):
-            call = getattr(type(target), "__call__", None)
-            if isinstance(call, types.FunctionType):  # a callable object: its __call__ and its attributes
-                todo.append((call, calls))
-                todo += [(v, True) for v in vars(target).values()] if hasattr(target, "__dict__") else []
-            continue
-        code = target.__code__
+    """How ``fn`` is or calls one of the course functions ``codes`` ({code: name}), in words; None if not.
+    The functions it is and reaches are those of the walk over what a function reads
+    (:func:`flashlib.machinery.captures.functions_reached`)."""
+    def visit(function, called: bool):
+        code = function.__code__
         for course, name in codes.items():
             if code is course or _same_code(code, course):
-                if calls:
-                    return f"your function calls the course's own {name}"
-                return f"your function is {'' if code is course else 'a copy of '}the course's own {name}"
-        loads, attrs = _names(code)
-        for var in loads:
-            if var in target.__globals__:
-                todo += [(v, True) for v in _reached(target.__globals__[var], attrs)]
-        for cell in target.__closure__ or ():
-            try:
-                todo += [(v, True) for v in _reached(cell.cell_contents, attrs)]
-            except ValueError:  # an empty cell
-                pass
-        defaults = (*(target.__defaults__ or ()), *(target.__kwdefaults__ or {}).values())
-        todo += [(v, True) for d in defaults for v in _reached(d, attrs)]
+                if called:
+                    raise _Found(f"your function calls the course's own {name}")
+                raise _Found(f"your function is {'' if code is course else 'a copy of '}the course's own {name}")
+
+    try:
+        functions_reached(fn, visit, limit=_MAX_PARTS)
+    except _Found as found:
+        return str(found)
     return None
-
-
-def _reached(value, attrs, depth: int = 4) -> list:
-    """The value, and for a module the attributes the code names of it (and of its submodules in turn)."""
-    out = [value]
-    if isinstance(value, types.ModuleType) and depth > 0:
-        for attr in attrs:
-            member = getattr(value, attr, None)
-            if member is not None and member is not value:
-                out += _reached(member, attrs, depth - 1)
-    return out
 
 
 @functools.lru_cache(maxsize=None)

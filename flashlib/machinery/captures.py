@@ -1,4 +1,4 @@
-"""What a mask or score function reads besides its arguments: one walk, three uses.
+"""What a mask or score function reads besides its arguments: one walk, four uses.
 
 A function's result depends on its code and defaults, its closure, the globals its code names (and,
 in turn, what the functions among them read), and the attributes of the modules and classes among
@@ -8,7 +8,9 @@ not by the code that holds it. :func:`reads` turns all of that into one hashable
 traced functions (:mod:`flashlib.kernels.tracememo`); :func:`captured` lists the tensors among it with
 the names they are read by, for the check that they sit on q's device
 (:func:`flashlib.machinery.checks.check_captured_devices`); :func:`literals` names the numbers written in the
-code it runs (the rest are given to a kernel at launch). Pure PyTorch: the checks of every op import it.
+code it runs (the rest are given to a kernel at launch); :func:`functions_reached` tells the labs each
+function a learner's answer is or can call (:mod:`flashlib.labs.own_code`, which refuses the course's own).
+Pure PyTorch: the checks of every op import it.
 
 Numbers, strings and dtypes enter the key by value; a tensor by identity, dtype, shape, strides,
 storage offset, device and whether it requires grad: not by its values, which can change without
@@ -143,8 +145,8 @@ class _Walk:
     every name any code the walk reached may read (:func:`_code_names`), and again for the names of the
     code found among them, until no new name appears."""
 
-    def __init__(self, strict: bool = True):
-        self.strict = strict
+    def __init__(self, strict: bool = True, *, limit: int = _MAX_PARTS, visit=None):
+        self.strict, self.limit, self.visit = strict, limit, visit  # visit: see functions_reached
         self.parts: list = []
         self.tensors: list[torch.Tensor] = []
         self.where: list[tuple] = []
@@ -176,7 +178,7 @@ class _Walk:
 
     def add(self, part):
         self.parts.append(part)
-        if len(self.parts) > _MAX_PARTS:
+        if len(self.parts) > self.limit:
             raise _NoKey
 
     def opaque(self, obj):
@@ -233,7 +235,23 @@ class _Walk:
             return self.at(("attr", "keywords"), obj.keywords)
         if callable(obj) and _stable(getattr(type(obj), "__module__", None)):
             return self.add(("id", obj))  # a torch or operator callable object (torch.ops, itemgetter...)
+        if self.visit is not None and callable(obj):
+            return self.inside(obj)
         return self.opaque(obj)
+
+    def inside(self, obj):
+        """A callable object, looked into (for :func:`functions_reached` only: a key never reads an object's
+        attributes): the function a wrapper holds (a Triton @jit function's ``fn``), or its ``__call__`` and
+        its attributes."""
+        wrapped = getattr(obj, "fn", None)
+        if isinstance(wrapped, types.FunctionType):
+            return self.at(("unwrap", "fn"), wrapped)
+        call = getattr(type(obj), "__call__", None)
+        if isinstance(call, types.FunctionType):
+            self.at(("unwrap", "__call__"), call)
+        for name, value in (vars(obj).items() if hasattr(obj, "__dict__") else ()):
+            self.at(("member", name), value)
+        return None
 
     def tensor(self, t: torch.Tensor):
         self.add(("tensor", id(t), t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), t.device,
@@ -246,6 +264,10 @@ class _Walk:
         if id(fn) in self.seen:  # recursion: the function is keyed already
             return self.add(("again", code))
         self.seen.add(id(fn))
+        if self.visit is not None:
+            self.visit(fn, any(step[0] in _CALLED or step in _BOUND for step in self.path))
+            if isinstance(getattr(fn, "__wrapped__", None), types.FunctionType):  # functools.wraps
+                self.at(("unwrap", "__wrapped__"), fn.__wrapped__)
         if _computes_names(code):  # which attributes it reads is known only when it runs
             self.opaque(fn)
         self.add(("fn", code))
@@ -311,6 +333,25 @@ class _Walk:
             self.add(("descriptor", type(value).__name__))  # cls.name gives the descriptor itself
             return
         self.at(("attr", name), value)
+
+
+# the steps of a path by which a function reached is called by the one walked (not the one walked itself,
+# unwrapped): its closure, globals, defaults, an object's attributes, what a functools.partial binds
+_CALLED = frozenset({"closure", "global", "default", "member"})
+_BOUND = frozenset({("attr", "args"), ("attr", "keywords")})
+
+
+def functions_reached(fn, visit, *, limit: int = 4 * _MAX_PARTS) -> None:
+    """Call ``visit(function, called)`` for each Python function ``fn`` is or reaches, in the walk's order:
+    ``fn`` itself, the function behind a functools.partial, functools.wraps, a bound method, a Triton @jit
+    function or a callable object (called False), and the functions its code can call (called True): in its
+    closure, defaults and globals, the attributes of the modules among them, a callable object's attributes,
+    a partial's arguments, and theirs in turn. The first ``limit`` values only; visit may raise to stop."""
+    walk = _Walk(strict=False, limit=limit, visit=visit)
+    try:
+        walk.walk(fn)
+    except _NoKey:  # too many values: those found so far
+        pass
 
 
 def reads(fn) -> tuple[tuple, list] | None:
