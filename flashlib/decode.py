@@ -521,8 +521,8 @@ class CascadePlan(_Plan):
 
         score = kernel_score(args.options, q.device)  # soft-capping, or nothing
         # every new token sees the whole prefix: no causal rule there; the sinks join once, in the merge
-        self._prefix = DecodeLaunch(q, prefix_k[None], prefix_v[None], options=args.options._replace(
-            causal=False, sinks=None), score=score, num_splits=prefix_splits, stacked=True)
+        self._prefix = DecodeLaunch(q, prefix_k[None], prefix_v[None], options=args.options.with_rule(
+            causal=False)._replace(sinks=None), score=score, num_splits=prefix_splits, stacked=True)
         self._suffix = DecodeLaunch(q, k_cache, v_cache, options=args.options, score=score, block_table=block_table,
                                     num_splits=num_splits, prefix=self._prefix)
         self._prefix_len = torch.full((1,), prefix_k.shape[1], dtype=torch.int32, device=q.device)

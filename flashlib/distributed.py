@@ -375,7 +375,8 @@ def kernel_backward(q, k, v, out, lse, dout, *, causal: bool, scale: float, scor
     from .kernels.function import score_grads
 
     return (*grads, *score_grads(q, k, v, out, lse, dout, None,
-                                 Options(causal, scale, mask_mod=mask_mod, score_mod=score_mod), captured))
+                                 Options.of(causal=causal, scale=scale, mask_mod=mask_mod, score_mod=score_mod),
+                                 captured))
 
 
 def _work_dtype(dtype):
@@ -433,20 +434,20 @@ def ring_forward(q, k, v, *, causal: bool = False, scale: float | None = None,
     return out.to(q.dtype), lse
 
 
-def _block(q, rank: int, origin: int, world: int, causal: bool, layout: str, score_mod, chunk: int):
+def _block(q, rank: int, origin: int, world: int, causal: bool, layout: str, score_mod, attention_chunk: int):
     """(the block of rank's queries and origin's keys, or None where the causal rule or the chunks hide
     it whole; the keywords that tell its functions global positions: block_score, block_mask_mod)."""
     block = ring_block(rank, origin, q.shape[-2], causal=causal, layout=layout)
-    if block is None or (score_mod is None and not chunk):
+    if block is None or (score_mod is None and not attention_chunk):
         return block, {}
     total = q.shape[-2] * world
     q_pos = positions(total, rank, world, layout=layout)[block.q]
     k_pos = positions(total, origin, world, layout=layout)[block.k]
     told = {}
-    if chunk:
-        if not bool(torch.isin(q_pos // chunk, k_pos // chunk).any()):
+    if attention_chunk:
+        if not bool(torch.isin(q_pos // attention_chunk, k_pos // attention_chunk).any()):
             return None, {}  # no query of the block shares a chunk with a key of it
-        told["mask_mod"] = block_mask_mod(chunk, q_pos.to(q.device), k_pos.to(q.device))
+        told["mask_mod"] = block_mask_mod(attention_chunk, q_pos.to(q.device), k_pos.to(q.device))
     if score_mod is not None:
         told["score_mod"] = block_score(score_mod, q_pos.to(q.device), k_pos.to(q.device))
     return block, told
@@ -519,8 +520,8 @@ class RingAttentionFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, options: Options, ring: dict, *tensors):
         held = len(options.tensors)
         options = options.with_tensors(tensors[:held])
-        keywords = dict(causal=options.causal, scale=options.scale, score_mod=options.score_function,
-                        attention_chunk=options.attention_chunk, **ring)
+        keywords = dict(causal=options.visibility.causal, scale=options.scale, score_mod=options.score_function,
+                        attention_chunk=options.visibility.chunk, **ring)
         out, lse = ring_forward(q, k, v, **keywords)
         sinks = options.sinks
         if sinks is not None:  # merged once, after the ring, like one more partial with no value
@@ -623,7 +624,7 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             "(flashlib.distributed.spawn does it for a ring of CPU processes)")
     score = options.score_function
     captured = trainable(captured_tensors(fn, score)) if score is not None and torch.is_grad_enabled() else []
-    _check_same_everywhere(q, v.shape[-1], causal, layout, scale, group, options.attention_chunk)
+    _check_same_everywhere(q, v.shape[-1], causal, layout, scale, group, options.visibility.chunk)
     return RingAttentionFunction.apply(q, k.contiguous(), v.contiguous(), options, dict(layout=layout, group=group),
                                        *options.tensors, *captured)
 

@@ -60,9 +60,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     Returns (output (batch, seq_q, heads, d), None): no attention weights exist to return.
     What it accepts and refuses: :func:`register`."""
     options = _options(module, query, dropout, scaling, is_causal, sliding_window, softcap, s_aux)
-    options = options._replace(attention_chunk=_chunk(module))
+    options = options.with_rule(chunk=_chunk(module))
     packed = _check_kwargs(kwargs)
-    if options.causal and query.shape[2] > key.shape[2]:
+    if options.visibility.causal and query.shape[2] > key.shape[2]:
         raise ValueError(f"{FN}: causal attention with {query.shape[2]} queries and {key.shape[2]} keys; the "
                          "queries are the last tokens of the keys (a KV cache), so seq_q <= seq_k")
     if attention_mask is not None:
@@ -158,7 +158,7 @@ def _decoding(query, key, value, options) -> bool:
     """One causal query per sequence, nothing to differentiate: decode_attention's case."""
     tensors = (query, key, value) + (() if options.sinks is None else (options.sinks,))
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    return options.causal and query.shape[2] == 1 and not needs_grad
+    return options.visibility.causal and query.shape[2] == 1 and not needs_grad
 
 
 def _decode_kwargs(options) -> dict:
@@ -184,9 +184,10 @@ def _padded(query, key, value, valid, options):
     batch, heads, seq_q, d = query.shape
     key, value = key[:, :, :valid.shape[1]], value[:, :, :valid.shape[1]]
     lengths = valid.sum(dim=1, dtype=torch.int32)  # (batch,)
-    if options.causal or options.visibility.banded:
+    if options.visibility.causal or options.visibility.banded:
         _check_one_run(valid, lengths)
-    valid_q = valid[:, -seq_q:] if options.causal else torch.ones(batch, seq_q, dtype=torch.bool, device=valid.device)
+    valid_q = (valid[:, -seq_q:] if options.visibility.causal
+               else torch.ones(batch, seq_q, dtype=torch.bool, device=valid.device))
     if _decoding(query, key, value, options) and bool(valid_q.all()):
         # left padding (one run of valid keys ending at the query): each sequence starts where its
         # valid keys do, and decode_attention never reads the padding before it (nothing copied)

@@ -52,7 +52,7 @@ def path_for(q: torch.Tensor, k: torch.Tensor | None = None, options: Options | 
     or its keywords: window=, softcap=, mask_mod=, score_mod=, sinks=): the options say whether
     anything beyond the causal rule is asked for, so no option can be dropped on the way."""
     if options is None:
-        options = Options()._replace(**{name: value for name, value in keywords.items() if value is not None})
+        options = Options.of(**{name: value for name, value in keywords.items() if value is not None})
     grouped = k is not None and q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] != q.shape[-3]
     own_value_dim = v is not None and v.shape[-1] != q.shape[-1]
     fast = not grouped and not own_value_dim and not options.beyond_causal and not options.functions
@@ -82,7 +82,7 @@ def _forward(q, k, v, options: Options):
     from .ladder.forward import forward_base2 as rung_forward
 
     options.refuse_beyond(FN, f"the ladder's rung {forward!r}")  # it takes causal and scale alone
-    out, lse2 = rung_forward(q, k, v, causal=options.causal, scale=options.scale, rung=forward)
+    out, lse2 = rung_forward(q, k, v, causal=options.visibility.causal, scale=options.scale, rung=forward)
     return out, lse2.double()  # one dtype for every path: the teaching kernels' float64
 
 
@@ -107,7 +107,7 @@ def _backward(q, k, v, out, lse2, dout, options: Options, dlse=None):
     from .ladder.function import backward_pass_base2
 
     options.refuse_beyond(FN, f"the ladder's backward {backward!r}")
-    return backward_pass_base2(q, k, v, out, lse2, dout, causal=options.causal, scale=options.scale,
+    return backward_pass_base2(q, k, v, out, lse2, dout, causal=options.visibility.causal, scale=options.scale,
                                backward=backward, dlse=dlse)
 
 

@@ -120,7 +120,7 @@ def _kernel(s):
                      KEY_ROWS=decode._paged_rows if s["paged"] else decode._contiguous_rows,
                      PAGE_SIZE=s.get("page_size", 16) if s["paged"] else 1, INPUT_PRECISION="tf32", V_FROM_K=v_from_k)
     # the rule as a launch binds it: the window's sides (-1: none) run-time integers, a chunk a third
-    runtime = dict(mask=mask_bundle(Options(attention_chunk=8192 if s.get("chunk") else 0),
+    runtime = dict(mask=mask_bundle(Options.of(attention_chunk=8192 if s.get("chunk") else 0),
                                     always=True))
     if score is None:
         constants["score"] = None  # what a launch without one passes: a compile-time None
@@ -208,11 +208,11 @@ def launch_path() -> dict:
         from flashlib.machinery.options import Options
 
         # a value cache of its own, then (paged) the keys' own tensor as values: both stage-1 paths
-        decode_forward(q, k, torch.zeros_like(k), lengths, options=Options(True, 0.1), num_splits=33, config=config)
+        decode_forward(q, k, torch.zeros_like(k), lengths, options=Options.of(causal=True, scale=0.1), num_splits=33, config=config)
         from flashlib.kernels.function import kernel_score
         from flashlib.machinery.options import Options
 
-        decode_forward(q, k_pages, k_pages, lengths, options=Options(True, 0.1, (256, -1)), block_table=table,
+        decode_forward(q, k_pages, k_pages, lengths, options=Options.of(causal=True, scale=0.1, window=(256, -1)), block_table=table,
                        score=kernel_score(Options(softcap=30.0), "cpu"), num_splits=1, config=config)
     compiled = ahead.compile_notes(notes, threads=2)
     # the decoding benchmark's own compiling ahead, for a few of its points and sweep items

@@ -238,7 +238,7 @@ def test_tensors_on_q_s_device_and_numbers_pass_the_check():
         for kind in ("closure", "default", "helper"):
             mask_mod, score_mod = functions(kind, ids, temps, None)
             options = check_options("t", q, k, v, mask_mod=mask_mod, score_mod=score_mod)
-            assert options.mask_mod is mask_mod and options.score_mod is score_mod
+            assert options.visibility.mask_mod is mask_mod and options.score_mod is score_mod
         mask_mod = masks.document(ids)  # on cuda:0, a mask built for "cuda" (no index)
         assert check_mask_mod("attention_mask", mask_mod, "cuda", built_on=True) is mask_mod
     # numbers, a dtype and a device are no tensors

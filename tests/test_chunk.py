@@ -231,7 +231,7 @@ def test_the_options_carry_the_chunk_across_an_op_and_a_path_refuses_what_it_lac
     assert options.beyond_causal and options.masked and options.given() == ["causal", "scale", "attention_chunk"]
     with pytest.raises(ValueError, match="f: rung 3 does not implement 'attention_chunk'"):
         options.refuse_beyond("f", "rung 3")
-    assert Options(True, 0.5).refuse_beyond("f", "rung 3") == Options(True, 0.5)
+    assert Options.of(causal=True, scale=0.5).refuse_beyond("f", "rung 3") == Options.of(causal=True, scale=0.5)
 
 
 def test_a_compiled_graph_keeps_the_chunk():

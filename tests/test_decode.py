@@ -131,7 +131,7 @@ def run_kernels(q, k, v, lengths, *, table=None, num_splits=None, block_k=16, **
     scale = options.get("scale") or 1 / math.sqrt(q.shape[-1])
     score = kernel_score(Options(softcap=options.get("softcap") or 0.0), q.device)  # soft-capping: a score function
     window = options.get("window") or (-1, -1)
-    return decode_forward(q, k, v, lengths, options=Options(True, scale, (window[0], -1)), block_table=table,
+    return decode_forward(q, k, v, lengths, options=Options.of(causal=True, scale=scale, window=(window[0], -1)), block_table=table,
                           score=score, num_splits=num_splits, config=kernels.DecodeConfig(block_k, 4, 1))
 
 

@@ -295,6 +295,33 @@ def test_a_window_or_chunk_takes_the_mask_path_in_one_place():
     assert naming == ["rules.mask_bundle"]
 
 
+MAX_FUNCTIONS_NAMING_THE_CHUNK = 30
+
+
+def functions_naming(word: str) -> list[str]:
+    """'path:line name' of every function whose own text (its nested functions' left out) names ``word``."""
+    found = []
+    for path in modules().values():
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                text = ast.get_source_segment(source, node) or ""
+                for inner in ast.walk(node):
+                    if inner is not node and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        text = text.replace(ast.get_source_segment(source, inner) or "", "")
+                if word in text:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    return found
+
+
+def test_few_functions_name_the_chunk():
+    """The chunk travels inside the options (Options.visibility): the ops that take it by name, its check and
+    the few places that read it name attention_chunk, no more than 30 functions."""
+    naming = functions_naming("attention_chunk")
+    assert len(naming) >= 15  # the ops that take it as a keyword are found at all
+    assert len(naming) <= MAX_FUNCTIONS_NAMING_THE_CHUNK, naming
+
+
 def facts() -> str:
     lines = [f"import cycles: {len(cycles(import_graph()))}"]
     funcs = sorted(functions(), key=lambda f: -f[0])
@@ -307,6 +334,7 @@ def facts() -> str:
     per_room: dict[str, int] = {}
     for m, path in modules().items():
         per_room[room(m)] = per_room.get(room(m), 0) + len(path.read_text().splitlines())
+    lines.append(f"functions naming attention_chunk: {len(functions_naming('attention_chunk'))}")
     lines.append("lines per room: " + ", ".join(f"{r} {n}" for r, n in sorted(per_room.items())))
     return "\n".join(lines)
 

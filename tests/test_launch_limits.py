@@ -49,22 +49,22 @@ def _check_against_dense(fn, q, k, v, dout, causal, atol=2e-5, rtol=1e-4, **opti
 
 @pytest.mark.parametrize("rows,multiple", [(1, 1), (65535, 1), (65536, 1), (70000, 1), (70000, 4), (65535 * 3 + 7, 8),
                                         (2**32, 1), (90, 6)])
-def test_row_chunks_cover_every_row_once_within_the_limit(rows, multiple):
-    chunks = kernel_rules.row_chunks(rows, multiple)
-    assert chunks[0].start == 0 and chunks[-1].stop == rows
-    assert all(a.stop == b.start for a, b in zip(chunks, chunks[1:]))  # in order, no gap, no overlap
-    assert all(0 < c.stop - c.start <= 65535 for c in chunks)
+def test_row_runs_cover_every_row_once_within_the_limit(rows, multiple):
+    runs = kernel_rules.row_runs(rows, multiple)
+    assert runs[0].start == 0 and runs[-1].stop == rows
+    assert all(a.stop == b.start for a, b in zip(runs, runs[1:]))  # in order, no gap, no overlap
+    assert all(0 < c.stop - c.start <= 65535 for c in runs)
     unit = math.lcm(16, multiple)  # aligned pointers: one compiled kernel for every launch; groups whole
-    assert all(c.start % unit == 0 for c in chunks)
-    assert len(chunks) == -(-rows // (65535 // unit * unit))
+    assert all(c.start % unit == 0 for c in runs)
+    assert len(runs) == -(-rows // (65535 // unit * unit))
 
 
-def test_row_chunks_under_a_small_limit_keep_groups_whole(monkeypatch):
+def test_row_runs_under_a_small_limit_keep_groups_whole(monkeypatch):
     monkeypatch.setattr(kernel_rules, "MAX_GRID_ROWS", 3)
-    assert kernel_rules.row_chunks(7) == [slice(0, 3), slice(3, 6), slice(6, 7)]
-    assert kernel_rules.row_chunks(8, multiple=2) == [slice(0, 2), slice(2, 4), slice(4, 6), slice(6, 8)]
+    assert kernel_rules.row_runs(7) == [slice(0, 3), slice(3, 6), slice(6, 7)]
+    assert kernel_rules.row_runs(8, multiple=2) == [slice(0, 2), slice(2, 4), slice(4, 6), slice(6, 8)]
     with pytest.raises(ValueError, match="runs of 4"):
-        kernel_rules.row_chunks(8, multiple=4)
+        kernel_rules.row_runs(8, multiple=4)
 
 
 def _record_grids(monkeypatch, kernel):

@@ -192,7 +192,7 @@ def test_the_op_takes_its_options_as_one_list_of_numbers_and_one_of_tensors_and_
     q, k, v = _grouped()
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    options = Options(True, 0.25, (4, 0), 30.0)
+    options = Options.of(causal=True, scale=0.25, window=(4, 0), softcap=30.0)
     with FakeTensorMode() as mode:
         fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
         out, lse, lse2 = torch.ops.flashlib.flash_attention(fq, fk, fv, options.op_numbers(), [])
@@ -209,7 +209,8 @@ def test_the_op_takes_its_options_as_one_list_of_numbers_and_one_of_tensors_and_
 
 def test_options_cross_the_schema_and_come_back_the_same():
     sinks = torch.randn(3)
-    for options in (Options(), Options(True, 0.125, (7, -1), 2.5), Options(False, 3.0, (-1, 0), 0.0, sinks=sinks)):
+    for options in (Options(), Options.of(causal=True, scale=0.125, window=(7, -1), softcap=2.5),
+                    Options.of(scale=3.0, window=(-1, 0), sinks=sinks)):
         back = Options.from_op(options.op_numbers(), options.tensors)
         assert back._replace(sinks=None) == options._replace(sinks=None)
         assert (back.sinks is None) == (options.sinks is None) and (back.sinks is None or back.sinks is sinks)

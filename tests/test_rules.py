@@ -52,7 +52,7 @@ def _triton_rule(seq_q, seq_k, block_q, block_k, causal, window, chunk=0):
     mask = torch.zeros(max(seq_q, 1), max(seq_k, 1), dtype=torch.int8)
     key_range = torch.zeros(blocks, 2, dtype=torch.int32)
     query_range = torch.zeros(tiles, 2, dtype=torch.int32)
-    bundle = kr.mask_bundle(Options(window=window, attention_chunk=chunk), always=True)  # as the launchers make it
+    bundle = kr.mask_bundle(Options.of(window=window, attention_chunk=chunk), always=True)  # as the launchers make it
     _rule_kernel[(blocks, tiles)](mask, key_range, query_range, seq_q, seq_k, bundle,
                                   ROWS=max(seq_q, 1), COLS=max(seq_k, 1), BLOCK_Q=block_q, BLOCK_K=block_k,
                                   CAUSAL=causal)

@@ -18,6 +18,9 @@ ROOMS = [
     ("ops", "Public ops",
      "`flash_attention` and `flash_attention_varlen`, decoding from a KV cache, ring attention "
      "across processes, and flashlib's attention inside Hugging Face transformers.", None),
+    ("machinery", "Machinery",
+     "What the ops run on: the trace of mask and score functions, the walk over what they capture, the "
+     "checks of every argument and the options of a call, checked once.", "flashlib.machinery"),
     ("kernels", "Teaching kernels",
      "The Triton kernels of notebooks 05-07 and 10, the rules they share with the reference, "
      "the interpreter set-up and compiling for GPU targets.", "flashlib.kernels"),

@@ -4,7 +4,7 @@
     prediction_figure(gbps, label)     that time against the cache length, for a measured bandwidth
     measured_figure(decode, gbps)      a recorded decoding benchmark beside that prediction
     occupancy_figure(...)              busy multiprocessors as the number of splits grows
-    split_kv_figure(q, k, v, seqlen, num_splits)   the chunks, their partial outputs and weights, the merge
+    split_kv_figure(q, k, v, seqlen, num_splits)   the splits, their partial outputs and weights, the merge
     SplitKVStepper                     the same figure under a ``num_splits`` slider
     paged_cache_figure(table, ...)     sequences' pages scattered in memory, found through a block table
     check_step_time, check_cache_gib, check_gather   the exercises
@@ -125,7 +125,7 @@ def occupancy_figure(*, kv_heads: int = 8, batches=(1, 8), sm_count: int = H200_
 # ----- split-KV, in one picture -------------------------------------------------------------------
 
 def split_kv_parts(q, k, v, seqlen: int, num_splits: int):
-    """(parts, merged, full) for one sequence, one head, one new token: ``decode_partials``' chunks
+    """(parts, merged, full) for one sequence, one head, one new token: ``decode_partials``' splits
     (start, stop, out, lse), their merge with ``merge_partials``, and softmax attention over all
     the keys at once. q (d,), k and v (L, d), float64."""
     q4, k4, v4 = q.reshape(1, 1, 1, -1), k[None, None], v[None, None]  # (batch, heads, seq, dim)
@@ -137,8 +137,8 @@ def split_kv_parts(q, k, v, seqlen: int, num_splits: int):
 
 
 def split_kv_figure(q, k, v, seqlen: int, num_splits: int) -> Figure:
-    """Left: the cache cut into chunks, each position's softmax weight, each chunk's share of the
-    sum e^(lse_s - lse). Middle: each chunk's partial output (teal) and their merge (black) over the
+    """Left: the cache cut into splits, each position's softmax weight, each split's share of the
+    sum e^(lse_s - lse). Middle: each split's partial output (teal) and their merge (black) over the
     head dim, the full attention output (x) on it. Right: the shares as bars."""
     parts, merged, full = split_kv_parts(q, k, v, seqlen, num_splits)
     lse = torch.logsumexp(torch.stack([part[3] for part in parts]), 0)

@@ -148,7 +148,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, scale, stride_q, s
     """One program per key tile of one kv head: the grid is (key tiles, B*H_kv); BLOCK_H = H / H_kv; each
     tensor's strides one tuple, (head, row). mask, score: the launch's bundles (kernels/rules.py) or None, the
     block mask's kinds by key tile, (B or 1, H or 1, key tiles, query blocks). ROW0: where K's rows start among
-    all B*H_kv, on a batch boundary (a launch takes at most 65,535 rows: rules.row_chunks)."""
+    all B*H_kv, on a batch boundary (a launch takes at most 65,535 rows: rules.row_runs)."""
     k0 = tl.program_id(0) * BLOCK_K  # the grid replaces the reference's loop over key tiles
     off_z = tl.program_id(1).to(tl.int64)  # batch * kv head
     off_q = off_z * BLOCK_H  # its group's first query head, batch * HEADS + head
@@ -229,7 +229,7 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, qk_scale, scale, stride_q, stride_
                  GROUP=1, HEADS=1, ROW0=0, mask=None, score=None):
     """One program per query block of one head: the grid is (query blocks, B*H); each tensor's strides
     one tuple, (head, row). mask, score: the launch's bundles (kernels/rules.py) or None. ROW0: where Q's rows
-    start among all B*H, on a batch boundary (a launch takes at most 65,535 rows: rules.row_chunks)."""
+    start among all B*H, on a batch boundary (a launch takes at most 65,535 rows: rules.row_runs)."""
     q0 = tl.program_id(0) * BLOCK_Q
     off_z = tl.program_id(1).to(tl.int64)
     off_kv = off_z // GROUP  # grouped-query attention: query head h reads kv head h // GROUP

@@ -2,10 +2,10 @@
 
 Decoding has a few query rows per sequence and a long cache. FlashAttention-2's schedule (one program per
 query block) would launch batch x kv_heads programs, 8 for one sequence of a model with 8 kv heads, on a GPU
-with 132 multiprocessors. So the cache is cut into chunks as well:
+with 132 multiprocessors. So the cache is cut into splits as well:
 
     stage 1, ``_decode_split``   grid (row blocks, num_splits, batch * kv_heads): each program streams its
-        chunk of one sequence's cache past its query rows, keeping (m_i, l_i, acc) as ``_attn_fwd`` does,
+        split of one sequence's cache past its query rows, keeping (m_i, l_i, acc) as ``_attn_fwd`` does,
         and writes its normalised partial output, m_i and l_i (float32);
     stage 2, ``_decode_merge``   grid (batch * kv_heads, row blocks): folds the splits' states into the
         output with notebook 02's merge, from the attention sinks' state where there are sinks (a partial
@@ -38,7 +38,7 @@ from ._mode import interpreting
 from .config import LN2, LOG2E, head_dim_pad
 from .forward import _finish, _finite, _load_rows, _online_update, _scores, triton
 from .rules import (_PARTIAL, _batch_head, _key_range, _key_split, _mod_scores, _sink_state, _stacked_head,
-                    _visible, mask_bundle, row_chunks, score_bundle)
+                    _visible, mask_bundle, row_runs, score_bundle)
 from .maskfn import copied
 
 import triton.language as tl  # noqa: E402  (after forward: it chose the interpreter mode)
@@ -48,7 +48,7 @@ MAX_BLOCK_Q = 64
 # The split rule (choose_num_splits): one wave of programs, PROGRAMS_PER_SM on each streaming
 # multiprocessor (what the decoding kernels' registers and shared memory let reside on an H200, 2 or
 # 3, MLA's 1 in whole waves: flashlib.kernels.launches, tests/test_launch_model.py), each reading at least MIN_KEYS_PER_SPLIT keys
-# (shorter chunks spend more on their partial output and its merge than they save), and never more
+# (shorter splits spend more on their partial output and its merge than they save), and never more
 # than MAX_SPLITS partial outputs to merge.
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 64
@@ -56,7 +56,7 @@ PROGRAMS_PER_SM = 2
 _LN2 = tl.constexpr(LN2)
 
 
-# ----- stage 1: one chunk of the cache per program -----------------------------------------------
+# ----- stage 1: one split of the cache per program -----------------------------------------------
 
 @triton.jit
 def _contiguous_rows(Table, stride_table, off_b, k0, offs_k, valid, PAGE_SIZE: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -98,8 +98,8 @@ def _query_rows(Q, q_rows, offs_r, offs_d, ROWS, HEAD_DIM):
 def _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal, mask):
     """(BLOCK_Q, BLOCK_K) pairs that exist and may attend: row r is the query of new token r % NEW_TOKENS
     (the rows' stride; the sequence has new_tokens, the rest are padding), seeing this split's keys by the
-    forward's rule (kernels/rules.py, the mask bundle's) with seq_q = new_tokens, seq_k = seqlen, chunks counted
-    from the sequence's start and no key before it; causal a runtime flag (decoding is bound by memory, not
+    forward's rule (kernels/rules.py, the mask bundle's) with seq_q = new_tokens, seq_k = seqlen, attention chunks
+    counted from the sequence's start and no key before it; causal a runtime flag (decoding is bound by memory, not
     this test)."""
     tok = offs_r % NEW_TOKENS  # (BLOCK_Q,) each row's new token
     visible = tl.where(causal != 0, _visible(tok, offs_k, new_tokens, seqlen, True),
@@ -141,8 +141,8 @@ def _decode_split(Q, K, V, Partial, PartialML, Seqs, Table, qk_scale, scale, cau
     new_tokens = tl.load(Seqs[1] + off_b)
     start = tl.load(Seqs[2] + off_b)
     offset = seqlen - new_tokens  # cache position of the first new token (< 0: rows before 0 see nothing)
-    # the keys any row sees, [first, seqlen): the rule's key range for seq_q = new_tokens, seq_k = seqlen (chunks
-    # counted from the sequence's start), none before that start (its left padding); this program's split of it
+    # the keys any row sees, [first, seqlen): the rule's key range for seq_q = new_tokens, seq_k = seqlen (attention
+    # chunks counted from the sequence's start), none before that start (its left padding); this program's split of it
     first, _ = _key_range(0, new_tokens, seqlen, 1, BLOCK_K, False, mask, start)
     k_lo, k_hi = _key_split(tl.maximum(first, start // BLOCK_K * BLOCK_K), seqlen, split, NUM_SPLITS, BLOCK_K)
     Q += off_z * stride_q[0]
@@ -182,7 +182,7 @@ def _decode_split(Q, K, V, Partial, PartialML, Seqs, Table, qk_scale, scale, cau
             s = _scores(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION, scale, off_b, heads, positions,
                         offs_k[None, :] - start, score)
         m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION)
-    out, _ = _finish(m_i, l_i, acc)  # an empty chunk: out = 0, m = -inf, l = 0, a weight of 0 in the merge
+    out, _ = _finish(m_i, l_i, acc)  # an empty split: out = 0, m = -inf, l = 0, a weight of 0 in the merge
     part = off_z * NUM_SPLITS + split
     o_mask = (offs_r[:, None] < ROWS) & (offs_dv[None, :] < HEAD_DIM_V)
     rows = offs_r[:, None].to(tl.int64) * stride_p[1]
@@ -439,7 +439,7 @@ class DecodeLaunch:
         shared = values_in_keys(k_cache, v_cache)
         # the rule, whatever it is (its sides read at run time: one kernel for every window), and the strides of q
         # (sequence, stack, row), the caches (block, head, row) and the partials (part, row), one tuple each
-        self._split_args = (options.scale * LOG2E, options.scale, int(options.causal),
+        self._split_args = (options.scale * LOG2E, options.scale, int(options.visibility.causal),
                             mask_bundle(options, always=True), q_strides, k_cache.stride()[:3], v_cache.stride()[:3],
                             block_table.stride(0) if paged else 0, self.partial.stride()[:2], kv_heads, splits,
                             self.rows, rows, n, d, dv)
@@ -449,10 +449,10 @@ class DecodeLaunch:
             HEAD_DIM_V_PAD=head_dim_pad(dv), BLOCK_Q=block_q, BLOCK_K=cfg.block_k,
             KEY_ROWS=_paged_rows if paged else _contiguous_rows, INPUT_PRECISION="tf32",
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, V_FROM_K=shared, score=score_bundle(score))
-        # grid axis 2, batch x kv_heads, takes at most 65,535 on CUDA (rules.row_chunks): a larger batch launches in
+        # grid axis 2, batch x kv_heads, takes at most 65,535 on CUDA (rules.row_runs): a larger batch launches in
         # runs of whole sequences, each on views of what stage 1 indexes by sequence
         self._runs = []
-        for run in row_chunks(launches * kv_heads, kv_heads):
+        for run in row_runs(launches * kv_heads, kv_heads):
             seqs = slice(run.start // kv_heads, run.stop // kv_heads)
             parts = slice(run.start * splits, run.stop * splits)
             self._runs.append(((self.shape.split_grid[0], splits, run.stop - run.start), run, seqs, self.partial[parts],

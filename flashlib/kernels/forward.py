@@ -171,7 +171,7 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale, stride_q, stride_k, stride_v, stride_
     given (qk_scale = scale * log2 e). mask: the mask side (a window, chunk or mask function, its block mask of
     (B or 1, H or 1, query blocks, key tiles)), score: the score side (a score function, sinks (H,)), bundles of
     kernels/rules.py, or None. ROW0: where Q's rows start among all B*H, on a batch boundary (a launch takes at
-    most 65,535 rows: rules.row_chunks). The run-time parameters keep the order they had before the bundles
+    most 65,535 rows: rules.row_runs). The run-time parameters keep the order they had before the bundles
     (scale, the rule, the block mask, ROW0): ptxas allocates registers by it (data/bench/LOG.md, 2026-12-07)."""
     q0 = tl.program_id(0) * BLOCK_Q  # the grid replaces the reference's loop over query blocks
     off_z = tl.program_id(1).to(tl.int64)  # batch * head index; int64 so large tensors index safely

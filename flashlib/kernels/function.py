@@ -27,7 +27,7 @@ from .forward import _attn_fwd
 from .maskfn import compile_mask, symbol_bounds
 from .scorefn import check_indices, compile_score, score_bounds, score_tensors
 from .tracememo import TraceMemo, contents_guard
-from .rules import mask_bundle, row_chunks, score_bundle
+from .rules import mask_bundle, row_runs, score_bundle
 
 
 FN = "flashlib.kernels.attention"
@@ -117,20 +117,21 @@ def kernel_score(options: Options, device, *, batch=None, heads=None, seq_q=None
 def _kinds(options: Options, batch, heads, seq_q, seq_k, block_q, block_k, device):
     """The block mask's kinds for these tiles (flashlib.masks.block_mask), (B or 1, H or 1, query
     blocks, key tiles); for a window or chunk alone, every tile partial: its key range skips the rest."""
-    if options.mask_mod is None:
+    rule = options.visibility
+    if rule.mask_mod is None:
         shape = (1, 1, triton.cdiv(seq_q, block_q), triton.cdiv(seq_k, block_k))
         return torch.full(shape, PARTIAL, dtype=torch.uint8, device=device)
     if options.block_mask is not None:  # built once, by the caller
         return options.block_mask.coarsen(block_q, block_k).to(device)
 
     def build():  # O(seq_q * seq_k) evaluations of the mask function: kept while it reads the same values
-        return block_mask(seq_q, seq_k, block_q=block_q, block_k=block_k, causal=options.causal, window=options.window,
-                          attention_chunk=options.attention_chunk, mask_mod=options.mask_mod, batch=batch, heads=heads,
+        return block_mask(seq_q, seq_k, block_q=block_q, block_k=block_k, causal=rule.causal, window=rule.window,
+                          attention_chunk=rule.chunk, mask_mod=rule.mask_mod, batch=batch, heads=heads,
                           device=device).kinds, ()
 
-    call = ("kinds", seq_q, seq_k, block_q, block_k, options.causal, options.window, options.attention_chunk, batch, heads,
+    call = ("kinds", seq_q, seq_k, block_q, block_k, rule.causal, rule.window, rule.chunk, batch, heads,
             torch.device(device))
-    return KINDS.get(options.mask_mod, call, build)[0]
+    return KINDS.get(rule.mask_mod, call, build)[0]
 
 
 # a block mask is (B or 1, H or 1, query blocks, key tiles) bytes: 16k tokens in 64-tiles, 32 heads,
@@ -159,7 +160,7 @@ def variant_args(options: Options, *, group: int = 1, heads: int = 1, kinds=None
     :class:`~flashlib.kernels.maskfn.KernelMask`), None for a window alone; sinks: the forward's attention sinks
     (H,), float32 contiguous, or None; score: the score function compiled (:func:`kernel_score`), or None."""
     args = {}
-    if group > 1 or options.mask_mod is not None or sinks is not None or score is not None:
+    if group > 1 or options.visibility.mask_mod is not None or sinks is not None or score is not None:
         args.update(GROUP=group, HEADS=heads)  # the kernels tell mask and score functions the head
     mask, score = mask_bundle(options, kinds, data), score_bundle(score, sinks)
     return dict(args, **({} if mask is None else dict(mask=mask)), **({} if score is None else dict(score=score)))
@@ -187,12 +188,12 @@ def _launch_forward(q, k, v, cfg, options=DEFAULT, heads=1, masks=None, fn=FN):
     sinks = None if sinks is None else sinks.detach().to(torch.float32).contiguous()  # as the kernels read them
     score = kernel_score(options, q.device, batch=bh // heads, heads=heads, seq_q=seq_q, seq_k=k.shape[1], fn=fn)
     switches = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, dv), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k,
-                    CAUSAL=options.causal, INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps,
+                    CAUSAL=options.visibility.causal, INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages, **variant_args(options, group=group, heads=heads, kinds=kinds, data=data,
                                                               sinks=sinks, score=score))
     # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where the
     # kernel is told the head (masks, sinks and score functions)
-    for rows in row_chunks(bh, heads if _tells_head(options, sinks, score) else group):
+    for rows in row_runs(bh, heads if _tells_head(options, sinks, score) else group):
         kv = slice(rows.start // group, rows.stop // group)
         _attn_fwd[(triton.cdiv(seq_q, cfg.block_q), rows.stop - rows.start)](
             q[rows], k[kv], v[kv], out[rows], lse[rows], scale * LOG2E, *_strides(q, k, v, out), seq_q, k.shape[1], d,
@@ -205,7 +206,7 @@ def preprocess(out, dout, dlse, cfg):
     layout's (H, total_q, dv) views."""
     bh, seq_q, d = out.shape
     delta = torch.empty(bh, seq_q, dtype=torch.float32, device=out.device)
-    for rows in row_chunks(bh):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
+    for rows in row_runs(bh):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
         _attn_bwd_preprocess[(triton.cdiv(seq_q, cfg.bwd_block_q), rows.stop - rows.start)](
             out[rows], dout[rows], delta[rows], *_strides(out, dout), seq_q, d, HEAD_DIM_PAD=head_dim_pad(d),
             BLOCK_Q=cfg.bwd_block_q)
@@ -221,7 +222,7 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cfg, options=DEFAULT, heads=
     mask path. The lse holds the sinks, so the three kernels are the same with and without them."""
     bh, seq_q, d = q.shape
     seq_k, d_v = k.shape[1], v.shape[-1]
-    causal, scale, sinks = options.causal, options.scale, options.sinks
+    causal, scale, sinks = options.visibility.causal, options.scale, options.sinks
     delta = preprocess(out, dout, dlse, cfg)  # over v's head dim
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     common = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, d_v), BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k,
@@ -235,13 +236,13 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cfg, options=DEFAULT, heads=
     if "GROUP" in by_key:  # dK/dV sums over its block of query heads, BLOCK_H: compile-time, one trip gone without GQA
         by_key["BLOCK_H"] = by_key.pop("GROUP")
     # grid axis 1 holds a launch's rows (CUDA takes at most 65,535), from a batch's first where masked
-    for kv in row_chunks(k.shape[0], heads // group if told else 1):
+    for kv in row_runs(k.shape[0], heads // group if told else 1):
         rows = slice(kv.start * group, kv.stop * group)  # the query heads that read these kv heads
         _attn_bwd_dkdv[(triton.cdiv(seq_k, cfg.bwd_block_k), kv.stop - kv.start)](
             q[rows], k[kv], v[kv], dout[rows], dk[kv], dv[kv], lse[rows], delta[rows], scale * LOG2E, scale,
             *_strides(q, k, v, dout, dk, dv), SEQ_Q=seq_q, SEQ_K=seq_k, HEAD_DIM=d, ROW0=kv.start, **common, **by_key)
     by_query = variant_args(options, group=group, heads=heads, kinds=by_query, data=data, score=score)
-    for rows in row_chunks(bh, heads if told else group):
+    for rows in row_runs(bh, heads if told else group):
         kv = slice(rows.start // group, rows.stop // group)
         _attn_bwd_dq[(triton.cdiv(seq_q, cfg.bwd_block_q), rows.stop - rows.start)](
             q[rows], k[kv], v[kv], dout[rows], dq[rows], lse[rows], delta[rows], scale * LOG2E, scale,
@@ -266,7 +267,8 @@ def _masks(options: Options, q, seq_k, block_q, block_k, backward=False, fn=FN):
     # traced before the block mask evaluates it: a construct the kernels cannot compile is named by
     # the trace, not by PyTorch's error on index tensors
     bounds = symbol_bounds(batch, heads, q.shape[-2], seq_k)
-    data = None if options.mask_mod is None else compile_mask(fn, options.mask_mod, q.device, bounds)
+    mask_mod = options.visibility.mask_mod
+    data = None if mask_mod is None else compile_mask(fn, mask_mod, q.device, bounds)
     kinds = _kinds(options, batch, heads, q.shape[-2], seq_k, block_q, block_k, q.device)
     if backward:
         return rows_of_16(kinds), rows_of_16(kinds.transpose(-1, -2)), data

@@ -244,7 +244,7 @@ def _mod_slope(ds, slope, score=None):
 @triton.jit
 def _batch_head(row, HEADS, ROW0):
     """(batch row, head) of row ``row`` (batch * HEADS + head) of a launch whose rows start at ROW0, a batch
-    boundary (row_chunks): what mask and score functions are told, and which kv head a program reads."""
+    boundary (row_runs): what mask and score functions are told, and which kv head a program reads."""
     row = row + ROW0
     return row // HEADS, row % HEADS
 
@@ -378,7 +378,7 @@ def score_bundle(compiled=None, sinks=None) -> ScoreBundle | None:
 MAX_GRID_ROWS = 65535  # CUDA's limit on grid axes 1 and 2 (axis 0 takes 2^31 - 1)
 
 
-def row_chunks(rows: int, multiple: int = 1) -> list[slice]:
+def row_runs(rows: int, multiple: int = 1) -> list[slice]:
     """The kernels' (batch, head) rows, on grid axis 1, in runs of at most MAX_GRID_ROWS (a launch each, on
     views): runs start on multiples of ``multiple`` (a kv head's query heads; a batch's heads for a mask
     function) and, where the limit allows, of 16, keeping the 16-byte alignment Triton specialises on."""

@@ -25,7 +25,7 @@ from ..varlen import check_varlen_inputs, sequence_score, sequences
 from .backward import _attn_bwd_dkdv_block, _attn_bwd_dq_block
 from .config import LOG2E, head_dim_pad, lse_natural, value_dim
 from .forward import _attn_fwd_block, triton
-from .rules import _batch_head, mask_bundle, row_chunks, score_bundle
+from .rules import _batch_head, mask_bundle, row_runs, score_bundle
 from ..machinery.options import Options, checked_options
 from .function import (DEFAULT, _strides, check_kernel_inputs, kernel_score, preprocess, resolve_config, save_lse,
                        score_grads)
@@ -149,10 +149,10 @@ def _positions(cu_q, cu_k, heads: int):
 
 def _launch(kernel, blocks, heads, cu_q, cu_k, before, after, **switches):
     """kernel on grid (blocks, sequences x heads) with the lengths between its arguments before and after: grid
-    axis 1 holds batch x heads rows and CUDA takes at most 65,535 (rules.row_chunks), so a larger batch is
+    axis 1 holds batch x heads rows and CUDA takes at most 65,535 (rules.row_runs), so a larger batch is
     launched in runs of whole sequences. The kernels read absolute token offsets, so a run is just its slice
     of the lengths; a score function is told the run's first sequence, B0."""
-    for rows in row_chunks((cu_q.shape[0] - 1) * heads, heads):
+    for rows in row_runs((cu_q.shape[0] - 1) * heads, heads):
         b0, b1 = rows.start // heads, rows.stop // heads
         if switches.get("score") is not None:
             switches.update(B0=b0)
@@ -171,7 +171,7 @@ def _launch_forward(q, k, v, cu_q, cu_k, max_q, max_k, cfg, options: Options):
     _launch(_attn_fwd_varlen, triton.cdiv(max_q, cfg.block_q), heads, cu_q, cu_k, (q, k, v, out, lse),
             (scale * LOG2E, scale, *_strides(q, k, v, out), total_q, heads, heads // k.shape[1], d),
             HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, dv), BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k,
-            CAUSAL=options.causal, INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps,
+            CAUSAL=options.visibility.causal, INPUT_PRECISION=cfg.input_precision, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, mask=_mask(options, triton.cdiv(max_k, cfg.block_k), q.device), score=score)
     return out, lse
 
@@ -186,7 +186,7 @@ def _launch_backward(q, k, v, out, lse, dout, dlse, cu_q, cu_k, max_q, max_k, cf
     score = score_bundle(kernel_score(options, q.device, batch=cu_q.shape[0] - 1, heads=heads, seq_q=max_q,
                                       seq_k=max_k, fn=VARLEN_FN, regions=_positions(cu_q, cu_k, heads)))
     common = dict(HEAD_DIM_PAD=head_dim_pad(d), **value_dim(d, v.shape[-1]), BLOCK_Q=cfg.bwd_block_q,
-                  BLOCK_K=cfg.bwd_block_k, CAUSAL=options.causal, INPUT_PRECISION=cfg.input_precision,
+                  BLOCK_K=cfg.bwd_block_k, CAUSAL=options.visibility.causal, INPUT_PRECISION=cfg.input_precision,
                   num_warps=cfg.bwd_num_warps, num_stages=cfg.bwd_num_stages, score=score)
     _launch(_attn_bwd_dkdv_varlen, triton.cdiv(max_k, cfg.bwd_block_k), kv_heads, cu_q, cu_k,
             (q, k, v, dout, dk, dv, lse, delta), (scale * LOG2E, scale, *_strides(q, k, v, dout, dk, dv), total_q,

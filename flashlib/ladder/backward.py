@@ -28,7 +28,7 @@ import triton.language as tl  # noqa: E402
 
 from ..kernels.backward import _lse_base2  # noqa: E402
 from ..kernels.forward import _load_rows  # noqa: E402
-from ..kernels.rules import _key_tiles, _query_tiles, _visible, row_chunks  # noqa: E402
+from ..kernels.rules import _key_tiles, _query_tiles, _visible, row_runs  # noqa: E402
 from .forward import (_load_full_rows, _query_block, _store_rows, empty_rows, ensure_allocator,  # noqa: E402
                       int32_rows, tma_eligible, tma_hardware)
 
@@ -330,7 +330,7 @@ def _preprocess(chosen: Backward, out, dout, dlse):
     gradient of lse enters where delta does."""
     bh, seq_q, d = out.shape
     delta = torch.empty(bh, seq_q, dtype=torch.float32, device=out.device)
-    for rows in row_chunks(bh):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
+    for rows in row_runs(bh):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
         kernel_function(chosen.kernels["preprocess"])[(triton.cdiv(seq_q, 64), rows.stop - rows.start)](
             out[rows], dout[rows], delta[rows], out.stride()[:2], dout.stride()[:2], seq_q, d,
             HEAD_DIM_PAD=head_dim_pad(d), BLOCK_Q=64)
@@ -358,9 +358,9 @@ def _launch(chosen: Backward, role: str, args, rows: int, options: dict, cfg, bu
         own.update(BLOCK_Q=cfg.bwd_block_q, BLOCK_K=cfg.bwd_block_k, num_warps=cfg.bwd_num_warps,
                    num_stages=cfg.bwd_num_stages, **({"DQ_T": cfg.bwd_dq_transposed} if role == "fused" else {}))
     block = "BLOCK_Q" if role == "dq" else "BLOCK_K"
-    for chunk in row_chunks(args[0].shape[0]):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
-        part = tuple(a[chunk] if isinstance(a, torch.Tensor) else a for a in args)  # every tensor: (B*H, ...)
-        kernel[lambda meta, n=chunk.stop - chunk.start: (triton.cdiv(rows, meta[block]), n)](*part, **options, **own)
+    for run in row_runs(args[0].shape[0]):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
+        part = tuple(a[run] if isinstance(a, torch.Tensor) else a for a in args)  # every tensor: (B*H, ...)
+        kernel[lambda meta, n=run.stop - run.start: (triton.cdiv(rows, meta[block]), n)](*part, **options, **own)
     if cfg is None:
         best = getattr(kernel, "best_config", None)  # this launch's (none when compiling ahead)
         return bool(best and best.kwargs.get("DQ_T", False))

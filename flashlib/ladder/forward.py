@@ -30,7 +30,7 @@ import triton.language as tl  # noqa: E402
 
 from ..kernels.function import check_kernel_inputs, empty_result, flat, resolve_config  # noqa: E402
 from ..kernels.forward import _attn_fwd, _finish, _load_rows, _online_update, _score_tile  # noqa: E402
-from ..kernels.rules import _key_tiles, _visible, row_chunks  # noqa: E402
+from ..kernels.rules import _key_tiles, _visible, row_runs  # noqa: E402
 
 FN = "flashlib.ladder.attention"
 
@@ -308,10 +308,11 @@ def _launch(kernel, switches, tuner_variant, tiles, q, k, v, out, lse, options: 
         kernel, fixed = autotune.tuner(kernel, tuner_variant, seq_bucket(seq_q, k.shape[1]), tiles), {}
     else:
         fixed = dict(BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    for rows in row_chunks(bh):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
+    for rows in row_runs(bh):  # grid axis 1 holds a launch's rows: CUDA takes at most 65,535
         kernel[lambda meta, n=rows.stop - rows.start: (triton.cdiv(seq_q, meta["BLOCK_Q"]), n)](
             q[rows], k[rows], v[rows], out[rows], lse[rows], options.scale * LOG2E, *rest, **head_dim,
-            CAUSAL=options.causal, INPUT_PRECISION=cfg.input_precision if cfg else "tf32", **switches, **fixed)
+            CAUSAL=options.visibility.causal, INPUT_PRECISION=cfg.input_precision if cfg else "tf32", **switches,
+            **fixed)
 
 
 def autotuned_choice(q, causal: bool, rung: str = "autotuned", seq: int | None = None):
@@ -366,5 +367,5 @@ def forward_base2(q, k, v, *, causal: bool = False, scale: float | None = None, 
         qf, kf, vf = int32_rows(qf), int32_rows(kf), int32_rows(vf)
     kernel, switches, tuner_variant = variant(r, descriptors, scale)
     cfg = None if r.tiles and autotune.autotunes(q.dtype, config) else fixed  # None: autotune
-    _launch(kernel, switches, tuner_variant, r.tiles, qf, kf, vf, out, lse, Options(causal, scale), cfg)
+    _launch(kernel, switches, tuner_variant, r.tiles, qf, kf, vf, out, lse, Options.of(causal=causal, scale=scale), cfg)
     return out.reshape(q.shape), lse.reshape(*lead, seq_q)

@@ -39,7 +39,8 @@ class LadderFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, options: Options, forward, backward, config):
-        out, lse2 = rung_forward(q, k, v, causal=options.causal, scale=options.scale, rung=forward, config=config)
+        out, lse2 = rung_forward(q, k, v, causal=options.visibility.causal, scale=options.scale, rung=forward,
+                                 config=config)
         lse, column = save_lse(lse2)
         save(ctx, q, k, v, out, lse, column)
         ctx.options, ctx.backward, ctx.config = options, backward, config
@@ -48,7 +49,7 @@ class LadderFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, _, column = saved(ctx)
-        grads = backward_pass_base2(q, k, v, out, column.squeeze(-1), dout, causal=ctx.options.causal,
+        grads = backward_pass_base2(q, k, v, out, column.squeeze(-1), dout, causal=ctx.options.visibility.causal,
                                     scale=ctx.options.scale, backward=ctx.backward, config=ctx.config, dlse=dlse)
         return *grads, None, None, None, None
 
@@ -60,5 +61,5 @@ def attention(q, k, v, *, causal=False, scale=None, forward="tma", backward="tun
     for argument, name, known in (("forward", forward, RUNGS), ("backward", backward, BACKWARDS)):
         if name not in known:
             raise ValueError(f"{FN}: argument '{argument}' must be one of {known}, got {name!r}")
-    out, lse = LadderFunction.apply(q, k, v, Options(causal, scale), forward, backward, config)
+    out, lse = LadderFunction.apply(q, k, v, Options.of(causal=causal, scale=scale), forward, backward, config)
     return (out, lse) if return_lse else out

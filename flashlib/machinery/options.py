@@ -4,12 +4,14 @@ Every op checks its keyword arguments once (:func:`check_options`) into an :clas
 what travels. A new option is one field here (and its check; a tensor option a row of :data:`TENSOR_OPTIONS`
 too); layers ask the rules through :attr:`Options.visibility` and :attr:`Options.scoring`.
 
-    causal      bool: the causal rule (bottom-right aligned)
+    visibility  which pairs may attend, :class:`flashlib.rules.Visibility`, made of the op's options
+        causal           bool: the causal rule (bottom-right aligned)
+        window           (left, right), -1 for no limit on a side
+        mask_mod         mask_mod(b, h, q_idx, kv_idx) -> bool, or None
+        attention_chunk  int, 0 for none (the rule's field ``chunk``): query at p = i + seq_k - seq_q sees
+                         key j only if j // C == p // C
     scale       float: the softmax scale, resolved (1/sqrt(head_dim) unless given)
-    window      (left, right), -1 for no limit on a side
-    attention_chunk   int, 0 for none: query at p = i + seq_k - seq_q sees key j only if j // C == p // C
     softcap     float, 0.0 for none: the score function flashlib.scores.softcap(c)
-    mask_mod    mask_mod(b, h, q_idx, kv_idx) -> bool, or None
     block_mask  the block mask built once from the mask (flashlib.masks.create_block_mask), or None
     score_mod   score_mod(score, b, h, q_idx, kv_idx) -> score, or None
     sinks       attention sinks (heads,), a tensor, or None
@@ -39,25 +41,40 @@ class TensorOption(NamedTuple):
 TENSOR_OPTIONS = (TensorOption("sinks", "(heads,)", True),)
 
 
-class Options(NamedTuple):
-    """The checked options of a call (see the module's table); made by :func:`check_options`."""
+# the options an op takes by name, in the order :meth:`Options.given` lists them; those of the rule live in
+# Options.visibility, under the rule's own name (flashlib.rules.Visibility: the chunk is its field 'chunk')
+OPTION_NAMES = ("causal", "scale", "window", "softcap", "mask_mod", "block_mask", "score_mod", "sinks",
+                "attention_chunk")
+RULE_FIELDS = {"causal": "causal", "window": "window", "mask_mod": "mask_mod", "attention_chunk": "chunk"}
 
-    causal: bool = False
+
+class Options(NamedTuple):
+    """The checked options of a call (see the module's table); made by :func:`check_options`. Which pairs
+    may attend (causal, window, mask_mod, attention_chunk) is one field, the rule itself."""
+
+    visibility: Visibility = Visibility()
     scale: float = 1.0
-    window: tuple[int, int] = (-1, -1)
     softcap: float = 0.0
-    mask_mod: Callable | None = None
     block_mask: BlockMask | None = None
     score_mod: Callable | None = None
     sinks: torch.Tensor | None = None
-    attention_chunk: int = 0
 
     # ----- the rules, asked ------------------------------------------------------------------
 
-    @property
-    def visibility(self) -> Visibility:
-        """Which (query, key) pairs may attend (:mod:`flashlib.rules`)."""
-        return Visibility(self.causal, self.window, self.mask_mod, self.attention_chunk)
+    def option(self, name: str):
+        """The option an op takes as ``name`` (one of :data:`OPTION_NAMES`), wherever it is held."""
+        return getattr(self.visibility, RULE_FIELDS[name]) if name in RULE_FIELDS else getattr(self, name)
+
+    @classmethod
+    def of(cls, **keywords) -> "Options":
+        """Options from an op's keywords (:data:`OPTION_NAMES`) as they are, unchecked: :func:`check_options`
+        checks them."""
+        rule = {RULE_FIELDS[name]: keywords.pop(name) for name in list(keywords) if name in RULE_FIELDS}
+        return cls(Visibility(**rule), **keywords)
+
+    def with_rule(self, **fields) -> "Options":
+        """These options with the rule's fields changed (causal=False, window=..., chunk=...)."""
+        return self._replace(visibility=self.visibility._replace(**fields))
 
     @property
     def score_function(self) -> Callable | None:
@@ -72,18 +89,19 @@ class Options(NamedTuple):
     @property
     def masked(self) -> bool:
         """A window, a chunk or a mask function: the kernels take their mask path (a mask bundle)."""
-        return self.visibility.banded or self.mask_mod is not None
+        return self.visibility.banded or self.visibility.mask_mod is not None
 
     @property
     def functions(self) -> bool:
         """A mask or score function: Python code, which no custom op's schema can carry."""
-        return self.mask_mod is not None or self.score_mod is not None
+        return self.visibility.mask_mod is not None or self.score_mod is not None
 
     def given(self) -> list[str]:
         """The names of the options set to anything but their default (causal and scale always)."""
-        return ["causal", "scale"] + [name for name, default in zip(self._fields[2:], Options()[2:])
-                                      if (getattr(self, name) is not None if default is None
-                                          else getattr(self, name) != default)]  # a tensor is never compared
+        default = Options()
+        return ["causal", "scale"] + [name for name in OPTION_NAMES[2:]
+                                      if (self.option(name) is not None if default.option(name) is None
+                                          else self.option(name) != default.option(name))]  # a tensor is never compared
 
     @property
     def beyond_causal(self) -> bool:
@@ -101,14 +119,15 @@ class Options(NamedTuple):
     def window_within(self, keys: int) -> "Options":
         """These options with each window side and the chunk at most ``keys``, which limits nothing more
         (-1 and 0 stay), so that the kernels' integers (a side plus a position) stay small."""
-        return self._replace(window=tuple(min(side, keys) for side in self.window),
-                             attention_chunk=min(self.attention_chunk, keys))
+        rule = self.visibility
+        return self.with_rule(window=tuple(min(side, keys) for side in rule.window), chunk=min(rule.chunk, keys))
 
     @property
     def rule_numbers(self) -> tuple:
         """(window left, window right[, chunk]): the rule's tuple the kernels are given (flashlib.kernels.rules);
         two integers without chunks, so that the chunk's code is compiled out."""
-        return (*self.window, self.attention_chunk) if self.attention_chunk else tuple(self.window)
+        rule = self.visibility
+        return (*rule.window, rule.chunk) if rule.chunk else tuple(rule.window)
 
     # ----- what crosses a custom op's schema: numbers and tensors, each in one list --------------
 
@@ -136,20 +155,21 @@ class Options(NamedTuple):
         custom op's schema; :meth:`from_op` reads them back."""
         if self.functions:
             raise ValueError("a mask or score function is Python code, not an argument of a custom op")
-        return [float(self.causal), float(self.scale), *map(float, self.window), float(self.softcap),
-                float(self.attention_chunk), *(float(getattr(self, row.name) is not None) for row in TENSOR_OPTIONS)]
+        rule = self.visibility
+        return [float(rule.causal), float(self.scale), *map(float, rule.window), float(self.softcap),
+                float(rule.chunk), *(float(getattr(self, row.name) is not None) for row in TENSOR_OPTIONS)]
 
     @classmethod
     def from_op(cls, numbers, tensors) -> "Options":
         """The options an op was given as (:meth:`op_numbers`, :attr:`tensors`)."""
         causal, scale, left, right, softcap, chunk, *held = numbers
         placeholders = {row.name: torch.empty(0) for row, flag in zip(TENSOR_OPTIONS, held) if flag}
-        options = cls(bool(causal), scale, (int(left), int(right)), softcap, attention_chunk=int(chunk), **placeholders)
-        return options.with_tensors(tensors)
+        rule = Visibility(bool(causal), (int(left), int(right)), chunk=int(chunk))
+        return cls(rule, scale, softcap, **placeholders).with_tensors(tensors)
 
     def keywords(self) -> dict:
         """The keyword arguments that give these options again: :meth:`given`'s, so no op is handed one unset."""
-        return {name: getattr(self, name) for name in self.given()}
+        return {name: self.option(name) for name in self.given()}
 
 
 def check_options(fn: str, q, k, v, *, causal: bool = False, scale=None, window=None, softcap=None, mask_mod=None,
@@ -169,23 +189,25 @@ def checked_options(fn: str, heads: int, device, *, causal=False, scale: float, 
                     mask_mod=None, sinks=None, score_mod=None, attention_chunk=None) -> Options:
     """:func:`check_options` for a call whose inputs and scale are checked otherwise (packed
     sequences, decoding): the options alone, for ``heads`` query heads on ``device``."""
-    return Options(bool(causal), float(scale), check_window(fn, window), check_softcap(fn, softcap),
-                   check_mask_mod(fn, mask_mod, device), None, check_score_mod(fn, score_mod, softcap, device),
-                   check_sinks(fn, sinks, heads, device), check_chunk(fn, attention_chunk))
+    window, softcap_value = check_window(fn, window), check_softcap(fn, softcap)
+    mask_mod = check_mask_mod(fn, mask_mod, device)
+    score_mod, sinks = check_score_mod(fn, score_mod, softcap, device), check_sinks(fn, sinks, heads, device)
+    rule = Visibility(bool(causal), window, mask_mod, check_chunk(fn, attention_chunk))
+    return Options(rule, float(scale), softcap_value, None, score_mod, sinks)
 
 
 def _with_block_mask(fn, options: Options, block_mask, q, k, window, mask_mod, attention_chunk) -> Options:
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"{fn}: argument 'block_mask' must be a flashlib BlockMask (flashlib.masks.create_block_mask),"
                         f" got {type(block_mask).__name__}")
-    rule = block_mask.rule
+    rule, given = block_mask.rule, options.visibility
     if mask_mod is None:  # the block mask's own mask function: the kernels read its tensors too
         check_mask_mod(fn, rule.mask_mod, q.device)
-    for name, ruled, differs in (("causal", rule.causal, options.causal and not rule.causal),
-                                 ("window", rule.window, window is not None and options.window != rule.window),
+    for name, ruled, differs in (("causal", rule.causal, given.causal and not rule.causal),
+                                 ("window", rule.window, window is not None and given.window != rule.window),
                                  ("mask_mod", rule.mask_mod, mask_mod is not None and mask_mod is not rule.mask_mod),
                                  ("attention_chunk", rule.chunk,
-                                  attention_chunk is not None and options.attention_chunk != rule.chunk)):
+                                  attention_chunk is not None and given.chunk != rule.chunk)):
         if differs:
             raise ValueError(f"{fn}: argument '{name}' differs from the block mask's ({ruled!r}); the "
                              f"block mask carries the mask: pass {name} to create_block_mask, not to this call")
@@ -195,5 +217,4 @@ def _with_block_mask(fn, options: Options, block_mask, q, k, window, mask_mod, a
         raise ValueError(f"{fn}: argument 'block_mask' was built for (batch {seen[2]}, heads {seen[3]}, seq_q "
                          f"{seen[0]}, seq_k {seen[1]}) but the call has ({batch}, {heads}, {q.shape[-2]}, "
                          f"{k.shape[-2]}); build it for these shapes (batch and heads may be 1)")
-    return options._replace(causal=rule.causal, window=rule.window, mask_mod=rule.mask_mod, attention_chunk=rule.chunk,
-                            block_mask=block_mask)
+    return options._replace(visibility=rule, block_mask=block_mask)
