@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import nbformat
@@ -505,6 +506,19 @@ def flexed(q, k, v, block_q, block_k, causal):
 def test_pytorchs_fused_attention_is_not_a_tiled_forward(fn, called, capsys):
     result = labs.check("tiled_forward", fn)
     assert result.mistake == "library_attention" and f"called torch's {called}" in result.message
+
+
+def test_flex_attention_still_works_after_a_learner_called_it_under_a_check(capsys):
+    """The check runs the learner's function under a dispatch mode; flex_attention compiles itself, and a compile
+    under such a mode used to break every later flex_attention of the process (a notebook's, a test's)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    labs.check("tiled_forward", flexed)
+    q, k, v = (torch.randn(1, 2, 24, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager flex on a CPU warns that it is unfused
+        out = flex_attention(q, k, v)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v))
 
 
 def raises(*args):

@@ -36,6 +36,9 @@ from pathlib import Path
 
 import nbformat
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flashlib.labs.gradebook import POINTS  # noqa: E402  the gradebook's points are these minutes
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
 PAGE = ROOT / "docs" / "syllabus.md"
@@ -46,9 +49,9 @@ SETUP_TAG = "flashlib-setup"  # tools/notebook_setup.py's cells: not the course'
 
 READ_WPM = 120
 CODE_LPM = 10
-EXERCISE_MIN = 5
-LAB_MIN = 30
-KERNEL_LAB_MIN = 45
+EXERCISE_MIN = POINTS["exercise"]
+LAB_MIN = POINTS["lab"]
+KERNEL_LAB_MIN = POINTS["kernel lab"]
 
 BEGIN, END = "<!-- syllabus-table: begin (tools/syllabus.py --write) -->", "<!-- syllabus-table: end -->"
 _CHECK_CALL = re.compile(r"\b\w+\.check_\w+\(")

@@ -27,6 +27,20 @@ class TensorWatch(TorchDispatchMode):
         self.ops: set[str] = set()
         self.operands: list[tuple[str, tuple[int, ...]]] = []  # (operation, shape): see computed_with
 
+    def __enter__(self):
+        # Nothing compiles while watched: compiled code would hide its operations from the watch, and dynamo
+        # tracing under a dispatch mode leaves its cache broken for the rest of the process (a learner's call
+        # of flex_attention, which compiles itself, then made every later flex_attention fail).
+        self._eager = torch.compiler.set_stance("force_eager")
+        self._eager.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._eager.__exit__(*exc)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
         self.ops.add(func.__name__)
