@@ -85,8 +85,8 @@ def truth_refusal(op: str | None, argument: str, function, exc: RuntimeError) ->
     if place is None:
         return None
     what, fix = _truth_construct(place.tb_frame, place.tb_lasti)
-    return refusal(op, argument, function, TraceError(what, fix, where=_user_frame_text(place.tb_frame,
-                                                                                        place.tb_lineno)))
+    where = _user_frame_text(place.tb_frame, place.tb_lineno)
+    return refusal(op, argument, function, TraceError(what, fix, where=where))
 
 
 def function_name(fn) -> str:
