@@ -119,6 +119,54 @@ def test_flash_attn_kvcache_grid(case):
 
 
 @needs_kernels
+@pytest.mark.parametrize("mha", ["gqa", "mqa"])
+def test_padding_rows_read_nothing_past_a_score_functions_table(mha):
+    # decoding stacks a kv head's query heads into one tile, padded to a power of two: the padding rows
+    # must not index past the heads. The table is a view whose neighbours are inf, so a read past it
+    # gives inf * 0 (an error under the interpreter) and a wrong row on a GPU
+    g = torch.Generator().manual_seed(3)
+    heads, kv_heads = 6, {"gqa": 3, "mqa": 1}[mha]
+    q = torch.randn(2, heads, 3, 16, generator=g)
+    k, v = (torch.randn(2, kv_heads, 20, 16, generator=g) for _ in range(2))
+    lengths = torch.tensor([17, 9], dtype=torch.int32)
+    room = torch.full((2, 32), float("inf"))
+    room[:, :heads] = torch.rand(2, heads, generator=g) * 0.3
+    slopes = room[:, :heads]
+    with torch.no_grad():
+        out = flashlib.decode_attention(q, k, v, lengths, causal=True,
+                                        score_mod=lambda s, b, h, q_idx, kv_idx: s - slopes[b, h] * (q_idx - kv_idx).abs())
+    want, _ = kvcache_reference(q, k, v, lengths, causal=True,
+                                bias=lambda b, h, i, j: -slopes.double()[b, h] * (i - j).abs())
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("index", ["q_idx", "kv_idx"])
+def test_positions_outside_the_sequence_read_nothing_before_a_score_functions_table(index):
+    # keys before a sequence's start (left padding not on a tile's edge) and rows before the cache
+    # (fewer keys than new tokens) have negative positions; they see nothing, and a score function must
+    # not read before its table for them: its neighbour is inf, and inf * (index + 1) = inf * 0 at -1
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 5, 16, generator=g)
+    k, v = (torch.randn(2, 2, 24, 16, generator=g) for _ in range(2))
+    lengths = torch.tensor([17, 3], dtype=torch.int32)
+    pads = torch.tensor([3, 0], dtype=torch.int32)
+    room = torch.full((40,), float("inf"))
+    room[8:32] = torch.rand(24, generator=g) * 0.1
+    table = room[8:32]
+    if index == "kv_idx":
+        score_mod = lambda s, b, h, q_idx, kv_idx: s - table[kv_idx] * (kv_idx + 1)  # noqa: E731
+        bias = lambda b, h, i, j: -table.double()[j.clamp(min=0)] * (j + 1)  # noqa: E731
+    else:
+        score_mod = lambda s, b, h, q_idx, kv_idx: s - table[q_idx] * (q_idx + 1)  # noqa: E731
+        bias = lambda b, h, i, j: -table.double()[i.clamp(min=0)] * (i + 1)  # noqa: E731
+    with torch.no_grad():
+        out = flashlib.decode_attention(q, k, v, lengths, causal=True, cache_leftpad=pads, score_mod=score_mod)
+    want, _ = kvcache_reference(q, k, v, lengths, causal=True, cache_leftpad=pads, bias=bias)
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=1e-5)
+
+
+@needs_kernels
 def test_rows_before_the_cache_see_nothing_and_give_zeros():
     # cache_seqlens below the new tokens: flash-attn's zero rows (and lse -inf), here with 2 of 5
     q = torch.randn(1, 2, 5, 16, generator=torch.Generator().manual_seed(0))

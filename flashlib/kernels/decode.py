@@ -158,9 +158,10 @@ def _decode_split(Q, K, V, Partial, PartialML, Seqs, Table, qk_scale, scale, cau
     else:
         q_blk = _query_rows(Q, q_rows, offs_r, offs_d, ROWS, HEAD_DIM)
         q_own = q_blk  # not read
-    # what a score function is told of each row: its query head and its position in the sequence
+    # what a score function is told of each row: its query head and its position in the sequence; rows before
+    # the cache and keys before the start see nothing, and are told 0 so that what they read stays in range
     heads = _stacked_head(kv_head, offs_r, ROWS, NEW_TOKENS)[:, None]
-    positions = (offset - start + offs_r % NEW_TOKENS)[:, None]
+    positions = tl.maximum(offset - start + offs_r % NEW_TOKENS, 0)[:, None]
     m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_V_PAD], dtype=tl.float32)
@@ -174,13 +175,13 @@ def _decode_split(Q, K, V, Partial, PartialML, Seqs, Table, qk_scale, scale, cau
                                      HEAD_DIM - HEAD_DIM_V)
             visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal, mask)
             s = _shared_scores(q_blk, q_own, v_tile, k_own, qk_scale, visible, INPUT_PRECISION, scale, off_b,
-                               heads, positions, offs_k[None, :] - start, score)
+                               heads, positions, tl.maximum(offs_k - start, 0)[None, :], score)
         else:
             k_tile = _load_cache_rows(K, stride_k[0], stride_k[2], blocks, rows, valid, offs_d, HEAD_DIM)
             v_tile = _load_cache_rows(V, stride_v[0], stride_v[2], blocks, rows, valid, offs_dv, HEAD_DIM_V)
             visible = _decode_visible(offs_r, offs_k, k_hi, ROWS, NEW_TOKENS, new_tokens, seqlen, start, causal, mask)
             s = _scores(q_blk, k_tile, qk_scale, visible, INPUT_PRECISION, scale, off_b, heads, positions,
-                        offs_k[None, :] - start, score)
+                        tl.maximum(offs_k - start, 0)[None, :], score)
         m_i, l_i, acc = _online_update(m_i, l_i, acc, s, v_tile, INPUT_PRECISION)
     out, _ = _finish(m_i, l_i, acc)  # an empty split: out = 0, m = -inf, l = 0, a weight of 0 in the merge
     part = off_z * NUM_SPLITS + split
@@ -235,7 +236,7 @@ def _decode_merge(Partial, PartialML, Out, Lse, stride_pz, stride_pr, stride_oz,
     offs_r = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     off_b, kv_head = _batch_head(off_z, KV_HEADS, 0)
-    heads = _stacked_head(kv_head, tl.minimum(offs_r, ROWS - 1), ROWS, NEW_TOKENS)
+    heads = _stacked_head(kv_head, offs_r, ROWS, NEW_TOKENS)
     m_i, l_i = _sink_state(Sinks, heads)  # (-inf, 0) without sinks
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
     m_i, l_i, acc = _fold_splits(m_i, l_i, acc, Partial, PartialML, stride_pz, stride_pr, off_z * NUM_SPLITS,

@@ -252,8 +252,9 @@ def _batch_head(row, HEADS, ROW0):
 @triton.jit
 def _stacked_head(kv_head, offs_r, ROWS, NEW_TOKENS):
     """The query head of each stacked row of decoding: a kv head's query heads, NEW_TOKENS rows each,
-    one after another in its ROWS rows (flashlib.kernels.decode)."""
-    return kv_head * (ROWS // NEW_TOKENS) + offs_r // NEW_TOKENS
+    one after another in its ROWS rows (flashlib.kernels.decode). Padding rows (past ROWS) are given the
+    last row's head: what they read (a sink, a score function's table) stays inside the tensor."""
+    return kv_head * (ROWS // NEW_TOKENS) + tl.minimum(offs_r, ROWS - 1) // NEW_TOKENS
 
 
 @triton.jit
