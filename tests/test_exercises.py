@@ -147,6 +147,32 @@ def test_a_checker_keeps_a_digest_not_its_answer(capsys, name, answer):
     assert exercises.digest(name, answer) != exercises.digest(name, answer + 1)
 
 
+# the later notebooks' number exercises, each answer worked out here from the exercise's own text
+LATER_ANSWERS = {
+    ("inference", "step_time"): 2 * 4 * 8 * 100_000 * 128 * 2 / 3000e9 * 1e6,  # K and V, bf16, at 3,000 GB/s, in µs
+    ("inference", "cache_gib"): 2 * 80 * 8 * 32768 * 128 * 2 / 2 ** 30,  # K and V, 80 layers, 8 kv heads
+    # rank r's queries see shards 0..r of the 6: it idles 5 - r of the 6 steps
+    ("ring", "idle_steps"): sum(1 for r in range(6) for t in range(6) if (r - t) % 6 > r),
+}
+
+
+@pytest.mark.parametrize("module, name", LATER_ANSWERS)
+def test_the_later_checkers_keep_digests_not_answers(module, name):
+    import importlib
+    import inspect
+    import re
+
+    checker = getattr(importlib.import_module(f"flashlib.course.{module}"), f"check_{name}")
+    answer = LATER_ANSWERS[module, name]
+    source = re.sub(r'Digest\("[^"]*"\)', "", inspect.getsource(checker))
+    numbers = set(re.findall(r"\d+(?:\.\d+)?", source.replace(",", "")))
+    assert not re.search(r"expected\s*=", source) and f"{answer:.4g}" not in numbers and str(answer) not in numbers
+    assert checker(answer)
+    if isinstance(answer, float):  # a number within the checker's tolerance passes, one 1% off does not
+        assert checker(answer * (1 + 1e-4)) and not checker(answer * 1.01)
+    assert not checker(answer + 1) and "is not it" in checker(answer + 1).message
+
+
 def test_hint_steps_go_from_the_idea_to_code():
     steps = exercises.HintSteps("the idea", "the structure", "the code")
     assert [steps.next() for _ in range(4)] == [("hint 1 of 3", "the idea"), ("hint 2 of 3", "the structure"),

@@ -28,6 +28,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from .. import decode
 from . import viz
+from .exercises import Digest, matches
 from .ring import Verdict
 from .widgets import FigureBox
 
@@ -258,29 +259,30 @@ def _number(answer):
     return float(answer)
 
 
-def _check_number(answer, expected, *, unit, mistakes, hint, rel=0.02) -> Verdict:
+def _check_number(answer, expected: Digest, *, unit, mistakes, hint, rel=1e-3) -> Verdict:
+    """A number against the digest of the answer (what the checker keeps instead of it: reading this file
+    gives the answer away no more than a hash does); mistakes: (digest, advice) pairs."""
     if answer is None or answer is Ellipsis:
         return Verdict(False, f"no answer yet; expected a number of {unit}.")
     value = _number(answer)
     if value is None:
         return Verdict(False, f"expected a number of {unit}, got {type(answer).__name__} {answer!r}.", hint)
-    if math.isclose(value, expected, rel_tol=rel):
+    if matches(value, expected, rel):
         return Verdict(True, f"{viz.fmt4(value)} {unit}.")
     for wrong, advice in mistakes:
-        if math.isclose(value, wrong, rel_tol=rel):
+        if matches(value, wrong, rel):
             return Verdict(False, f"{viz.fmt4(value)} is not it: {advice}.", hint)
-    return Verdict(False, f"{viz.fmt4(value)} is {'too large' if value > expected else 'too small'}.", hint)
+    return Verdict(False, f"{viz.fmt4(value)} is not it.", hint)
 
 
 def check_step_time(answer) -> Verdict:
     """Exercise 1: the time bytes / bandwidth predicts, in microseconds, for one decoding step's attention
     in one layer: batch 4, 32 query heads, 8 kv heads of 128, 100,000 cached positions, bf16, 3,000 GB/s."""
-    expected = 1e6 * step_seconds(batch=4, kv_heads=8, length=100_000, head_dim=128, gbps=3000)
-    mistakes = [(expected / 2, "that reads the keys only; the values are read too"),
-                (expected * 4, "that counts the 32 query heads; the cache holds the 8 kv heads"),
-                (expected / 1000, "that is in milliseconds; the answer is asked in microseconds"),
-                (expected * 8, "that counts bits; a bf16 number is 2 bytes")]
-    return _check_number(answer, expected, unit="microseconds", mistakes=mistakes,
+    mistakes = [(Digest("step_time:188004f89d8bf38b"), "that reads the keys only; the values are read too"),
+                (Digest("step_time:b9d0c90161f5df8f"), "that counts the 32 query heads; the cache holds the 8 kv heads"),
+                (Digest("step_time:27c6abac3f91b362"), "that is in milliseconds; the answer is asked in microseconds"),
+                (Digest("step_time:839478c730083ec6"), "that counts bits; a bf16 number is 2 bytes")]
+    return _check_number(answer, Digest("step_time:2b565a250b5705fa"), unit="microseconds", mistakes=mistakes,
                          hint="bytes = 2 (K and V) x batch x kv heads x positions x head dim x 2 bytes; "
                               "time = bytes / (3,000 x 10^9 bytes per second)")
 
@@ -288,14 +290,12 @@ def check_step_time(answer) -> Verdict:
 def check_cache_gib(answer) -> Verdict:
     """Exercise 2: the KV cache, in GiB, of one sequence of 32,768 tokens in a model of 80 layers,
     64 query heads, 8 kv heads of 128, bf16."""
-    nbytes = decode.kv_cache_bytes(layers=80, batch=1, kv_heads=8, tokens=32768, head_dim=128)
-    expected = nbytes / 2 ** 30
-    mistakes = [(expected * 8, "that counts the 64 query heads; with grouped-query attention only the 8 kv "
-                               "heads are cached"),
-                (expected / 2, "that holds the keys only; the values are cached too"),
-                (nbytes / 1e9, "that is in GB (10^9 bytes); a GiB is 2^30 bytes"),
-                (expected / 80, "that is one layer; every layer keeps its own cache")]
-    return _check_number(answer, expected, unit="GiB", mistakes=mistakes,
+    mistakes = [(Digest("cache_gib:dc9ae242f2f89f83"), "that counts the 64 query heads; with grouped-query "
+                                                       "attention only the 8 kv heads are cached"),
+                (Digest("cache_gib:c7467043a210ea83"), "that holds the keys only; the values are cached too"),
+                (Digest("cache_gib:23e8a9de6b918046"), "that is in GB (a billion bytes); a GiB is 2^30 bytes"),
+                (Digest("cache_gib:9a1e040d9cbca430"), "that is one layer; every layer keeps its own cache")]
+    return _check_number(answer, Digest("cache_gib:c58ab06606836cd2"), unit="GiB", mistakes=mistakes,
                          hint="2 x layers x kv heads x tokens x head dim x 2 bytes, divided by 2^30")
 
 

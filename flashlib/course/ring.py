@@ -25,6 +25,7 @@ from matplotlib.patches import Circle, FancyArrowPatch, Patch, Rectangle
 from .. import dense_attention
 from .. import distributed as ring
 from . import verdicts, viz
+from .exercises import Digest, matches
 from .widgets import FigureBox
 
 ROUNDING = 1e-12  # distances below this are float64 rounding, shown as such
@@ -319,19 +320,9 @@ class Verdict:
         return head if self.hint is None else f"{head}\n  {self.label}: {self.hint}"
 
 
-def _visible_any(rank, origin, world_size, layout) -> bool:
-    """Does any query of ``rank`` see any key of ``origin`` (positions, from the definition)?"""
-    def chunks(r):
-        return [r] if layout == "contiguous" else [r, 2 * world_size - 1 - r]
-    # Equal chunks: some key is at or before some query iff the earliest key chunk is at or
-    # before the latest query chunk.
-    return min(chunks(origin)) <= max(chunks(rank))
-
-
 def check_idle_steps(answer) -> Verdict:
-    """Exercise 1: idle (rank, step) pairs of causal ring attention, 6 ranks, contiguous."""
-    w = 6
-    expected = sum(not _visible_any(r, (r - t) % w, w, "contiguous") for r in range(w) for t in range(w))
+    """Exercise 1: idle (rank, step) pairs of causal ring attention, 6 ranks, contiguous. The checker keeps
+    digests of the answer and of the usual mistakes, not the numbers."""
     hint = ("at step t rank r holds the shard of rank (r - t) mod 6; it is idle when every one of "
             "those keys comes after every one of its queries")
     if answer is None or answer is Ellipsis:
@@ -340,14 +331,14 @@ def check_idle_steps(answer) -> Verdict:
     if not whole:  # 15.0 is a whole number, as the other checkers take it
         return Verdict(False, f"expected a whole number, got {type(answer).__name__} {answer!r}.", hint)
     answer = int(answer)
-    if answer == expected:
+    if matches(answer, Digest("idle_steps:fe0f63475eb409ca")):
         return Verdict(True, f"{answer} idle pairs: rank r works r + 1 of the 6 steps.")
-    mistakes = {w * (w + 1) // 2: "that counts the diagonal blocks as idle too; at step 0 each rank "
-                                  "holds its own shard and sees half of it",
-                w * (w - 1): "that counts every block off the diagonal; keys from an earlier rank "
-                             "are all visible and must be computed"}
-    return Verdict(False, f"{answer} is not it" + (f": {mistakes[answer]}." if answer in mistakes else "."),
-                   hint)
+    mistakes = {Digest("idle_steps:59cbeb32fd344602"): "that counts the diagonal blocks as idle too; at step 0 "
+                                                      "each rank holds its own shard and sees half of it",
+                Digest("idle_steps:78cee0b9c58f6f9f"): "that counts every block off the diagonal; keys from an "
+                                                      "earlier rank are all visible and must be computed"}
+    advice = next((text for wrong, text in mistakes.items() if matches(answer, wrong)), None)
+    return Verdict(False, f"{answer} is not it" + (f": {advice}." if advice else "."), hint)
 
 
 def _pairs(rows: slice, cols: slice, local_seq: int) -> set:
