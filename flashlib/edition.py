@@ -27,4 +27,13 @@ def given(hints: tuple) -> tuple:
     return tuple(hints) if HINTS is None else tuple(hints)[:HINTS]
 
 
+NO_HINTS = "this edition gives none: the message above says what is wrong"
+
+
+def one_hint(hint: str) -> str:
+    """An exercise's single hint as this edition gives it: itself, or, where the teacher chose no hints, that
+    there is none (a one-hint exercise counts as the first of its hints)."""
+    return given((hint,))[0] if given((hint,)) else NO_HINTS
+
+
 NO_SOLUTIONS = "This is the student edition of the course: it has no worked solutions"

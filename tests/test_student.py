@@ -234,6 +234,14 @@ def test_a_teacher_chooses_how_many_hints(tmp_path):
     nb = nbformat.read(build / "notebooks" / "02_online_softmax.ipynb", as_version=4)
     assert any("This edition gives no hints" in c.source for c in nb.cells if c.cell_type == "markdown")
     assert "HINTS: int | None = 0" in (build / "flashlib" / "edition.py").read_text()
+    # an exercise with one plain hint, and a later notebook's verdict, give none there either
+    wrong = ("from flashlib.course import exercises, ring, inference\n"
+             "exercises.check_tile_count(13); print(repr(ring.check_idle_steps(3))); print(repr(inference.check_cache_gib(3)))")
+    done = subprocess.run([sys.executable, "-c", wrong], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(build)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("hint: this edition gives none") == 3, done.stdout
+    assert "ceil(" not in done.stdout and "mod 6" not in done.stdout and "2^30" not in done.stdout, done.stdout
     with pytest.raises(SystemExit, match="--hints"):
         student_edition.build(tmp_path / "bad", hints=5)
 

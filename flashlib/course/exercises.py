@@ -68,7 +68,7 @@ class HintSteps:
         """(label, text) of the next hint, e.g. ("hint 1 of 3", "...")."""
         hints = self.hints
         if not hints:
-            return "hint", "this edition gives none: the message above says what is wrong"
+            return "hint", edition.NO_HINTS
         self.given = min(self.given + 1, len(hints))
         return f"hint {self.given} of {len(hints)}", hints[self.given - 1]
 
@@ -101,7 +101,7 @@ def print_solution(solutions: dict, name: str) -> None:
 
 def _failed(message: str, hint) -> bool:
     """Print a NOT YET with ``hint``: a string, or the next of a :class:`HintSteps`."""
-    label, text = hint.next() if isinstance(hint, HintSteps) else ("hint", hint)
+    label, text = hint.next() if isinstance(hint, HintSteps) else ("hint", edition.one_hint(hint))
     print(f"{RETRY}: {message}\n  {label}: {text}")
     verdicts.report(False, f"{RETRY}: {message}")
     return False

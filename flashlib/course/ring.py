@@ -22,7 +22,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle, FancyArrowPatch, Patch, Rectangle
 
-from .. import dense_attention
+from .. import dense_attention, edition
 from .. import distributed as ring
 from . import verdicts, viz
 from .exercises import Digest, matches
@@ -309,6 +309,7 @@ class Verdict:
     """A checker's result: true when passed; shows as one PASS / NOT YET line."""
 
     def __init__(self, passed: bool, message: str, hint: str | None = None, label: str = "hint"):
+        hint = None if hint is None else edition.one_hint(hint)  # the edition's teacher may give none
         self.passed, self.message, self.hint, self.label = passed, message, hint, label
         verdicts.report(passed, f"{'PASS' if passed else 'NOT YET'}: {message}")
 
