@@ -183,3 +183,12 @@ def test_error_and_memory_plots_carry_the_data():
     fig = viz.memory_plot([2, 4], {"dense": [16, 64], "tiled": [8, 16]})
     assert [line.get_label() for line in fig.axes[0].lines] == ["dense", "tiled"]
     np.testing.assert_allclose(fig.axes[0].lines[0].get_ydata(), [16, 64])
+
+
+def test_a_drawn_tensor_is_copied_not_viewed():
+    # a figure drawn from a float64 tensor must not change when the tensor does, nor pin its storage
+    scores = torch.arange(6, dtype=torch.float64).reshape(2, 3)
+    fig = viz.matrix_heatmap(scores, annotate=False)
+    drawn = fig.axes[0].images[0].get_array().copy()
+    scores.mul_(-1).resize_(4, 4)
+    assert np.array_equal(fig.axes[0].images[0].get_array(), drawn)

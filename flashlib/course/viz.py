@@ -74,8 +74,10 @@ def _new_figure(width: float, height: float, ncols: int = 1, width_ratios=None,
 
 
 def _to_numpy(t) -> np.ndarray:
+    """A float64 copy: a numpy view of the learner's tensor would follow its later changes into a drawn figure,
+    and would leave its storage unable to resize."""
     if isinstance(t, torch.Tensor):
-        return t.detach().to("cpu", torch.float64).numpy()
+        return t.detach().to("cpu", torch.float64, copy=True).numpy()
     return np.asarray(t, dtype=np.float64)
 
 
