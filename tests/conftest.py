@@ -13,3 +13,5 @@ settings.load_profile(os.environ.get("FLASHLIB_HYPOTHESIS", "default"))
 # Choose between compiled kernels and Triton's interpreter before anything imports triton
 # (triton fixes some of its language functions to one mode at first import).
 import flashlib.kernels  # noqa: E402,F401
+
+from .cpu_seconds import pytest_runtest_makereport, pytest_runtest_setup  # noqa: E402,F401  (CPU seconds per test)

@@ -25,3 +25,26 @@ def test_seconds_tests_and_failures_per_file(tmp_path):
     assert test_durations.main([str(xml), "--out", str(out), "--top", "1"]) == 0
     record = json.loads(out.read_text())
     assert list(record["files"])[0].endswith("test_slow.py")  # slowest first
+
+
+def test_cpu_seconds_tell_a_waiting_test_from_a_working_one(tmp_path):
+    # tests/cpu_seconds.py, loaded as the suite's conftest loads it: a sleep costs wall time and no CPU, a
+    # loop and a busy child process cost CPU
+    (tmp_path / "test_kinds.py").write_text(
+        "import subprocess, sys, time\n\n"
+        "def test_waits():\n    time.sleep(0.6)\n\n"
+        "def test_works():\n    end = time.process_time() + 0.6\n    while time.process_time() < end:\n        pass\n\n"
+        "def test_child_works():\n"
+        "    subprocess.run([sys.executable, '-c', 'import time\\nend = time.process_time() + 0.6\\n"
+        "while time.process_time() < end: pass'], check=True)\n")
+    xml = tmp_path / "junit.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.cpu_seconds",
+                    "-o", "junit_family=xunit1", f"--junitxml={xml}", str(tmp_path / "test_kinds.py")], cwd=ROOT,
+                   capture_output=True, check=True)
+    import xml.etree.ElementTree as ET
+
+    cpu = {case.get("name"): float(next(p.get("value") for p in case.iter("property") if p.get("name") == "cpu_seconds"))
+           for case in ET.parse(xml).getroot().iter("testcase")}
+    assert cpu["test_waits"] < 0.3 and cpu["test_works"] >= 0.55 and cpu["test_child_works"] >= 0.55, cpu
+    (row,) = test_durations.per_file([xml]).values()
+    assert row["cpu_seconds"] >= 1.1 and row["seconds"] >= 1.8, row
