@@ -158,8 +158,7 @@ def _decode_split(Q, K, V, Partial, PartialML, Seqs, Table, qk_scale, scale, cau
     else:
         q_blk = _query_rows(Q, q_rows, offs_r, offs_d, ROWS, HEAD_DIM)
         q_own = q_blk  # not read
-    # what a score function is told of each row: its query head and its position in the sequence; rows before
-    # the cache and keys before the start see nothing, and are told 0 so that what they read stays in range
+    # what a score function is told: rows before the cache and keys before the start see nothing, and are at 0
     heads = _stacked_head(kv_head, offs_r, ROWS, NEW_TOKENS)[:, None]
     positions = tl.maximum(offset - start + offs_r % NEW_TOKENS, 0)[:, None]
     m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
