@@ -253,14 +253,14 @@ SPLIT_KV = [
     ("averaged_partials", [("(shares[:, None] * torch.stack(outs)).sum(dim=0)", "torch.stack(outs).mean(dim=0)")]),
     ("summed_partials", [("(shares[:, None] * torch.stack(outs)).sum(dim=0)", "torch.stack(outs).sum(dim=0)")]),
     ("unnormalised_weights", [("torch.exp(lses - torch.logsumexp(lses, dim=0))", "torch.exp(lses)")]),
-    ("last_chunk_only", [("(shares[:, None] * torch.stack(outs)).sum(dim=0)", "outs[-1]")]),
+    ("last_split_only", [("(shares[:, None] * torch.stack(outs)).sum(dim=0)", "outs[-1]")]),
     ("overflow", [("torch.exp(lses - torch.logsumexp(lses, dim=0))", "torch.exp(lses) / torch.exp(lses).sum()")]),
     ("unscaled_scores", [(" / math.sqrt(q.shape[0])", "")]),
     ("dropped_last_tile", [("range(0, k.shape[0], size)", "range(0, k.shape[0] - 1, size)"),
                            ("v[start:start + size]", "v[start:min(start + size, k.shape[0] - 1)]"),
                            ("s = k[start:start + size]", "s = k[start:min(start + size, k.shape[0] - 1)]")]),
     ("exp2_for_exp", [(" / math.sqrt(q.shape[0])", " / math.sqrt(q.shape[0]) * math.log(2)")]),
-    ("no_split", [("size = -(-k.shape[0] // num_splits)", "size = k.shape[0]")]),  # one chunk, whatever num_splits
+    ("no_split", [("size = -(-k.shape[0] // num_splits)", "size = k.shape[0]")]),  # one split, whatever num_splits
 ]
 SINK_GRAD = [
     ("sink_sign", [("return -(p_sink * delta)", "return (p_sink * delta)")]),
@@ -399,8 +399,8 @@ def plain_attention(q, k, v, num_splits):
     return torch.softmax(k @ q / math.sqrt(q.shape[0]), dim=0) @ v
 
 
-def scores_then_chunks(q, k, v, num_splits):
-    """Handed in as split_kv: every score at once, then the chunks' softmax and lse cut from them, merged."""
+def scores_then_splits(q, k, v, num_splits):
+    """Handed in as split_kv: every score at once, then the splits' softmax and lse cut from them, merged."""
     s = k @ q / math.sqrt(q.shape[0])  # (L,): one product over every key
     size = -(-k.shape[0] // num_splits)
     lses = torch.stack([torch.logsumexp(s[a:a + size], 0) for a in range(0, k.shape[0], size)])
@@ -419,9 +419,9 @@ def elementwise_scores(q, k, v, num_splits):
     return (p[:, None] * v).sum(0)
 
 
-@pytest.mark.parametrize("fn", [plain_attention, scores_then_chunks, elementwise_scores])
+@pytest.mark.parametrize("fn", [plain_attention, scores_then_splits, elementwise_scores])
 def test_split_kv_refuses_keys_that_were_never_split(fn, capsys):
-    """Each gives attention's right output; none computes a chunk from its own keys alone."""
+    """Each gives attention's right output; none computes a split from its own keys alone."""
     q, k, v = (torch.randn(*shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
                for shape in ((8,), (7, 8), (7, 8)))
     want = torch.softmax(k @ q / math.sqrt(8), dim=0) @ v
@@ -429,7 +429,7 @@ def test_split_kv_refuses_keys_that_were_never_split(fn, capsys):
     result = labs.check("split_kv", fn)
     assert not result and result.mistake == "no_split", result.message
     assert result.message.startswith("NOT YET: split_kv, case 2 of 5 (7 keys, num_splits=3): an operation (")
-    assert "the 7 keys come in chunks of at most 3" in result.message
+    assert "the 7 keys come in splits of at most 3" in result.message
     assert f"mistake: {labs.MISTAKES['no_split'][0]}" in capsys.readouterr().out
 
 

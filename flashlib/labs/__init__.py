@@ -18,7 +18,7 @@ The labs, each at the end of its notebook:
     tiled_backward(q, k, v, out, lse, dout, block_q, block_k, causal)         04
     attn_fwd_inner(...)        the forward kernel's loop over key tiles       06 (Triton)
     attn_bwd_dkdv_inner(...)   the dK/dV kernel's loop over query blocks      07 (Triton)
-    split_kv(q, k, v, num_splits) -> out    one query's attention over chunks, merged     10
+    split_kv(q, k, v, num_splits) -> out    one query's attention over splits, merged     10
     sink_grad(sinks, lse, delta) -> dsinks  the gradient of attention sinks            12
 
 The student edition (``make student``) has no worked solutions: ``solution`` and ``reveal`` say so.

@@ -173,20 +173,20 @@ MISTAKES = {
                              "columns: a number per query (lse, delta) spreads along the rows, lse[None, :] "
                              "and delta[None, :]; lse[:, None] gives key r the lse of query r of the block."),
     "averaged_partials": ("the partial outputs averaged",
-                          "that averages the partial outputs: each chunk's output is normalised over the chunk "
+                          "that averages the partial outputs: each split's output is normalised over the split "
                           "alone, and it weighs e^(lse_s - lse), its share of the softmax denominator, not "
                           "1/num_splits."),
     "summed_partials": ("the partial outputs added",
-                        "that adds the partial outputs: each chunk weighs e^(lse_s - lse), its share of the "
+                        "that adds the partial outputs: each split weighs e^(lse_s - lse), its share of the "
                         "softmax denominator, and the shares add up to 1."),
-    "unnormalised_weights": ("the chunks' weights not divided by their sum",
-                             "the weights e^(lse_s) are not divided by their sum e^lse: weigh chunk s by "
+    "unnormalised_weights": ("the splits' weights not divided by their sum",
+                             "the weights e^(lse_s) are not divided by their sum e^lse: weigh split s by "
                              "e^(lse_s - lse), with lse = logsumexp of the lse_s."),
-    "last_chunk_only": ("only the last chunk kept",
-                        "that is the last chunk's output alone: every chunk's partial output enters the merge."),
+    "last_split_only": ("only the last split kept",
+                        "that is the last split's output alone: every split's partial output enters the merge."),
     "no_split": ("the keys not split",
-                 "split-KV computes each chunk of ⌈L / num_splits⌉ keys from its own keys alone (scores, softmax, "
-                 "partial output, lse) and only then merges: on a GPU each chunk is one program, and none reads "
+                 "split-KV computes each split of ⌈L / num_splits⌉ keys from its own keys alone (scores, softmax, "
+                 "partial output, lse) and only then merges: on a GPU each split is one program, and none reads "
                  "the whole cache. A product over more keys, such as plain attention that ignores num_splits, "
                  "gives the right output without splitting anything."),
     "sink_sign": ("the sign of the sink's gradient",
@@ -350,20 +350,20 @@ LABS = {lab.name: lab for lab in (
                               "flashlib.kernels.backward:_attn_bwd_dq_inner"), loop=True),
     Lab("split_kv", "10_inference", "Split-KV for one query",
          "split_kv(q, k, v, num_splits) -> out",
-         "`q` has shape `(d,)`, `k` and `v` `(L, d)`, float64. Cut the L keys into chunks of "
-         "⌈L / num_splits⌉ (the last may be shorter); for each, compute the scores `s = k_chunk q / sqrt(d)`, "
-         "the partial output `softmax(s) v_chunk` and its log-sum-exp; merge the chunks and return the output, "
-         "shape `(d,)`. Compute each chunk from its own keys alone, as one GPU program would. In one case the "
+         "`q` has shape `(d,)`, `k` and `v` `(L, d)`, float64. Cut the L keys into splits of "
+         "⌈L / num_splits⌉ (the last may be shorter); for each, compute the scores `s = k_split q / sqrt(d)`, "
+         "the partial output `softmax(s) v_split` and its log-sum-exp; merge the splits and return the output, "
+         "shape `(d,)`. Compute each split from its own keys alone, as one GPU program would. In one case the "
          "scores are large enough that `e^(lse_s)` overflows. Try it without `merge_partials`.",
-         ("one split, and as many splits as keys", "chunks of uneven length",
-          "scores past 1000, where e^lse overflows", "every product within one chunk's keys"),
-         ("averaged_partials", "summed_partials", "unnormalised_weights", "last_chunk_only", "overflow",
+         ("one split, and as many splits as keys", "splits of uneven length",
+          "scores past 1000, where e^lse overflows", "every product within one split's keys"),
+         ("averaged_partials", "summed_partials", "unnormalised_weights", "last_split_only", "overflow",
           "unscaled_scores", "dropped_last_tile", "exp2_for_exp", "no_split"),
-         ("A chunk's output is normalised over its own keys alone, so the outputs of different chunks cannot "
-          "simply be added or averaged. What each chunk brings to the whole softmax is its denominator, and its "
+         ("A split's output is normalised over its own keys alone, so the outputs of different splits cannot "
+          "simply be added or averaged. What each split brings to the whole softmax is its denominator, and its "
           "log-sum-exp holds it.",
           "This notebook's \"Split-KV: work for every multiprocessor\" gives the merge: lse = log Σ e^(lse_s), "
-          "and chunk s weighs e^(lse_s - lse), its share of the denominator. Notebook 02's merge is the same "
+          "and split s weighs e^(lse_s - lse), its share of the denominator. Notebook 02's merge is the same "
           "step for two states; subtracting lse before the exponential keeps scores past 1000 finite.",
           "size = -(-L // num_splits); for each start in range(0, L, size): s = k[start:start + size] @ q / "
           "math.sqrt(d), keep torch.softmax(s, 0) @ v[start:start + size] and torch.logsumexp(s, 0); then "

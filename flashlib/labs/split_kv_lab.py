@@ -1,13 +1,13 @@
 """Checker of notebook 10's lab: ``split_kv(q, k, v, num_splits)`` for one query, in PyTorch.
 
 Every case runs the learner's function inside a :class:`~.watch.TensorWatch`: an operation that computed
-with a tensor one of whose dims counts more keys than one chunk holds (views and copies aside) means the
+with a tensor one of whose dims counts more keys than one split holds (views and copies aside) means the
 keys were never split, as in plain attention that ignores ``num_splits``, which gives the right output.
-The cases' sizes keep those counts apart from the head dim and the number of chunks.
+The cases' sizes keep those counts apart from the head dim and the number of splits.
 
 The expected output is softmax attention over all the keys at once, in float64, from the definition.
 A wrong output is compared with what each usual wrong merge gives (the partial outputs averaged or
-added, the weights e^(lse_s) left undivided, the last chunk alone), with attention under a wrong
+added, the weights e^(lse_s) left undivided, the last split alone), with attention under a wrong
 scale and with attention over only the first keys; a constant factor is described.
 """
 from __future__ import annotations
@@ -50,21 +50,21 @@ def attention(q, k, v, scale: float | None = None):
     return torch.softmax(k @ q * scale, dim=0) @ v
 
 
-def _chunks(length: int, num_splits: int):
+def _splits(length: int, num_splits: int):
     size = -(-length // num_splits)
     return [(a, min(a + size, length)) for a in range(0, length, size)]
 
 
 def _wrong_merges(q, k, v, num_splits):
-    """(mistake, output) of the usual wrong merges of the chunks' partial outputs."""
+    """(mistake, output) of the usual wrong merges of the splits' partial outputs."""
     outs, lses = [], []
-    for a, b in _chunks(k.shape[0], num_splits):
+    for a, b in _splits(k.shape[0], num_splits):
         s = k[a:b] @ q / math.sqrt(q.shape[-1])
         outs.append(torch.softmax(s, 0) @ v[a:b])
         lses.append(torch.logsumexp(s, 0))
     outs, lses = torch.stack(outs), torch.stack(lses)
     return [("averaged_partials", outs.mean(0)), ("unnormalised_weights", (torch.exp(lses)[:, None] * outs).sum(0)),
-            ("summed_partials", outs.sum(0)), ("last_chunk_only", outs[-1])]
+            ("summed_partials", outs.sum(0)), ("last_split_only", outs[-1])]
 
 
 def _wrong_scales(d: int):
@@ -82,7 +82,7 @@ def _diagnose(got, q, k, v, case: SplitCase, what: str, passed: list) -> Problem
     want = attention(q, k, v)
     if not torch.isfinite(got).all():
         return Problem(what, "overflow",
-                       "e^lse_s overflows for large scores: weigh each chunk by exp(lse_s - lse), never exp(lse_s) "
+                       "e^lse_s overflows for large scores: weigh each split by exp(lse_s - lse), never exp(lse_s) "
                        "alone.")
     for scale, key, why in _wrong_scales(q.shape[-1]):
         if same(attention(q, k, v, scale)):
@@ -90,34 +90,34 @@ def _diagnose(got, q, k, v, case: SplitCase, what: str, passed: list) -> Problem
     for n in range(1, k.shape[0]):
         if same(attention(q, k[:n], v[:n])):
             return Problem(f"{what} That is attention over the first {n} of the {k.shape[0]} keys.",
-                           "dropped_last_tile", "the chunks must cover every key: ceil(L / num_splits) keys each, "
+                           "dropped_last_tile", "the splits must cover every key: ceil(L / num_splits) keys each, "
                            "the last may be shorter.")
     for key, wrong in _wrong_merges(q, k, v, case.num_splits):
         if same(wrong):
             return Problem(what, key)
     factor = (got @ want / (want @ want)).item()
     if math.isfinite(factor) and not math.isclose(factor, 1.0, rel_tol=1e-6) and same(factor * want):
-        return Problem(f"{what} Your output is {factor:.4g} times the right one: softmax weights, and the chunks' "
+        return Problem(f"{what} Your output is {factor:.4g} times the right one: softmax weights, and the splits' "
                        "shares of the denominator, add up to 1.")
     if case.num_splits == 1:
-        return Problem(f"{what} With one split there is one chunk, so the output is attention over all the keys: "
-                       "the attention inside a chunk is wrong (scores k_chunk q / sqrt(d), softmax over the keys).")
-    right = f" With {passed[0]} it is right, so each chunk's attention is; the merge is not." if passed else ""
+        return Problem(f"{what} With one split, it holds every key, so the output is attention over all the keys: "
+                       "the attention inside a split is wrong (scores k_split q / sqrt(d), softmax over the keys).")
+    right = f" With {passed[0]} it is right, so each split's attention is; the merge is not." if passed else ""
     return Problem(what + right)
 
 
 def _unsplit(run, case: SplitCase, head_dim: int) -> Problem | None:
-    """A product over more keys than one chunk holds: the keys were not split (or not as asked)."""
-    chunks = _chunks(case.length, case.num_splits)
-    most = chunks[0][1] - chunks[0][0]
-    wider = set(range(most + 1, case.length + 1)) - {len(chunks), head_dim}  # key counts no chunk has
+    """A product over more keys than one split holds: the keys were not split (or not as asked)."""
+    splits = _splits(case.length, case.num_splits)
+    most = splits[0][1] - splits[0][0]
+    wider = set(range(most + 1, case.length + 1)) - {len(splits), head_dim}  # key counts no split has
     seen = run.watch.computed_with(wider)
     if seen is None:
         return None
     op, shape = seen
     keys = next(n for n in shape if n in wider)
     return Problem(f"an operation ({op}) worked on a tensor of shape {shape}, {keys} keys at once, but with "
-                   f"num_splits={case.num_splits} the {case.length} keys come in chunks of at most {most}.",
+                   f"num_splits={case.num_splits} the {case.length} keys come in splits of at most {most}.",
                    "no_split")
 
 

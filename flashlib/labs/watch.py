@@ -4,7 +4,7 @@
 ``__torch_dispatch__``, so the shape of every tensor created (views included) is seen, whatever
 function created it. That is how a checker knows a full (seq_q, seq_k) score matrix was held. It also
 keeps the shape of every floating tensor an operation computed with, read or written, leaving out views
-and copies: how a checker knows a product spanned more keys than one chunk holds.
+and copies: how a checker knows a product spanned more keys than one split holds.
 ``Stream`` hands out the blocks of a row one at a time and wipes each block once the next is
 asked for, as a buffer that is reused would: a solution that keeps blocks around sees NaN.
 """
