@@ -76,8 +76,13 @@ CASES = [  # (seq_q, seq_k, chunk, causal, window)
 ]
 
 
-@pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("seq_q, seq_k, chunk, causal, window", CASES)
+# the references on every case; the kernels on every case once, through their own autograd Function or the
+# public op (which runs the same kernels on a CPU) by turns
+OP_CASES = [(op, *case) for i, case in enumerate(CASES)
+            for op in ("dense", "tiled", ("kernels", "flash_attention")[i % 2])]
+
+
+@pytest.mark.parametrize("op, seq_q, seq_k, chunk, causal, window", OP_CASES)
 def test_forward_and_backward_equal_float64_on_the_written_out_mask(op, seq_q, seq_k, chunk, causal, window):
     q, k, v = inputs(2, 4, 2, seq_q, seq_k, 16, seed=seq_q + chunk)
     dout = torch.randn(2, 4, seq_q, 16, generator=torch.Generator().manual_seed(1))
@@ -177,8 +182,8 @@ def test_packed_sequences_chunk_each_sequence_from_its_start():
         torch.testing.assert_close(a.double(), b.double(), atol=2e-5, rtol=2e-5, msg=lambda m: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("new_tokens, causal", [(1, True), (4, True), (3, False)])
+# each kind of step once, the split counts by turns (three splits both ways, one split causal)
+@pytest.mark.parametrize("new_tokens, causal, splits", [(1, True, 3), (4, True, 1), (3, False, 3)])
 def test_decoding_equals_float64_and_counts_chunks_from_the_sequences_start(splits, new_tokens, causal):
     """Four sequences, one left-padded (cache_leftpad): each sequence's chunks start at its first valid
     position, as transformers counts them; float64 over the sequence alone, and decode_reference."""

@@ -32,7 +32,7 @@ Failure messages also show the error of flash-attn's own low-precision PyTorch r
 (attention_ref(upcast=False, reorder_ops=True), here in float32), which is not asserted.
 
 Cases: flash-attn's awkward lengths (seq_q, seq_k) = (113, 203), (1, 239), (3, 799), (128, 217)
-at head dims 40 and 59, causal and not, heads 2, batch 2 for seq_q <= 3 and 1 otherwise,
+at head dims 40 and 59, causal and not (a pairwise covering of that grid), heads 2, batch 2 for seq_q <= 3 and 1 otherwise,
 forward and backward through ``flashlib.flash_attention`` (the public op), plus seq_q = 1 at
 head dim 64 (a case a review found close to the bound) and (799, 3) causal, whose rows mostly
 see no key.
@@ -59,7 +59,11 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
 
 HEADS = 2
 LENGTHS = [(113, 203), (1, 239), (3, 799), (128, 217)]
-CASES = ([(sq, sk, d, causal) for sq, sk in LENGTHS for d in (40, 59) for causal in (False, True)]
+# flash-attn's grid is lengths x head dims x causal; here a covering of it: every length pair at both
+# head dims and both ways, every head dim both ways (two cases per pair, the diagonal flipping with the
+# pair), so that a fault tied to any two of the three still meets a case
+CASES = ([(sq, sk, d, causal) for i, (sq, sk) in enumerate(LENGTHS) for d, causal in
+          (((40, False), (59, True)) if i % 2 else ((40, True), (59, False)))]
          + [(1, 239, 64, False), (1, 239, 64, True), (799, 3, 40, True)])
 
 
@@ -99,8 +103,12 @@ SMALL_SEQ_Q = [(1, 239, 59, False), (1, 239, 64, True), (1, 147, 40, False), (3,
                (799, 3, 40, True)]
 
 
-@pytest.mark.parametrize("seed", [2, 4, 7])  # each missed once: 2 and 4 on dv at (799, 3), 7 at (1, 239)
-@pytest.mark.parametrize("case", SMALL_SEQ_Q, ids=_id)
+# each missed once: 2 and 4 on dv at (799, 3), 7 at (1, 239); (3, 799), never missed and the costliest in the
+# interpreter by four (800 keys, batch 2), takes one of them
+SEEDED = [(case, seed) for case in SMALL_SEQ_Q for seed in ((2,) if case[:2] == (3, 799) else (2, 4, 7))]
+
+
+@pytest.mark.parametrize("case, seed", SEEDED, ids=lambda c: _id(c) if isinstance(c, tuple) else str(c))
 def test_few_query_rows_within_the_rule_over_seeds(case, seed):
     seq_q, seq_k, dim, causal = case
     q, k, v, dout = inputs(_batch(seq_q), HEADS, seq_q, seq_k, dim, seed=seed)

@@ -25,26 +25,27 @@ BIG = 2**31 - 1
 
 
 @triton.jit
-def _rule_kernel(Mask, KeyRange, QueryRange, SEQ_Q, SEQ_K, mask,
-                 ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                 CAUSAL: tl.constexpr):
-    """Program (i, j): query block i against key tile j; writes the tile's visibility, and once per
-    block its key range, once per tile its query range."""
-    bq, bk = tl.program_id(0), tl.program_id(1)
-    q0, k0 = bq * BLOCK_Q, bk * BLOCK_K
-    offs_q, offs_k = q0 + tl.arange(0, BLOCK_Q), k0 + tl.arange(0, BLOCK_K)
-    # the element test as a partial tile of the mask path asks it (a window or chunk alone: its mask bundle)
-    visible = kr._visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL, kr._PARTIAL, mask=mask)
-    inside = (offs_q[:, None] < ROWS) & (offs_k[None, :] < COLS)
-    tl.store(Mask + offs_q[:, None] * COLS + offs_k[None, :], visible.to(tl.int8), mask=inside)
-    if bk == 0:
+def _rule_kernel(Mask, KeyRange, QueryRange, SEQ_Q, SEQ_K, mask, BLOCKS, TILES,
+                 ROWS: tl.constexpr, COLS: tl.constexpr, COLS_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                 BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr):
+    """Program i: query block i's rows against every key (the element test is elementwise, so one
+    row-wide tile asks it what the kernels' tiles ask; the interpreter pays per program), and its key
+    range; key tile i's query range."""
+    i = tl.program_id(0)
+    q0, k0 = i * BLOCK_Q, i * BLOCK_K
+    if i < BLOCKS:
+        offs_q, offs_k = q0 + tl.arange(0, BLOCK_Q), tl.arange(0, COLS_PAD)
+        # the element test as a partial tile of the mask path asks it (a window or chunk alone: its mask bundle)
+        visible = kr._visible(offs_q, offs_k, SEQ_Q, SEQ_K, CAUSAL, kr._PARTIAL, mask=mask)
+        inside = (offs_q[:, None] < ROWS) & (offs_k[None, :] < COLS)
+        tl.store(Mask + offs_q[:, None] * COLS + offs_k[None, :], visible.to(tl.int8), mask=inside)
         k_start, k_end = kr._key_range(q0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL, mask)
-        tl.store(KeyRange + bq * 2, k_start)
-        tl.store(KeyRange + bq * 2 + 1, k_end)
-    if bq == 0:
+        tl.store(KeyRange + i * 2, k_start)
+        tl.store(KeyRange + i * 2 + 1, k_end)
+    if i < TILES:
         q_start, q_end = kr._query_range(k0, SEQ_Q, SEQ_K, BLOCK_Q, BLOCK_K, CAUSAL, mask)
-        tl.store(QueryRange + bk * 2, q_start)
-        tl.store(QueryRange + bk * 2 + 1, q_end)
+        tl.store(QueryRange + i * 2, q_start)
+        tl.store(QueryRange + i * 2 + 1, q_end)
 
 
 def _triton_rule(seq_q, seq_k, block_q, block_k, causal, window, chunk=0):
@@ -53,9 +54,10 @@ def _triton_rule(seq_q, seq_k, block_q, block_k, causal, window, chunk=0):
     key_range = torch.zeros(blocks, 2, dtype=torch.int32)
     query_range = torch.zeros(tiles, 2, dtype=torch.int32)
     bundle = kr.mask_bundle(Options.of(window=window, attention_chunk=chunk), always=True)  # as the launchers make it
-    _rule_kernel[(blocks, tiles)](mask, key_range, query_range, seq_q, seq_k, bundle,
-                                  ROWS=max(seq_q, 1), COLS=max(seq_k, 1), BLOCK_Q=block_q, BLOCK_K=block_k,
-                                  CAUSAL=causal)
+    _rule_kernel[(max(blocks, tiles),)](mask, key_range, query_range, seq_q, seq_k, bundle, blocks, tiles,
+                                       ROWS=max(seq_q, 1), COLS=max(seq_k, 1),
+                                       COLS_PAD=triton.next_power_of_2(max(seq_k, 1)), BLOCK_Q=block_q,
+                                       BLOCK_K=block_k, CAUSAL=causal)
     return mask[:seq_q, :seq_k].bool(), key_range.tolist(), query_range.tolist()
 
 

@@ -128,10 +128,15 @@ CASES = [  # (seq_q, seq_k, kv heads, options)
 ]
 
 
-@pytest.mark.parametrize("name", SCORES)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}-kv{c[2]}-{'-'.join(c[3]) or 'full'}")
-@pytest.mark.parametrize("op", ["flash_attention", "kernels.attention"])
-def test_gradients_equal_float64_autograd_captured_tensors_included(name, case, op):
+# every (case, function) pair once, the two ops alternating so that each meets every case and every
+# function twice (the public op runs the same kernels as flashlib.kernels.attention, inside its custom op)
+GRADIENT_CASES = [(op, case, name) for i, case in enumerate(CASES) for j, name in enumerate(SCORES)
+                  for op in [("flash_attention", "kernels.attention")[(i + j) % 2]]]
+
+
+@pytest.mark.parametrize("op, case, name", GRADIENT_CASES,
+                         ids=lambda c: c if isinstance(c, str) else f"{c[0]}x{c[1]}-kv{c[2]}-{'-'.join(c[3]) or 'full'}")
+def test_gradients_equal_float64_autograd_captured_tensors_included(op, case, name):
     seq_q, seq_k, heads_kv, options = case
     q, k, v = _inputs(seq_q, seq_k, heads_kv, seed=seq_q)
     fn64, t64 = _captured(name)
@@ -363,22 +368,21 @@ def _ring_inputs():
     return q, k, v, dout, table
 
 
-def ring_score_worker(rank, world_size, layout):
+@pytest.fixture(scope="module")
+def ring_ranks():
+    """Every ring case of this file on one ring of two processes (each start costs seconds)."""
     from flashlib import distributed as fd
 
-    q, k, v, dout, table = _ring_inputs()
-    shards = [fd.shard(t, rank, world_size, layout=layout).detach().requires_grad_() for t in (q, k, v)]
-    table = table.requires_grad_()
-    out = fd.ring_attention(*shards, causal=True, layout=layout, score_mod=scores.relative_bias(table))
-    out.backward(fd.shard(dout, rank, world_size, layout=layout))
-    return out.detach(), [s.grad for s in shards], table.grad
+    from .ring_workers import score_rings
+
+    return fd.spawn(score_rings, 2, args=_ring_inputs(), timeout=120)
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
-def test_ring_attention_tells_score_functions_global_positions(layout):
+def test_ring_attention_tells_score_functions_global_positions(layout, ring_ranks):
     from flashlib import distributed as fd
 
-    ranks = fd.spawn(ring_score_worker, 2, args=(layout,), timeout=120)
+    ranks = [r[layout] for r in ring_ranks]
     q, k, v, dout, table = _ring_inputs()
     wanted = [x.clone().requires_grad_() for x in (q, k, v, table)]
     ref = plain_attention(*wanted[:3], scores.relative_bias(wanted[3]), causal=True)
@@ -390,22 +394,12 @@ def test_ring_attention_tells_score_functions_global_positions(layout):
     torch.testing.assert_close(sum(r[2] for r in ranks), want[3], atol=1e-12, rtol=0)
 
 
-def ring_softcap_worker(rank, world_size):
-    from flashlib import distributed as fd
-
-    q, k, v, dout, _ = _ring_inputs()
-    shards = [fd.shard(t * 6, rank, world_size).detach().requires_grad_() for t in (q, k, v)]
-    out = fd.ring_attention(*shards, causal=True, softcap=2.0)
-    out.backward(fd.shard(dout, rank, world_size))
-    return out.detach(), [s.grad for s in shards]
-
-
-def test_ring_attention_takes_softcap_as_every_op_does():
+def test_ring_attention_takes_softcap_as_every_op_does(ring_ranks):
     """softcap= on a ring of two processes: float64 autograd of soft-capped dense attention (scores
     up to 6 x 6 x 8 / sqrt(8), well past the cap)."""
     from flashlib import distributed as fd
 
-    ranks = fd.spawn(ring_softcap_worker, 2, timeout=120)
+    ranks = [r["softcap"] for r in ring_ranks]
     q, k, v, dout, _ = _ring_inputs()
     wanted = [(x * 6).requires_grad_() for x in (q, k, v)]
     ref = flashlib.dense_attention(*wanted, causal=True, softcap=2.0)

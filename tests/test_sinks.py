@@ -260,19 +260,11 @@ def test_decoding_with_sinks(new_tokens, num_splits, paged):
 RING_WORLD = 2
 
 
-def ring_sinks_worker(rank, world_size):
-    tensors, dout = inputs(batch=1, heads=2, kv_heads=2, seq_q=12, seq_k=12, d=8, seed=10, dtype=torch.float64)
-    q, k, v, sinks = tensors
-    shards = [fd.shard(t, rank, world_size, layout="zigzag").detach().requires_grad_() for t in (q, k, v)]
-    sinks = sinks.detach().requires_grad_()
-    out = fd.ring_attention(*shards, causal=True, layout="zigzag", sinks=sinks)
-    out.backward(fd.shard(dout, rank, world_size, layout="zigzag"))
-    return out.detach(), [s.grad for s in shards], sinks.grad
-
-
 def test_ring_attention_with_sinks():
-    ranks = fd.spawn(ring_sinks_worker, RING_WORLD, timeout=120)
+    from .ring_workers import sinks_ring
+
     tensors, dout = inputs(batch=1, heads=2, kv_heads=2, seq_q=12, seq_k=12, d=8, seed=10, dtype=torch.float64)
+    ranks = fd.spawn(sinks_ring, RING_WORLD, args=(*tensors, dout), timeout=120)
     want = expected(tensors, dout, causal=True)
     out = fd.unshard([r[0] for r in ranks], layout="zigzag")
     torch.testing.assert_close(out, want[0], atol=1e-12, rtol=0)
