@@ -6,7 +6,16 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
+
 from flashlib.bench import gpu_tests
+
+
+@pytest.fixture(autouse=True)
+def _children_without_installed_plugins(monkeypatch):
+    """The stand-in suites use no installed pytest plugin: loading them (nbval's Jupyter imports, ...)
+    was most of each child's start. The runner's own plugin is named by -p and still loads."""
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
 
 # The device is faked: a test "faults" by poisoning its process, as a kernel fault poisons a CUDA
 # context; the plugin's device_lost() reads the poison. A fresh process starts clean.
@@ -87,8 +96,10 @@ def test_a_crash_is_blamed_on_the_running_test(tmp_path):
 
 def test_a_process_past_the_budget_is_stopped_and_its_test_marked(tmp_path):
     suite = _suite(tmp_path, "import time\n\ndef test_quick():\n    pass\n\ndef test_slow():\n    time.sleep(120)\n")
-    # 40 s: room for a loaded machine's imports before the quick test, none for a second process
-    results = gpu_tests.run_tests([suite], tmp_path / "tests.json", budget_s=40, log=lambda *_: None)
+    # just over the least left that starts a process: room for a loaded machine's imports before the
+    # quick test, none for a second process after the first is stopped
+    budget_s = gpu_tests.MIN_START_S + 1
+    results = gpu_tests.run_tests([suite], tmp_path / "tests.json", budget_s=budget_s, log=lambda *_: None)
     assert _status(results) == dict(test_quick="passed", test_slow="failed")
     assert "time limit" in results["tests"][next(n for n in results["tests"] if n.endswith("::test_slow"))]["error"]
     assert results["jobs"][0]["returncode"] == -1 and len(results["jobs"]) == 1 and results["seconds"] < 70

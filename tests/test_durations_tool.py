@@ -1,10 +1,13 @@
 """tools/test_durations.py sums pytest's own junit XML per file: checked on a run of pytest it did not write."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# the inner runs need no installed pytest plugin: loading them (nbval's Jupyter imports) was most of each run
+BARE = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
 sys.path.insert(0, str(ROOT / "tools"))
 import test_durations  # noqa: E402
 
@@ -15,7 +18,7 @@ def test_seconds_tests_and_failures_per_file(tmp_path):
     (tmp_path / "test_quick.py").write_text("def test_quick():\n    pass\n")
     xml = tmp_path / "junit.xml"
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
-                    f"--junitxml={xml}", str(tmp_path)], cwd=tmp_path, capture_output=True)
+                    f"--junitxml={xml}", str(tmp_path)], cwd=tmp_path, capture_output=True, env=BARE)
     files = test_durations.per_file([xml])
     slow = next(v for k, v in files.items() if k.endswith("test_slow.py"))
     quick = next(v for k, v in files.items() if k.endswith("test_quick.py"))
@@ -40,7 +43,7 @@ def test_cpu_seconds_tell_a_waiting_test_from_a_working_one(tmp_path):
     xml = tmp_path / "junit.xml"
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.cpu_seconds",
                     "-o", "junit_family=xunit1", f"--junitxml={xml}", str(tmp_path / "test_kinds.py")], cwd=ROOT,
-                   capture_output=True, check=True)
+                   capture_output=True, check=True, env=BARE)
     import xml.etree.ElementTree as ET
 
     cpu = {case.get("name"): float(next(p.get("value") for p in case.iter("property") if p.get("name") == "cpu_seconds"))

@@ -32,28 +32,13 @@ def models():
     return tokenizer, reference, ours
 
 
-def test_sentence_embeddings_equal_transformers_own_attention(models):
-    tokenizer, reference, ours = models
-    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
-    assert (batch["attention_mask"] == 0).any()  # the batch is padded: the mask matters
-    want = hf.sentence_embeddings(tokenizer, reference, SENTENCES)
-    got = hf.sentence_embeddings(tokenizer, ours, SENTENCES)
-    cosine = torch.nn.functional.cosine_similarity(got, want)
-    assert cosine.min().item() >= 0.9999, cosine
+@pytest.fixture(scope="module")
+def batched(models):
+    """flashlib's embeddings of SENTENCES as one padded batch (the interpreter's work, done once for the
+    tests below), and the shape of the mask each call of flashlib's attention function was given.
 
-
-def test_each_sentence_alone_gives_its_batched_embedding(models):
-    """Padding changes nothing: a sentence embedded alone (no mask) equals its row of the batch."""
-    tokenizer, _, ours = models
-    batched = hf.sentence_embeddings(tokenizer, ours, SENTENCES)
-    for i, sentence in enumerate(SENTENCES):
-        alone = hf.sentence_embeddings(tokenizer, ours, [sentence])
-        torch.testing.assert_close(alone[0], batched[i], atol=1e-5, rtol=1e-5)
-
-
-def test_the_padding_mask_reaches_flashlib(models, monkeypatch):
-    """Registered without a mask function, an attention function gets no padding mask: check
-    that flashlib's receives the (batch, seq) mask of valid tokens for a padded batch."""
+    Registered without a mask function, an attention function gets no padding mask: a spy in front
+    of flashlib's records what it receives."""
     tokenizer, _, ours = models
     seen = []
     real = hf.attention_forward
@@ -66,10 +51,36 @@ def test_the_padding_mask_reaches_flashlib(models, monkeypatch):
 
     AttentionInterface.register(hf.NAME, spy)
     try:
-        hf.sentence_embeddings(tokenizer, ours, SENTENCES[:2])
+        embeddings = hf.sentence_embeddings(tokenizer, ours, SENTENCES)
     finally:
         AttentionInterface.register(hf.NAME, real)
-    batch = tokenizer(SENTENCES[:2], padding=True, return_tensors="pt")
+    return embeddings, seen
+
+
+def test_sentence_embeddings_equal_transformers_own_attention(models, batched):
+    tokenizer, reference, _ = models
+    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    assert (batch["attention_mask"] == 0).any()  # the batch is padded: the mask matters
+    want = hf.sentence_embeddings(tokenizer, reference, SENTENCES)
+    got, _ = batched
+    cosine = torch.nn.functional.cosine_similarity(got, want)
+    assert cosine.min().item() >= 0.9999, cosine
+
+
+def test_each_sentence_alone_gives_its_batched_embedding(models, batched):
+    """Padding changes nothing: a sentence embedded alone (no mask) equals its row of the batch."""
+    tokenizer, _, ours = models
+    for i, sentence in enumerate(SENTENCES):
+        alone = hf.sentence_embeddings(tokenizer, ours, [sentence])
+        torch.testing.assert_close(alone[0], batched[0][i], atol=1e-5, rtol=1e-5)
+
+
+def test_the_padding_mask_reaches_flashlib(models, batched):
+    """flashlib's attention function receives the (batch, seq) mask of valid tokens for a padded batch."""
+    tokenizer, _, _ = models
+    _, seen = batched
+    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    assert (batch["attention_mask"] == 0).any()
     assert seen and all(shape == tuple(batch["attention_mask"].shape) for shape in seen)
 
 

@@ -21,6 +21,7 @@ lines per room) that these tests hold to.
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -43,9 +44,15 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
 
 
+@functools.lru_cache(maxsize=None)
+def parsed(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once for all the rules below (none of them changes it)."""
+    return ast.parse(path.read_text())
+
+
 def imports(name: str, path: Path, known) -> set[str]:
     """flashlib modules that ``name`` imports anywhere in its source (functions included)."""
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     base = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(tree):
@@ -106,7 +113,7 @@ def functions():
     """(lines, 'path:line name', node) of every function in the package."""
     out = []
     for path in modules().values():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 where = f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"
                 out.append((node.end_lineno - node.lineno + 1, where, node))
@@ -175,7 +182,7 @@ def long_calls() -> list[tuple[str, int, str, int]]:
     """(module, line, callee, count) of every call passing more than MAX_POSITIONAL arguments by position."""
     found = []
     for name, path in modules().items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Call) and len(node.args) > MAX_POSITIONAL:
                 found.append((name, node.lineno, ast.unparse(node.func)[:40], len(node.args)))
     return found
@@ -245,7 +252,7 @@ def launchers_and_autograd_functions():
     every autograd Function's forward and backward in the package."""
     found = []
     for path in modules().values():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             methods = []
             if isinstance(node, ast.FunctionDef) and node.name.startswith("_launch"):
                 methods = [node]
@@ -273,7 +280,7 @@ def test_the_kernels_take_the_rule_as_one_tuple():
     as its keywords (ladder/autotune's `w` is a warp count)."""
     taking = []
     for path in sorted((ROOT / "flashlib" / "kernels").glob("*.py")) + sorted((ROOT / "flashlib" / "ladder").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.FunctionDef):
                 params = {a.arg for a in node.args.args + node.args.kwonlyargs}
                 if any("window" in p or "chunk" in p for p in params) or "w" in params:
@@ -286,7 +293,7 @@ def test_a_window_or_chunk_takes_the_mask_path_in_one_place():
     bundles are made (kernels/rules.py: mask_bundle): no launcher or kernel names _no_mask."""
     naming = []
     for path in sorted((ROOT / "flashlib").rglob("*.py")):
-        tree = ast.parse(path.read_text())
+        tree = parsed(path)
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef):
                 names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
@@ -303,9 +310,13 @@ def functions_naming(word: str) -> list[str]:
     found = []
     for path in modules().values():
         source = path.read_text()
-        for node in ast.walk(ast.parse(source)):
+        if word not in source:  # nor in any function of it
+            continue
+        for node in ast.walk(parsed(path)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 text = ast.get_source_segment(source, node) or ""
+                if word not in text:  # taking out nested functions cannot add it
+                    continue
                 for inner in ast.walk(node):
                     if inner is not node and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
                         text = text.replace(ast.get_source_segment(source, inner) or "", "")

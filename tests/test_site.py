@@ -217,14 +217,19 @@ def browser():
             context.close()
 
 
-@pytest.fixture
-def page(browser):
+def _new_page(browser):
     page = browser.new_page()
     page.set_default_timeout(60_000)
     page.console_errors = watch_console(page)
     # the console says a resource failed, not which: name it
     page.on("response", lambda r: page.console_errors.append(f"HTTP {r.status}: {r.url}")
             if r.status >= 400 else None)
+    return page
+
+
+@pytest.fixture
+def page(browser):
+    page = _new_page(browser)
     yield page
     page.close()
 
@@ -274,39 +279,23 @@ def test_each_notebook_page_opens_in_colab_from_the_courses_address(course_site)
         assert colab in page and f'href="{ADDRESS}"' in page, path.name
 
 
-def test_every_page_works_in_the_browser(course_site, page):
-    """Every page loads with its math typeset, its images drawn and its links alive."""
-    site, _ = course_site
-    pages = site.pages()
-    report, totals = {}, {"math": 0, "images": 0, "links": 0, "wrapped": 0}
-    for relative in pages:
-        problems, counts = inspect_page(page, site, relative)
-        if problems:
-            report[relative] = problems
-        for key in totals:
-            totals[key] += counts.get(key, 0)
-    print(f"{len(pages)} pages: {totals['math']} math elements, {totals['images']} images, "
-          f"{totals['links']} links into the site, {totals['wrapped']} long lines wrapped")
-    assert not report, "\n".join(f"{p}:\n  " + "\n  ".join(v[:20]) for p, v in report.items())
-    assert totals["math"] > 500 and totals["images"] > 30  # the pages were really read
-    assert totals["wrapped"] > 20  # the kernels' long lines are there, and wrapped: not cut
-
-
-def test_every_widget_shows_its_frame(course_site, page):
-    site, _ = course_site
-    widgets = widget_cells(NOTEBOOKS)
-    assert widgets
-    for name, index in widgets:
-        cells = nbformat.read(NOTEBOOKS / name, as_version=4).cells
+def _widget_frames(page, name: str, indices: list[int]) -> list[str]:
+    """Each widget cell of the open notebook page shows its stored frame, not an empty box."""
+    problems = []
+    cells = nbformat.read(NOTEBOOKS / name, as_version=4).cells
+    for index in indices:
         code_position = sum(1 for c in cells[:index] if c.cell_type == "code"  # the pages drop the setup cell
                             and build_site.SETUP_TAG not in c.get("metadata", {}).get("tags", []))
-        page.goto(site.base + f"notebooks/{Path(name).stem}.html", wait_until="load")
         output = page.locator("div.cell").nth(code_position).locator(".cell_output")
         image = output.locator("img").first
         image.wait_for(state="visible")
-        assert image.evaluate("img => img.decode().then(() => img.naturalWidth)") > 0, (name, index)
-        assert "A still of the widget" in output.inner_text(), (name, index)
-        assert not output.locator(".jupyter-widgets").count(), f"{name} cell {index}: an empty widget box"
+        if not image.evaluate("img => img.decode().then(() => img.naturalWidth)") > 0:
+            problems.append(f"{name} cell {index}: the frame has no pixels")
+        if "A still of the widget" not in output.inner_text():
+            problems.append(f"{name} cell {index}: no note that the image is a still")
+        if output.locator(".jupyter-widgets").count():
+            problems.append(f"{name} cell {index}: an empty widget box")
+    return problems
 
 
 class _PreText(html.parser.HTMLParser):
@@ -331,45 +320,112 @@ class _PreText(html.parser.HTMLParser):
             self.texts[-1] += data
 
 
-def test_wrapped_code_keeps_every_character(course_site, page):
-    """Wrapping (_static/code_wrap.js) changes how a line is shown, never its text."""
+def _shown_code(page, site: Site, relative: str) -> tuple[list[str], int]:
+    """The open page's code blocks against the HTML file's: (what differs, blocks compared)."""
+    parser = _PreText()
+    parser.feed((site.root / relative).read_text(encoding="utf-8"))
+    shown = page.evaluate("() => Array.from(document.querySelectorAll('pre'))"
+                          ".map(pre => [pre.textContent, pre.classList.contains('flashlib-wrapped')])")
+    problems = []
+    if [t.rstrip("\n") for t, _ in shown] != [t.rstrip("\n") for t in parser.texts]:
+        problems.append(f"{relative}: the code shown is not the code the page holds")
+    if not all(wrapped for _, wrapped in shown):
+        problems.append(f"{relative}: a block of code was not wrapped")
+    return problems, len(shown)
+
+
+def _zoom_each_figure(page, relative: str) -> tuple[list[str], int]:
+    """Click each figure of the open page: (what did not enlarge or close, figures opened)."""
+    report, opened = [], 0
+    links = page.locator("a.flashlib-zoom")
+    for i in range(links.count()):
+        link = links.nth(i)
+        link.scroll_into_view_if_needed()
+        column = link.locator("img").evaluate("img => img.decode().then(() => img.getBoundingClientRect().width)")
+        link.click()
+        view = page.locator(".flashlib-zoom-view img")
+        view.wait_for(state="visible")
+        large = view.evaluate("img => img.decode().then(() => [img.getBoundingClientRect().width,"
+                              " img.getBoundingClientRect().height])")
+        window = page.evaluate("() => [innerWidth, innerHeight]")
+        # larger by half at least, or as large as the window lets it be
+        if not (large[0] >= 1.5 * column or large[0] >= 0.9 * window[0] or large[1] >= 0.9 * window[1]):
+            report.append(f"{relative} figure {i}: {column:.0f} px in the column, {large[0]:.0f} px enlarged")
+        page.keyboard.press("Escape")
+        if page.locator(".flashlib-zoom-view").count():
+            return report + [f"{relative}: Escape left the figure open"], opened + 1
+        opened += 1
+    return report, opened
+
+
+def _each_check(checks: dict, name: str, run) -> None:
+    """Run one check on the open page into checks[name]; an exception is that check's failure alone."""
+    try:
+        problems, count = run()
+    except Exception as error:  # noqa: BLE001  reported by the test of that check
+        problems, count = [f"{type(error).__name__}: {str(error)[:2000]}"], 0
+    checks[name][0].extend(problems)
+    checks[name][1] += count
+
+
+@pytest.fixture(scope="module")
+def visited(course_site, browser):
+    """Every page of the course's site opened once, in one tab, with each check below run on it while
+    it is open (opening the pages is most of the time): by check, (what it found wrong, what it counted)."""
     site, _ = course_site
-    checked = 0
-    for relative in (p for p in site.pages() if p.startswith("notebooks/")):
-        parser = _PreText()
-        parser.feed((site.root / relative).read_text(encoding="utf-8"))
-        page.goto(site.base + relative, wait_until="load")
-        shown = page.evaluate("() => Array.from(document.querySelectorAll('pre'))"
-                              ".map(pre => [pre.textContent, pre.classList.contains('flashlib-wrapped')])")
-        assert [t.rstrip("\n") for t, _ in shown] == [t.rstrip("\n") for t in parser.texts], relative
-        assert all(wrapped for _, wrapped in shown), f"{relative}: a block of code was not wrapped"
-        checked += len(shown)
+    widgets: dict[str, list[int]] = {}
+    for name, index in widget_cells(NOTEBOOKS):
+        widgets.setdefault(f"notebooks/{Path(name).stem}.html", []).append(index)
+    checks = {"pages": [{}, {"math": 0, "images": 0, "links": 0, "wrapped": 0}], "code": [[], 0],
+              "widgets": [[], 0], "zoom": [[], 0]}
+    page = _new_page(browser)
+    try:
+        for relative in site.pages():
+            problems, counts = inspect_page(page, site, relative)
+            if problems:
+                checks["pages"][0][relative] = problems
+            for key in checks["pages"][1]:
+                checks["pages"][1][key] += counts.get(key, 0)
+            if not relative.startswith("notebooks/"):
+                continue
+            _each_check(checks, "code", lambda: _shown_code(page, site, relative))
+            for_widgets = widgets.get(relative, [])
+            _each_check(checks, "widgets",
+                        lambda: (_widget_frames(page, Path(relative).stem + ".ipynb", for_widgets), len(for_widgets)))
+            _each_check(checks, "zoom", lambda: _zoom_each_figure(page, relative))  # last: it scrolls and clicks
+    finally:
+        page.close()
+    checks["widget cells"] = sum(len(v) for v in widgets.values())
+    return checks
+
+
+def test_every_page_works_in_the_browser(course_site, visited):
+    """Every page loads with its math typeset, its images drawn and its links alive."""
+    report, totals = visited["pages"]
+    print(f"{len(course_site[0].pages())} pages: {totals['math']} math elements, {totals['images']} images, "
+          f"{totals['links']} links into the site, {totals['wrapped']} long lines wrapped")
+    assert not report, "\n".join(f"{p}:\n  " + "\n  ".join(v[:20]) for p, v in report.items())
+    assert totals["math"] > 500 and totals["images"] > 30  # the pages were really read
+    assert totals["wrapped"] > 20  # the kernels' long lines are there, and wrapped: not cut
+
+
+def test_every_widget_shows_its_frame(visited):
+    problems, checked = visited["widgets"]
+    assert visited["widget cells"]
+    assert not problems, "\n".join(problems)
+    assert checked == visited["widget cells"]  # each widget cell was looked at
+
+
+def test_wrapped_code_keeps_every_character(visited):
+    """Wrapping (_static/code_wrap.js) changes how a line is shown, never its text."""
+    problems, checked = visited["code"]
+    assert not problems, "\n".join(problems)
     assert checked > 200
 
 
-def test_a_click_enlarges_every_figure(course_site, page):
+def test_a_click_enlarges_every_figure(visited):
     """Each notebook page's figures open over the page, larger than in the column, and close again."""
-    site, _ = course_site
-    report, opened = [], 0
-    for relative in (p for p in site.pages() if p.startswith("notebooks/")):
-        page.goto(site.base + relative, wait_until="load")
-        links = page.locator("a.flashlib-zoom")
-        for i in range(links.count()):
-            link = links.nth(i)
-            link.scroll_into_view_if_needed()
-            column = link.locator("img").evaluate("img => img.decode().then(() => img.getBoundingClientRect().width)")
-            link.click()
-            view = page.locator(".flashlib-zoom-view img")
-            view.wait_for(state="visible")
-            large = view.evaluate("img => img.decode().then(() => [img.getBoundingClientRect().width,"
-                                  " img.getBoundingClientRect().height])")
-            window = page.evaluate("() => [innerWidth, innerHeight]")
-            # larger by half at least, or as large as the window lets it be
-            if not (large[0] >= 1.5 * column or large[0] >= 0.9 * window[0] or large[1] >= 0.9 * window[1]):
-                report.append(f"{relative} figure {i}: {column:.0f} px in the column, {large[0]:.0f} px enlarged")
-            page.keyboard.press("Escape")
-            assert page.locator(".flashlib-zoom-view").count() == 0, f"{relative}: Escape left the figure open"
-            opened += 1
+    report, opened = visited["zoom"]
     assert not report, "\n".join(report)
     assert opened > 30
 
@@ -385,7 +441,7 @@ html_theme = "basic"
 html_favicon = "favicon.svg"  # else the browser asks for /favicon.ico, a 404 on every page
 '''
 HARNESS_PAGES = {
-    "index.md": "# Scratch\n\n```{toctree}\n\ngood\nbroken\n```\n",
+    "index.md": "# Scratch\n\n```{toctree}\n\ngood\nbroken\nnotebooks/01_a\n```\n",  # 01_a: its widget's frame
     "good.md": "# Good\n\nInline $a^2 + b^2$ and a [link](broken.md).\n\n$$\\frac{1}{2}$$\n",
     "broken.md": ("# Broken\n\n## Here\n\nA math error $\\frac{1}$, a macro $\\notamacro x$, a tab $N \times N$.\n\n"
                   '<img src="missing.png" alt="missing">\n\n<a href="nowhere.html">dead</a>\n\n'
@@ -418,13 +474,22 @@ def _notebook_with_widget(path: Path, frame: bool) -> None:
     nbformat.write(notebook, path)
 
 
-def test_checks_find_a_broken_page(page, tmp_path):
-    docs = _harness_docs(tmp_path / "docs", HARNESS_PAGES)
-    (tmp_path / "notebooks").mkdir()
-    result = build_site.build(tmp_path / "out", tmp_path / "src", docs=docs, notebooks=tmp_path / "notebooks",
+@pytest.fixture(scope="module")
+def scratch_site(tmp_path_factory):
+    """One scratch site for the checks' tests: a page that breaks every check, a page that breaks none
+    and a notebook whose widget stored its frame beside it. (where it is, what Sphinx returned)"""
+    folder = tmp_path_factory.mktemp("scratch")
+    docs = _harness_docs(folder / "docs", HARNESS_PAGES)
+    _notebook_with_widget(folder / "notebooks" / "01_a.ipynb", frame=True)
+    result = build_site.build(folder / "out", folder / "src", docs=docs, notebooks=folder / "notebooks",
                               repository=ADDRESS)
+    return folder / "out", result
+
+
+def test_checks_find_a_broken_page(page, scratch_site):
+    out, result = scratch_site
     assert result.returncode == 0, result.stderr  # nothing Sphinx sees: the browser must
-    site = Site(tmp_path / "out")
+    site = Site(out)
     try:
         good, _ = inspect_page(page, site, "good.html")
         broken, _ = inspect_page(page, site, "broken.html")
@@ -451,14 +516,15 @@ def test_a_build_warning_fails_the_build(tmp_path):
     assert "missing.md" in (tmp_path / "out-warnings.log").read_text()
 
 
-def test_a_widget_without_its_frame_stops_the_build(tmp_path):
+def test_a_widget_without_its_frame_stops_the_build(tmp_path, scratch_site):
     docs = _harness_docs(tmp_path / "docs", {"index.md": "# Scratch\n\n```{toctree}\n:glob:\n\nnotebooks/*\n```\n"})
     _notebook_with_widget(tmp_path / "notebooks" / "01_a.ipynb", frame=False)
     with pytest.raises(SystemExit, match="notebooks/01_a.ipynb cell 1: a widget view with no image/png"):
         build_site.build(tmp_path / "out", tmp_path / "src", docs=docs, notebooks=tmp_path / "notebooks",
                               repository=ADDRESS)
-    _notebook_with_widget(tmp_path / "notebooks" / "01_a.ipynb", frame=True)
-    assert build_site.build(tmp_path / "out", tmp_path / "src", docs=docs, repository=ADDRESS,
-                            notebooks=tmp_path / "notebooks").returncode == 0
-    page = (tmp_path / "out" / "notebooks" / "01_a.html").read_text()
+    assert not (tmp_path / "out").exists()  # stopped before Sphinx
+    # the same notebook with its frame (the scratch site's): built, the frame shown in the widget's place
+    out, result = scratch_site
+    assert result.returncode == 0, result.stderr
+    page = (out / "notebooks" / "01_a.html").read_text()
     assert "<img" in page and "A still of the widget" in page and "widget-view" not in page
