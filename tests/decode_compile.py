@@ -59,8 +59,8 @@ def compile_decode(specs, *, triton_path: str | None = None, launch: bool = Fals
     env = dict(os.environ, TRITON_INTERPRET="0")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (triton_path, ROOT, env.get("PYTHONPATH")) if p)
     done = subprocess.run([sys.executable, "-m", "tests.decode_compile"],
-                          input=json.dumps(dict(specs=list(specs), launch=launch, bench=bench)), capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=ROOT)
+                          input=json.dumps(dict(specs=list(specs), launch=launch, bench=bench)), capture_output=True,
+                          text=True, env=env, timeout=timeout, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"compile_decode: the compiler process failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout)

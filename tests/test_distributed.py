@@ -100,7 +100,8 @@ def _recorded_ring(q, k, v, dout, causal, layout, group):
     out, lse = fd.ring_forward(q, k, v, causal=causal, layout=layout, comm=comm,
                                block_forward=recording(fd.local_forward, forward_log))
     fd.ring_backward(q, k, v, out, lse, dout, causal=causal, layout=layout,
-                     comm=RecordingComm(backward_log, "kv", group), grad_comm=RecordingComm(backward_log, "grad", group),
+                     comm=RecordingComm(backward_log, "kv", group),
+                     grad_comm=RecordingComm(backward_log, "grad", group),
                      block_backward=recording(fd.local_backward, backward_log))
     return dict(forward_log=forward_log, backward_log=backward_log, sent_bytes=comm.sent_bytes)
 
