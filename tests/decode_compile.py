@@ -39,14 +39,28 @@ def spec(kernel: str, capability, dtype: str, head_dim: int, *, paged: bool = Fa
                 **(dict(chunk=True) if chunk else {}))
 
 
-def compile_decode(specs, *, triton_path: str | None = None, launch: bool = False, timeout: float = 600) -> dict:
+def spec_of(report: dict, specs) -> dict:
+    """The spec (one of ``specs``) a report was compiled from: a report holds its spec's fields, then its findings."""
+    keys = set().union(*specs)
+    return {key: value for key, value in report.items() if key in keys}
+
+
+def compiled_once(compiled: dict, specs) -> bool:
+    """Whether {version: {"reports": ...}} compiled every spec once, with one of the releases."""
+    done = [spec_of(r, specs) for v in compiled for r in compiled[v]["reports"]]
+    return len(done) == len(specs) and all(s in done for s in specs)
+
+
+def compile_decode(specs, *, triton_path: str | None = None, launch: bool = False, bench: bool = True,
+                   timeout: float = 600) -> dict:
     """{"reports": one per spec, "launch": :func:`launch_path`'s result (with launch=True) or None},
-    from one fresh Python with TRITON_INTERPRET=0 and triton_path first on its path."""
+    from one fresh Python with TRITON_INTERPRET=0 and triton_path first on its path; bench: the launch
+    path compiles the decoding benchmark's launches too."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (triton_path, ROOT, env.get("PYTHONPATH")) if p)
     done = subprocess.run([sys.executable, "-m", "tests.decode_compile"],
-                          input=json.dumps(dict(specs=list(specs), launch=launch)), capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=ROOT)
+                          input=json.dumps(dict(specs=list(specs), launch=launch, bench=bench)), capture_output=True,
+                          text=True, env=env, timeout=timeout, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"compile_decode: the compiler process failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout)
@@ -174,12 +188,13 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, options, score=None, b
     return launch(q, x.k_cache, x.v_cache, x.seqlens, x.block_table)
 
 
-def launch_path() -> dict:
+def launch_path(bench: bool = True) -> dict:
     """decode_forward's own launches, bound by Triton's JIT as on an H200 and compiled, nothing run:
     a stand-in driver answers which device, stream and target (sm_90), flashlib.bench.ahead notes
     the launches and compiles them through the JIT's warm-up entry (its argument binder and
     specialisation: the row function passed as a compile-time argument, int32 pointers, a float
-    soft-cap, integers equal to 1). CPU tensors stand in for the GPU's; nothing reads them."""
+    soft-cap, integers equal to 1). CPU tensors stand in for the GPU's; nothing reads them. bench: the
+    decoding benchmark's compiling ahead too (runs and bench_ahead; None without)."""
     import torch
     from triton.backends.compiler import GPUTarget
     from triton.runtime.driver import driver
@@ -215,6 +230,8 @@ def launch_path() -> dict:
         decode_forward(q, k_pages, k_pages, lengths, options=Options.of(causal=True, scale=0.1, window=(256, -1)), block_table=table,
                        score=kernel_score(Options(softcap=30.0), "cpu"), num_splits=1, config=config)
     compiled = ahead.compile_notes(notes, threads=2)
+    if not bench:
+        return dict(notes=[n.name for n in notes], compiled=compiled, runs=None, bench_ahead=None)
     # the decoding benchmark's own compiling ahead, for a few of its points and sweep items
     from flashlib.bench import decode as bench
 
@@ -238,4 +255,4 @@ if __name__ == "__main__":
         raise SystemExit("tests.decode_compile: run with TRITON_INTERPRET=0; interpreted kernels cannot be compiled")
     asked = json.loads(sys.stdin.read())
     json.dump(dict(reports=[_compile_one(s) for s in asked["specs"]],
-                   launch=launch_path() if asked["launch"] else None), sys.stdout)
+                   launch=launch_path(asked["bench"]) if asked["launch"] else None), sys.stdout)

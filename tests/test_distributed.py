@@ -1,10 +1,12 @@
 """Ring attention (flashlib.distributed) against float64 dense attention over the whole sequence.
 
-The ring tests spawn real gloo process groups on 127.0.0.1, one ring per world size (2, 3
-and 4); each ring runs every layout and mask, forward and backward, and records the order
-of its communication and computation, so the expensive start-up happens three times.
-Every spawned ring has a time limit: a hang fails the test, and a failing rank's
-traceback is part of the error.
+The ring tests spawn real gloo process groups on 127.0.0.1: one spawn of four processes (each
+costs seconds to start), whose default group runs the ring of 4 and whose groups of its first 2
+and 3 ranks run the rings of 2 and 3 (ring ranks equal to global ranks; the groups of ranks 1..W-1
+give ring ranks that differ). Each ring runs every layout and mask, forward and backward, and
+records the order of its communication and computation; the same spawn runs MLA's ring (2) and
+the ranks that disagree (4). Every spawned ring has a time limit: a hang fails the test, and a
+failing rank's traceback is part of the error.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ CHUNK = 3                  # tokens per zigzag chunk: the sequence is 2 * world_
 RING_CHUNK = 4             # attention_chunk of the chunked rings: not a multiple of a shard's length
 BATCH, HEADS, DIM = 2, 2, 8
 LIMIT = 120.0              # seconds for one spawned ring before it counts as hung
+RING_WORLD = max(WORLD_SIZES)  # processes of the one spawn that runs every ring (rings_worker)
+RING_LIMIT = 300.0         # that spawn's limit: it does the work of every ring in turn
 
 
 # ----- independent references ----------------------------------------------------------
@@ -69,8 +73,8 @@ def full_inputs(world_size):
 class RecordingComm(fd.RingComm):
     """The real communication object, logging when a batch has been posted and has arrived."""
 
-    def __init__(self, log, name):
-        super().__init__()
+    def __init__(self, log, name, group=None):
+        super().__init__(group)
         self.log, self.name = log, name
 
     def commit(self):
@@ -90,45 +94,47 @@ def recording(block_fn, log):
     return block
 
 
-def _recorded_ring(q, k, v, dout, causal, layout):
+def _recorded_ring(q, k, v, dout, causal, layout, group):
     forward_log, backward_log = [], []
-    comm = RecordingComm(forward_log, "kv")
+    comm = RecordingComm(forward_log, "kv", group)
     out, lse = fd.ring_forward(q, k, v, causal=causal, layout=layout, comm=comm,
                                block_forward=recording(fd.local_forward, forward_log))
     fd.ring_backward(q, k, v, out, lse, dout, causal=causal, layout=layout,
-                     comm=RecordingComm(backward_log, "kv"), grad_comm=RecordingComm(backward_log, "grad"),
+                     comm=RecordingComm(backward_log, "kv", group),
+                     grad_comm=RecordingComm(backward_log, "grad", group),
                      block_backward=recording(fd.local_backward, backward_log))
     return dict(forward_log=forward_log, backward_log=backward_log, sent_bytes=comm.sent_bytes)
 
 
-def ring_worker(rank, world_size, q, k, v, dout):
-    """Every layout and mask on this rank: ring_attention forward and backward, and a recording."""
+def ring_worker(rank, world_size, q, k, v, dout, group=None, others=None):
+    """Every layout and mask on this rank of ``group`` (None: the default group): ring_attention forward
+    and backward, and a recording; ``others``: the group of its ranks 1..W-1."""
     results = {}
     for layout in LAYOUTS:
         for causal in (False, True):
             parts = [fd.shard(t, rank, world_size, layout=layout).requires_grad_() for t in (q, k, v)]
             local_dout = fd.shard(dout, rank, world_size, layout=layout)
-            out = fd.ring_attention(*parts, causal=causal, layout=layout)
+            out = fd.ring_attention(*parts, causal=causal, layout=layout, group=group)
             out.backward(local_dout)
             results[layout, causal] = dict(out=out.detach(), grads=[p.grad for p in parts],
                                            **_recorded_ring(*(p.detach() for p in parts), local_dout,
-                                                            causal, layout))
+                                                            causal, layout, group))
     for layout in LAYOUTS:  # chunks of 4 positions across shards of 3 (zigzag: 2 x 3)
         parts = [fd.shard(t, rank, world_size, layout=layout).requires_grad_() for t in (q, k, v)]
-        out = fd.ring_attention(*parts, causal=True, layout=layout, attention_chunk=RING_CHUNK)
+        out = fd.ring_attention(*parts, causal=True, layout=layout, attention_chunk=RING_CHUNK, group=group)
         out.backward(fd.shard(dout, rank, world_size, layout=layout))
         results["chunk", layout] = dict(out=out.detach(), grads=[p.grad for p in parts])
-    results["subgroup"] = _subgroup_ring(rank, world_size, q, k, v)
-    results["half"] = _half_ring(rank, world_size, q, k, v, dout)
+    results["subgroup"] = _subgroup_ring(rank, world_size, q, k, v, others)
+    results["half"] = _half_ring(rank, world_size, q, k, v, dout, group)
     if world_size == 2:
-        results["kernel"] = _kernel_ring(rank, world_size, q, k, v, dout)
+        results["kernel"] = _kernel_ring(rank, world_size, q, k, v, dout, group)
     return results
 
 
-def _kernel_ring(rank, world_size, q, k, v, dout):
+def _kernel_ring(rank, world_size, q, k, v, dout, group):
     """The GPU path's block functions (flash_attention's kernels), here in Triton's interpreter."""
     parts = [fd.shard(t.float(), rank, world_size, layout="zigzag") for t in (q, k, v, dout)]
-    config = dict(causal=True, layout="zigzag")
+    config = dict(causal=True, layout="zigzag", group=group)
     out, lse = fd.ring_forward(*parts[:3], **config, block_forward=fd.kernel_forward)
     grads = fd.ring_backward(*parts[:3], out, lse, parts[3], **config, block_backward=fd.kernel_backward)
     # chunked: the kernels' mask path, the rule told global positions (fd.block_mask_mod)
@@ -138,17 +144,18 @@ def _kernel_ring(rank, world_size, q, k, v, dout):
     return out, grads, out_c, grads_c
 
 
-def _half_ring(rank, world_size, q, k, v, dout):
+def _half_ring(rank, world_size, q, k, v, dout, group):
     """Float16 shards through the real ring: (out, lse, dq, dk, dv) of this rank."""
     parts = [fd.shard(t.half(), rank, world_size, layout="zigzag") for t in (q, k, v, dout)]
-    out, lse = fd.ring_forward(*parts[:3], causal=True, layout="zigzag")
-    return (out, lse, *fd.ring_backward(*parts[:3], out, lse, parts[3], causal=True, layout="zigzag"))
+    config = dict(causal=True, layout="zigzag", group=group)
+    out, lse = fd.ring_forward(*parts[:3], **config)
+    return (out, lse, *fd.ring_backward(*parts[:3], out, lse, parts[3], **config))
 
 
-def _subgroup_ring(rank, world_size, q, k, v):
-    """Ranks 1..W-1 form a group of their own: group ranks differ from global ranks."""
+def _subgroup_ring(rank, world_size, q, k, v, group):
+    """Ranks 1..W-1 form a group of their own (``group``, which every rank took part in creating):
+    group ranks differ from the ring's ranks."""
     members = list(range(1, world_size))
-    group = dist.new_group(members)  # every rank must take part in creating it
     if rank not in members:
         return None
     me, n = members.index(rank), 2 * len(members) * CHUNK
@@ -156,9 +163,30 @@ def _subgroup_ring(rank, world_size, q, k, v):
     return fd.ring_attention(*parts, causal=True, layout="zigzag", group=group)
 
 
+def rings_worker(rank, world_size):
+    """Every ring of this module on one spawn's ranks: the ring of 4 on the default group, those of 2
+    and 3 on groups of the first ranks, then MLA's ring (2), then the ranks that disagree (4)."""
+    # every rank takes part in creating every group, in the same order
+    groups = {size: None if size == world_size else dist.new_group(list(range(size))) for size in WORLD_SIZES}
+    others = {size: dist.new_group(list(range(1, size))) for size in WORLD_SIZES}
+    results = {}
+    for size in WORLD_SIZES:
+        if rank < size:
+            results[size] = ring_worker(rank, size, *full_inputs(size), group=groups[size], others=others[size])
+    if rank < 2:
+        results["mla"] = mla_worker(rank, 2, *mla_inputs(), group=groups[2])
+    results["mismatch"] = mismatch_worker(rank, world_size)
+    return results
+
+
 @functools.cache
+def rings_run():
+    return fd.spawn(rings_worker, RING_WORLD, timeout=RING_LIMIT)
+
+
 def ring_run(world_size):
-    return fd.spawn(ring_worker, world_size, args=tuple(full_inputs(world_size)), timeout=LIMIT)
+    """What each rank of the ring of ``world_size`` returned."""
+    return [r[world_size] for r in rings_run()[:world_size]]
 
 
 def uneven_worker(rank, world_size):
@@ -166,7 +194,7 @@ def uneven_worker(rank, world_size):
     return fd.ring_attention(q, q, q)
 
 
-MISMATCH_WORLD = 3
+MISMATCH_WORLD = RING_WORLD
 SCALE = 1 / math.sqrt(8)   # the default scale of the mismatch cases' head_dim 8
 # What the odd rank(s) pass and what rank 0 passes, as the error must name them.
 MISMATCHES = {
@@ -180,7 +208,7 @@ MISMATCHES = {
     "head_dim": "head_dim 9 (shape (1, 2, 4, 9)) but rank 0 has 8 (shape (1, 2, 4, 8))",
     "head_dim_v": "head_dim_v 5 but rank 0 has 8",
     "attention_chunk": "attention_chunk 3 but rank 0 has 0",
-    "two ranks": "causal True but rank 0 has False (ranks [1, 2] all differ from rank 0)",
+    "two ranks": "causal True but rank 0 has False (ranks [1, 2, 3] all differ from rank 0)",
 }
 
 
@@ -199,7 +227,7 @@ def mismatch_call(case, odd):
 
 
 def mismatch_worker(rank, world_size):
-    """Every case in turn, the last rank (both others for "two ranks") the odd one out; each rank
+    """Every case in turn, the last rank (every other rank for "two ranks") the odd one out; each rank
     returns the error it raised per case, then one agreed call: the ranks are still in step."""
     errors = {}
     for case in MISMATCHES:
@@ -213,9 +241,8 @@ def mismatch_worker(rank, world_size):
     return errors, fd.ring_attention(q, q, q)
 
 
-@functools.cache
 def mismatch_run():
-    return fd.spawn(mismatch_worker, MISMATCH_WORLD, timeout=LIMIT)
+    return [r["mismatch"] for r in rings_run()]
 
 
 MLA_DIMS = (DIM, DIM // 2 + 1)  # q and k's head dim, v's: its own (MLA's 192/128, small)
@@ -229,17 +256,17 @@ def mla_inputs(world_size=2):
     return [torch.randn(BATCH, HEADS, n, dim, generator=g, dtype=torch.float64) for dim in (d, d, dv, dv)]
 
 
-def mla_worker(rank, world_size, q, k, v, dout):
+def mla_worker(rank, world_size, q, k, v, dout, group=None):
     """v with a head dim of its own: ring_attention (tiled blocks) per layout and mask, and the
     kernel blocks once, in float32."""
     results = {}
     for layout in LAYOUTS:
         for causal in (False, True):
             parts = [fd.shard(t, rank, world_size, layout=layout).requires_grad_() for t in (q, k, v)]
-            out = fd.ring_attention(*parts, causal=causal, layout=layout)
+            out = fd.ring_attention(*parts, causal=causal, layout=layout, group=group)
             out.backward(fd.shard(dout, rank, world_size, layout=layout))
             results[layout, causal] = out.detach(), [p.grad for p in parts]
-    results["kernel"] = _kernel_ring(rank, world_size, q, k, v, dout)
+    results["kernel"] = _kernel_ring(rank, world_size, q, k, v, dout, group)
     return results
 
 
@@ -393,7 +420,7 @@ def test_a_chunked_ring_matches_dense(world_size, layout):
 def test_ring_with_a_head_dim_of_vs_own():
     """MLA's shapes, small: v and the output have their own head dim; the scale stays q's."""
     q, k, v, dout = mla_inputs()
-    ranks = fd.spawn(mla_worker, 2, args=(q, k, v, dout), timeout=LIMIT)
+    ranks = [r["mla"] for r in rings_run()[:2]]
     for layout in LAYOUTS:
         for causal in (False, True):
             expected = dense_reference(q, k, v, dout, causal)

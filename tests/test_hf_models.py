@@ -2,8 +2,8 @@
 
 Tiny random models (tests/hf_models.py: Llama, Mistral, Qwen3, Gemma 2, Gemma 3, GPT-OSS; nothing
 downloaded), float32. Each must give eager's logits with and without padding, eager's gradient for
-every parameter in a training step (GPT-OSS's attention sinks included), and eager's greedy tokens,
-one prompt and a left-padded batch, with a KV cache. The tolerances are float32 rounding: logits
+every parameter in a training step (GPT-OSS's attention sinks included), and eager's greedy tokens and
+logits at every step, one prompt and a left-padded batch, with a KV cache. The tolerances are float32 rounding: logits
 within 2e-5 (measured: at most 4.6e-6 on logits of size ~6), each parameter's gradient within 2e-5 of
 its largest entry (measured: at most 2.1e-6). test_each_option_changes_the_logits shows that an option
 dropped or misread (a window one key too wide, no soft-cap, no sinks, the default scale) moves the
@@ -31,6 +31,7 @@ NAME = hf.register()
 LOGITS_TOL = 2e-5
 GRAD_TOL = 2e-5  # relative to each gradient's largest entry
 SEQ = 12
+PROMPT, NEW_TOKENS = 5, 5  # greedy generation: prompt tokens, new tokens
 
 
 def logits(model, impl, ids, mask=None, **kwargs):
@@ -66,8 +67,14 @@ def gradients(model, impl, ids, mask, labels):
         model.eval()
 
 
-@pytest.mark.parametrize("pad", [False, True], ids=["unpadded", "padded"])
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+# Each family once, padded or not; both for the families with an option no other family has (Gemma 2's soft-cap,
+# GPT-OSS's sinks, Llama 4's chunks): every option then meets both backward paths (flash_attention's, the packed
+# op's), windows and Gemma's scale included; layer 1 of every family but Mistral is plain causal attention.
+TRAINING = [("llama", False), ("mistral", True), ("qwen3", False), ("gemma3", True),
+            *((arch, pad) for arch in ("gemma2", "gpt_oss", "llama4") for pad in (False, True))]
+
+
+@pytest.mark.parametrize("arch, pad", TRAINING, ids=[f"{a}-{'padded' if p else 'unpadded'}" for a, p in TRAINING])
 def test_training_step_gradients_equal_eager(arch, pad):
     """Training mode (dropout 0) through flash_attention's or the packed op's backward. Padded: one row
     padded on the left, one on the right; the labels skip the padding and a left-padded row's first token,
@@ -106,15 +113,17 @@ def op_calls(monkeypatch):
     return calls
 
 
-def greedy(model, impl, ids, mask=None, new_tokens=10):
-    """Llama 4 keeps every key (DynamicCache() without the config): its chunked layers' default cache keeps
-    only the last chunk's keys, which this attention refuses (test_a_chunked_layers_sliding_cache_is_refused)."""
+def greedy(model, impl, ids, mask=None, new_tokens=NEW_TOKENS):
+    """(tokens, each step's logits). Llama 4 keeps every key (DynamicCache() without the config): its chunked
+    layers' default cache keeps only the last chunk's keys, which this attention refuses
+    (test_a_chunked_layers_sliding_cache_is_refused)."""
     from transformers import DynamicCache
 
     model.set_attn_implementation(impl)
     cache = dict(past_key_values=DynamicCache()) if model.config.model_type == "llama4_text" else {}
-    return model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                          do_sample=False, pad_token_id=PAD, **cache)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                         do_sample=False, pad_token_id=PAD, output_logits=True, return_dict_in_generate=True, **cache)
+    return out.sequences, torch.stack(out.logits, dim=1)  # (batch, prompt + new), (batch, new, vocab)
 
 
 def test_a_chunked_layers_sliding_cache_is_refused():
@@ -126,14 +135,17 @@ def test_a_chunked_layers_sliding_cache_is_refused():
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_greedy_generation_equal_eager(arch, op_calls):
-    """10 new tokens with a KV cache: the prompt's prefill, then one token per step through decode_attention;
-    one prompt, and a batch of two prompts, one padded on the left (8 + 10 tokens: windows of 4 slide)."""
+    """5 new tokens with a KV cache: the prompt's prefill, then one token per step through decode_attention;
+    one prompt, and a batch of two prompts, one padded on the left. 5 + 5 tokens: windows of 4 slide in the
+    prefill and in every step, Llama 4's chunk boundaries fall at 4 (in the prefill) and 8 (a step). Eager's
+    tokens, and every step's logits within the logits tolerance (a misread option moves them 1000x past it)."""
     model = build(arch)
-    prompt = tokens(1, 8, seed=4)
-    ids, mask = padded(8, left=(3,), seed=5)
-    assert torch.equal(greedy(model, NAME, prompt), greedy(model, "eager", prompt))
-    assert torch.equal(greedy(model, NAME, ids, mask), greedy(model, "eager", ids, mask))
-    assert op_calls["decode_attention"] >= 2 * 9 * 2  # 9 steps after each prefill, 2 layers
+    for ids, mask in ((tokens(1, PROMPT, seed=4), None), padded(PROMPT, left=(3,), seed=5)):
+        (got, got_logits), (want, want_logits) = greedy(model, NAME, ids, mask), greedy(model, "eager", ids, mask)
+        assert torch.equal(got, want)
+        torch.testing.assert_close(got_logits, want_logits, atol=LOGITS_TOL, rtol=0)
+    steps = NEW_TOKENS - 1
+    assert op_calls["decode_attention"] >= 2 * steps * 2  # the steps after each prefill, 2 layers
     assert op_calls["flash_attention_varlen"] >= 2  # the padded prefill
 
 

@@ -1,5 +1,6 @@
 """Ring attention launched the way a user launches it: ``torchrun --standalone``, three gloo
-ranks on this machine's CPUs, each running tests/torchrun_worker.py.
+ranks on this machine's CPUs, each running tests/torchrun_worker.py (two where a rank fails on
+purpose: the one other rank must be stopped as several would).
 
 ``--standalone`` rendezvouses on a port the OS picks, so runs never collide. Every run has a
 time limit and its process group is killed when it is over; a hang fails the test.
@@ -23,13 +24,14 @@ from tests import torchrun_worker as worker
 
 ROOT = Path(__file__).resolve().parent.parent
 WORLD = 3
+FAILING_WORLD = 2  # the runs where rank 1 fails: each rank a process that costs seconds to start
 LIMIT = 240  # seconds for one torchrun before it counts as hung
 
 
-def torchrun(out_dir: Path, *args: str) -> tuple[subprocess.CompletedProcess, float]:
-    """Run the worker on WORLD ranks; (the finished torchrun, its wall time in seconds)."""
+def torchrun(out_dir: Path, *args: str, world: int = WORLD) -> tuple[subprocess.CompletedProcess, float]:
+    """Run the worker on ``world`` ranks; (the finished torchrun, its wall time in seconds)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-               str(WORLD), str(ROOT / "tests" / "torchrun_worker.py"), str(out_dir), *args]
+               str(world), str(ROOT / "tests" / "torchrun_worker.py"), str(out_dir), *args]
     env = dict(os.environ, OMP_NUM_THREADS="1")  # three ranks share the machine's cores
     start = time.monotonic()
     # A session of its own, so that a hung run's ranks are stopped with it.
@@ -79,7 +81,7 @@ def test_a_failing_rank_stops_torchrun_and_is_named(tmp_path, when):
     to it close and the others' collectives raise at once; torchrun stops the rest at the first
     failure. Neither waits for the collective timeout (COLLECTIVE_TIMEOUT), which bounds the
     remaining case: a rank that hangs without exiting."""
-    done, seconds = torchrun(tmp_path, "--fail-rank", "1", "--fail-when", when)
+    done, seconds = torchrun(tmp_path, "--fail-rank", "1", "--fail-when", when, world=FAILING_WORLD)
     assert done.returncode != 0
     assert seconds < worker.COLLECTIVE_TIMEOUT.total_seconds(), done.stdout
     assert not list(tmp_path.glob("rank*.pt"))  # no rank finished
