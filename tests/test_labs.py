@@ -630,11 +630,11 @@ def test_insert_lab_cells_puts_them_before_the_summary_and_twice_changes_nothing
     assert stub["execution_count"] is not None  # nbval refuses stored outputs of a cell never run
 
 
-# Notebooks run whole, every cell before the labs included: those whose earlier cells launch the course's own
-# Triton kernels in the same process as the kernel lab (the interpreter patches triton.language on each launch),
-# 06 for both kernel labs (07 launches the backward kernels for a minute of training before its lab). Each lab
-# cell is self-contained (test_labs_fresh runs it alone in a fresh kernel), so the other notebooks run their
-# setup cell, their lab cells and the reveals, in one kernel of their own.
+# Notebooks run whole, every cell before their labs included. Each lab cell is self-contained (test_labs_fresh
+# runs it alone in a fresh kernel); a whole run adds a lab checked after the notebook's own cells changed the
+# process: in 06 and 07 they launch the course's Triton kernels in the interpreter (which patches triton.language
+# on each launch) before the kernel lab. 06 is run whole for both (07's cells first train with the backward
+# kernels for a minute). The others run their setup cell, their lab cells and the reveals, in a kernel of their own.
 WHOLE = {"06_fused_forward"}
 
 
