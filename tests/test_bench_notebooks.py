@@ -10,13 +10,14 @@ import shutil
 import subprocess
 import sys
 import time
-import venv
 from pathlib import Path
 
 import pytest
 
 from flashlib.bench import notebooks
 from flashlib.bench.nbval_results import DEVICE_TAG, first_line, text_of, write_entry
+
+from .fresh_envs import layer, pip_install, shared_env
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -171,18 +172,15 @@ GPU_IMAGE = ["torch", "triton", "numpy", "matplotlib", "pytest", "psutil", "pack
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the carried wheels are for x86-64 Linux")
-def test_the_carried_wheels_run_the_notebooks_under_nbval_in_a_fresh_interpreter(planted, tmp_path):
+def test_the_carried_wheels_run_the_notebooks_under_nbval_in_a_fresh_interpreter(planted, tmp_path,
+                                                                                  tmp_path_factory):
     """The GPU machine's mechanism on the CPU: a fresh environment holding only what that machine's
     image has, the wheels tools/notebook_wheels.sh fetches (for this CPython) installed with
     --no-index into a folder on PYTHONPATH, and the course runner (nbval) on the planted notebook
     and on notebook 01, which must run as stored."""
     env_dir, wheels, site = tmp_path / "env", tmp_path / "wheels", tmp_path / "site"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
-    python = env_dir / "bin" / "python"
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
-    constraints = ["-c", str(ROOT / "constraints.txt")]
-    subprocess.run([*pip, *constraints, "torch"], check=True, timeout=600, capture_output=True)
-    subprocess.run([*pip, *constraints, *GPU_IMAGE], check=True, timeout=600, capture_output=True)
+    python = layer(shared_env(tmp_path_factory), env_dir)  # torch, Triton, numpy, matplotlib (test_runtime's too)
+    pip_install(python, *GPU_IMAGE)  # and the rest of the image, into this environment's own site-packages
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     done = subprocess.run(["sh", str(ROOT / "tools" / "notebook_wheels.sh")], capture_output=True, text=True,
                           timeout=600, env=dict(os.environ, PYTHON=sys.executable, PYVER=version, DEST=str(wheels)))
@@ -232,12 +230,19 @@ def test_notebooks_run_side_by_side_and_none_is_lost(tmp_path):
 
 
 def test_entries_written_by_processes_at_once_are_all_kept(tmp_path):
-    """The results file is rewritten by each notebook's own process: 6 processes, 40 entries each."""
+    """The results file is rewritten by each notebook's own process: 6 processes, 40 entries each. Each loads
+    the plugin's file alone (flashlib's __init__ would import torch, which writing an entry does not need), so
+    that the six start together and write at once."""
+    import flashlib.bench.nbval_results as plugin
+
     path = tmp_path / "r.json"
-    script = ("import sys\nfrom flashlib.bench.nbval_results import write_entry\n"
+    script = ("import importlib.util, sys\n"
+              "spec = importlib.util.spec_from_file_location('nbval_results', sys.argv[3])\n"
+              "plugin = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(plugin)\n"
               "for i in range(40):\n"
-              "    write_entry(sys.argv[1], dict(notebook=f'{sys.argv[2]}-{i}', order=i, status='passed', cells=[]))\n")
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(path), f"nb{j}"]) for j in range(6)]
+              "    plugin.write_entry(sys.argv[1], dict(notebook=f'{sys.argv[2]}-{i}', order=i, status='passed', "
+              "cells=[]))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(path), f"nb{j}", plugin.__file__]) for j in range(6)]
     assert all(p.wait(timeout=120) == 0 for p in procs)
     names = {e["notebook"] for e in json.loads(path.read_text())["notebooks"]}
     assert names == {f"nb{j}-{i}" for j in range(6) for i in range(40)}

@@ -100,10 +100,10 @@ def _routes(folder: Path) -> dict[str, tuple[str, str]]:
         "rewrite": ("02_online_softmax", "# LAB: merge_states\nimport nbformat\n\n"
                     f"nb = nbformat.v4.new_notebook()\nnbformat.write(nb, {str(honest)!r})"),
         "a-background": ("02_online_softmax", _lab("merge_states", "import subprocess, sys\n\n"
-                         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3); "
+                         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1); "
                          f"open(\"/tmp/leftover\", \"w\").write(\"x\"); time.sleep(60)', {MARKER!r}], "
                          "start_new_session=True)", "None")),
-        "b-leftover": ("02_online_softmax", _lab("merge_states", "import glob, os, time\n\ntime.sleep(5)\n"
+        "b-leftover": ("02_online_softmax", _lab("merge_states", "import glob, os, time\n\ntime.sleep(2.5)\n"
                        "texts = []\nfor path in glob.glob('/proc/*/cmdline'):\n    try:\n"
                        "        texts.append(open(path, 'rb').read().decode(errors='replace'))\n"
                        "    except OSError:\n        pass\n"

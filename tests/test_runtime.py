@@ -1,14 +1,16 @@
 """The course on a student's runtime: the setup cell, and three runtimes played on the CPU.
 
 A runtime (Colab, Kaggle, a cluster's JupyterHub) has its own torch, Triton, numpy and matplotlib, and
-no flashlib; a student opens one notebook from a link, alone. Each runtime here is a notebook (or four)
+no flashlib; a student opens one notebook from a link, alone. Each runtime here is a notebook (or three)
 copied alone into an empty folder and run there by nbval, as CI runs it, on the runtime's own kernel,
 with the runtime's packages recorded before and after:
 
 (a) a clean runtime: no flashlib, and no ipywidgets either, as a bare JupyterHub image may be; the course
     comes from ``FLASHLIB_SOURCE``, a clean copy of the repository (its tracked files, as a clone has
-    them). Notebooks 01, 03, 06 and 08: the first setup cell installs the course and ipywidgets, holding
-    the rest; every notebook runs to its end with every other cell as stored.
+    them). Notebooks 01, 03 (through its last stepper) and 06: the first setup cell installs the course
+    and ipywidgets, holding the rest; every notebook runs to its end with every other cell as stored: the
+    steppers on the ipywidgets added, the kernels in Triton's interpreter, the recorded GPU runs (the
+    package's data) read from the installed course.
 (b) a runtime whose torch is older than the course's floor; the course from the wheel ``make wheel``
     builds, uploaded into the notebook's folder (``FLASHLIB_SOURCE`` unset). Notebook 01 runs to its
     end, the setup cell saying that torch is older than the course is tested with.
@@ -21,7 +23,8 @@ In all three the runtime's torch, Triton, numpy and matplotlib (and (c)'s other 
 How: one base environment holds the runtime's packages (the locked versions: torch, Triton, numpy,
 matplotlib, ipykernel); each runtime is a virtual environment of its own whose site-packages lists the
 base's after its own (a .pth file), so that what its setup cell installs lands in it alone and the base
-serves all three. What is simulated, and how:
+serves all three. The base is itself such a layer: ipykernel over the environment of torch, Triton, numpy
+and matplotlib that test_bench_notebooks' image shares (tests/fresh_envs.py), built once per session. What is simulated, and how:
 - (b)'s torch 2.10.0 is a distribution holding metadata only (a wheel built here), installed into the
   runtime over the base's torch: pip and importlib.metadata, by which the setup cell and pip decide, see
   torch 2.10.0, while ``import torch`` still runs the base's 2.13.0 build. Other torch releases cannot
@@ -39,17 +42,22 @@ import os
 import shutil
 import subprocess
 import sys
-import venv
 import zipfile
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from flashlib.course import runtime
 
+from .fresh_envs import layer, pip_install, shared_env
+
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = ["01_dense_attention.ipynb", "03_tiled_attention.ipynb", "06_fused_forward.ipynb",
-             "08_performance.ipynb"]
+NOTEBOOKS = ["01_dense_attention.ipynb", "03_tiled_attention.ipynb", "06_fused_forward.ipynb"]
+# opened through its last stepper (the ipywidgets the setup cell added): the cells after it compute what the
+# course's own nbval run compares, with nothing of the runtime's that the others do not use
+THROUGH_LAST_STEPPER = {"03_tiled_attention.ipynb"}
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 BASE_PACKAGES = ["torch", "triton", "numpy", "matplotlib", "ipykernel"]
 KEPT = ["torch", "triton", "numpy", "matplotlib"]  # what the runtime's own build must keep
 
@@ -163,27 +171,12 @@ def tiny_wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> 
     return path
 
 
-def _layer(base_python: Path, folder: Path) -> Path:
-    """A runtime of its own over the base: its own site-packages first, then the base's."""
-    venv.EnvBuilder(with_pip=False).create(folder)
-    python = folder / "bin" / "python"
-    base_site, own_site = (subprocess.run([str(p), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                          capture_output=True, text=True, check=True).stdout.strip()
-                           for p in (base_python, python))
-    (Path(own_site) / "runtime_base.pth").write_text(base_site + "\n")  # pip, too, comes from the base
-    return python
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """(python of the base environment with the runtime's packages, a clean copy of the repository)."""
     folder = tmp_path_factory.mktemp("runtime")
-    venv.EnvBuilder(with_pip=True).create(folder / "env")
-    python = folder / "env" / "bin" / "python"
-    constraints = str(ROOT / "constraints.txt")
-    # --no-compile: Python compiles what it imports when it imports it (torch's byte-compiling took 13 s)
-    _pip(python, "install", "--quiet", "--no-compile", "-c", constraints, "torch")  # first: the pinned build
-    _pip(python, "install", "--quiet", "--no-compile", "-c", constraints, *BASE_PACKAGES)
+    python = layer(shared_env(tmp_path_factory), folder / "env")  # torch, Triton, numpy, matplotlib
+    pip_install(python, *BASE_PACKAGES)  # and ipykernel, held to the locked versions
     return python, _clean_copy(folder / "flashlib-course")
 
 
@@ -213,8 +206,12 @@ def _open_alone(python: Path, folder: Path, notebooks, env: dict, *options) -> t
     runtime's kernel; each notebook's entry from the results plugin, cell by cell, and pytest's output."""
     opened = folder / "opened"
     opened.mkdir(exist_ok=True)
-    for name in notebooks:
-        shutil.copy(ROOT / "notebooks" / name, opened / name)  # alone: no package, no data beside it
+    for name in notebooks:  # alone: no package, no data beside it
+        nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+        if name in THROUGH_LAST_STEPPER:
+            nb.cells = nb.cells[:1 + max(i for i, c in enumerate(nb.cells)
+                                         if any(WIDGET_VIEW in o.get("data", {}) for o in c.get("outputs", [])))]
+        nbformat.write(nb, opened / name)
     env = dict(env, JUPYTER_PATH=str(_kernel_spec(python, folder / "jupyter")), IPYTHONDIR=str(folder / "ipython"))
     done = subprocess.run([sys.executable, "-m", "pytest", *notebooks, "--nbval", "--nbval-kernel-name", "runtime",
                            "--nbval-sanitize-with", str(ROOT / "notebooks" / "sanitize.cfg"),
@@ -242,7 +239,7 @@ def _setup_said(entries) -> list[str]:
 @LINUX_ONLY
 def test_a_clean_runtime_gets_the_course_and_what_it_lacks_and_keeps_its_own(base, tmp_path):
     base_python, source = base
-    python = _layer(base_python, tmp_path / "env")
+    python = layer(base_python, tmp_path / "env")  # a runtime of its own over the base
     before, base_before = _fingerprint(python, KEPT), _fingerprint(base_python, KEPT)
     env = _runtime_env(tmp_path, FLASHLIB_SOURCE=str(source))
     missing = subprocess.run([str(python), "-c", "import flashlib"], cwd=tmp_path, env=env, capture_output=True)
@@ -263,7 +260,7 @@ def test_a_clean_runtime_gets_the_course_and_what_it_lacks_and_keeps_its_own(bas
 @LINUX_ONLY
 def test_a_runtime_with_an_older_torch_keeps_it_and_is_told_what_runs(base, tmp_path):
     base_python, source = base
-    python = _layer(base_python, tmp_path / "env")
+    python = layer(base_python, tmp_path / "env")  # a runtime of its own over the base
     # torch 2.10.0 as pip and importlib.metadata see it (metadata only; the module docstring says why)
     _pip(python, "install", "--quiet", "--no-deps", str(tiny_wheel(tmp_path, "torch", "2.10.0", {})))
     # ipywidgets as the runtime's own, so that only torch is out of the ordinary here
@@ -294,7 +291,7 @@ def test_a_runtime_with_an_older_torch_keeps_it_and_is_told_what_runs(base, tmp_
 @LINUX_ONLY
 def test_a_runtime_with_another_flashlib_stops_at_the_setup_cell_naming_it(base, tmp_path):
     base_python, source = base
-    python = _layer(base_python, tmp_path / "env")
+    python = layer(base_python, tmp_path / "env")  # a runtime of its own over the base
     imported = tmp_path / "the other flashlib was imported"
     other = tiny_wheel(tmp_path, "flashlib", "0.4.0", {"flashlib/__init__.py": (
         '"""Stands in for the package index\'s flashlib 0.4.0, an unrelated project that imports as flashlib."""\n'

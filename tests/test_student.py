@@ -151,42 +151,60 @@ print(json.dumps(report))
 """
 
 
-def test_the_editions_labs_check_answers_and_say_there_is_no_solution(edition, tmp_path):
-    answers = tmp_path / "answers"
-    answers.mkdir()
-    names = [n for n, spec in labs.LABS.items() if not spec.triton or importlib.util.find_spec("triton")]
-    for name in names:  # a right answer, written from the full edition's solution, for every lab
+REVEAL_RUN = r"""
+from flashlib import labs
+labs.solution('split_kv')
+labs.reveal('attn_fwd_inner')
+labs.hint('sink_grad')
+for _ in range(3):
+    labs.hint('merge_states')
+"""
+PART = "----- the next part: "
+
+
+@pytest.fixture(scope="module")
+def in_edition(edition, tmp_path_factory) -> dict[str, str]:
+    """What each part printed, run one after another in one process of the edition's own package, as in one
+    learner's session: every lab checked (STUDENT_RUN), then a solution, a reveal and hints asked for
+    (REVEAL_RUN), then the exercises' solutions and wrong tries (EXERCISES_RUN)."""
+    answers = tmp_path_factory.mktemp("answers")
+    for name in _lab_names():  # a right answer, written from the full edition's solution, for every lab
         (answers / f"{name}.py").write_text(labs.solution_source(name))
     wrong = labs.solution_source("tiled_forward").replace("l_i = alpha * l_i + ", "l_i = l_i + ")
     (answers / "tiled_forward__no_rescale.py").write_text(wrong)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=str(edition), FLASHLIB_PROGRESS="off")
-    done = subprocess.run([sys.executable, "-c", STUDENT_RUN, str(answers)], cwd=edition, env=env,
+    script = "\n".join([STUDENT_RUN, f"print({PART + 'reveal'!r})", REVEAL_RUN,
+                        f"print({PART + 'exercises'!r})", EXERCISES_RUN])
+    done = subprocess.run([sys.executable, "-c", script, str(answers)], cwd=edition, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    labs_part, rest = done.stdout.split(PART + "reveal\n")
+    reveal_part, exercises_part = rest.split(PART + "exercises\n")
+    return {"labs": labs_part, "reveal": reveal_part, "exercises": exercises_part}
+
+
+def _lab_names() -> list[str]:
+    return [n for n, spec in labs.LABS.items() if not spec.triton or importlib.util.find_spec("triton")]
+
+
+def test_the_editions_labs_check_answers_and_say_there_is_no_solution(edition, in_edition):
+    printed = in_edition["labs"]
+    report = json.loads(printed.strip().splitlines()[-1])
     assert Path(report["package"]).resolve().is_relative_to(edition.resolve())
     assert report["has_solutions"] is False
-    for name in names:
+    for name in _lab_names():
         passed, mistake, message = report["checks"][name]
         assert passed and message.startswith(f"PASS: {name}"), message
     passed, mistake, message = report["checks"]["tiled_forward__no_rescale"]
     assert not passed and mistake == "no_rescale" and "labs.solution" not in message
     assert 'labs.hint("tiled_forward") gives a hint.' in message
     assert "student edition" in report["solution_source"]
-    printed = done.stdout
     assert "PASS: online_softmax" in printed
 
 
-def test_solution_reveal_and_hints_in_the_edition(edition):
-    script = ("from flashlib import labs\nlabs.solution('split_kv')\nlabs.reveal('attn_fwd_inner')\n"
-              "labs.hint('sink_grad')\nfor _ in range(3):\n    labs.hint('merge_states')\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=str(edition), FLASHLIB_PROGRESS="off")
-    done = subprocess.run([sys.executable, "-c", script], cwd=edition, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
+def test_solution_reveal_and_hints_in_the_edition(in_edition):
+    lines = in_edition["reveal"].splitlines()  # after every lab passed: still no reveal
     assert lines[0].startswith("This is the student edition of the course: it has no worked solutions")
     assert lines[1].startswith("This is the student edition of the course") and "reveal" in lines[1]
     assert lines[2] == f"hint 1 of 2 for sink_grad: {labs.LABS['sink_grad'].hints[0]}"  # the first two of three
@@ -206,25 +224,21 @@ for module, name, check in ((score_exercises, "alibi_grad", score_exercises.chec
 """
 
 
-def test_the_editions_exercises_never_give_their_answers(edition):
+def test_the_editions_exercises_never_give_their_answers(edition, in_edition):
     from flashlib.course.answers import ANSWERS
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=str(edition), FLASHLIB_PROGRESS="off")
-    done = subprocess.run([sys.executable, "-c", EXERCISES_RUN], cwd=edition, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("it has no worked solutions") == 3
-    assert "hint 2 of 2" in done.stdout and "hint 3" not in done.stdout
+    printed = in_edition["exercises"]
+    assert printed.count("it has no worked solutions") == 3
+    assert "hint 2 of 2" in printed and "hint 3" not in printed
     others = [_squash(t) for path, t in _texts(ROOT / "flashlib", skip=SOLUTIONS) if path.name != "answers.py"]
     texts = [(path, _squash(text)) for path, text in _texts(edition)]
     for name, answer in ANSWERS.items():
-        assert _squash(answer) not in _squash(done.stdout), name
+        assert _squash(answer) not in _squash(printed), name
         # the answer's lines that nothing else of the full edition holds: printed nowhere, written nowhere
         own = [line for line in _code_lines(answer)[1:] if not any(_squash(line) in t for t in others)]
         assert own, f"{name}: every line of its answer is somewhere else in the course"
         for line in own:
-            assert _squash(line) not in _squash(done.stdout), (name, line)
+            assert _squash(line) not in _squash(printed), (name, line)
             for path, text in texts:
                 assert _squash(line) not in text, (path, name, line)
 
