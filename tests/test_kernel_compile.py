@@ -353,9 +353,9 @@ VARIANT_KERNELS = {False: {"_attn_fwd": "forward", "_attn_bwd_dkdv": "bwd_dkdv",
 
 
 # Each variant compiled once (as the shipped specs are): sm_80's by the pinned Triton, the T4s' (sm_75) by
-# 3.6.0 but one, and sm_90's half by each
-VARIANTS_36 = {"t4-document-window", "t4-varlen-gqa-softcap", "gqa-window-softcap", "varlen-mqa", "alibi", "t5",
-               "chunk-window"}
+# 3.6.0 but one, and sm_90's by both, most by 3.6.0 (the H200's)
+VARIANTS_36 = {"t4-document-window", "t4-varlen-gqa-softcap", "gqa-window-softcap", "plain-mask-softcap", "varlen-mqa",
+               "alibi", "prefix-lm", "t5", "chunk-window"}
 
 
 def _variant_for_36(s):
