@@ -2,20 +2,22 @@
 
 Interpreter: each rung's (out, lse) against float64 loops on small odd shapes, causal with
 seq_q <, = and > seq_k (16-row tiles, so the unmasked and the masked key loops both run).
-Compilation: each rung for sm_80 and sm_90 with the pinned Triton and with Triton 3.6.0,
-checking the rung table's declarations: where a rung is declared to build, it compiles
-without spills, within shared memory, with tensor-core instructions (and TMA copies for
-the "tma" and "lean" rungs on sm_90); where it is not, the table says what runs instead.
+Compilation: each rung for sm_80 with the pinned Triton and for sm_90 with the pinned Triton
+and Triton 3.6.0 (each spec with one of them), checking the rung table's declarations: where a
+rung is declared to build, it compiles without spills, within shared memory, with tensor-core
+instructions (and TMA copies for the "tma" and "lean" rungs on sm_90); where it is not, the
+table says what runs instead.
 """
 from __future__ import annotations
 
+from importlib.metadata import version
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.triton_versions import side_by_side, triton36_dir
+from tests.triton_versions import each_once, triton36_dir
 
 from flashlib.kernels import triton_installed
 from tests.reference import loop_attention
@@ -28,6 +30,8 @@ from flashlib.ladder import rungs as ladder  # noqa: E402
 from flashlib.ladder.forward import forward as rung_forward  # noqa: E402
 from flashlib.kernels.compile import SHARED_LIMIT, exponentials_per_score  # noqa: E402
 from flashlib.kernels.config import FlashConfig  # noqa: E402
+
+PINNED = version("triton")
 
 SMALL = FlashConfig(block_q=16, block_k=16)
 # (batch*heads, seq_q, seq_k, head_dim, causal)
@@ -198,26 +202,93 @@ def test_table_lists_every_rung_in_order():
 # ----- compilation -------------------------------------------------------------------------
 
 
+# Every kernel this file compiles, each once, by one release, in one module fixture (one process a release,
+# side by side): the rungs (the table's declarations), rung 1's candidates, rungs 2 to 5's candidates and the
+# machine code of rungs 3 to 5. Triton 3.6.0 comes with torch 2.11, on the GPU check's H200 (sm_90); the pinned
+# Triton runs on any GPU. So sm_80 is the pinned Triton's, and sm_90's kernels are spread over both releases.
+
+
 def _rung_specs():
-    specs = []
+    """[(spec, release)]: each rung but "autotuned" (the teaching kernel with other tiles: its tiles are
+    compiled below) on each target where the table declares it builds: bf16 at head dim 128 causal, fp16 at
+    64 without the mask; on sm_90 also bf16 at 256 (the widest head, smallest tiles). On sm_90 the pinned
+    Triton compiles the first, 3.6.0 the other two; on sm_80 the pinned Triton both."""
+    rows = []
     for r in ladder.LADDER:
         if r.name == "autotuned":
-            continue  # the teaching kernel with other tiles: its tiles are compiled below
+            continue
         for cc in ladder.TARGETS:
-            specs += [ladder_compile.spec(r.name, cc, "bfloat16", 128, True), ladder_compile.spec(r.name, cc, "float16", 64, False)]
-        specs.append(ladder_compile.spec(r.name, (9, 0), "bfloat16", 256, True))  # the widest head, smallest tiles
-    return specs
+            if cc == (8, 0) and not r.supports(PINNED, cc):
+                continue  # rungs 3 to 5 run rung 2's kernel there: compiled with their changes below (sm_80)
+            rows += [(ladder_compile.spec(r.name, cc, "bfloat16", 128, True), "pinned"),
+                     (ladder_compile.spec(r.name, cc, "float16", 64, False), "pinned" if cc == (8, 0) else "3.6")]
+        rows.append((ladder_compile.spec(r.name, (9, 0), "bfloat16", 256, True), "3.6"))
+    return rows
+
+
+def _candidate_configs(d):
+    return [FlashConfig(block_q=bm, block_k=bn, num_warps=w, num_stages=s)
+            for bm, bn, w, s in ladder.candidates(ladder.FORWARD_TILES, d)]
+
+
+# rung 1's candidates for sm_90 at head dims 64, 128 and 256 (test_autotune_candidates_compile_for_hopper)
+AUTOTUNED = [ladder_compile.spec("autotuned", (9, 0), "float16", d, False, cfg, sass=True) for d in (64, 128, 256)
+             for cfg in _candidate_configs(d)]
+# rungs 2 to 5's candidates, each once per target with the Triton that runs it: sm_90's with 3.6.0 (the H200's),
+# sm_80's (A100: no TMA) with the pinned Triton
+FAST = [ladder_compile.spec(name, (9, 0), "bfloat16", d, True, cfg, sass=True)
+        for name in ("causal-split", "tma", "lean", "lazy-rescale") for d in (64, 128) for cfg in _candidate_configs(d)]
+FAST += [ladder_compile.spec(name, (8, 0), "bfloat16", 128, True, cfg)
+         for name in ("causal-split", "lean", "lazy-rescale") for cfg in _candidate_configs(128)]
+# the machine code of rungs 3 to 5 on 64 x 64 tiles, 4 warps (128 threads, 32 scores each), with 3.6.0: the
+# causal kernels are FAST's
+MACHINE_CODE_TILES = FlashConfig(block_q=64, block_k=64, num_warps=4, num_stages=3)
+
+
+def _machine_code_spec(name, causal):
+    return ladder_compile.spec(name, (9, 0), "bfloat16", 128, causal, MACHINE_CODE_TILES, sass=True)
+
+
+def _all_specs():
+    """[(spec, release)], each distinct one once."""
+    rows = _rung_specs() + [(s, "pinned") for s in AUTOTUNED]
+    rows += [(s, "3.6" if s["capability"] == (9, 0) else "pinned") for s in FAST]
+    rows += [(_machine_code_spec(name, False), "3.6") for name in ("tma", "lean", "lazy-rescale")]
+    unique = []
+    for row in rows:
+        if row not in unique:
+            unique.append(row)
+    return unique
+
+
+ALL = _all_specs()
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """[(spec, release, report or None where 3.6.0 is missing)] of ALL."""
+    specs = [s for s, _ in ALL]
+    for_36 = [s for s, release in ALL if release == "3.6"]
+    found = each_once(ladder_compile.compile_rungs, specs, lambda s: any(s is t for t in for_36), label36="3.6")
+    return [(s, release, r) for (s, release), (_, r) in zip(ALL, found)]
+
+
+def _reports(compiled, specs=None, release=None):
+    """The reports of these specs (or of every spec of a release), in order; skips or fails without 3.6.0."""
+    if specs is None:
+        found = [r for _, got, r in compiled if got == release]
+    else:
+        found = [next(r for s, _, r in compiled if s == wanted) for wanted in specs]
+    if any(r is None for r in found):
+        triton36_dir()  # skips (locally) or fails (CI) with the reason
+    return found
 
 
 def _check_declarations(reports, version):
     assert reports and all(rep.triton_version == version for rep in reports)
     for rep in reports:
-        declared = ladder.rung(rep.rung).supports(version, rep.capability)
         label = (rep.rung, rep.capability, rep.dtype, rep.head_dim, version)
-        if not declared:
-            # a rung that does not run its own kernel here must say what runs instead
-            assert ladder.rung(rep.rung).falls_back, label
-            continue
+        assert ladder.rung(rep.rung).supports(version, rep.capability), label
         assert rep.ok, (label, rep.error)
         assert rep.spill_stores == 0 and rep.spill_loads == 0, label
         assert rep.shared <= SHARED_LIMIT[rep.capability], label
@@ -233,31 +304,39 @@ def _descriptors(rep) -> bool:
     return ladder.rung(rep.rung).kernel == ladder.TMA_FORWARD and rep.capability >= (9, 0)
 
 
-def test_rungs_compile_with_pinned_triton():
-    from importlib.metadata import version
-
-    reports = ladder_compile.compile_rungs(_rung_specs())
-    _check_declarations(reports, version("triton"))
-    declared = {(rep.rung, rep.capability) for rep in reports}
-    assert declared == {(r.name, cc) for r in ladder.LADDER if r.name != "autotuned" for cc in ladder.TARGETS}
+def _rung_reports(compiled, release):
+    rung_specs = [s for s, got in _rung_specs() if got == release]
+    return _reports(compiled, rung_specs)
 
 
-def test_rungs_compile_with_triton_36():
-    reports = ladder_compile.compile_rungs(_rung_specs(), triton_path=triton36_dir())
+def test_rungs_compile_with_pinned_triton(compiled):
+    reports = _rung_reports(compiled, "pinned")
+    _check_declarations(reports, PINNED)
+    built = {(rep.rung, rep.capability) for rep in reports}
+    for r in ladder.LADDER:
+        for cc in ladder.TARGETS:
+            if r.name != "autotuned" and (r.name, cc) not in built:
+                # a rung that does not run its own kernel here must say what runs instead
+                assert not r.supports(PINNED, cc) and r.falls_back, (r.name, cc)
+
+
+def test_rungs_compile_with_triton_36(compiled):
+    reports = _rung_reports(compiled, "3.6")
     _check_declarations(reports, "3.6.0")
+    assert {(rep.rung, rep.capability) for rep in reports} == {(r.name, (9, 0)) for r in ladder.LADDER
+                                                               if r.name != "autotuned"}
 
 
-def _candidate_configs(d):
-    return [FlashConfig(block_q=bm, block_k=bn, num_warps=w, num_stages=s)
-            for bm, bn, w, s in ladder.candidates(ladder.FORWARD_TILES, d)]
+def test_each_release_compiles_every_rung_for_hopper_causal_and_not():
+    got = {(s["rung"], s["causal"], release) for s, release in _rung_specs() if s["capability"] == (9, 0)}
+    assert got == {(r.name, causal, release) for r in ladder.LADDER if r.name != "autotuned"
+                   for causal, release in ((True, "pinned"), (False, "3.6"), (True, "3.6"))}
 
 
-def test_autotune_candidates_compile_for_hopper():
+def test_autotune_candidates_compile_for_hopper(compiled):
     """Every tile rung 1 may pick builds for sm_90 at head dims 64, 128 and 256 within shared
     memory (a candidate that spills is merely slow: the autotuner times it and moves on)."""
-    specs = [ladder_compile.spec("autotuned", (9, 0), "float16", d, False, cfg, sass=True) for d in (64, 128, 256)
-             for cfg in _candidate_configs(d)]
-    reports = ladder_compile.compile_rungs(specs)
+    reports = _reports(compiled, AUTOTUNED)
     for rep in reports:
         assert rep.ok, (rep.config, rep.error)
         assert rep.shared <= SHARED_LIMIT[(9, 0)], rep.config
@@ -268,29 +347,15 @@ def test_autotune_candidates_compile_for_hopper():
             (cfg, rep.mma_loop["ops"].get("MUFU"))
 
 
-@pytest.fixture(scope="module")
-def fast_rung_reports():
-    """{"pinned" / "3.6.0": reports} of rungs 2 to 5 over the candidates, both Triton versions
-    compiling side by side, each candidate once per target with the Triton that runs it (sm_90's with
-    3.6.0, the GPU check's H200; sm_80's with the pinned Triton)."""
-    specs = [ladder_compile.spec(name, (9, 0), "bfloat16", d, True, cfg, sass=True)
-             for name in ("causal-split", "tma", "lean", "lazy-rescale") for d in (64, 128)
-             for cfg in _candidate_configs(d)]
-    specs += [ladder_compile.spec(name, (8, 0), "bfloat16", 128, True, cfg)  # A100: no TMA
-              for name in ("causal-split", "lean", "lazy-rescale") for cfg in _candidate_configs(128)]
-    return side_by_side(ladder_compile.compile_rungs, specs, label36="3.6.0", by_target=True)
-
-
 @pytest.mark.parametrize("which", ["pinned", "3.6.0"])
-def test_fast_rung_autotune_candidates_compile(which, fast_rung_reports):
+def test_fast_rung_autotune_candidates_compile(which, compiled):
     """Rungs 2 to 5 autotune over the same candidates: each builds for sm_90 at head dims 64
     and 128 without spills, within shared memory, with wgmma (and bulk copies from rung 3 on);
     rungs 2, 4 and 5 also for sm_80 within its shared memory (rungs 4 and 5 there: rung 2's
     kernel with their changes, as forward() runs them without a copy engine)."""
-    if which not in fast_rung_reports:
-        triton36_dir()  # skips (locally) or fails (CI) with the reason
-    reports = fast_rung_reports[which]
-    assert reports
+    hopper = which == "3.6.0"
+    reports = _reports(compiled, [s for s in FAST if (s["capability"] == (9, 0)) == hopper])
+    assert reports and {rep.triton_version for rep in reports} == {which if hopper else PINNED}
     for rep in reports:
         label = (rep.rung, rep.capability, rep.head_dim, rep.config["block_q"], rep.config["block_k"],
                  rep.triton_version)
@@ -324,20 +389,18 @@ def test_each_rung_launches_exactly_one_forward_kernel(name, kernel, monkeypatch
     assert launched == [kernel]
 
 
-def _machine_code(*names, causal=False):
-    cfg = FlashConfig(block_q=64, block_k=64, num_warps=4, num_stages=3)  # 128 threads, 32 scores each
-    reports = ladder_compile.compile_rungs([ladder_compile.spec(name, (9, 0), "bfloat16", 128, causal, cfg, sass=True)
-                                            for name in names])
+def _machine_code(compiled, *names, causal=False):
+    reports = _reports(compiled, [_machine_code_spec(name, causal) for name in names])
     assert all(rep.ok for rep in reports), [rep.error for rep in reports]
     return [rep.mma_loop for rep in reports]
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_lean_rung_spends_fewer_instructions_per_score(causal):
+def test_lean_rung_spends_fewer_instructions_per_score(causal, compiled):
     """Rung 4's claim, read from the machine code for sm_90: in the unmasked key loop, the
     same exponentials and matrix instructions as rung 3, and at least one instruction fewer
     per score of a tile (64 x 64 scores over 128 threads: 32 each)."""
-    tma, lean = _machine_code("tma", "lean", causal=causal)
+    tma, lean = _machine_code(compiled, "tma", "lean", causal=causal)
     for op in ("MUFU", "HGMMA"):
         assert lean["ops"][op] == tma["ops"][op] > 0, op
     assert lean["body"] <= tma["body"] - 32, (tma["body"], lean["body"])
@@ -346,11 +409,11 @@ def test_lean_rung_spends_fewer_instructions_per_score(causal):
     assert tma["skippable"] == lean["skippable"] == {}  # straight-line loops
 
 
-def test_lazy_rung_can_skip_the_rescale():
+def test_lazy_rung_can_skip_the_rescale(compiled):
     """Rung 5's claim: its unmasked loop can jump over the rescale (64 x 128 accumulator
     elements over 128 threads: 64 multiplies each), so a trip that skips it executes at
     least 32 instructions fewer than rung 4's, the block-wide test included."""
-    lean, lazy = _machine_code("lean", "lazy-rescale")
+    lean, lazy = _machine_code(compiled, "lean", "lazy-rescale")
     assert lazy["skippable"].get("FMUL", 0) >= 64, lazy["skippable"]
     assert lazy["short"] <= lean["body"] - 32, (lean["body"], lazy["short"])
     assert lazy["ops"]["HGMMA"] == lean["ops"]["HGMMA"]

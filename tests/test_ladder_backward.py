@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 from flashlib import dense_attention
 from flashlib.kernels import triton_installed
-from tests.triton_versions import side_by_side, triton36_dir
+from tests.triton_versions import each_once, triton36_dir
 
 if not triton_installed():  # importing triton here first would keep its interpreter off
     pytest.skip("Triton ships Linux wheels only", allow_module_level=True)
 
-from flashlib.kernels import FlashConfig  # noqa: E402
+from flashlib.kernels import FlashConfig, default_config  # noqa: E402
 from flashlib.kernels.compile import SHARED_LIMIT, exponentials_per_score  # noqa: E402
 from flashlib.ladder import attention as flash_attention  # noqa: E402
 from flashlib.ladder import rungs  # noqa: E402
@@ -64,9 +64,21 @@ CASES = [(37, 50, 24, True), (50, 37, 24, True), (33, 33, 16, True), (21, 45, 59
          (64, 64, 32, True), (64, 64, 32, False), (48, 80, 16, True), (1, 40, 16, True), (40, 1, 16, True)]
 
 
-@pytest.mark.parametrize("backward", BACKWARDS)
-@pytest.mark.parametrize("bm,bn", [(16, 16), (16, 32), (32, 16)])
-@pytest.mark.parametrize("seq_q,seq_k,d,causal", CASES)
+TILES = [(16, 16), (16, 32), (32, 16)]
+# every case with every backward, and each with every pair of tiles: (case i, backward j) takes tiles i + j,
+# so each case meets all three tile pairs and each backward all three (a covering of the pairs, not the
+# 9 x 4 x 3 product; the property test below draws the rest)
+PAIRWISE = [(*case, *TILES[(i + j) % len(TILES)], backward) for i, case in enumerate(CASES)
+            for j, backward in enumerate(BACKWARDS)]
+
+
+def test_the_cases_meet_every_tile_pair_and_backward():
+    assert {(c[:4], c[4:6]) for c in PAIRWISE} == {(case, t) for case in CASES for t in TILES}
+    assert {(c[4:6], c[6]) for c in PAIRWISE} == {(t, b) for t in TILES for b in BACKWARDS}
+    assert {(c[:4], c[6]) for c in PAIRWISE} == {(case, b) for case in CASES for b in BACKWARDS}
+
+
+@pytest.mark.parametrize("seq_q,seq_k,d,causal,bm,bn,backward", PAIRWISE)
 def test_tuned_backward_matches_float64_autograd(seq_q, seq_k, d, causal, bm, bn, backward):
     _check(seq_q, seq_k, d, causal, _tiles(bm, bn), backward=backward)
 
@@ -167,9 +179,10 @@ def test_autotuned_choices_are_kept_per_backward_and_bucket():
 
 
 def _candidate_specs():
-    """Every candidate of every autotuned backward kernel, causal, for sm_90 (with the machine
-    code) and sm_80; the fused kernel is sm_90's only (elsewhere "bulk" runs lean's kernels)."""
-    specs = []
+    """Every candidate of every autotuned backward kernel, causal, for sm_90 with the machine code;
+    for sm_80 each distinct tile shape (tiles, warps, dQ's layout) once, at its deepest pipeline (see
+    _check_candidates). The fused kernel is sm_90's only (elsewhere "bulk" runs lean's kernels)."""
+    specs, deepest = [], {}
     for b in rungs.BACKWARDS:
         for role, table in b.tiles.items():
             for d, tiles in table.items():
@@ -177,15 +190,19 @@ def _candidate_specs():
                     cfg = FlashConfig(bwd_block_q=bm, bwd_block_k=bn, bwd_num_warps=w, bwd_num_stages=s,
                                       bwd_dq_transposed=bool(dq_t and dq_t[0]))
                     name = f"bwd_{role}_{b.name}"
-                    specs += [spec(name, cc, "bfloat16", d, True, cfg, sass=cc == (9, 0))
-                              for cc in ((9, 0), (8, 0)) if role != "fused" or cc == (9, 0)]
-    return specs
+                    specs.append(spec(name, (9, 0), "bfloat16", d, True, cfg, sass=True))
+                    shape = (name, d, bm, bn, w, cfg.bwd_dq_transposed)
+                    if role != "fused" and s > deepest.get(shape, (0, None))[0]:
+                        deepest[shape] = (s, spec(name, (8, 0), "bfloat16", d, True, cfg))
+    return specs + [found for _, found in deepest.values()]
 
 
 def _check_candidates(reports, version):
     """sm_90, the target the candidates were chosen for: no spills, wgmma wherever a dot has
     64 rows. sm_80 (A100): they build within its shared memory and use its tensor cores; a few
-    spill some bytes there, which only makes them slower, and the autotuner times them."""
+    spill some bytes there, which only makes them slower, and the autotuner times them. There
+    each tile shape is compiled at its deepest pipeline: the most shared memory of its candidates
+    (every stage holds one more set of streamed tiles), the same kind of instructions."""
     assert reports and all(r.triton_version == version for r in reports)
     from flashlib.ladder.compile import KERNELS
 
@@ -213,26 +230,60 @@ def _check_candidates(reports, version):
                                       r.config["bwd_num_warps"]) < 2, (label, r.mma_loop["ops"].get("MUFU"))
 
 
+CANDIDATES = _candidate_specs()
+# the tile withdrawn from the bulk candidates (test_the_withdrawn_bulk_tile_is_mis_assembled), with each release
+WITHDRAWN_TILE = FlashConfig(bwd_block_q=16, bwd_block_k=128, bwd_num_warps=8, bwd_num_stages=1, bwd_dq_transposed=True)
+WITHDRAWN = {release: [spec("bwd_fused_bulk", (9, 0), "bfloat16", 128, causal, WITHDRAWN_TILE, sass=True)
+                       for causal in (False, True)] for release in ("pinned", "3.6")}
+# the fused kernel beside lean's dK/dV kernel (test_fused_dq_tiles_are_added_without_a_multiply)
+FUSED_AND_LEAN = [spec(k, (9, 0), "bfloat16", 128, False, FlashConfig(bwd_block_q=32, bwd_block_k=128, bwd_num_warps=8,
+                                                                      bwd_num_stages=2), sass=True)
+                  for k in ("bwd_fused_bulk", "bwd_dkdv_lean")]
+# dQ built plain and transposed (test_transposed_dq_puts_every_product_on_wgmma)
+PLAIN_AND_TRANSPOSED = [spec("bwd_fused_bulk", (9, 0), "bfloat16", 128, False,
+                             FlashConfig(bwd_block_q=16, bwd_block_k=64, bwd_num_warps=4, bwd_num_stages=3,
+                                         bwd_dq_transposed=t), sass=True) for t in (False, True)]
+_ALL = CANDIDATES + WITHDRAWN["pinned"] + WITHDRAWN["3.6"] + FUSED_AND_LEAN + PLAIN_AND_TRANSPOSED
+# what 3.6.0 compiles: the candidates for sm_90 (the GPU check's H200 runs 3.6.0) and the withdrawn tile
+_FOR_36 = [s for s in CANDIDATES if s["capability"] == (9, 0)] + WITHDRAWN["3.6"]
+
+
 @pytest.fixture(scope="module")
-def candidate_reports():
-    """{"pinned" / "3.6": reports}: each candidate compiled once per target, with the Triton that runs
-    it: sm_90's with 3.6 (the GPU check's H200), sm_80's with the pinned Triton (which compiles every
-    rung's shipped tiles for sm_90 too: tests/test_ladder.py)."""
-    return side_by_side(compile_rungs, _candidate_specs(), by_target=True)
+def compiled():
+    """{id(spec): report or None (3.6.0 missing)} of every spec this file compiles, each once, by the release
+    that runs it; one process a release, side by side."""
+    found = each_once(compile_rungs, _ALL, lambda s: any(s is t for t in _FOR_36))
+    return {id(s): r for s, (_, r) in zip(_ALL, found)}
 
 
-def test_autotune_candidates_compile_for_ampere_with_pinned_triton(candidate_reports):
+def _reports(compiled, specs):
+    found = [compiled[id(s)] for s in specs]
+    if any(r is None for r in found):
+        triton36_dir()  # skips (locally) or fails (CI) with the reason
+    return found
+
+
+def test_autotune_candidates_compile_for_ampere_with_pinned_triton(compiled):
     from importlib.metadata import version
 
-    _check_candidates(candidate_reports["pinned"], version("triton"))
+    _check_candidates(_reports(compiled, [s for s in CANDIDATES if s["capability"] == (8, 0)]), version("triton"))
 
 
-def test_autotune_candidates_compile_for_hopper_with_triton_36(candidate_reports):
-    if "3.6" not in candidate_reports:
-        triton36_dir()  # skips (locally) or fails (CI) with the reason
-    reports = candidate_reports["3.6"]
+def test_autotune_candidates_compile_for_hopper_with_triton_36(compiled):
+    reports = _reports(compiled, [s for s in CANDIDATES if s["capability"] == (9, 0)])
     assert {r.capability for r in reports} == {(9, 0)}
     _check_candidates(reports, "3.6.0")
+
+
+def test_every_candidate_tile_is_compiled_for_ampere_at_least_as_deep():
+    compiled = {(s["rung"], s["head_dim"], *(s["config"][k] for k in ("bwd_block_q", "bwd_block_k", "bwd_num_warps",
+                                                                      "bwd_dq_transposed")), s["config"]["bwd_num_stages"])
+                for s in CANDIDATES if s["capability"] == (8, 0)}
+    for s in CANDIDATES:
+        if s["capability"] == (9, 0) and not s["rung"].startswith("bwd_fused"):
+            c = s["config"]
+            shape = (s["rung"], s["head_dim"], c["bwd_block_q"], c["bwd_block_k"], c["bwd_num_warps"], c["bwd_dq_transposed"])
+            assert any(got[:-1] == shape and got[-1] >= c["bwd_num_stages"] for got in compiled), shape
 
 
 def test_only_16_bit_inputs_on_a_gpu_without_a_config_autotune(monkeypatch):
@@ -245,15 +296,13 @@ def test_only_16_bit_inputs_on_a_gpu_without_a_config_autotune(monkeypatch):
     assert not op.autotunes(torch.bfloat16, FlashConfig())  # the caller fixed the tiles
 
 
-def test_fused_dq_tiles_are_added_without_a_multiply():
+def test_fused_dq_tiles_are_added_without_a_multiply(compiled):
     """The fused kernel scales dS in the loop by an FMA where dp - delta was a subtraction
     (delta arrives scaled), so the dq tile needs no multiply per element: read from the
     machine code for sm_90 (bf16, d 128, 32 x 128 tiles, 8 warps; one trip of the query loop),
     the loop spends exactly the multiplies of lean's dK/dV loop, and adds its dq tile by one
     bulk reduction."""
-    cfg = FlashConfig(bwd_block_q=32, bwd_block_k=128, bwd_num_warps=8, bwd_num_stages=2)
-    with_dq, without = compile_rungs([spec(k, (9, 0), "bfloat16", 128, False, cfg, sass=True)
-                                      for k in ("bwd_fused_bulk", "bwd_dkdv_lean")])
+    with_dq, without = _reports(compiled, FUSED_AND_LEAN)
     assert with_dq.ok and without.ok, (with_dq.error, without.error)
     ops, base = with_dq.mma_loop["ops"], without.mma_loop["ops"]
     assert ops["FMUL"] == base["FMUL"] > 0, (ops["FMUL"], base["FMUL"])
@@ -261,16 +310,16 @@ def test_fused_dq_tiles_are_added_without_a_multiply():
     assert ops.get("UTMAREDG", 0) == 1 and ops.get("REDG", 0) == 0
 
 
-def test_the_withdrawn_bulk_tile_is_mis_assembled():
+def test_the_withdrawn_bulk_tile_is_mis_assembled(compiled):
     """Why (16, 128, 8, 1) transposed left the bulk candidates at head dim 128: built for sm_90,
     some wgmma products of K^T dS^T take dS^T's shared-memory descriptor from kernel arguments
     (ptxas 12.8, which both releases ship: with Triton 3.6 when causal, sequence lengths; when
     not, with both, a stride), so on an H200 they read outside shared memory and fault. The
     candidate that stays, (16, 64, 4, 3), is built clean (the candidate tests above)."""
-    cfg = FlashConfig(bwd_block_q=16, bwd_block_k=128, bwd_num_warps=8, bwd_num_stages=1, bwd_dq_transposed=True)
     assert (16, 128, 8, 1, True) not in rungs.BULK_TILES[128]
-    reports = side_by_side(compile_rungs, [spec("bwd_fused_bulk", (9, 0), "bfloat16", 128, causal, cfg, sass=True)
-                                           for causal in (False, True)])
+    reports = {"pinned": _reports(compiled, WITHDRAWN["pinned"])}
+    if all(compiled[id(s)] is not None for s in WITHDRAWN["3.6"]):
+        reports["3.6"] = _reports(compiled, WITHDRAWN["3.6"])
     for label, found in reports.items():
         assert all(r.ok for r in found), [r.error for r in found]
         assert found[0].wgmma_from_arguments, (label, "non-causal")  # HGMMA addresses in the machine code
@@ -314,14 +363,11 @@ def test_bulk_without_descriptors_runs_lean(monkeypatch):
     assert "lean" in rungs.backward("bulk").falls_back
 
 
-def test_transposed_dq_puts_every_product_on_wgmma():
+def test_transposed_dq_puts_every_product_on_wgmma(compiled):
     """Machine code for sm_90 (bf16, d 128, 16 x 64 query-by-key tiles, 4 warps, one trip of the
     query loop): dQ = dS K on 16 query rows runs on mma.sync, its transpose on wgmma, with the
     same multiplies (none per dQ element) and one bulk reduction per tile either way."""
-    tiles = dict(bwd_block_q=16, bwd_block_k=64, bwd_num_warps=4, bwd_num_stages=3)
-    plain, transposed = compile_rungs([spec("bwd_fused_bulk", (9, 0), "bfloat16", 128, False,
-                                            FlashConfig(**tiles, bwd_dq_transposed=t), sass=True)
-                                       for t in (False, True)])
+    plain, transposed = _reports(compiled, PLAIN_AND_TRANSPOSED)
     assert plain.ok and transposed.ok, (plain.error, transposed.error)
     a, b = plain.mma_loop["ops"], transposed.mma_loop["ops"]
     assert a.get("HMMA", 0) > 0 and b.get("HMMA", 0) == 0 and b["HGMMA"] > a["HGMMA"], (a, b)
@@ -332,23 +378,23 @@ def test_transposed_dq_puts_every_product_on_wgmma():
 def test_four_warp_teaching_backward_holds_each_score_once_without_spills():
     """The benchmark's flashlib:4-warp-backward row: the teaching kernels on the tiles
     perf_bench.four_warp_backward gives, built for sm_90 (bf16, both masks, pinned Triton):
-    no spills, each score's exponential once; the shipped 64 x 64 on 8 warps holds them twice."""
+    no spills, each score's exponential once. (The shipped 64 x 64 on 8 warps holds them twice:
+    tests/test_kernel_compile.py's ONCE_EXEMPT, checked with both releases.)"""
     from flashlib.bench.gpu import four_warp_backward
     from flashlib.kernels.compile import compile_kernels
     from flashlib.kernels.compile import spec as kernel_spec
 
-    specs, shipped = [], []
+    specs = []
     for d in (64, 128):
         cfg = four_warp_backward(torch.empty(1, 1, 16, d, dtype=torch.bfloat16))
         assert (cfg.bwd_block_q, cfg.bwd_block_k, cfg.bwd_num_warps) == (64, 64, 4)
         specs += [kernel_spec(k, (9, 0), "bfloat16", d, c, cfg, sass=True) for k in ("bwd_dkdv", "bwd_dq") for c in (False, True)]
-        hopper = FlashConfig(**{**cfg.__dict__, "bwd_num_warps": 8, "bwd_num_stages": 2})  # the shipped tiles
-        shipped.append(kernel_spec("bwd_dkdv", (9, 0), "bfloat16", d, False, hopper, sass=True))
+        # the shipped tiles are these on 8 warps, 2 stages
+        assert default_config(d, torch.bfloat16, (9, 0)) == FlashConfig(**{**cfg.__dict__, "bwd_num_warps": 8,
+                                                                           "bwd_num_stages": 2})
     for r in compile_kernels(specs):
         c = r.config
         # the float64 lse's second half (lse_lo) costs dK/dV at d = 128 8 bytes of spill here (data/bench/LOG.md)
         allowed = 8 if (r.kernel, r.head_dim) == ("bwd_dkdv", 128) else 0
         assert r.ok and r.spill_stores <= allowed, (r.kernel, r.head_dim, r.causal, r.spill_stores, r.error)
         assert exponentials_per_score(r.mma_loop, c["bwd_block_q"], c["bwd_block_k"], c["bwd_num_warps"]) < 2
-    for r in compile_kernels(shipped):
-        assert exponentials_per_score(r.mma_loop, 64, 64, 8) >= 2, r.head_dim
